@@ -1,0 +1,3 @@
+module github.com/gpualloc/allocsim
+
+go 1.26.8

@@ -1,0 +1,131 @@
+// Package policies holds the allocator policies a trace is replayed
+// against, each behind the Policy interface and each getting its memory
+// from a Device, so that the same policy code runs on the simulated device
+// of package sim and on the real GPU of package gpu.
+package policies
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// ErrOutOfMemory is returned by a Device that refuses an allocation and by a
+// Policy that cannot satisfy a malloc (an OOM). Match it with errors.Is.
+var ErrOutOfMemory = errors.New("out of memory")
+
+// Device is a source of device memory segments: cudaMalloc and cudaFree, or
+// their simulation.
+type Device interface {
+	// Alloc allocates a segment of size bytes and returns its address. It
+	// returns an error wrapping ErrOutOfMemory when the device refuses.
+	Alloc(size uint64) (addr uint64, err error)
+	// Free releases the segment at addr, returned earlier by Alloc.
+	Free(addr uint64) error
+}
+
+// Capacitor is implemented by a Device with a fixed capacity.
+type Capacitor interface {
+	// Capacity returns the device's capacity in bytes, 0 if unlimited.
+	Capacity() uint64
+	// Reserved returns the bytes currently allocated from the device.
+	Reserved() uint64
+}
+
+// Block is a placed allocation: its address and the bytes the policy set
+// aside for it (the requested size after the policy's rounding).
+type Block struct {
+	Addr uint64
+	Size uint64
+}
+
+// Policy is an allocator: it places mallocs inside device segments and takes
+// frees back.
+type Policy interface {
+	// Name returns the policy's registry name.
+	Name() string
+	// Malloc places a request of size bytes on stream. It returns an error
+	// wrapping ErrOutOfMemory when it cannot.
+	Malloc(size, stream uint64) (Block, error)
+	// Free takes back the block at addr, returned by an earlier Malloc; the
+	// free is issued on stream.
+	Free(addr, stream uint64) error
+}
+
+// Syncer is implemented by policies that act on synchronization (for
+// example a stream-ordered pool that releases memory at a synchronize).
+type Syncer interface {
+	// StreamSync is a cudaStreamSynchronize of stream.
+	StreamSync(stream uint64)
+	// DeviceSync is a cudaDeviceSynchronize.
+	DeviceSync()
+	// EventRecord records CUDA event ev on stream.
+	EventRecord(ev, stream uint64)
+	// StreamWaitEvent makes stream wait for event ev.
+	StreamWaitEvent(stream, ev uint64)
+	// EventSync is a cudaEventSynchronize of event ev.
+	EventSync(ev uint64)
+}
+
+// Releaser is implemented by caching policies that can give cached memory
+// back to the device on request (torch.cuda.empty_cache()).
+type Releaser interface {
+	// EmptyCache returns every unused cached segment to the device.
+	EmptyCache() error
+}
+
+// FreeSpacer is implemented by policies that can report their free space,
+// for the external fragmentation metric.
+type FreeSpacer interface {
+	// FreeSpace returns the free bytes inside reserved segments and the
+	// size in bytes of the largest free block.
+	FreeSpace() (total, largest uint64)
+}
+
+// Counter is implemented by policies that count retries: device
+// allocations that failed and were tried again after releasing cache.
+type Counter interface {
+	// Retries returns the number of allocation retries so far.
+	Retries() int64
+}
+
+// Settings are a policy's settings by key (the part after "NAME." in
+// --set NAME.key=value), as strings.
+type Settings map[string]string
+
+// Factory builds a policy on dev with the given settings. It returns an
+// error naming the key for an unknown or malformed setting.
+type Factory func(dev Device, s Settings) (Policy, error)
+
+// registry maps policy names to their factories, in no particular order;
+// Names sorts them.
+var registry = map[string]Factory{}
+
+// register adds a policy; called from the policy files' init functions.
+func register(name string, f Factory) {
+	if _, dup := registry[name]; dup {
+		panic("policies: duplicate policy " + name)
+	}
+	registry[name] = f
+}
+
+// Names returns the names of every registered policy, sorted.
+func Names() []string {
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// New builds the policy called name on dev. It returns an error for an
+// unknown name or a bad setting.
+func New(name string, dev Device, s Settings) (Policy, error) {
+	f, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
+	}
+	return f(dev, s)
+}

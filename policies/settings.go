@@ -1,0 +1,118 @@
+package policies
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Check returns an error naming the first key of s (in sorted order) that is
+// not among known.
+func (s Settings) Check(policy string, known ...string) error {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		found := false
+		for _, kn := range known {
+			if k == kn {
+				found = true
+				break
+			}
+		}
+		if !found {
+			if len(known) == 0 {
+				return fmt.Errorf("policy %s: unknown setting %q (it has no settings)", policy, k)
+			}
+			return fmt.Errorf("policy %s: unknown setting %q (known: %s)", policy, k, strings.Join(known, ", "))
+		}
+	}
+	return nil
+}
+
+// Uint returns the setting key as an unsigned integer, or def when unset.
+func (s Settings) Uint(policy, key string, def uint64) (uint64, error) {
+	v, ok := s[key]
+	if !ok {
+		return def, nil
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(v), 0, 64)
+	if err != nil {
+		return 0, fmt.Errorf("policy %s: setting %s=%q: not an unsigned integer", policy, key, v)
+	}
+	return n, nil
+}
+
+// Bytes returns the setting key as a size in bytes, or def when unset. It
+// accepts plain bytes and the suffixes of ParseSize (KiB, MiB, GiB, ...).
+func (s Settings) Bytes(policy, key string, def uint64) (uint64, error) {
+	v, ok := s[key]
+	if !ok {
+		return def, nil
+	}
+	n, err := ParseSize(v)
+	if err != nil {
+		return 0, fmt.Errorf("policy %s: setting %s=%q: %v", policy, key, v, err)
+	}
+	return n, nil
+}
+
+// Bool returns the setting key as a boolean, or def when unset.
+func (s Settings) Bool(policy, key string, def bool) (bool, error) {
+	v, ok := s[key]
+	if !ok {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		return false, fmt.Errorf("policy %s: setting %s=%q: not a boolean", policy, key, v)
+	}
+	return b, nil
+}
+
+var sizeSuffixes = []struct {
+	suffix string
+	mult   uint64
+}{
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+	{"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"T", 1 << 40},
+	{"B", 1},
+}
+
+// ParseSize parses a size in bytes: plain digits ("4194304000"), or a
+// number with a binary (KiB, MiB, GiB, TiB; K, M, G, T) or decimal (KB, MB,
+// GB, TB) suffix ("4000MiB", "24GiB", "1.5GiB"). It returns an error for
+// anything else, including sizes that overflow 64 bits.
+func ParseSize(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	mult := uint64(1)
+	for _, sf := range sizeSuffixes {
+		if strings.HasSuffix(t, sf.suffix) {
+			t = strings.TrimSpace(strings.TrimSuffix(t, sf.suffix))
+			mult = sf.mult
+			break
+		}
+	}
+	if t == "" {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	if n, err := strconv.ParseUint(t, 10, 64); err == nil {
+		if mult > 1 && n > ^uint64(0)/mult {
+			return 0, fmt.Errorf("size %q overflows 64 bits", s)
+		}
+		return n * mult, nil
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f < 0 || f != f {
+		return 0, fmt.Errorf("bad size %q (want bytes or a number with KiB, MiB, GiB)", s)
+	}
+	v := f * float64(mult)
+	if v >= 1<<64 {
+		return 0, fmt.Errorf("size %q overflows 64 bits", s)
+	}
+	return uint64(v), nil
+}

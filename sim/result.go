@@ -1,0 +1,84 @@
+package sim
+
+// Result is the outcome of replaying one trace against one policy. Sizes are
+// in bytes, times in nanoseconds; the JSON keys are those of
+// `replay sim --json`.
+type Result struct {
+	// Trace is the trace's path as given on the command line.
+	Trace string `json:"trace"`
+	// Policy is the policy's registry name.
+	Policy string `json:"policy"`
+	// Settings are the policy settings the replay used, by key.
+	Settings map[string]string `json:"settings,omitempty"`
+	// Capacity is the simulated device's capacity, 0 if unlimited.
+	Capacity uint64 `json:"capacity_bytes"`
+	// Events is the number of trace events read.
+	Events int64 `json:"events"`
+	// Mallocs and Frees count the device-memory mallocs and frees replayed.
+	Mallocs int64 `json:"mallocs"`
+	Frees   int64 `json:"frees"`
+
+	// PeakRequested is the peak of live requested bytes over the mallocs
+	// that succeeded in the source: the lower bound for any policy.
+	PeakRequested uint64 `json:"peak_requested_bytes"`
+	// PeakAllocated is the peak of bytes in blocks handed out by the policy
+	// (requested sizes after its rounding).
+	PeakAllocated uint64 `json:"peak_allocated_bytes"`
+	// PeakReserved is the peak of bytes held from the device.
+	PeakReserved uint64 `json:"peak_reserved_bytes"`
+	// PeakFragmentation is the largest 1 - allocated/reserved seen at a
+	// series point (0..1).
+	PeakFragmentation float64 `json:"peak_fragmentation"`
+	// FragmentationAtPeak is 1 - allocated/reserved at the moment of peak
+	// reserved bytes (0..1).
+	FragmentationAtPeak float64 `json:"fragmentation_at_peak"`
+
+	// DeviceAllocs and DeviceFrees count device segment allocations and
+	// frees (cudaMalloc / cudaFree calls).
+	DeviceAllocs int64 `json:"device_allocs"`
+	DeviceFrees  int64 `json:"device_frees"`
+	// AllocRetries counts device allocations retried after the policy
+	// released cached memory.
+	AllocRetries int64 `json:"alloc_retries"`
+	// OOMs counts mallocs the policy could not satisfy.
+	OOMs int64 `json:"ooms"`
+	// FirstOOMEvent is the event index of the first failed malloc, -1 if
+	// none; FirstOOMSize its requested size in bytes, 0 if none.
+	FirstOOMEvent int64  `json:"first_oom_event"`
+	FirstOOMSize  uint64 `json:"first_oom_size"`
+	// SourceOOMs counts the mallocs that failed in the source
+	// (malloc_failed events), replayed as attempts.
+	SourceOOMs int64 `json:"source_ooms"`
+
+	// PeakPinned and PeakManaged are peak live pinned-host and managed
+	// bytes, counted apart from device memory.
+	PeakPinned  uint64 `json:"peak_pinned_bytes"`
+	PeakManaged uint64 `json:"peak_managed_bytes"`
+
+	// Series is the time series over the trace, at most MaxSeriesPoints
+	// points, each summarizing a run of consecutive events.
+	Series []Point `json:"series"`
+}
+
+// Point summarizes a run of consecutive events: the peak byte figures over
+// the run and the fragmentation at its last event.
+type Point struct {
+	// Event is the index of the run's last event; Time its time in
+	// nanoseconds.
+	Event int64 `json:"event"`
+	Time  int64 `json:"time_ns"`
+	// Requested, Allocated and Reserved are the largest values in bytes
+	// over the run.
+	Requested uint64 `json:"requested"`
+	Allocated uint64 `json:"allocated"`
+	Reserved  uint64 `json:"reserved"`
+	// Fragmentation is 1 - allocated/reserved at the run's last event, 0
+	// when nothing is reserved.
+	Fragmentation float64 `json:"fragmentation"`
+	// External is 1 - largest free block / total free bytes at the run's
+	// last event, 0 when nothing is free or the policy cannot say.
+	External float64 `json:"external_fragmentation"`
+}
+
+// MaxSeriesPoints bounds the length of Result.Series.
+const MaxSeriesPoints = 2000

@@ -1,0 +1,193 @@
+// Package trace defines the allocation event model of a GPU job and its
+// native file format: a versioned, block-framed msgpack stream with a
+// checksummed trailer, read with Reader and written with Writer, plus a
+// small text form for tests.
+//
+// Sizes are in bytes, times in nanoseconds. Addresses are the source's own
+// (a pointer value or an id): they identify an allocation until it is freed
+// and carry no placement meaning for a replay.
+package trace
+
+import "fmt"
+
+// Op is the kind of an event. The zero value is invalid.
+type Op uint8
+
+const (
+	OpInvalid Op = iota
+	// OpMalloc is a successful allocation of Size requested bytes at Addr on
+	// Stream, of memory kind Kind.
+	OpMalloc
+	// OpFree releases the allocation at Addr: the block is reusable from
+	// here (PyTorch's free_completed).
+	OpFree
+	// OpFreeRequested is the program's request to free Addr (PyTorch's
+	// free_requested); the block becomes reusable only at the matching
+	// OpFree. Observed only: a replay does not act on it.
+	OpFreeRequested
+	// OpStreamSync is a cudaStreamSynchronize of Stream.
+	OpStreamSync
+	// OpDeviceSync is a cudaDeviceSynchronize.
+	OpDeviceSync
+	// OpEventRecord records CUDA event Addr on Stream.
+	OpEventRecord
+	// OpStreamWaitEvent makes Stream wait for CUDA event Addr.
+	OpStreamWaitEvent
+	// OpEventSync is a cudaEventSynchronize of CUDA event Addr.
+	OpEventSync
+	// OpEmptyCache is an explicit release of cached memory by the program
+	// (torch.cuda.empty_cache()).
+	OpEmptyCache
+	// OpMallocFailed is an allocation of Size bytes on Stream that failed in
+	// the source (an OOM). A replay attempts it; it never becomes live.
+	OpMallocFailed
+	// OpSegmentAlloc is a device allocation observed in the source
+	// (cudaMalloc of Size bytes returning Addr). Observed only.
+	OpSegmentAlloc
+	// OpSegmentFree is an observed device free of the segment at Addr.
+	OpSegmentFree
+	// OpSegmentMap is an observed mapping of Size bytes at Addr into an
+	// expandable segment. Observed only.
+	OpSegmentMap
+	// OpSegmentUnmap is an observed unmapping of Size bytes at Addr.
+	OpSegmentUnmap
+	// OpMarker is an annotation (an iteration boundary, a phase name) whose
+	// text is in Label.
+	OpMarker
+	numOps
+)
+
+var opNames = [numOps]string{
+	OpInvalid:         "invalid",
+	OpMalloc:          "malloc",
+	OpFree:            "free",
+	OpFreeRequested:   "free_requested",
+	OpStreamSync:      "stream_sync",
+	OpDeviceSync:      "device_sync",
+	OpEventRecord:     "event_record",
+	OpStreamWaitEvent: "stream_wait_event",
+	OpEventSync:       "event_sync",
+	OpEmptyCache:      "empty_cache",
+	OpMallocFailed:    "malloc_failed",
+	OpSegmentAlloc:    "segment_alloc",
+	OpSegmentFree:     "segment_free",
+	OpSegmentMap:      "segment_map",
+	OpSegmentUnmap:    "segment_unmap",
+	OpMarker:          "marker",
+}
+
+// String returns the op's name as used in the text form.
+func (o Op) String() string {
+	if o < numOps {
+		return opNames[o]
+	}
+	return fmt.Sprintf("Op(%d)", uint8(o))
+}
+
+// Valid reports whether o is a defined, non-zero op.
+func (o Op) Valid() bool { return o > OpInvalid && o < numOps }
+
+// ParseOp returns the op named s (as printed by Op.String).
+func ParseOp(s string) (Op, bool) {
+	for i := OpInvalid + 1; i < numOps; i++ {
+		if opNames[i] == s {
+			return i, true
+		}
+	}
+	return OpInvalid, false
+}
+
+// Kind is the memory kind of an allocation. The zero value means device
+// memory, the common case.
+type Kind uint8
+
+const (
+	// KindDevice is device memory from cudaMalloc (or a caching allocator
+	// on top of it).
+	KindDevice Kind = iota
+	// KindAsync is device memory from the stream-ordered allocator
+	// (cudaMallocAsync / cudaMallocFromPoolAsync).
+	KindAsync
+	// KindPinned is page-locked host memory (cudaMallocHost, cudaHostAlloc).
+	KindPinned
+	// KindManaged is unified memory (cudaMallocManaged).
+	KindManaged
+	numKinds
+)
+
+var kindNames = [numKinds]string{"device", "async", "pinned", "managed"}
+
+// String returns the kind's name as used in the text form.
+func (k Kind) String() string {
+	if k < numKinds {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// OnDevice reports whether memory of kind k is placed in device memory and
+// so goes through an allocator policy.
+func (k Kind) OnDevice() bool { return k == KindDevice || k == KindAsync }
+
+// ParseKind returns the kind named s.
+func ParseKind(s string) (Kind, bool) {
+	for i := Kind(0); i < numKinds; i++ {
+		if kindNames[i] == s {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+// Event is one entry of a trace. Which fields are meaningful depends on Op;
+// unused fields are zero.
+type Event struct {
+	Op   Op
+	Kind Kind
+	// Time is the event's time in nanoseconds since an arbitrary origin.
+	Time int64
+	// Addr is the allocation's address or id (malloc, free, segment ops) or
+	// the CUDA event id (event ops).
+	Addr uint64
+	// Size is the requested size in bytes (malloc, failed malloc) or the
+	// segment size in bytes (segment ops). Frees may carry the size too.
+	Size uint64
+	// Stream is the stream the op was issued on (0 is the default stream).
+	Stream uint64
+	// Thread is the id of the host thread that issued the op, 0 if unknown.
+	Thread uint64
+	// Label is the text of a marker.
+	Label string
+}
+
+// Header describes a trace. It is written once, before the events.
+type Header struct {
+	// Version is the format version the file was written with.
+	Version int `msgpack:"version"`
+	// Source names where the events came from: "pytorch", "rmm",
+	// "minimalloc", "record", "synth" or "text".
+	Source string `msgpack:"source"`
+	// Device is the GPU's name; DeviceMemory its total memory in bytes
+	// (0 if unknown).
+	Device       string `msgpack:"device,omitempty"`
+	DeviceMemory uint64 `msgpack:"device_memory,omitempty"`
+	// Settings holds the allocator settings in force when the trace was
+	// recorded, by key (for PyTorch: "PYTORCH_CUDA_ALLOC_CONF" and the
+	// snapshot's allocator_settings entries).
+	Settings map[string]string `msgpack:"settings,omitempty"`
+	// Metadata is free-form key/value information about the recording.
+	Metadata map[string]string `msgpack:"metadata,omitempty"`
+}
+
+// Source is a stream of events with a header: a Reader over a native trace,
+// or an importer over another format.
+type Source interface {
+	// Header returns the trace's header.
+	Header() Header
+	// Next returns the next event, or io.EOF after the last one. Any other
+	// error is final.
+	Next() (Event, error)
+}
+
+// Version is the native format version this package writes.
+const Version = 1

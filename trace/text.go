@@ -1,0 +1,307 @@
+package trace
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// The text form is one event per line, for tests and hand-written traces:
+//
+//	# a comment
+//	header source=text device="NVIDIA H200" setting.PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True"
+//	malloc id=1 size=4096 stream=0
+//	free id=1
+//	event_record event=7 stream=1
+//	marker label="step 2"
+//
+// Each line is an op name (Op.String) followed by key=value fields: addr
+// (or id), size, stream, kind (device, async, pinned, managed), t (time in
+// nanoseconds; when absent, the previous event's time plus one), thread,
+// event (the CUDA event id of event ops, stored in Addr) and label. Numbers
+// are decimal or 0x-prefixed hex; sizes also take suffixes (4KiB, 2MiB).
+// Values holding spaces are double-quoted. An optional header line, before
+// any event, sets Header fields; setting.KEY and meta.KEY fill Settings and
+// Metadata.
+
+// SyntaxError is an error in a text-form trace, at a line.
+type SyntaxError struct {
+	File string // file name, or "" if unknown
+	Line int    // 1-based line number
+	Msg  string
+}
+
+func (e *SyntaxError) Error() string {
+	if e.File == "" {
+		return fmt.Sprintf("line %d: %s", e.Line, e.Msg)
+	}
+	return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
+}
+
+// ParseText reads a whole text-form trace from r; name is used in errors.
+// It returns the header (Source "text" unless the header line says
+// otherwise) and the events in order, or a *SyntaxError.
+func ParseText(name string, r io.Reader) (Header, []Event, error) {
+	h := Header{Version: Version, Source: "text"}
+	var evs []Event
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
+	line := 0
+	var lastTime int64 = -1
+	for sc.Scan() {
+		line++
+		fields, err := splitFields(sc.Text())
+		if err != nil {
+			return h, nil, &SyntaxError{name, line, err.Error()}
+		}
+		if len(fields) == 0 {
+			continue
+		}
+		if fields[0] == "header" {
+			if len(evs) > 0 {
+				return h, nil, &SyntaxError{name, line, "header after the first event"}
+			}
+			if err := parseHeaderFields(&h, fields[1:]); err != nil {
+				return h, nil, &SyntaxError{name, line, err.Error()}
+			}
+			continue
+		}
+		op, ok := ParseOp(fields[0])
+		if !ok {
+			return h, nil, &SyntaxError{name, line, fmt.Sprintf("unknown op %q", fields[0])}
+		}
+		ev := Event{Op: op, Time: lastTime + 1}
+		for _, f := range fields[1:] {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok {
+				return h, nil, &SyntaxError{name, line, fmt.Sprintf("field %q is not key=value", f)}
+			}
+			if err := setEventField(&ev, k, v); err != nil {
+				return h, nil, &SyntaxError{name, line, err.Error()}
+			}
+		}
+		lastTime = ev.Time
+		evs = append(evs, ev)
+	}
+	if err := sc.Err(); err != nil {
+		return h, nil, &SyntaxError{name, line + 1, err.Error()}
+	}
+	return h, evs, nil
+}
+
+func parseHeaderFields(h *Header, fields []string) error {
+	for _, f := range fields {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return fmt.Errorf("header field %q is not key=value", f)
+		}
+		switch {
+		case k == "source":
+			h.Source = v
+		case k == "device":
+			h.Device = v
+		case k == "device_memory":
+			n, err := parseNumber(v)
+			if err != nil {
+				return fmt.Errorf("device_memory=%q: %v", v, err)
+			}
+			h.DeviceMemory = n
+		case strings.HasPrefix(k, "setting."):
+			if h.Settings == nil {
+				h.Settings = map[string]string{}
+			}
+			h.Settings[strings.TrimPrefix(k, "setting.")] = v
+		case strings.HasPrefix(k, "meta."):
+			if h.Metadata == nil {
+				h.Metadata = map[string]string{}
+			}
+			h.Metadata[strings.TrimPrefix(k, "meta.")] = v
+		default:
+			return fmt.Errorf("unknown header field %q", k)
+		}
+	}
+	return nil
+}
+
+func setEventField(ev *Event, k, v string) error {
+	var err error
+	switch k {
+	case "addr", "id", "event":
+		ev.Addr, err = parseNumber(v)
+	case "size":
+		ev.Size, err = parseNumber(v)
+	case "stream":
+		ev.Stream, err = parseNumber(v)
+	case "thread":
+		ev.Thread, err = parseNumber(v)
+	case "t":
+		var n int64
+		n, err = strconv.ParseInt(v, 0, 64)
+		ev.Time = n
+	case "kind":
+		kd, ok := ParseKind(v)
+		if !ok {
+			return fmt.Errorf("unknown kind %q", v)
+		}
+		ev.Kind = kd
+	case "label":
+		ev.Label = v
+	default:
+		return fmt.Errorf("unknown field %q", k)
+	}
+	if err != nil {
+		return fmt.Errorf("%s=%q: bad number", k, v)
+	}
+	return nil
+}
+
+var textSuffixes = []struct {
+	s string
+	m uint64
+}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40}}
+
+func parseNumber(v string) (uint64, error) {
+	m := uint64(1)
+	for _, sf := range textSuffixes {
+		if strings.HasSuffix(v, sf.s) {
+			v, m = strings.TrimSuffix(v, sf.s), sf.m
+			break
+		}
+	}
+	n, err := strconv.ParseUint(v, 0, 64)
+	if err != nil {
+		return 0, err
+	}
+	if m > 1 && n > ^uint64(0)/m {
+		return 0, fmt.Errorf("overflows 64 bits")
+	}
+	return n * m, nil
+}
+
+// splitFields splits a line into space-separated fields, keeping
+// double-quoted values (Go syntax) whole and dropping a # comment.
+func splitFields(line string) ([]string, error) {
+	var out []string
+	i := 0
+	for i < len(line) {
+		for i < len(line) && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r') {
+			i++
+		}
+		if i >= len(line) || line[i] == '#' {
+			break
+		}
+		var b strings.Builder
+		for i < len(line) && line[i] != ' ' && line[i] != '\t' && line[i] != '\r' {
+			if line[i] == '"' {
+				q, err := strconv.QuotedPrefix(line[i:])
+				if err != nil {
+					return nil, fmt.Errorf("bad quoted value at column %d", i+1)
+				}
+				u, _ := strconv.Unquote(q)
+				b.WriteString(u)
+				i += len(q)
+				continue
+			}
+			b.WriteByte(line[i])
+			i++
+		}
+		out = append(out, b.String())
+	}
+	return out, nil
+}
+
+// WriteText writes h and evs in the text form that ParseText reads.
+func WriteText(w io.Writer, h Header, evs []Event) error {
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "header source=%s", quoteIfNeeded(h.Source))
+	if h.Device != "" {
+		fmt.Fprintf(bw, " device=%s", quoteIfNeeded(h.Device))
+	}
+	if h.DeviceMemory != 0 {
+		fmt.Fprintf(bw, " device_memory=%d", h.DeviceMemory)
+	}
+	for _, k := range sortedKeys(h.Settings) {
+		fmt.Fprintf(bw, " setting.%s=%s", k, quoteIfNeeded(h.Settings[k]))
+	}
+	for _, k := range sortedKeys(h.Metadata) {
+		fmt.Fprintf(bw, " meta.%s=%s", k, quoteIfNeeded(h.Metadata[k]))
+	}
+	bw.WriteByte('\n')
+	for _, ev := range evs {
+		bw.WriteString(FormatText(ev))
+		bw.WriteByte('\n')
+	}
+	return bw.Flush()
+}
+
+// FormatText returns ev as one line of the text form, without a newline.
+func FormatText(ev Event) string {
+	var b strings.Builder
+	b.WriteString(ev.Op.String())
+	switch ev.Op {
+	case OpEventRecord, OpStreamWaitEvent, OpEventSync:
+		fmt.Fprintf(&b, " event=%d", ev.Addr)
+	default:
+		if ev.Addr != 0 {
+			fmt.Fprintf(&b, " addr=%#x", ev.Addr)
+		}
+	}
+	if ev.Size != 0 {
+		fmt.Fprintf(&b, " size=%d", ev.Size)
+	}
+	if ev.Stream != 0 {
+		fmt.Fprintf(&b, " stream=%#x", ev.Stream)
+	}
+	if ev.Kind != KindDevice {
+		fmt.Fprintf(&b, " kind=%s", ev.Kind)
+	}
+	fmt.Fprintf(&b, " t=%d", ev.Time)
+	if ev.Thread != 0 {
+		fmt.Fprintf(&b, " thread=%d", ev.Thread)
+	}
+	if ev.Label != "" {
+		fmt.Fprintf(&b, " label=%s", quoteIfNeeded(ev.Label))
+	}
+	return b.String()
+}
+
+func quoteIfNeeded(s string) string {
+	if s == "" || strings.ContainsAny(s, " \t\"#=\n\r") || !strconv.CanBackquote(s) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// SliceSource is a Source over events held in memory.
+type SliceSource struct {
+	h   Header
+	evs []Event
+	i   int
+}
+
+// NewSliceSource returns a Source that yields evs in order after header h.
+func NewSliceSource(h Header, evs []Event) *SliceSource { return &SliceSource{h: h, evs: evs} }
+
+// Header returns the header given to NewSliceSource.
+func (s *SliceSource) Header() Header { return s.h }
+
+// Next returns the next event, or io.EOF after the last.
+func (s *SliceSource) Next() (Event, error) {
+	if s.i >= len(s.evs) {
+		return Event{}, io.EOF
+	}
+	s.i++
+	return s.evs[s.i-1], nil
+}
