@@ -1,0 +1,93 @@
+// Package sim replays traces against allocator policies on a simulated
+// device and measures memory use, fragmentation and device calls.
+package sim
+
+import (
+	"fmt"
+
+	"github.com/gpualloc/allocsim/policies"
+)
+
+// segmentAlign is the alignment in bytes of the addresses the simulated
+// device hands out, as cudaMalloc aligns large allocations to 2 MiB.
+const segmentAlign = 2 << 20
+
+// baseAddr is the first address the simulated device hands out.
+const baseAddr = 0x7f0000000000
+
+// Device is a simulated GPU: a capacity in bytes (0 = unlimited) and a
+// never-reused address space of 2 MiB-aligned segments, counting its device
+// allocations and frees as cudaMalloc and cudaFree calls.
+type Device struct {
+	capacity uint64
+	reserved uint64
+	peak     uint64
+	allocs   int64
+	frees    int64
+	next     uint64
+	live     map[uint64]uint64 // address -> size in bytes
+}
+
+var (
+	_ policies.Device    = (*Device)(nil)
+	_ policies.Capacitor = (*Device)(nil)
+)
+
+// NewDevice returns a device of capacity bytes; 0 means unlimited.
+func NewDevice(capacity uint64) *Device {
+	return &Device{capacity: capacity, next: baseAddr, live: map[uint64]uint64{}}
+}
+
+// Alloc allocates a segment of size bytes. It returns an error wrapping
+// policies.ErrOutOfMemory when reserved + size would exceed the capacity,
+// like cudaMalloc under a per-process memory fraction. A refused call is not
+// counted as a device allocation.
+func (d *Device) Alloc(size uint64) (uint64, error) {
+	if size == 0 {
+		return 0, fmt.Errorf("device alloc of 0 bytes")
+	}
+	if d.capacity > 0 && (size > d.capacity || d.reserved > d.capacity-size) {
+		return 0, fmt.Errorf("device alloc of %d bytes with %d of %d reserved: %w", size, d.reserved, d.capacity, policies.ErrOutOfMemory)
+	}
+	addr := d.next
+	d.next += (size + segmentAlign - 1) / segmentAlign * segmentAlign
+	d.live[addr] = size
+	d.reserved += size
+	if d.reserved > d.peak {
+		d.peak = d.reserved
+	}
+	d.allocs++
+	return addr, nil
+}
+
+// Free releases the segment at addr. It returns an error if addr is not a
+// live segment.
+func (d *Device) Free(addr uint64) error {
+	size, ok := d.live[addr]
+	if !ok {
+		return fmt.Errorf("device free of %#x: not a live segment", addr)
+	}
+	delete(d.live, addr)
+	d.reserved -= size
+	d.frees++
+	return nil
+}
+
+// Capacity returns the capacity in bytes, 0 if unlimited.
+func (d *Device) Capacity() uint64 { return d.capacity }
+
+// Reserved returns the bytes in live segments.
+func (d *Device) Reserved() uint64 { return d.reserved }
+
+// PeakReserved returns the largest value Reserved has had.
+func (d *Device) PeakReserved() uint64 { return d.peak }
+
+// Allocs returns the number of successful device allocations.
+func (d *Device) Allocs() int64 { return d.allocs }
+
+// Frees returns the number of device frees.
+func (d *Device) Frees() int64 { return d.frees }
+
+// Segments returns the live segments' sizes by address. The map is the
+// device's own and valid until the next call.
+func (d *Device) Segments() map[uint64]uint64 { return d.live }
