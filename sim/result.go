@@ -50,6 +50,12 @@ type Result struct {
 	// (malloc_failed events), replayed as attempts.
 	SourceOOMs int64 `json:"source_ooms"`
 
+	// Anomalies counts events that could not be replayed as recorded (a
+	// free of an address that is not live, a malloc of a live address);
+	// FirstAnomaly describes the first, with its event index.
+	Anomalies    int64  `json:"anomalies"`
+	FirstAnomaly string `json:"first_anomaly,omitempty"`
+
 	// PeakPinned and PeakManaged are peak live pinned-host and managed
 	// bytes, counted apart from device memory.
 	PeakPinned  uint64 `json:"peak_pinned_bytes"`

@@ -1,0 +1,360 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// Config says how to replay a trace: against which policy, with which
+// settings, on a device of which capacity.
+type Config struct {
+	// Trace names the trace in the result (the path as given by the user).
+	Trace string
+	// Policy is the registry name of the policy (see policies.Names).
+	Policy string
+	// Settings are the policy's settings by key.
+	Settings policies.Settings
+	// Capacity is the simulated device's capacity in bytes, 0 for unlimited.
+	Capacity uint64
+}
+
+// liveAlloc is a malloc of the trace that is live in the replay.
+type liveAlloc struct {
+	block     policies.Block // placement by the policy (zero for host kinds)
+	requested uint64         // requested bytes
+	kind      trace.Kind
+}
+
+// Replay replays the events of one trace against one policy on a simulated
+// device, one event at a time, and accumulates a Result.
+type Replay struct {
+	cfg    Config
+	policy policies.Policy
+	dev    *Device
+	res    Result
+
+	live   map[uint64]liveAlloc // by trace address
+	failed map[uint64]bool      // trace addresses whose malloc failed in the replay
+
+	requested, allocated uint64 // live device bytes
+	pinned, managed      uint64 // live host-side bytes
+
+	series seriesBuilder
+}
+
+// NewReplay builds the policy named in cfg on a fresh simulated device. It
+// returns an error for an unknown policy or a bad setting.
+func NewReplay(cfg Config) (*Replay, error) {
+	dev := NewDevice(cfg.Capacity)
+	p, err := policies.New(cfg.Policy, dev, cfg.Settings)
+	if err != nil {
+		return nil, err
+	}
+	r := &Replay{
+		cfg:    cfg,
+		policy: p,
+		dev:    dev,
+		live:   map[uint64]liveAlloc{},
+		failed: map[uint64]bool{},
+		series: seriesBuilder{width: 1},
+	}
+	r.res = Result{
+		Trace:         cfg.Trace,
+		Policy:        p.Name(),
+		Settings:      cfg.Settings,
+		Capacity:      cfg.Capacity,
+		FirstOOMEvent: -1,
+	}
+	return r, nil
+}
+
+// Policy returns the policy being replayed.
+func (r *Replay) Policy() policies.Policy { return r.policy }
+
+// Device returns the simulated device.
+func (r *Replay) Device() *Device { return r.dev }
+
+// Step replays event ev, the i-th event of the trace (from 0). It returns an
+// error only for a failure of the policy other than an OOM, or for an event
+// that cannot be replayed at all; OOMs are counted and the replay goes on.
+func (r *Replay) Step(i int64, ev trace.Event) error {
+	r.res.Events++
+	switch ev.Op {
+	case trace.OpMalloc:
+		if err := r.malloc(i, ev); err != nil {
+			return err
+		}
+	case trace.OpMallocFailed:
+		if err := r.mallocFailed(i, ev); err != nil {
+			return err
+		}
+	case trace.OpFree:
+		if err := r.free(i, ev); err != nil {
+			return err
+		}
+	case trace.OpStreamSync:
+		if s, ok := r.policy.(policies.Syncer); ok {
+			s.StreamSync(ev.Stream)
+		}
+	case trace.OpDeviceSync:
+		if s, ok := r.policy.(policies.Syncer); ok {
+			s.DeviceSync()
+		}
+	case trace.OpEventRecord:
+		if s, ok := r.policy.(policies.Syncer); ok {
+			s.EventRecord(ev.Addr, ev.Stream)
+		}
+	case trace.OpStreamWaitEvent:
+		if s, ok := r.policy.(policies.Syncer); ok {
+			s.StreamWaitEvent(ev.Stream, ev.Addr)
+		}
+	case trace.OpEventSync:
+		if s, ok := r.policy.(policies.Syncer); ok {
+			s.EventSync(ev.Addr)
+		}
+	case trace.OpEmptyCache:
+		if rel, ok := r.policy.(policies.Releaser); ok {
+			if err := rel.EmptyCache(); err != nil {
+				return fmt.Errorf("event %d: empty_cache: %w", i, err)
+			}
+		}
+	}
+	r.observe(i, ev.Time)
+	return nil
+}
+
+func (r *Replay) malloc(i int64, ev trace.Event) error {
+	if _, dup := r.live[ev.Addr]; dup {
+		r.anomaly(i, fmt.Sprintf("malloc of %#x, which is already live", ev.Addr))
+		return nil
+	}
+	delete(r.failed, ev.Addr)
+	switch ev.Kind {
+	case trace.KindPinned:
+		r.pinned += ev.Size
+		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
+		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind}
+		return nil
+	case trace.KindManaged:
+		r.managed += ev.Size
+		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
+		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind}
+		return nil
+	}
+	r.res.Mallocs++
+	// The trace's own live bytes: the lower bound, whatever the policy does.
+	r.requested += ev.Size
+	r.res.PeakRequested = max(r.res.PeakRequested, r.requested)
+	b, err := r.policy.Malloc(ev.Size, ev.Stream)
+	if err != nil {
+		if !errors.Is(err, policies.ErrOutOfMemory) {
+			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
+		}
+		r.oom(i, ev.Size)
+		r.failed[ev.Addr] = true
+		// The requested bytes stay counted: the source had them live.
+		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, block: policies.Block{}}
+		return nil
+	}
+	r.allocated += b.Size
+	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	r.live[ev.Addr] = liveAlloc{block: b, requested: ev.Size, kind: ev.Kind}
+	return nil
+}
+
+// mallocFailed replays a malloc that failed in the source as an attempt:
+// an OOM if the policy fails too, else the block is freed at once, as the
+// program never got it.
+func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
+	r.res.SourceOOMs++
+	if !ev.Kind.OnDevice() {
+		return nil
+	}
+	b, err := r.policy.Malloc(ev.Size, ev.Stream)
+	if err != nil {
+		if !errors.Is(err, policies.ErrOutOfMemory) {
+			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
+		}
+		r.oom(i, ev.Size)
+		return nil
+	}
+	r.allocated += b.Size
+	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	r.allocated -= b.Size
+	if err := r.policy.Free(b.Addr, ev.Stream); err != nil {
+		return fmt.Errorf("event %d: free of the block of a failed malloc: %w", i, err)
+	}
+	return nil
+}
+
+func (r *Replay) free(i int64, ev trace.Event) error {
+	a, ok := r.live[ev.Addr]
+	if !ok {
+		r.anomaly(i, fmt.Sprintf("free of %#x, which is not live", ev.Addr))
+		return nil
+	}
+	delete(r.live, ev.Addr)
+	switch a.kind {
+	case trace.KindPinned:
+		r.pinned -= a.requested
+		return nil
+	case trace.KindManaged:
+		r.managed -= a.requested
+		return nil
+	}
+	r.res.Frees++
+	r.requested -= a.requested
+	if r.failed[ev.Addr] {
+		// The malloc failed in the replay: nothing to give back.
+		delete(r.failed, ev.Addr)
+		return nil
+	}
+	r.allocated -= a.block.Size
+	if err := r.policy.Free(a.block.Addr, ev.Stream); err != nil {
+		return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
+	}
+	return nil
+}
+
+func (r *Replay) oom(i int64, size uint64) {
+	r.res.OOMs++
+	if r.res.FirstOOMEvent < 0 {
+		r.res.FirstOOMEvent = i
+		r.res.FirstOOMSize = size
+	}
+}
+
+func (r *Replay) anomaly(i int64, msg string) {
+	r.res.Anomalies++
+	if r.res.FirstAnomaly == "" {
+		r.res.FirstAnomaly = fmt.Sprintf("event %d: %s", i, msg)
+	}
+}
+
+// observe updates the peaks and the series after event i.
+func (r *Replay) observe(i, t int64) {
+	reserved := r.dev.Reserved()
+	if reserved > r.res.PeakReserved {
+		r.res.PeakReserved = reserved
+		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
+	}
+	if r.series.add(i, t, r.requested, r.allocated, reserved) {
+		r.closePoint()
+	}
+}
+
+func (r *Replay) closePoint() {
+	reserved := r.dev.Reserved()
+	frag := fragmentation(r.allocated, reserved)
+	var ext float64
+	if fs, ok := r.policy.(policies.FreeSpacer); ok {
+		total, largest := fs.FreeSpace()
+		if total > 0 {
+			ext = 1 - float64(largest)/float64(total)
+		}
+	}
+	r.series.close(frag, ext)
+}
+
+func fragmentation(allocated, reserved uint64) float64 {
+	if reserved == 0 || allocated >= reserved {
+		return 0
+	}
+	return 1 - float64(allocated)/float64(reserved)
+}
+
+// Finish returns the result of the replay so far, with the device's and the
+// policy's counters.
+func (r *Replay) Finish() *Result {
+	if r.series.n > 0 {
+		r.closePoint()
+	}
+	res := r.res
+	res.Series = r.series.pts
+	for _, p := range res.Series {
+		res.PeakFragmentation = max(res.PeakFragmentation, p.Fragmentation)
+	}
+	res.DeviceAllocs = r.dev.Allocs()
+	res.DeviceFrees = r.dev.Frees()
+	if c, ok := r.policy.(policies.Counter); ok {
+		res.AllocRetries = c.Retries()
+	}
+	return &res
+}
+
+// Run reads src to the end once and replays its events against each of
+// cfgs in turn, returning one result per config in the same order. Errors
+// name the event index; a read error from src is returned as is.
+func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
+	reps := make([]*Replay, len(cfgs))
+	for k, c := range cfgs {
+		rep, err := NewReplay(c)
+		if err != nil {
+			return nil, err
+		}
+		reps[k] = rep
+	}
+	for i := int64(0); ; i++ {
+		ev, err := src.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, rep := range reps {
+			if err := rep.Step(i, ev); err != nil {
+				return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
+			}
+		}
+	}
+	out := make([]*Result, len(reps))
+	for k, rep := range reps {
+		out[k] = rep.Finish()
+	}
+	return out, nil
+}
+
+// seriesBuilder downsamples a per-event series to at most MaxSeriesPoints
+// points without knowing the trace's length: each point covers width
+// events; when the points run out, neighbours are merged and width doubles.
+type seriesBuilder struct {
+	pts   []Point
+	width int64
+	cur   Point
+	n     int64 // events in cur
+}
+
+// add folds one event into the current point and reports whether the point
+// is full and must be closed.
+func (s *seriesBuilder) add(i, t int64, req, alloc, res uint64) bool {
+	s.cur.Event, s.cur.Time = i, t
+	s.cur.Requested = max(s.cur.Requested, req)
+	s.cur.Allocated = max(s.cur.Allocated, alloc)
+	s.cur.Reserved = max(s.cur.Reserved, res)
+	s.n++
+	return s.n >= s.width
+}
+
+func (s *seriesBuilder) close(frag, ext float64) {
+	s.cur.Fragmentation, s.cur.External = frag, ext
+	s.pts = append(s.pts, s.cur)
+	s.cur, s.n = Point{}, 0
+	if len(s.pts) < MaxSeriesPoints {
+		return
+	}
+	half := s.pts[:0]
+	for k := 0; k+1 < len(s.pts); k += 2 {
+		a, b := s.pts[k], s.pts[k+1]
+		b.Requested = max(a.Requested, b.Requested)
+		b.Allocated = max(a.Allocated, b.Allocated)
+		b.Reserved = max(a.Reserved, b.Reserved)
+		half = append(half, b)
+	}
+	s.pts = half
+	s.width *= 2
+}
