@@ -1,0 +1,48 @@
+package trace
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestValidate(t *testing.T) {
+	const text = `
+malloc id=1 size=100 t=10
+malloc id=2 size=0 t=11
+malloc id=1 size=100 t=12
+free id=1 t=13
+free id=1 t=14
+free id=9 t=15
+free_requested id=8 t=16
+malloc id=3 size=5 t=9
+malloc id=1 size=7 t=20
+free id=1 t=21
+`
+	_, evs, err := ParseText("v.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Validate(NewSliceSource(Header{}, evs), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"event 1: malloc of 0 bytes at 0x2",
+		"event 2: malloc at 0x1, which is live since the malloc at event 0",
+		"event 4: double free of 0x1: freed at event 3",
+		"event 5: free of unknown address 0x9",
+		"event 6: free_requested of unknown address 0x8",
+		"event 7: time goes backwards: 9 ns after 16 ns at event 6",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d problems, want %d: %v", len(got), len(want), got)
+	}
+	for i := range want {
+		if got[i].Error() != want[i] {
+			t.Errorf("problem %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	if lim, _ := Validate(NewSliceSource(Header{}, evs), 2); len(lim) != 2 {
+		t.Errorf("limit 2 gave %d problems", len(lim))
+	}
+}
