@@ -1,0 +1,24 @@
+# Build, test and demo targets; see README.md.
+GO ?= go
+BIN := bin
+
+.PHONY: build test demo vet clean
+
+build:
+	$(GO) build -o $(BIN)/record ./cmd/record
+	$(GO) build -o $(BIN)/replay ./cmd/replay
+
+# test runs every test; the real-trace tests use ../shared/traces when it
+# exists and the small real traces under testdata/ always.
+test:
+	$(GO) vet ./...
+	$(GO) test -count=1 ./...
+
+# demo replays a real PyTorch training trace (testdata/pytorch/train_gpt)
+# against every policy, prints the table and writes JSON and charts.
+demo: build
+	$(BIN)/replay sim --policy all --json out/demo.json --plots out/demo testdata/pytorch/train_gpt.pickle.gz
+	$(BIN)/replay sim --policy all testdata/pytorch/train_gpt.pickle.gz
+
+clean:
+	rm -rf $(BIN) out

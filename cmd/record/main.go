@@ -1,0 +1,105 @@
+// Command record records allocation traces or imports them from other
+// formats into the native trace format.
+//
+//	record import [--from auto|pytorch|native|text] [--device N] -o OUT INPUT
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+func main() {
+	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "record: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: record COMMAND [flags] ARGS...
+
+Commands:
+  import   convert a trace (PyTorch snapshot, text form) to the native format
+           record import [--from auto|pytorch|native|text] [--device N] -o OUT INPUT
+`
+
+func run(stdout, stderr io.Writer, args []string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("internal error: %v", p)
+		}
+	}()
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("no command given")
+	}
+	switch args[0] {
+	case "import":
+		return runImport(stdout, stderr, args[1:])
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+func runImport(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("import", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	from := fs.String("from", "auto", "input format: auto, "+strings.Join(tracefile.Formats, ", "))
+	device := fs.Int("device", 0, "device to import from a multi-device snapshot")
+	out := fs.StringP("output", "o", "", "write the native trace to `OUT`")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if *out == "" {
+		return fmt.Errorf("import: -o OUT is required")
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("import: want exactly one INPUT, got %d", fs.NArg())
+	}
+	in := fs.Arg(0)
+	src, err := tracefile.Open(in, tracefile.Options{From: *from, Device: *device})
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	var n uint64
+	err = tracefile.WriteFile(*out, func(w io.Writer) error {
+		tw, err := trace.NewWriter(w, src.Header())
+		if err != nil {
+			return err
+		}
+		for {
+			ev, err := src.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if err := tw.Write(ev); err != nil {
+				return err
+			}
+		}
+		n = tw.Events()
+		return tw.Close()
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: %d events from %s (%s)\n", *out, n, in, src.Format)
+	return nil
+}

@@ -1,0 +1,51 @@
+// Command replay replays allocation traces against allocator policies.
+//
+//	replay sim [--policy NAME[,NAME...]|all] [--capacity SIZE] [--set NAME.key=value]...
+//	           [--json FILE] [--csv FILE] [--plots DIR] TRACE...
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+func main() {
+	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
+		fmt.Fprintf(os.Stderr, "replay: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: replay COMMAND [flags] ARGS...
+
+Commands:
+  sim    replay traces against simulated allocator policies
+         replay sim [--policy NAME[,NAME...]|all] [--capacity SIZE] [--set NAME.key=value]
+                    [--json FILE] [--csv FILE] [--plots DIR] TRACE...
+
+Run 'replay COMMAND --help' for a command's flags.
+`
+
+// run is the whole command: it parses args (without the program name) and
+// writes results to stdout and diagnostics to stderr.
+func run(stdout, stderr io.Writer, args []string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("internal error: %v", p)
+		}
+	}()
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return fmt.Errorf("no command given")
+	}
+	switch args[0] {
+	case "sim":
+		return runSim(stdout, stderr, args[1:])
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/plots"
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+func runSim(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	policyList := fs.String("policy", "all", "policies to replay: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
+	capacity := fs.String("capacity", "0", "device capacity: bytes or a size like 4000MiB, 24GiB (0 = unlimited)")
+	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
+	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
+	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
+	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
+	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("sim: no trace given")
+	}
+	capBytes, err := policies.ParseSize(*capacity)
+	if err != nil {
+		return fmt.Errorf("--capacity: %v", err)
+	}
+	names, err := policyNames(*policyList)
+	if err != nil {
+		return err
+	}
+	settings, err := parseSets(*sets, names)
+	if err != nil {
+		return err
+	}
+	var results []*sim.Result
+	for _, path := range fs.Args() {
+		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
+		if err != nil {
+			return err
+		}
+		cfgs := make([]sim.Config, len(names))
+		for k, n := range names {
+			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes}
+		}
+		res, err := sim.Run(f, cfgs...)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		results = append(results, res...)
+	}
+	if *jsonOut != "" {
+		if err := tracefile.WriteFile(*jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
+			return fmt.Errorf("--json: %w", err)
+		}
+	}
+	if *csvOut != "" {
+		if err := tracefile.WriteFile(*csvOut, func(w io.Writer) error { return writeCSV(w, results) }); err != nil {
+			return fmt.Errorf("--csv: %w", err)
+		}
+	}
+	if *plotDir != "" {
+		flat := make([]sim.Result, len(results))
+		for i, r := range results {
+			flat[i] = *r
+		}
+		if _, err := plots.WriteAll(*plotDir, flat); err != nil {
+			return fmt.Errorf("--plots: %w", err)
+		}
+	}
+	if *jsonOut == "" && *csvOut == "" {
+		writeTable(stdout, results)
+	}
+	return nil
+}
+
+// policyNames expands a --policy value.
+func policyNames(list string) ([]string, error) {
+	if list == "all" {
+		return policies.Names(), nil
+	}
+	known := map[string]bool{}
+	for _, n := range policies.Names() {
+		known[n] = true
+	}
+	var names []string
+	seen := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" || seen[n] {
+			continue
+		}
+		if !known[n] {
+			return nil, fmt.Errorf("--policy: unknown policy %q (known: %s)", n, strings.Join(policies.Names(), ", "))
+		}
+		seen[n] = true
+		names = append(names, n)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("--policy: no policy named")
+	}
+	return names, nil
+}
+
+// parseSets turns NAME.key=value flags into settings per policy name.
+func parseSets(sets []string, names []string) (map[string]policies.Settings, error) {
+	out := map[string]policies.Settings{}
+	known := map[string]bool{}
+	for _, n := range policies.Names() {
+		known[n] = true
+	}
+	for _, s := range sets {
+		lhs, val, ok := strings.Cut(s, "=")
+		name, key, ok2 := strings.Cut(lhs, ".")
+		if !ok || !ok2 || name == "" || key == "" {
+			return nil, fmt.Errorf("--set %q: want NAME.key=value", s)
+		}
+		if !known[name] {
+			return nil, fmt.Errorf("--set %q: unknown policy %q", s, name)
+		}
+		if out[name] == nil {
+			out[name] = policies.Settings{}
+		}
+		out[name][key] = val
+	}
+	return out, nil
+}
+
+func writeJSON(w io.Writer, results []*sim.Result) error {
+	if results == nil {
+		results = []*sim.Result{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", " ")
+	return enc.Encode(struct {
+		Results []*sim.Result `json:"results"`
+	}{results})
+}
+
+// csvColumns are the CSV columns: the scalar JSON keys of a result.
+var csvColumns = []string{
+	"trace", "policy", "settings", "capacity_bytes", "events", "mallocs", "frees",
+	"peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
+	"peak_fragmentation", "fragmentation_at_peak", "device_allocs", "device_frees",
+	"alloc_retries", "ooms", "first_oom_event", "first_oom_size", "source_ooms",
+	"anomalies", "peak_pinned_bytes", "peak_managed_bytes",
+}
+
+func writeCSV(w io.Writer, results []*sim.Result) error {
+	cw := csv.NewWriter(w)
+	cw.Write(csvColumns)
+	for _, r := range results {
+		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+		i := func(v int64) string { return strconv.FormatInt(v, 10) }
+		f := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+		cw.Write([]string{
+			r.Trace, r.Policy, formatSettings(r.Settings), u(r.Capacity), i(r.Events), i(r.Mallocs), i(r.Frees),
+			u(r.PeakRequested), u(r.PeakAllocated), u(r.PeakReserved),
+			f(r.PeakFragmentation), f(r.FragmentationAtPeak), i(r.DeviceAllocs), i(r.DeviceFrees),
+			i(r.AllocRetries), i(r.OOMs), i(r.FirstOOMEvent), u(r.FirstOOMSize), i(r.SourceOOMs),
+			i(r.Anomalies), u(r.PeakPinned), u(r.PeakManaged),
+		})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+func formatSettings(s map[string]string) string {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + s[k]
+	}
+	return strings.Join(parts, ";")
+}
+
+// mib formats bytes as MiB with one decimal.
+func mib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+
+func writeTable(w io.Writer, results []*sim.Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\treserved/requested\tfrag@peak\tdevice allocs\tdevice frees\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+	for _, r := range results {
+		ratio := "-"
+		if r.PeakRequested > 0 {
+			ratio = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakRequested), 'f', 3, 64)
+		}
+		first := "-"
+		if r.OOMs > 0 {
+			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%d\t%d\t%s\t\n",
+			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved),
+			ratio, 100*r.FragmentationAtPeak, r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, first)
+	}
+	tw.Flush()
+	for _, r := range results {
+		if r.Anomalies > 0 {
+			fmt.Fprintf(w, "%s: %s: %d events could not be replayed as recorded; first: %s\n", r.Trace, r.Policy, r.Anomalies, r.FirstAnomaly)
+		}
+	}
+}

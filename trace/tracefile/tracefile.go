@@ -1,0 +1,216 @@
+// Package tracefile opens trace files of any supported format, detected from
+// their content, and writes output files atomically.
+package tracefile
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/pytorch"
+)
+
+// Formats lists the names accepted by Options.From besides "auto".
+var Formats = []string{"native", "pytorch", "text"}
+
+// Options say how to open a trace file.
+type Options struct {
+	// From names the file's format: "auto" (or "") to detect it from the
+	// content, or one of Formats.
+	From string
+	// Device selects the device of a multi-device source (a PyTorch
+	// snapshot's device_traces index).
+	Device int
+}
+
+// File is an open trace: a trace.Source over a file, to be closed.
+type File struct {
+	trace.Source
+	// Format is the format the file was read as.
+	Format string
+	f      *os.File
+}
+
+// Close closes the underlying file.
+func (f *File) Close() error { return f.f.Close() }
+
+// Open opens the trace at path. The format is detected from the first
+// bytes unless opts.From names one: the native format by its magic, a
+// PyTorch snapshot (pickle, possibly gzip-compressed), or the text form.
+// Errors name the file.
+func Open(path string, opts Options) (*File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	src, format, err := open(f, path, opts)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &File{Source: src, Format: format, f: f}, nil
+}
+
+func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
+	if st, err := f.Stat(); err == nil && st.IsDir() {
+		return nil, "", fmt.Errorf("%s: is a directory, not a trace", path)
+	}
+	br := bufio.NewReaderSize(f, 64<<10)
+	head, _ := br.Peek(512)
+	format := opts.From
+	if format == "" || format == "auto" {
+		format = Detect(head)
+		if format == "" {
+			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot nor the text form (first bytes %q)", path, abbreviate(head))
+		}
+	}
+	switch format {
+	case "native":
+		r, err := trace.NewReader(br, path)
+		return r, format, err
+	case "pytorch":
+		src, err := pytorch.Import(br, path, pytorch.Options{Device: opts.Device})
+		return src, format, err
+	case "text":
+		h, evs, err := trace.ParseText(path, br)
+		if err != nil {
+			return nil, "", err
+		}
+		return trace.NewSliceSource(h, evs), format, nil
+	}
+	return nil, "", fmt.Errorf("unknown trace format %q (known: auto, %s)", format, strings.Join(Formats, ", "))
+}
+
+// Detect names the format of a file from its first bytes: "native",
+// "pytorch", "text", or "" when none matches.
+func Detect(head []byte) string {
+	switch {
+	case bytes.HasPrefix(head, []byte(trace.Magic)):
+		return "native"
+	case pytorch.Detect(head):
+		return "pytorch"
+	case looksLikeText(head):
+		return "text"
+	}
+	return ""
+}
+
+// looksLikeText reports whether head starts like the text form: printable
+// text whose first word (past comments and blank lines) is "header" or an
+// op name.
+func looksLikeText(head []byte) bool {
+	for _, c := range head {
+		if c == 0 || (c < 0x20 && c != '\n' && c != '\r' && c != '\t') {
+			return false
+		}
+	}
+	for _, line := range strings.Split(string(head), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		word, _, _ := strings.Cut(line, " ")
+		if word == "header" {
+			return true
+		}
+		_, ok := trace.ParseOp(word)
+		return ok
+	}
+	return false
+}
+
+func abbreviate(b []byte) []byte {
+	if len(b) > 16 {
+		return b[:16]
+	}
+	return b
+}
+
+// AtomicFile is an output file that appears at its path only when Commit
+// succeeds: it is written to a temporary file in the same directory and
+// renamed. A path that exists and is not a regular file (a pipe,
+// /dev/stdout) is written directly.
+type AtomicFile struct {
+	f      *os.File
+	path   string
+	direct bool
+	done   bool
+}
+
+// Create starts writing path atomically.
+func Create(path string) (*AtomicFile, error) {
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		return &AtomicFile{f: f, path: path, direct: true}, nil
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return nil, err
+	}
+	return &AtomicFile{f: f, path: path}, nil
+}
+
+// Write writes to the temporary file.
+func (a *AtomicFile) Write(p []byte) (int, error) { return a.f.Write(p) }
+
+// Commit closes the temporary file and renames it to the path.
+func (a *AtomicFile) Commit() error {
+	if a.done {
+		return nil
+	}
+	a.done = true
+	if a.direct {
+		return a.f.Close()
+	}
+	if err := a.f.Close(); err != nil {
+		os.Remove(a.f.Name())
+		return err
+	}
+	if err := os.Chmod(a.f.Name(), 0o644); err != nil {
+		os.Remove(a.f.Name())
+		return err
+	}
+	if err := os.Rename(a.f.Name(), a.path); err != nil {
+		os.Remove(a.f.Name())
+		return err
+	}
+	return nil
+}
+
+// Abort removes the temporary file; after Commit it does nothing. It is
+// safe to defer.
+func (a *AtomicFile) Abort() {
+	if a.done {
+		return
+	}
+	a.done = true
+	a.f.Close()
+	if !a.direct {
+		os.Remove(a.f.Name())
+	}
+}
+
+// WriteFile writes path atomically with the bytes write produces.
+func WriteFile(path string, write func(w io.Writer) error) error {
+	a, err := Create(path)
+	if err != nil {
+		return err
+	}
+	defer a.Abort()
+	bw := bufio.NewWriter(a)
+	if err := write(bw); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return a.Commit()
+}
