@@ -13,7 +13,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -71,35 +70,10 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("import: want exactly one INPUT, got %d", fs.NArg())
 	}
 	in := fs.Arg(0)
-	src, err := tracefile.Open(in, tracefile.Options{From: *from, Device: *device})
+	n, format, err := tracefile.Import(in, *out, tracefile.Options{From: *from, Device: *device})
 	if err != nil {
 		return err
 	}
-	defer src.Close()
-	var n uint64
-	err = tracefile.WriteFile(*out, func(w io.Writer) error {
-		tw, err := trace.NewWriter(w, src.Header())
-		if err != nil {
-			return err
-		}
-		for {
-			ev, err := src.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			if err := tw.Write(ev); err != nil {
-				return err
-			}
-		}
-		n = tw.Events()
-		return tw.Close()
-	})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "%s: %d events from %s (%s)\n", *out, n, in, src.Format)
+	fmt.Fprintf(stdout, "%s: %d events from %s (%s)\n", *out, n, in, format)
 	return nil
 }

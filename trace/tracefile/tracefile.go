@@ -214,3 +214,35 @@ func WriteFile(path string, write func(w io.Writer) error) error {
 	}
 	return a.Commit()
 }
+
+// Import converts the trace at in (any format Open reads) to a native trace
+// at out, written atomically. It returns the number of events written and
+// the input's format.
+func Import(in, out string, opts Options) (events uint64, format string, err error) {
+	src, err := Open(in, opts)
+	if err != nil {
+		return 0, "", err
+	}
+	defer src.Close()
+	err = WriteFile(out, func(w io.Writer) error {
+		tw, err := trace.NewWriter(w, src.Header())
+		if err != nil {
+			return err
+		}
+		for {
+			ev, err := src.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if err := tw.Write(ev); err != nil {
+				return err
+			}
+		}
+		events = tw.Events()
+		return tw.Close()
+	})
+	return events, src.Format, err
+}
