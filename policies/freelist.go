@@ -1,0 +1,430 @@
+package policies
+
+import (
+	"errors"
+	"fmt"
+)
+
+// deviceGranularity is the granularity in bytes of the segments the
+// caching policies of this package (first-fit, best-fit, buddy, slab) ask
+// the device for: cudaMalloc maps memory in 2 MiB pages, so a segment size
+// is rounded up to a multiple of it.
+const deviceGranularity = 2 << 20
+
+// maxRequest is the largest request in bytes a policy of this package
+// tries to place; anything larger is an OOM at once (and keeps the rounding
+// arithmetic clear of overflow).
+const maxRequest = 1 << 62
+
+// ceilToMultiple returns n rounded up to a multiple of m (m > 0).
+func ceilToMultiple(n, m uint64) uint64 {
+	if r := n % m; r != 0 {
+		return n + (m - r)
+	}
+	return n
+}
+
+// isPowerOfTwo reports whether n is a power of two (n > 0).
+func isPowerOfTwo(n uint64) bool { return n != 0 && n&(n-1) == 0 }
+
+// invalidSettingf returns the error for a setting that parsed but is out of
+// range: it names the policy, the key and the value as given.
+func invalidSettingf(policy string, s Settings, key, format string, args ...any) error {
+	return fmt.Errorf("policy %s: setting %s=%q: %s", policy, key, s[key], fmt.Sprintf(format, args...))
+}
+
+// errRequestTooLarge is the OOM of a request over maxRequest bytes.
+func errRequestTooLarge(policy string, size uint64) error {
+	return fmt.Errorf("policy %s: malloc of %d bytes: larger than any device: %w", policy, size, ErrOutOfMemory)
+}
+
+// flBlock is a block of a coalescing free list: a run of bytes of one
+// segment, free or allocated, linked to its address neighbours in the
+// segment. A free block is also a node of the policy's free-block treap.
+type flBlock struct {
+	addr, size uint64
+	seg        *flSegment
+	prev, next *flBlock // address neighbours in the segment, nil at its ends
+	free       bool
+
+	// Treap links, for free blocks only.
+	left, right *flBlock
+	prio        uint64
+	maxSize     uint64 // largest size in this node's subtree
+}
+
+// flSegment is a device segment of a coalescing free list.
+type flSegment struct {
+	addr, size uint64
+	first      *flBlock // the block at addr; never changes while the segment lives
+	index      int      // position in coalescing.segments
+}
+
+// coalescing is the allocator shared by FirstFit and BestFit.
+type coalescing struct {
+	name        string
+	dev         Device
+	bestFit     bool
+	alignment   uint64
+	segmentSize uint64
+	release     bool
+
+	root      *flBlock // treap of free blocks, by (size, addr) for best fit, by addr for first fit
+	live      map[uint64]*flBlock
+	segments  []*flSegment
+	freeBytes uint64
+	retries   int64
+	rng       uint64
+	spare     []*flBlock
+}
+
+func (c *coalescing) init(name string, bestFit bool, dev Device, s Settings) error {
+	if err := s.Check(name, "alignment", "segment_size", "release"); err != nil {
+		return err
+	}
+	align, err := s.Bytes(name, "alignment", 512)
+	if err != nil {
+		return err
+	}
+	if !isPowerOfTwo(align) || align > deviceGranularity {
+		return invalidSettingf(name, s, "alignment", "must be a power of two from 1 B to 2 MiB")
+	}
+	seg, err := s.Bytes(name, "segment_size", deviceGranularity)
+	if err != nil {
+		return err
+	}
+	if seg == 0 || seg > maxRequest {
+		return invalidSettingf(name, s, "segment_size", "must be from 1 B to 4 EiB")
+	}
+	rel, err := s.Bool(name, "release", false)
+	if err != nil {
+		return err
+	}
+	*c = coalescing{
+		name:        name,
+		dev:         dev,
+		bestFit:     bestFit,
+		alignment:   align,
+		segmentSize: ceilToMultiple(seg, deviceGranularity),
+		release:     rel,
+		live:        map[uint64]*flBlock{},
+		rng:         0x9e3779b97f4a7c15,
+	}
+	return nil
+}
+
+// Name returns the policy's registry name.
+func (c *coalescing) Name() string { return c.name }
+
+// Retries returns the number of device allocations retried after
+// returning the wholly free segments to the device.
+func (c *coalescing) Retries() int64 { return c.retries }
+
+// FreeSpace returns the free bytes inside the cached segments and the size
+// in bytes of the largest free block.
+func (c *coalescing) FreeSpace() (total, largest uint64) {
+	if c.root != nil {
+		largest = c.root.maxSize
+	}
+	return c.freeBytes, largest
+}
+
+// Malloc places size bytes (rounded up to the alignment) in a free block,
+// or in a new segment. Stream is ignored. It returns an error wrapping
+// ErrOutOfMemory when the device refuses the segment even after the
+// release of every wholly free segment.
+func (c *coalescing) Malloc(size, stream uint64) (Block, error) {
+	if size == 0 {
+		return Block{}, nil
+	}
+	if size > maxRequest {
+		return Block{}, errRequestTooLarge(c.name, size)
+	}
+	n := ceilToMultiple(size, c.alignment)
+	b := c.find(n)
+	if b == nil {
+		var err error
+		if b, err = c.grow(n); err != nil {
+			return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: %w", c.name, size, err)
+		}
+	}
+	c.remove(b)
+	if b.size > n {
+		// Every size is a multiple of the alignment, so the remainder is
+		// at least one alignment unit.
+		r := c.newBlock(b.addr+n, b.size-n, b.seg)
+		r.prev, r.next = b, b.next
+		if b.next != nil {
+			b.next.prev = r
+		}
+		b.next = r
+		b.size = n
+		c.insert(r)
+	}
+	b.free = false
+	c.freeBytes -= n
+	c.live[b.addr] = b
+	return Block{Addr: b.addr, Size: n}, nil
+}
+
+// Free returns the block at addr to the free list, coalesced with its free
+// neighbours; with release set, a segment left wholly free goes back to
+// the device. Stream is ignored. It returns an error if addr is not a live
+// block.
+func (c *coalescing) Free(addr, stream uint64) error {
+	if addr == 0 {
+		return nil
+	}
+	b, ok := c.live[addr]
+	if !ok {
+		return fmt.Errorf("policy %s: free of %#x: not a live block", c.name, addr)
+	}
+	delete(c.live, addr)
+	c.freeBytes += b.size
+	b.free = true
+	if p := b.prev; p != nil && p.free {
+		c.remove(p)
+		p.size += b.size
+		p.next = b.next
+		if b.next != nil {
+			b.next.prev = p
+		}
+		c.recycle(b)
+		b = p
+	}
+	if nx := b.next; nx != nil && nx.free {
+		c.remove(nx)
+		b.size += nx.size
+		b.next = nx.next
+		if nx.next != nil {
+			nx.next.prev = b
+		}
+		c.recycle(nx)
+	}
+	if c.release && b.prev == nil && b.next == nil {
+		return c.freeSegment(b.seg)
+	}
+	c.insert(b)
+	return nil
+}
+
+// EmptyCache returns every wholly free segment to the device.
+func (c *coalescing) EmptyCache() error {
+	_, err := c.releaseFree()
+	return err
+}
+
+// releaseFree returns every wholly free segment to the device and reports
+// how many it returned.
+func (c *coalescing) releaseFree() (int, error) {
+	n := 0
+	for i := 0; i < len(c.segments); {
+		s := c.segments[i]
+		if f := s.first; f.free && f.next == nil {
+			c.remove(f)
+			if err := c.freeSegment(s); err != nil {
+				return n, err
+			}
+			n++
+			continue // segments[i] now holds the former last segment
+		}
+		i++
+	}
+	return n, nil
+}
+
+// freeSegment returns segment s, whose single block is free and out of the
+// treap, to the device.
+func (c *coalescing) freeSegment(s *flSegment) error {
+	last := c.segments[len(c.segments)-1]
+	c.segments[s.index] = last
+	last.index = s.index
+	c.segments = c.segments[:len(c.segments)-1]
+	c.freeBytes -= s.size
+	c.recycle(s.first)
+	if err := c.dev.Free(s.addr); err != nil {
+		return fmt.Errorf("policy %s: %w", c.name, err)
+	}
+	return nil
+}
+
+// grow allocates a segment large enough for n bytes and returns its single
+// free block, in the treap.
+func (c *coalescing) grow(n uint64) (*flBlock, error) {
+	size := ceilToMultiple(max(c.segmentSize, n), deviceGranularity)
+	addr, err := c.dev.Alloc(size)
+	if err != nil {
+		if !errors.Is(err, ErrOutOfMemory) {
+			return nil, err
+		}
+		released, rerr := c.releaseFree()
+		if rerr != nil {
+			return nil, rerr
+		}
+		if released == 0 {
+			return nil, err
+		}
+		c.retries++
+		if addr, err = c.dev.Alloc(size); err != nil {
+			return nil, err
+		}
+	}
+	s := &flSegment{addr: addr, size: size, index: len(c.segments)}
+	b := c.newBlock(addr, size, s)
+	b.free = true
+	s.first = b
+	c.segments = append(c.segments, s)
+	c.freeBytes += size
+	c.insert(b)
+	return b, nil
+}
+
+func (c *coalescing) newBlock(addr, size uint64, s *flSegment) *flBlock {
+	var b *flBlock
+	if k := len(c.spare); k > 0 {
+		b = c.spare[k-1]
+		c.spare = c.spare[:k-1]
+	} else {
+		b = new(flBlock)
+	}
+	// xorshift64: the treap's priorities.
+	c.rng ^= c.rng << 13
+	c.rng ^= c.rng >> 7
+	c.rng ^= c.rng << 17
+	*b = flBlock{addr: addr, size: size, seg: s, free: true, prio: c.rng}
+	return b
+}
+
+func (c *coalescing) recycle(b *flBlock) {
+	*b = flBlock{}
+	c.spare = append(c.spare, b)
+}
+
+// The free blocks are a treap (a binary search tree by key, a heap by
+// random priority), each node carrying the largest size in its subtree.
+// First fit keys it by address and descends to the leftmost node whose
+// subtree holds a large enough block; best fit keys it by (size, address)
+// and takes the lower bound of the request.
+
+func (c *coalescing) less(a, b *flBlock) bool {
+	if c.bestFit && a.size != b.size {
+		return a.size < b.size
+	}
+	return a.addr < b.addr
+}
+
+// find returns the free block the policy places n bytes in, nil if none
+// is large enough.
+func (c *coalescing) find(n uint64) *flBlock {
+	x := c.root
+	if x == nil || x.maxSize < n {
+		return nil
+	}
+	if c.bestFit {
+		var best *flBlock
+		for x != nil {
+			if x.size >= n {
+				best, x = x, x.left
+			} else {
+				x = x.right
+			}
+		}
+		return best
+	}
+	for {
+		if l := x.left; l != nil && l.maxSize >= n {
+			x = l
+		} else if x.size >= n {
+			return x
+		} else {
+			x = x.right
+		}
+	}
+}
+
+func (c *coalescing) insert(b *flBlock) {
+	b.left, b.right, b.maxSize = nil, nil, b.size
+	c.root = c.insertAt(c.root, b)
+}
+
+func (c *coalescing) insertAt(t, b *flBlock) *flBlock {
+	if t == nil {
+		return b
+	}
+	if c.less(b, t) {
+		t.left = c.insertAt(t.left, b)
+		if t.left.prio > t.prio {
+			t = flRotateRight(t)
+		}
+	} else {
+		t.right = c.insertAt(t.right, b)
+		if t.right.prio > t.prio {
+			t = flRotateLeft(t)
+		}
+	}
+	flUpdate(t)
+	return t
+}
+
+// remove takes free block b out of the treap.
+func (c *coalescing) remove(b *flBlock) {
+	c.root = c.removeAt(c.root, b)
+	b.left, b.right = nil, nil
+}
+
+func (c *coalescing) removeAt(t, b *flBlock) *flBlock {
+	if t == b {
+		return flMerge(b.left, b.right)
+	}
+	if c.less(b, t) {
+		t.left = c.removeAt(t.left, b)
+	} else {
+		t.right = c.removeAt(t.right, b)
+	}
+	flUpdate(t)
+	return t
+}
+
+func flMerge(a, b *flBlock) *flBlock {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	case a.prio > b.prio:
+		a.right = flMerge(a.right, b)
+		flUpdate(a)
+		return a
+	default:
+		b.left = flMerge(a, b.left)
+		flUpdate(b)
+		return b
+	}
+}
+
+func flRotateRight(t *flBlock) *flBlock {
+	l := t.left
+	t.left, l.right = l.right, t
+	flUpdate(t)
+	flUpdate(l)
+	return l
+}
+
+func flRotateLeft(t *flBlock) *flBlock {
+	r := t.right
+	t.right, r.left = r.left, t
+	flUpdate(t)
+	flUpdate(r)
+	return r
+}
+
+func flUpdate(t *flBlock) {
+	m := t.size
+	if t.left != nil && t.left.maxSize > m {
+		m = t.left.maxSize
+	}
+	if t.right != nil && t.right.maxSize > m {
+		m = t.right.maxSize
+	}
+	t.maxSize = m
+}
