@@ -547,6 +547,31 @@ func TestImportCyclicSettings(t *testing.T) {
 	}
 }
 
+// TestImportSharedSettings: a settings list that holds one long string many
+// times (by memo reference) is cut off at maxSettingLen.
+func TestImportSharedSettings(t *testing.T) {
+	var b bytes.Buffer
+	b.Write([]byte{0x80, 2, '}', '('})
+	pickleValue(&b, "device_traces")
+	pickleValue(&b, []any{[]any{}})
+	pickleValue(&b, "allocator_settings")
+	b.WriteString("}(")
+	pickleValue(&b, "a")
+	b.WriteString("](")
+	pickleValue(&b, strings.Repeat("x", 10000))
+	b.WriteString("q\x00")
+	b.WriteString(strings.Repeat("h\x00", 1000))
+	b.WriteString("euu.")
+	src, err := Import(&b, "shared.pickle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := src.Header().Settings["a"]
+	if len(got) > maxSettingLen+20000 || !strings.HasSuffix(got, ",...,...]") {
+		t.Errorf("setting a has %d bytes, ends %q", len(got), got[max(0, len(got)-20):])
+	}
+}
+
 // FuzzImport demands only that Import never panics and that its errors are
 // one line naming the file.
 func FuzzImport(f *testing.F) {

@@ -13,48 +13,54 @@ import (
 // is, bool "true"/"false", ints in decimal, floats in their shortest form,
 // None as "", a dict as "k:v,k:v" sorted by key (numerically when every key
 // is an integer), a list or tuple as "[a,b]". Containers nested deeper than
-// maxDepth, or past maxNodes values in all (pickles can share and even
-// cycle values), are written as "...".
+// maxDepth, and whatever comes after maxSettingLen bytes, are written as
+// "..." (pickles can share values, and even make them contain themselves).
 func formatValue(v any) string {
-	f := formatter{nodes: maxNodes}
+	f := formatter{left: maxSettingLen}
 	return f.value(v, 0)
 }
 
 const (
-	maxDepth = 8
-	maxNodes = 10000
+	maxDepth      = 8
+	maxSettingLen = 1 << 16
 )
 
-type formatter struct{ nodes int }
+type formatter struct{ left int }
 
 func (f *formatter) value(v any, depth int) string {
-	f.nodes--
-	switch x := v.(type) {
-	case nil:
-		return ""
-	case string:
-		return x
-	case bool:
-		return strconv.FormatBool(x)
-	case int:
-		return strconv.Itoa(x)
-	case *big.Int:
-		return x.String()
-	case float64:
-		return strconv.FormatFloat(x, 'g', -1, 64)
-	}
-	if depth >= maxDepth || f.nodes < 0 {
+	if f.left <= 0 {
 		return "..."
 	}
+	var s string
 	switch x := v.(type) {
-	case *types.Dict:
-		return f.dict(*x, depth+1)
-	case *types.List:
-		return f.seq(*x, depth+1)
-	case *types.Tuple:
-		return f.seq(*x, depth+1)
+	case nil:
+	case string:
+		s = x
+	case bool:
+		s = strconv.FormatBool(x)
+	case int:
+		s = strconv.Itoa(x)
+	case *big.Int:
+		s = x.String()
+	case float64:
+		s = strconv.FormatFloat(x, 'g', -1, 64)
+	case *types.Dict, *types.List, *types.Tuple:
+		if depth >= maxDepth {
+			return "..."
+		}
+		switch x := v.(type) {
+		case *types.Dict:
+			return f.dict(*x, depth+1)
+		case *types.List:
+			return f.seq(*x, depth+1)
+		case *types.Tuple:
+			return f.seq(*x, depth+1)
+		}
+	default:
+		s = pyType(v)
 	}
-	return pyType(v)
+	f.left -= len(s) + 1
+	return s
 }
 
 func (f *formatter) seq(vs []any, depth int) string {
