@@ -1,0 +1,107 @@
+package sim
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/trace"
+)
+
+func textSource(t *testing.T, path string) trace.Source {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, evs, err := trace.ParseText(path, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return trace.NewSliceSource(h, evs)
+}
+
+func TestReplayEngine(t *testing.T) {
+	rs, err := Run(textSource(t, "testdata/engine.txt"), Config{Trace: "engine.txt", Policy: "cuda", Capacity: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	check := func(name string, got, want any) {
+		t.Helper()
+		if got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	check("events", r.Events, int64(13))
+	check("mallocs", r.Mallocs, int64(4))
+	check("frees", r.Frees, int64(3))
+	check("peak requested", r.PeakRequested, uint64(8001))
+	check("peak allocated", r.PeakAllocated, uint64(8192))
+	check("peak reserved", r.PeakReserved, uint64(8192))
+	check("device allocs", r.DeviceAllocs, int64(4))
+	check("device frees", r.DeviceFrees, int64(3))
+	check("ooms", r.OOMs, int64(2))
+	check("first oom event", r.FirstOOMEvent, int64(5))
+	check("first oom size", r.FirstOOMSize, uint64(1))
+	check("source ooms", r.SourceOOMs, int64(2))
+	check("anomalies", r.Anomalies, int64(1))
+	check("first anomaly", r.FirstAnomaly, "event 7: free of 0x9, which is not live")
+	check("peak pinned", r.PeakPinned, uint64(4096))
+	check("peak managed", r.PeakManaged, uint64(1))
+	check("fragmentation at peak", r.FragmentationAtPeak, 0.0)
+	if len(r.Series) != 13 {
+		t.Fatalf("series of %d points, want one per event", len(r.Series))
+	}
+	p := r.Series[4]
+	if p.Event != 4 || p.Requested != 8000 || p.Allocated != 8192 || p.Reserved != 8192 {
+		t.Errorf("point 4 = %+v", p)
+	}
+	if last := r.Series[12]; last.Requested != 3000 || last.Allocated != 3072 || last.Reserved != 3072 {
+		t.Errorf("last point = %+v", last)
+	}
+}
+
+// TestSeriesDownsampling replays more events than MaxSeriesPoints: the
+// series is bounded, covers the whole trace, and keeps the peak.
+func TestSeriesDownsampling(t *testing.T) {
+	var evs []trace.Event
+	const n = 5001
+	for i := 0; i < n; i++ {
+		size := uint64(512)
+		if i == 3333 {
+			size = 1 << 20
+		}
+		evs = append(evs, trace.Event{Op: trace.OpMalloc, Addr: uint64(i + 1), Size: size, Time: int64(i)})
+		evs = append(evs, trace.Event{Op: trace.OpFree, Addr: uint64(i + 1), Time: int64(i)})
+	}
+	rs, err := Run(trace.NewSliceSource(trace.Header{}, evs), Config{Policy: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := rs[0].Series
+	if len(s) > MaxSeriesPoints || len(s) < MaxSeriesPoints/4 {
+		t.Fatalf("series of %d points", len(s))
+	}
+	if s[len(s)-1].Event != 2*n-1 {
+		t.Errorf("last point at event %d, want %d", s[len(s)-1].Event, 2*n-1)
+	}
+	var peak uint64
+	for k, p := range s {
+		peak = max(peak, p.Reserved)
+		if k > 0 && p.Event <= s[k-1].Event {
+			t.Fatalf("points out of order at %d", k)
+		}
+	}
+	if peak != 1<<20 || rs[0].PeakReserved != 1<<20 {
+		t.Errorf("series peak %d, result peak %d, want %d", peak, rs[0].PeakReserved, 1<<20)
+	}
+}
+
+func TestRunUnknownPolicy(t *testing.T) {
+	_, err := Run(trace.NewSliceSource(trace.Header{}, nil), Config{Policy: "nope"})
+	if err == nil || !strings.Contains(err.Error(), `unknown policy "nope"`) {
+		t.Errorf("got %v", err)
+	}
+}
