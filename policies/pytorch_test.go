@@ -1,0 +1,833 @@
+package policies_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// Sizes and addresses of the pytorch policy's tests.
+const (
+	ptKiB = 1 << 10
+	ptMiB = 1 << 20
+	// ptBase is the address of the simulated device's first segment; each
+	// later segment follows the previous one at the next 2 MiB boundary,
+	// and addresses are never reused.
+	ptBase = 0x7f0000000000
+)
+
+// ptCase is a hand-worked replay against the pytorch policy.
+type ptCase struct {
+	name     string
+	capacity uint64 // device capacity in bytes, 0 for unlimited
+	trace    string // text form
+
+	// blocks are the results of the mallocs and malloc_failed attempts in
+	// order; the zero Block for an OOM.
+	blocks []policies.Block
+	ooms   int
+
+	peakReserved  uint64
+	peakAllocated uint64 // of the blocks' sizes
+	reservedEnd   uint64
+	allocs, frees int64 // device calls
+	retries       int64
+
+	freeTotal, freeLargest uint64 // FreeSpace at the end
+}
+
+// ptRun is what ptDrive saw.
+type ptRun struct {
+	dev           *sim.Device
+	p             policies.Policy
+	blocks        []policies.Block
+	ooms          int
+	peakAllocated uint64
+}
+
+// ptDrive replays a text-form trace against the pytorch policy: malloc
+// and free by trace address, malloc_failed as an attempt freed at once,
+// empty_cache. Errors other than OOMs fail the test.
+func ptDrive(t testing.TB, capacity uint64, text string) ptRun {
+	t.Helper()
+	_, evs, err := trace.ParseText(t.Name(), strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := sim.NewDevice(capacity)
+	p, err := policies.New("pytorch", dev, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ptRun{dev: dev, p: p}
+	live := map[uint64]policies.Block{}
+	var allocated uint64
+	for i, ev := range evs {
+		switch ev.Op {
+		case trace.OpMalloc, trace.OpMallocFailed:
+			b, err := p.Malloc(ev.Size, ev.Stream)
+			if err != nil {
+				if !errors.Is(err, policies.ErrOutOfMemory) {
+					t.Fatalf("event %d: malloc of %d: %v", i, ev.Size, err)
+				}
+				r.ooms++
+			}
+			r.blocks = append(r.blocks, b)
+			allocated += b.Size
+			r.peakAllocated = max(r.peakAllocated, allocated)
+			if err != nil {
+				continue
+			}
+			if ev.Op == trace.OpMalloc {
+				live[ev.Addr] = b
+				continue
+			}
+			allocated -= b.Size
+			if err := p.Free(b.Addr, ev.Stream); err != nil {
+				t.Fatalf("event %d: %v", i, err)
+			}
+		case trace.OpFree:
+			b, ok := live[ev.Addr]
+			if !ok {
+				continue
+			}
+			delete(live, ev.Addr)
+			allocated -= b.Size
+			if err := p.Free(b.Addr, ev.Stream); err != nil {
+				t.Fatalf("event %d: %v", i, err)
+			}
+		case trace.OpEmptyCache:
+			if err := p.(policies.Releaser).EmptyCache(); err != nil {
+				t.Fatalf("event %d: %v", i, err)
+			}
+		}
+	}
+	return r
+}
+
+func TestPyTorch(t *testing.T) {
+	const (
+		M = ptMiB
+		K = ptKiB
+		B = ptBase
+	)
+	type blk = policies.Block
+	cases := []ptCase{{
+		// 1000 B rounds up to 1024 B, a small request: both share one 2 MiB
+		// small segment, the second right after the first. The rest of the
+		// segment, 2 MiB - 2048 B, stays free as one block.
+		name:  "small mallocs share a 2 MiB segment",
+		trace: "malloc id=1 size=1000\nmalloc id=2 size=1000",
+		blocks: []blk{
+			{B, 1024},
+			{B + 1024, 1024},
+		},
+		peakReserved: 2 * M, peakAllocated: 2048, reservedEnd: 2 * M, allocs: 1,
+		freeTotal: 2*M - 2048, freeLargest: 2*M - 2048,
+	}, {
+		// Sizes under 512 B round up to 512 B; 513 B to 1024 B; exactly
+		// 1 MiB is still a small request.
+		name:  "rounding to 512 bytes",
+		trace: "malloc id=1 size=1\nmalloc id=2 size=513\nmalloc id=3 size=1MiB",
+		blocks: []blk{
+			{B, 512},
+			{B + 512, 1024},
+			{B + 1536, M},
+		},
+		peakReserved: 2 * M, peakAllocated: 512 + 1024 + M, reservedEnd: 2 * M, allocs: 1,
+		freeTotal: 2*M - 1536 - M, freeLargest: M - 1536,
+	}, {
+		// 3 MiB is a large request under 10 MiB: a 20 MiB segment, of which
+		// the rest (17 MiB) is split off and takes the 5 MiB request next.
+		// 1 MiB + 1 B rounds to 1 MiB + 512 B, a large request too.
+		name:  "mid-size requests carve up a 20 MiB segment",
+		trace: "malloc id=1 size=3MiB\nmalloc id=2 size=5MiB\nmalloc id=3 size=1048577",
+		blocks: []blk{
+			{B, 3 * M},
+			{B + 3*M, 5 * M},
+			{B + 8*M, M + 512},
+		},
+		peakReserved: 20 * M, peakAllocated: 9*M + 512, reservedEnd: 20 * M, allocs: 1,
+		freeTotal: 11*M - 512, freeLargest: 11*M - 512,
+	}, {
+		// 12 MiB gets a segment of exactly 12 MiB. 11 MiB + 1 B rounds to
+		// 11 MiB + 512 B and gets a 12 MiB segment (rounded up to 2 MiB);
+		// the rest, 1 MiB - 512 B, is not over 1 MiB, so it is not split
+		// off and the block counts 12 MiB as allocated.
+		name:  "large requests get segments rounded up to 2 MiB",
+		trace: "malloc id=1 size=12MiB\nmalloc id=2 size=11534337",
+		blocks: []blk{
+			{B, 12 * M},
+			{B + 12*M, 12 * M},
+		},
+		peakReserved: 24 * M, peakAllocated: 24 * M, reservedEnd: 24 * M, allocs: 2,
+	}, {
+		// A large block is split only if more than 1 MiB remains: 19 MiB in
+		// a 20 MiB segment leaves exactly 1 MiB (kept in the block), 19 MiB
+		// - 512 B leaves 1 MiB + 512 B (split off, and free).
+		name:  "large split needs more than 1 MiB left",
+		trace: "malloc id=1 size=19MiB\nmalloc id=2 size=19922432",
+		blocks: []blk{
+			{B, 20 * M},
+			{B + 20*M, 19*M - 512},
+		},
+		peakReserved: 40 * M, peakAllocated: 39*M - 512, reservedEnd: 40 * M, allocs: 2,
+		freeTotal: M + 512, freeLargest: M + 512,
+	}, {
+		// Three 512 KiB blocks at B, B+512K, B+1M and the free rest (512 KiB
+		// at B+1536K). Freeing 1 leaves it alone (its neighbour 2 is live);
+		// freeing 3 merges it with the rest (1 MiB at B+1M); freeing 2
+		// merges both sides: the whole 2 MiB segment is one free block. So
+		// the 1 MiB malloc lands at B; without the merges it would take
+		// the 1 MiB block at B+1M.
+		name: "a free merges with its free neighbours",
+		trace: `malloc id=1 size=512KiB
+malloc id=2 size=512KiB
+malloc id=3 size=512KiB
+free id=1
+free id=3
+free id=2
+malloc id=4 size=1MiB`,
+		blocks: []blk{
+			{B, 512 * K},
+			{B + 512*K, 512 * K},
+			{B + 1024*K, 512 * K},
+			{B, M},
+		},
+		peakReserved: 2 * M, peakAllocated: 1536 * K, reservedEnd: 2 * M, allocs: 1,
+		freeTotal: M, freeLargest: M,
+	}, {
+		// Layout of the 2 MiB small segment: a 256K at B, 4K at B+256K,
+		// c 128K at B+260K, 4K at B+388K, e 128K at B+392K, 4K at B+520K,
+		// and the rest (1524 KiB) free at B+524K. Freed: a, c, e. 100 KiB
+		// fits best in a 128 KiB block; c and e tie, c has the lower
+		// address. Then 128 KiB takes e exactly (c's rest, 28 KiB at
+		// B+360K, is too small) and 200 KiB takes a, the smallest that fits.
+		name: "best fit, ties to the lowest address",
+		trace: `malloc id=1 size=256KiB
+malloc id=2 size=4KiB
+malloc id=3 size=128KiB
+malloc id=4 size=4KiB
+malloc id=5 size=128KiB
+malloc id=6 size=4KiB
+free id=1
+free id=3
+free id=5
+malloc id=7 size=100KiB
+malloc id=8 size=128KiB
+malloc id=9 size=200KiB`,
+		blocks: []blk{
+			{B, 256 * K}, {B + 256*K, 4 * K},
+			{B + 260*K, 128 * K}, {B + 388*K, 4 * K},
+			{B + 392*K, 128 * K}, {B + 520*K, 4 * K},
+			{B + 260*K, 100 * K},
+			{B + 392*K, 128 * K},
+			{B, 200 * K},
+		},
+		peakReserved: 2 * M, peakAllocated: 524 * K, reservedEnd: 2 * M, allocs: 1,
+		// free: 28K at B+360K, 56K at B+200K, 1524K at B+524K
+		freeTotal: (28 + 56 + 1524) * K, freeLargest: 1524 * K,
+	}, {
+		// The block freed on stream 0 is cached for stream 0 only: the
+		// stream 1 malloc gets a segment of its own (at the next 2 MiB
+		// boundary), the next stream 0 malloc takes the cached block. A
+		// block freed on another stream than its own (free id=3 on stream
+		// 0) goes back to its own stream's cache.
+		name: "streams do not share blocks",
+		trace: `malloc id=1 size=1000 stream=0
+free id=1 stream=0
+malloc id=2 size=1000 stream=1
+malloc id=3 size=1000 stream=0
+free id=3 stream=1
+free id=2 stream=0
+malloc id=4 size=1000 stream=1
+malloc id=5 size=1000 stream=0`,
+		blocks: []blk{
+			{B, 1024},
+			{B + 2*M, 1024},
+			{B, 1024},
+			{B + 2*M, 1024},
+			{B, 1024},
+		},
+		peakReserved: 4 * M, peakAllocated: 2048, reservedEnd: 4 * M, allocs: 2,
+		freeTotal: 4*M - 2048, freeLargest: 2*M - 1024,
+	}, {
+		// Capacity 40 MiB. a (12 MiB segment at B) is freed and cached; b
+		// (16 MiB) does not fit in it and gets a segment at B+12M
+		// (reserved 28 MiB). c (14 MiB) needs a new segment: 28 + 14 > 40,
+		// refused; the cached 12 MiB segment is freed (reserved 16 MiB) and
+		// the retry succeeds at B+28M (reserved 30 MiB).
+		name:     "a refused segment frees the cache and retries",
+		capacity: 40 * M,
+		trace: `malloc id=1 size=12MiB
+free id=1
+malloc id=2 size=16MiB
+malloc id=3 size=14MiB`,
+		blocks: []blk{
+			{B, 12 * M},
+			{B + 12*M, 16 * M},
+			{B + 28*M, 14 * M},
+		},
+		peakReserved: 30 * M, peakAllocated: 30 * M, reservedEnd: 30 * M,
+		allocs: 3, frees: 1, retries: 1,
+	}, {
+		// Capacity 40 MiB, filled by two live 20 MiB segments. The 1000 B
+		// malloc needs a 2 MiB small segment: refused, nothing cached to
+		// free, the retry is refused too: an OOM (one retry). After a is
+		// freed, the next small malloc is refused once more, frees a's
+		// segment and succeeds on the retry at B+40M (reserved 22 MiB).
+		// The malloc_failed attempt of 30 MiB is refused twice (22 + 30 >
+		// 40), a retry and an OOM: the only cached free block lies in the
+		// small segment, which stays split.
+		name:     "an OOM after the retry",
+		capacity: 40 * M,
+		trace: `malloc id=1 size=20MiB
+malloc id=2 size=20MiB
+malloc id=3 size=1000
+free id=1
+malloc id=4 size=1000
+malloc_failed size=30MiB`,
+		blocks: []blk{
+			{B, 20 * M},
+			{B + 20*M, 20 * M},
+			{},
+			{B + 40*M, 1024},
+			{},
+		},
+		ooms:         2,
+		peakReserved: 40 * M, peakAllocated: 40 * M, reservedEnd: 22 * M,
+		allocs: 3, frees: 1, retries: 3,
+		freeTotal: 2*M - 1024, freeLargest: 2*M - 1024,
+	}, {
+		// A malloc_failed that succeeds in the replay is freed at once.
+		name:  "a failed malloc is an attempt",
+		trace: "malloc_failed size=1000\nmalloc id=1 size=1000",
+		blocks: []blk{
+			{B, 1024},
+			{B, 1024},
+		},
+		peakReserved: 2 * M, peakAllocated: 1024, reservedEnd: 2 * M, allocs: 1,
+		freeTotal: 2*M - 1024, freeLargest: 2*M - 1024,
+	}, {
+		// empty_cache frees only whole free segments: the 20 MiB segment
+		// of a (free, unsplit), not the small segment that b keeps split.
+		// The next 3 MiB malloc needs a new 20 MiB segment.
+		name: "empty_cache frees unsplit segments",
+		trace: `malloc id=1 size=3MiB
+malloc id=2 size=1000
+malloc id=3 size=1000
+free id=1
+free id=2
+empty_cache
+malloc id=4 size=3MiB`,
+		blocks: []blk{
+			{B, 3 * M},
+			{B + 20*M, 1024},
+			{B + 20*M + 1024, 1024},
+			{B + 22*M, 3 * M},
+		},
+		peakReserved: 22 * M, peakAllocated: 3*M + 2048, reservedEnd: 22 * M,
+		allocs: 3, frees: 1,
+		freeTotal: 2*M - 1024 + 17*M, freeLargest: 17 * M,
+	}}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := ptDrive(t, tc.capacity, tc.trace)
+			if !slices.Equal(r.blocks, tc.blocks) {
+				t.Errorf("blocks:\n got %s\nwant %s", ptFmtBlocks(r.blocks), ptFmtBlocks(tc.blocks))
+			}
+			if r.ooms != tc.ooms {
+				t.Errorf("OOMs = %d, want %d", r.ooms, tc.ooms)
+			}
+			if got := r.dev.PeakReserved(); got != tc.peakReserved {
+				t.Errorf("peak reserved = %d, want %d", got, tc.peakReserved)
+			}
+			if got := r.dev.Reserved(); got != tc.reservedEnd {
+				t.Errorf("reserved at the end = %d, want %d", got, tc.reservedEnd)
+			}
+			if r.peakAllocated != tc.peakAllocated {
+				t.Errorf("peak allocated = %d, want %d", r.peakAllocated, tc.peakAllocated)
+			}
+			if got := r.dev.Allocs(); got != tc.allocs {
+				t.Errorf("device allocs = %d, want %d", got, tc.allocs)
+			}
+			if got := r.dev.Frees(); got != tc.frees {
+				t.Errorf("device frees = %d, want %d", got, tc.frees)
+			}
+			if got := r.p.(policies.Counter).Retries(); got != tc.retries {
+				t.Errorf("retries = %d, want %d", got, tc.retries)
+			}
+			total, largest := r.p.(policies.FreeSpacer).FreeSpace()
+			if total != tc.freeTotal || largest != tc.freeLargest {
+				t.Errorf("FreeSpace() = %d, %d; want %d, %d", total, largest, tc.freeTotal, tc.freeLargest)
+			}
+		})
+	}
+}
+
+func ptFmtBlocks(bs []policies.Block) string {
+	var b strings.Builder
+	for i, x := range bs {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		if x.Addr >= ptBase {
+			fmt.Fprintf(&b, "B+%#x:%d", x.Addr-ptBase, x.Size)
+		} else {
+			fmt.Fprintf(&b, "%#x:%d", x.Addr, x.Size)
+		}
+	}
+	return "[" + b.String() + "]"
+}
+
+func TestPyTorchErrors(t *testing.T) {
+	_, err := policies.New("pytorch", sim.NewDevice(0), policies.Settings{"max_split_size_mb": "128"})
+	if err == nil || !strings.Contains(err.Error(), `unknown setting "max_split_size_mb"`) {
+		t.Errorf("New with max_split_size_mb: error %v, want it to name the setting", err)
+	}
+	p, err := policies.New("pytorch", sim.NewDevice(0), policies.Settings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Name() != "pytorch" {
+		t.Errorf("Name() = %q", p.Name())
+	}
+	if err := p.Free(ptBase, 0); err == nil || !strings.Contains(err.Error(), "not an allocated block") {
+		t.Errorf("free of an unknown address: %v, want not an allocated block", err)
+	}
+	b, err := p.Malloc(4096, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Free(b.Addr, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Free(b.Addr, 0); err == nil {
+		t.Errorf("double free succeeded")
+	}
+	// A device error other than an OOM is passed on, not retried.
+	boom := errors.New("device lost")
+	p, _ = policies.New("pytorch", ptFailingDevice{boom}, nil)
+	if _, err := p.Malloc(4096, 0); !errors.Is(err, boom) || errors.Is(err, policies.ErrOutOfMemory) {
+		t.Errorf("malloc on a failing device: %v, want it to wrap %v", err, boom)
+	}
+	if got := p.(policies.Counter).Retries(); got != 0 {
+		t.Errorf("retries = %d after a device error, want 0", got)
+	}
+	// An OOM wraps ErrOutOfMemory.
+	p, _ = policies.New("pytorch", sim.NewDevice(ptMiB), nil)
+	if _, err := p.Malloc(1000, 0); !errors.Is(err, policies.ErrOutOfMemory) {
+		t.Errorf("malloc on a 1 MiB device: %v, want ErrOutOfMemory", err)
+	}
+}
+
+type ptFailingDevice struct{ err error }
+
+func (d ptFailingDevice) Alloc(uint64) (uint64, error) { return 0, d.err }
+func (d ptFailingDevice) Free(uint64) error            { return d.err }
+
+// TestPyTorchModel replays long random traces (several streams, all size
+// classes, a capacity that forces retries and OOMs, empty_cache calls)
+// against the policy and against ptModel, a plain restatement of the
+// caching allocator's rules with linear searches, and demands the same
+// block for every malloc and the same device figures after every event.
+func TestPyTorchModel(t *testing.T) {
+	tiny := func(rng *rand.Rand) uint64 { return uint64(1+rng.Intn(16))*512 - uint64(rng.Intn(512)) }
+	cases := []struct {
+		name     string
+		capacity uint64
+		streams  int
+		size     func(*rand.Rand) uint64
+		events   int
+	}{
+		{"all sizes", 0, 3, ptRandSize, 40000},
+		{"all sizes under 4 GiB", 4 << 30, 3, ptRandSize, 40000},
+		{"all sizes under 400 MiB", 400 * ptMiB, 3, ptRandSize, 20000},
+		// Thousands of free blocks in one pool of one stream: deep trees.
+		{"tiny sizes", 0, 1, tiny, 60000},
+	}
+	for _, tc := range cases {
+		for seed := int64(1); seed <= 3; seed++ {
+			t.Run(fmt.Sprint(tc.name, "/seed", seed), func(t *testing.T) {
+				rng := rand.New(rand.NewSource(seed))
+				dev, mdev := sim.NewDevice(tc.capacity), sim.NewDevice(tc.capacity)
+				p, err := policies.New("pytorch", dev, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := &ptModel{dev: mdev}
+				var live []policies.Block
+				for i := range tc.events {
+					// Waves of mostly mallocs, then mostly frees, so that
+					// thousands of blocks are live, then free, at times.
+					mallocPct := 75
+					if (i/(tc.events/8))%2 == 1 {
+						mallocPct = 30
+					}
+					switch r := rng.Intn(1000); {
+					case r < 3:
+						if err := p.(policies.Releaser).EmptyCache(); err != nil {
+							t.Fatal(err)
+						}
+						m.emptyCache()
+					case r < 10*mallocPct || len(live) == 0:
+						size := tc.size(rng)
+						stream := uint64(rng.Intn(tc.streams))
+						b, err := p.Malloc(size, stream)
+						mb, merr := m.malloc(size, stream)
+						if (err != nil) != (merr != nil) || b != mb {
+							t.Fatalf("event %d: malloc of %d on stream %d: %+v, %v; model %+v, %v", i, size, stream, b, err, mb, merr)
+						}
+						if err == nil {
+							live = append(live, b)
+						} else if !errors.Is(err, policies.ErrOutOfMemory) {
+							t.Fatal(err)
+						}
+					default:
+						k := rng.Intn(len(live))
+						b := live[k]
+						live[k] = live[len(live)-1]
+						live = live[:len(live)-1]
+						// The stream of the free plays no part.
+						if err := p.Free(b.Addr, uint64(rng.Intn(tc.streams))); err != nil {
+							t.Fatalf("event %d: %v", i, err)
+						}
+						m.free(b.Addr)
+					}
+					if dev.Reserved() != mdev.Reserved() || dev.Allocs() != mdev.Allocs() || dev.Frees() != mdev.Frees() {
+						t.Fatalf("event %d: device reserved/allocs/frees %d/%d/%d, model %d/%d/%d", i,
+							dev.Reserved(), dev.Allocs(), dev.Frees(), mdev.Reserved(), mdev.Allocs(), mdev.Frees())
+					}
+					total, largest := p.(policies.FreeSpacer).FreeSpace()
+					if mt, ml := m.freeSpace(); total != mt || largest != ml {
+						t.Fatalf("event %d: FreeSpace %d, %d; model %d, %d", i, total, largest, mt, ml)
+					}
+				}
+				if got := p.(policies.Counter).Retries(); got != m.retries {
+					t.Errorf("retries %d, model %d", got, m.retries)
+				}
+				t.Logf("device allocs %d, frees %d, retries %d, OOMs %d", dev.Allocs(), dev.Frees(), m.retries, m.ooms)
+			})
+		}
+	}
+}
+
+// ptRandSize draws request sizes of every class: tiny, small, around the
+// 1 MiB boundary, mid-size (20 MiB segments), large, and repeats of a few
+// fixed sizes (so that ties between equal free blocks occur).
+func ptRandSize(rng *rand.Rand) uint64 {
+	switch rng.Intn(6) {
+	case 0:
+		return uint64(rng.Intn(2048))
+	case 1:
+		return uint64(rng.Intn(ptMiB)) + 1
+	case 2:
+		return ptMiB - 1024 + uint64(rng.Intn(2048))
+	case 3:
+		return uint64(rng.Intn(10*ptMiB)) + ptMiB
+	case 4:
+		return uint64(rng.Intn(60*ptMiB)) + 10*ptMiB
+	default:
+		return []uint64{4096, 65536, 3 * ptMiB, 12 * ptMiB}[rng.Intn(4)]
+	}
+}
+
+// ptModel restates the caching allocator's rules as plainly as possible:
+// segments hold address-ordered block lists, searches are linear.
+type ptModel struct {
+	dev     *sim.Device
+	segs    []*ptModelSeg
+	retries int64
+	ooms    int64
+}
+
+type ptModelSeg struct {
+	addr   uint64
+	stream uint64
+	small  bool
+	blocks []ptModelBlock // in address order
+}
+
+type ptModelBlock struct {
+	addr, size uint64
+	used       bool
+}
+
+func (m *ptModel) malloc(req, stream uint64) (policies.Block, error) {
+	size := max((req+511)/512*512, 512)
+	small := size <= ptMiB
+	// Best fit: smallest, then lowest address, same pool and stream.
+	var bs *ptModelSeg
+	bi := -1
+	for _, s := range m.segs {
+		if s.small != small || s.stream != stream {
+			continue
+		}
+		for i, b := range s.blocks {
+			if b.used || b.size < size {
+				continue
+			}
+			if bi < 0 || b.size < bs.blocks[bi].size || b.size == bs.blocks[bi].size && b.addr < bs.blocks[bi].addr {
+				bs, bi = s, i
+			}
+		}
+	}
+	if bi < 0 {
+		segSize := uint64(2 * ptMiB)
+		switch {
+		case small:
+		case size < 10*ptMiB:
+			segSize = 20 * ptMiB
+		default:
+			segSize = (size + 2*ptMiB - 1) / (2 * ptMiB) * (2 * ptMiB)
+		}
+		addr, err := m.dev.Alloc(segSize)
+		if err != nil {
+			m.emptyCache()
+			m.retries++
+			addr, err = m.dev.Alloc(segSize)
+			if err != nil {
+				m.ooms++
+				return policies.Block{}, err
+			}
+		}
+		bs = &ptModelSeg{addr: addr, stream: stream, small: small, blocks: []ptModelBlock{{addr, segSize, false}}}
+		m.segs = append(m.segs, bs)
+		bi = 0
+	}
+	b := &bs.blocks[bi]
+	rest := b.size - size
+	if small && rest >= 512 || !small && rest > ptMiB {
+		bs.blocks = slices.Insert(bs.blocks, bi+1, ptModelBlock{b.addr + size, rest, false})
+		b = &bs.blocks[bi]
+		b.size = size
+	}
+	b.used = true
+	return policies.Block{Addr: b.addr, Size: b.size}, nil
+}
+
+func (m *ptModel) free(addr uint64) {
+	for _, s := range m.segs {
+		for i := range s.blocks {
+			if s.blocks[i].addr != addr || !s.blocks[i].used {
+				continue
+			}
+			s.blocks[i].used = false
+			if i+1 < len(s.blocks) && !s.blocks[i+1].used {
+				s.blocks[i].size += s.blocks[i+1].size
+				s.blocks = slices.Delete(s.blocks, i+1, i+2)
+			}
+			if i > 0 && !s.blocks[i-1].used {
+				s.blocks[i-1].size += s.blocks[i].size
+				s.blocks = slices.Delete(s.blocks, i, i+1)
+			}
+			return
+		}
+	}
+	panic("model: free of an unknown block")
+}
+
+func (m *ptModel) emptyCache() {
+	m.segs = slices.DeleteFunc(m.segs, func(s *ptModelSeg) bool {
+		if len(s.blocks) == 1 && !s.blocks[0].used {
+			if err := m.dev.Free(s.addr); err != nil {
+				panic(err)
+			}
+			return true
+		}
+		return false
+	})
+}
+
+func (m *ptModel) freeSpace() (total, largest uint64) {
+	for _, s := range m.segs {
+		for _, b := range s.blocks {
+			if !b.used {
+				total += b.size
+				largest = max(largest, b.size)
+			}
+		}
+	}
+	return total, largest
+}
+
+// The tests below replay real snapshots converted to the text form (see
+// the policy's commit message) from the directory $PYTORCH_TEXT_TRACES,
+// until the importer and the engine's own acceptance test cover them.
+
+var ptTraces = []string{
+	"pytorch/train_gpt", "pytorch/infer_dynbatch", "pytorch/kv_decode", "pytorch/hf_generate",
+	"pytorch/multistream", "pytorch/hf_llama_train",
+	"pytorch_cases/conv_forward", "pytorch_cases/growing_batch", "pytorch_cases/split_frag_oom", "pytorch_cases/token_lengths",
+}
+
+func ptTextTrace(t testing.TB, name string) (trace.Header, []trace.Event) {
+	t.Helper()
+	dir := os.Getenv("PYTORCH_TEXT_TRACES")
+	if dir == "" {
+		t.Skip("PYTORCH_TEXT_TRACES not set")
+	}
+	f, err := os.Open(filepath.Join(dir, filepath.Base(name)+".txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, evs, err := trace.ParseText(name, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, evs
+}
+
+type ptStats struct {
+	Cap      uint64 `json:"mem_cap_bytes"`
+	Reserved uint64 `json:"max_memory_reserved"`
+	Alloc    uint64 `json:"max_memory_allocated"`
+	MS       struct {
+		Allocs  int64 `json:"num_device_alloc"`
+		Frees   int64 `json:"num_device_free"`
+		Retries int64 `json:"num_alloc_retries"`
+		OOMs    int64 `json:"num_ooms"`
+	} `json:"memory_stats"`
+}
+
+func TestPyTorchTextTraces(t *testing.T) {
+	for _, name := range ptTraces {
+		h, evs := ptTextTrace(t, name)
+		raw, err := os.ReadFile("/work/shared/traces/" + name + ".stats.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st ptStats
+		if err := json.Unmarshal(raw, &st); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Trace: name, Policy: "pytorch", Capacity: st.Cap})
+		el := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rs[0]
+		t.Logf("%-16s reserved %d/%d allocated %d/%d device allocs %d/%d frees %d/%d retries %d/%d OOMs %d/%d; %v for %d events",
+			filepath.Base(name), r.PeakReserved, st.Reserved, r.PeakAllocated, st.Alloc, r.DeviceAllocs, st.MS.Allocs,
+			r.DeviceFrees, st.MS.Frees, r.AllocRetries, st.MS.Retries, r.OOMs, st.MS.OOMs, el, len(evs))
+	}
+}
+
+// ptQueueDevice hands out the segment addresses a trace recorded, in order.
+type ptQueueDevice struct {
+	capacity, reserved, peak uint64
+	addrs                    []uint64
+	live                     map[uint64]uint64
+}
+
+func (d *ptQueueDevice) Alloc(size uint64) (uint64, error) {
+	if d.capacity > 0 && d.reserved+size > d.capacity {
+		return 0, policies.ErrOutOfMemory
+	}
+	a := d.addrs[0]
+	d.addrs = d.addrs[1:]
+	d.live[a] = size
+	d.reserved += size
+	d.peak = max(d.peak, d.reserved)
+	return a, nil
+}
+
+func (d *ptQueueDevice) Free(addr uint64) error {
+	d.reserved -= d.live[addr]
+	delete(d.live, addr)
+	return nil
+}
+
+// TestPyTorchRecordedAddresses places each segment at its recorded
+// address and demands that every malloc lands where it did in the source.
+func TestPyTorchRecordedAddresses(t *testing.T) {
+	for _, name := range ptTraces {
+		_, evs := ptTextTrace(t, name)
+		dev := &ptQueueDevice{live: map[uint64]uint64{}}
+		if strings.HasSuffix(name, "split_frag_oom") {
+			dev.capacity = 4194304000
+		}
+		for _, ev := range evs {
+			if ev.Op == trace.OpSegmentAlloc {
+				dev.addrs = append(dev.addrs, ev.Addr)
+			}
+		}
+		p, _ := policies.New("pytorch", dev, nil)
+		mismatches, first := 0, ""
+		for i, ev := range evs {
+			switch ev.Op {
+			case trace.OpMalloc:
+				b, err := p.Malloc(ev.Size, ev.Stream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if b.Addr != ev.Addr {
+					if mismatches == 0 {
+						first = fmt.Sprintf(" (first: event %d: malloc of %d at %#x, want %#x)", i, ev.Size, b.Addr, ev.Addr)
+					}
+					mismatches++
+				}
+			case trace.OpFree:
+				if err := p.Free(ev.Addr, ev.Stream); err != nil {
+					t.Fatalf("%s event %d: %v", name, i, err)
+				}
+			case trace.OpMallocFailed:
+				if b, err := p.Malloc(ev.Size, ev.Stream); err == nil {
+					p.Free(b.Addr, ev.Stream)
+				}
+			}
+		}
+		if mismatches > 0 {
+			t.Errorf("%s: %d mallocs placed elsewhere than recorded%s", name, mismatches, first)
+		}
+		t.Logf("%s: peak reserved %d", name, dev.peak)
+	}
+}
+
+// BenchmarkPyTorchKVDecode measures the policy alone on kv_decode's mallocs
+// and frees.
+func BenchmarkPyTorchKVDecode(b *testing.B) {
+	_, evs := ptTextTrace(b, "pytorch/kv_decode")
+	type op struct {
+		malloc       bool
+		slot         int
+		size, stream uint64
+	}
+	slots := map[uint64]int{} // trace address -> slot of its malloc
+	var ops []op
+	for _, ev := range evs {
+		switch ev.Op {
+		case trace.OpMalloc:
+			slots[ev.Addr] = len(ops)
+			ops = append(ops, op{true, len(ops), ev.Size, ev.Stream})
+		case trace.OpFree:
+			ops = append(ops, op{false, slots[ev.Addr], 0, ev.Stream})
+		}
+	}
+	blocks := make([]policies.Block, len(ops))
+	b.ResetTimer()
+	for range b.N {
+		p, _ := policies.New("pytorch", sim.NewDevice(0), nil)
+		for _, o := range ops {
+			if o.malloc {
+				blocks[o.slot], _ = p.Malloc(o.size, o.stream)
+			} else {
+				p.Free(blocks[o.slot].Addr, o.stream)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(ops)), "ns/event")
+}
