@@ -1,0 +1,151 @@
+package sim_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace/pytorch"
+)
+
+// The acceptance test of the project: replaying a real PyTorch snapshot
+// against the "pytorch" policy, under the memory cap it was recorded with,
+// gives the figures the real caching allocator measured (NAME.stats.json
+// beside each snapshot), exactly.
+//
+// The small snapshots are in the repository (testdata/pytorch); the large
+// ones are looked for in $ALLOCSIM_TRACES (the shared trace collection, with
+// its pytorch/ and pytorch_cases/ folders), else ../../shared/traces, and
+// skipped if absent.
+
+// ptAcceptance lists the traces and, for those that cannot match yet, why.
+var ptAcceptance = []struct {
+	name    string // path under the collection, without .pickle.gz
+	pending string // why it does not match yet; "" if it must match
+	// pendingFigures are the figures that do not match yet (the others
+	// must).
+	pendingFigures []string
+}{
+	{name: "pytorch/train_gpt"},
+	{name: "pytorch/infer_dynbatch"},
+	{name: "pytorch/kv_decode"},
+	{name: "pytorch/hf_generate"},
+	{
+		name: "pytorch/multistream",
+		pending: "PyTorch's allocated_bytes drops at free_requested (the block only becomes reusable " +
+			"at free_completed); the engine counts allocated bytes until OpFree",
+		pendingFigures: []string{"peak allocated"},
+	},
+	{
+		name: "pytorch/hf_llama_train",
+		pending: "best-fit ties depend on the real segment addresses; needs segments placed at the " +
+			"addresses of the trace's segment_alloc entries",
+		pendingFigures: []string{"peak reserved", "peak allocated"},
+	},
+	{name: "pytorch_cases/conv_forward"},
+	{name: "pytorch_cases/growing_batch"},
+	{name: "pytorch_cases/split_frag_oom"},
+	{name: "pytorch_cases/token_lengths"},
+}
+
+// ptTruth is what the real allocator reported.
+type ptTruth struct {
+	AllocConf   string `json:"alloc_conf"`
+	Cap         uint64 `json:"mem_cap_bytes"`
+	Reserved    uint64 `json:"max_memory_reserved"`
+	Allocated   uint64 `json:"max_memory_allocated"`
+	MemoryStats struct {
+		DeviceAllocs int64 `json:"num_device_alloc"`
+		DeviceFrees  int64 `json:"num_device_free"`
+		Retries      int64 `json:"num_alloc_retries"`
+		OOMs         int64 `json:"num_ooms"`
+	} `json:"memory_stats"`
+}
+
+// ptFind returns the paths of the snapshot and its stats, or "" if absent.
+func ptFind(name string) (snapshot, stats string) {
+	var dirs []string
+	if d := os.Getenv("ALLOCSIM_TRACES"); d != "" {
+		dirs = append(dirs, filepath.Join(d, filepath.Dir(name)))
+	}
+	dirs = append(dirs, filepath.Join("..", "testdata", "pytorch"), filepath.Join("..", "..", "shared", "traces", filepath.Dir(name)))
+	for _, d := range dirs {
+		p := filepath.Join(d, filepath.Base(name))
+		if _, err := os.Stat(p + ".pickle.gz"); err == nil {
+			return p + ".pickle.gz", p + ".stats.json"
+		}
+	}
+	return "", ""
+}
+
+func TestPyTorchSnapshots(t *testing.T) {
+	for _, tc := range ptAcceptance {
+		t.Run(filepath.Base(tc.name), func(t *testing.T) {
+			snap, stats := ptFind(tc.name)
+			if snap == "" {
+				t.Skipf("%s.pickle.gz not found (set ALLOCSIM_TRACES to the trace collection)", tc.name)
+			}
+			if fi, err := os.Stat(snap); err == nil && fi.Size() > 1<<20 && testing.Short() {
+				t.Skip("a large snapshot (seconds to import) in -short mode")
+			}
+			raw, err := os.ReadFile(stats)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want ptTruth
+			if err := json.Unmarshal(raw, &want); err != nil {
+				t.Fatalf("%s: %v", stats, err)
+			}
+			if want.AllocConf != "" {
+				t.Fatalf("%s: settings %q, the pytorch policy has default settings only", stats, want.AllocConf)
+			}
+			f, err := os.Open(snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			src, err := pytorch.Import(f, snap, pytorch.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			rs, err := sim.Run(src, sim.Config{Trace: snap, Policy: "pytorch", Capacity: want.Cap})
+			elapsed := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := rs[0]
+			t.Logf("%d events replayed in %v", got.Events, elapsed)
+			figures := []struct {
+				name      string
+				got, want any
+			}{
+				{"peak reserved", got.PeakReserved, want.Reserved},
+				{"peak allocated", got.PeakAllocated, want.Allocated},
+				{"device allocs", got.DeviceAllocs, want.MemoryStats.DeviceAllocs},
+				{"device frees", got.DeviceFrees, want.MemoryStats.DeviceFrees},
+				{"retries", got.AllocRetries, want.MemoryStats.Retries},
+				{"OOMs", got.OOMs, want.MemoryStats.OOMs},
+				{"anomalies", got.Anomalies, int64(0)},
+			}
+			for _, fg := range figures {
+				pending := false
+				for _, p := range tc.pendingFigures {
+					pending = pending || p == fg.name
+				}
+				switch {
+				case fg.got == fg.want && pending:
+					t.Logf("%s = %v matches now although listed as pending (%s)", fg.name, fg.got, tc.pending)
+				case fg.got == fg.want:
+				case pending:
+					t.Logf("%s = %v, want %v: pending: %s", fg.name, fg.got, fg.want, tc.pending)
+				default:
+					t.Errorf("%s = %v, want %v", fg.name, fg.got, fg.want)
+				}
+			}
+		})
+	}
+}
