@@ -1,9 +1,12 @@
 package policies_test
 
 import (
+	"math/rand"
+	"slices"
 	"testing"
 
 	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
 )
 
 // forFitPolicies returns tc once for first-fit and once for best-fit, for
@@ -263,4 +266,108 @@ func TestFitFreeUnknown(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestFitModel replays random mallocs and frees and predicts every
+// placement from the layout alone: the free blocks of a coalescing free
+// list are exactly the gaps between live blocks in the device's segments,
+// so first fit must take the lowest gap that fits and best fit the
+// smallest (the lowest of equal ones), or a new segment when none fits.
+// FreeSpace must report the gaps' total and the largest gap.
+func TestFitModel(t *testing.T) {
+	for _, name := range []string{"first-fit", "best-fit"} {
+		for _, s := range []policies.Settings{nil, {"release": "true"}} {
+			t.Run(name+"/"+fmtSettings(s), func(t *testing.T) {
+				dev := sim.NewDevice(0)
+				p, err := policies.New(name, dev, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rng := rand.New(rand.NewSource(3))
+				var live []policies.Block
+				for op := range 6000 {
+					gaps := fitGaps(dev, live)
+					var total, largest uint64
+					for _, g := range gaps {
+						total += g.Size
+						largest = max(largest, g.Size)
+					}
+					if gt, gl := p.(policies.FreeSpacer).FreeSpace(); gt != total || gl != largest {
+						t.Fatalf("op %d: FreeSpace() = %d, %d; the gaps give %d, %d", op, gt, gl, total, largest)
+					}
+					if len(live) > 0 && rng.Intn(100) < 48 {
+						i := rng.Intn(len(live))
+						if err := p.Free(live[i].Addr, 0); err != nil {
+							t.Fatalf("op %d: %v", op, err)
+						}
+						live[i] = live[len(live)-1]
+						live = live[:len(live)-1]
+						continue
+					}
+					size := uint64(1 + rng.Intn(64*sKiB))
+					if rng.Intn(10) == 0 {
+						size = uint64(1 + rng.Intn(5*sMiB))
+					}
+					n := (size + 511) / 512 * 512
+					var want *policies.Block
+					for i, g := range gaps {
+						if g.Size < n {
+							continue
+						}
+						if want == nil || (name == "best-fit" && g.Size < want.Size) {
+							want = &gaps[i]
+						}
+					}
+					b, err := p.Malloc(size, 0)
+					if err != nil {
+						t.Fatalf("op %d: %v", op, err)
+					}
+					switch {
+					case want != nil && b.Addr != want.Addr:
+						t.Fatalf("op %d: malloc of %d bytes at %#x, want %#x (gap of %d)", op, size, b.Addr, want.Addr, want.Size)
+					case want == nil:
+						// A new segment: its address is above every earlier one.
+						for a := range dev.Segments() {
+							if a > b.Addr {
+								t.Fatalf("op %d: malloc of %d bytes at %#x, not in a new segment", op, size, b.Addr)
+							}
+						}
+					}
+					if b.Size != n {
+						t.Fatalf("op %d: malloc of %d bytes gave %d, want %d", op, size, b.Size, n)
+					}
+					live = append(live, b)
+				}
+				t.Logf("%d live, %d device allocs, %d device frees", len(live), dev.Allocs(), dev.Frees())
+			})
+		}
+	}
+}
+
+// fitGaps returns the runs of the device's segments that no live block
+// covers, by ascending address.
+func fitGaps(dev *sim.Device, live []policies.Block) []policies.Block {
+	var segs []policies.Block
+	for a, n := range dev.Segments() {
+		segs = append(segs, policies.Block{Addr: a, Size: n})
+	}
+	byAddr := func(a, b policies.Block) int { return cmpUint(a.Addr, b.Addr) }
+	slices.SortFunc(segs, byAddr)
+	bs := slices.Clone(live)
+	slices.SortFunc(bs, byAddr)
+	var gaps []policies.Block
+	j := 0
+	for _, s := range segs {
+		at, end := s.Addr, s.Addr+s.Size
+		for ; j < len(bs) && bs[j].Addr < end; j++ {
+			if bs[j].Addr > at {
+				gaps = append(gaps, policies.Block{Addr: at, Size: bs[j].Addr - at})
+			}
+			at = bs[j].Addr + bs[j].Size
+		}
+		if at < end {
+			gaps = append(gaps, policies.Block{Addr: at, Size: end - at})
+		}
+	}
+	return gaps
 }

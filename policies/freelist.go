@@ -48,15 +48,15 @@ type flBlock struct {
 	free       bool
 
 	// Treap links, for free blocks only.
-	left, right *flBlock
-	prio        uint64
-	maxSize     uint64 // largest size in this node's subtree
+	left, right, parent *flBlock
+	prio                uint64
+	maxSize             uint64 // largest size in this node's subtree
 }
 
 // flSegment is a device segment of a coalescing free list.
 type flSegment struct {
 	addr, size uint64
-	first      *flBlock // the block at addr; never changes while the segment lives
+	first      *flBlock // the block at addr
 	index      int      // position in coalescing.segments
 }
 
@@ -148,18 +148,26 @@ func (c *coalescing) Malloc(size, stream uint64) (Block, error) {
 			return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: %w", c.name, size, err)
 		}
 	}
-	c.remove(b)
-	if b.size > n {
+	switch {
+	case b.size == n:
+		c.remove(b)
+	case c.bestFit:
 		// Every size is a multiple of the alignment, so the remainder is
-		// at least one alignment unit.
+		// at least one alignment unit. It goes back by its new size.
+		c.remove(b)
 		r := c.newBlock(b.addr+n, b.size-n, b.seg)
-		r.prev, r.next = b, b.next
-		if b.next != nil {
-			b.next.prev = r
-		}
-		b.next = r
+		c.linkAfter(b, r)
 		b.size = n
 		c.insert(r)
+	default:
+		// By address, the remainder takes the free block's place in the
+		// treap: a new block is cut from the front of it.
+		a := c.newBlock(b.addr, n, b.seg)
+		c.linkBefore(b, a)
+		b.addr += n
+		b.size -= n
+		c.resized(b)
+		b = a
 	}
 	b.free = false
 	c.freeBytes -= n
@@ -181,30 +189,49 @@ func (c *coalescing) Free(addr, stream uint64) error {
 	}
 	delete(c.live, addr)
 	c.freeBytes += b.size
-	b.free = true
-	if p := b.prev; p != nil && p.free {
-		c.remove(p)
+	p, nx := b.prev, b.next
+	pFree, nxFree := p != nil && p.free, nx != nil && nx.free
+	switch {
+	case c.bestFit:
+		// Coalesced, the block goes back by its new size.
+		if pFree {
+			c.remove(p)
+			p.size += b.size
+			c.unlink(b)
+			b = p
+		}
+		if nxFree {
+			c.remove(nx)
+			b.size += nx.size
+			c.unlink(nx)
+		}
+		b.free = true
+		c.insert(b)
+	case pFree:
+		// By address, a free neighbour grows in place.
+		if nxFree {
+			c.remove(nx)
+			p.size += nx.size
+			c.unlink(nx)
+		}
 		p.size += b.size
-		p.next = b.next
-		if b.next != nil {
-			b.next.prev = p
-		}
-		c.recycle(b)
+		c.unlink(b)
 		b = p
-	}
-	if nx := b.next; nx != nil && nx.free {
-		c.remove(nx)
-		b.size += nx.size
-		b.next = nx.next
-		if nx.next != nil {
-			nx.next.prev = b
-		}
-		c.recycle(nx)
+		c.resized(b)
+	case nxFree:
+		nx.addr = b.addr
+		nx.size += b.size
+		c.unlink(b)
+		b = nx
+		c.resized(b)
+	default:
+		b.free = true
+		c.insert(b)
 	}
 	if c.release && b.prev == nil && b.next == nil {
+		c.remove(b)
 		return c.freeSegment(b.seg)
 	}
-	c.insert(b)
 	return nil
 }
 
@@ -300,11 +327,48 @@ func (c *coalescing) recycle(b *flBlock) {
 	c.spare = append(c.spare, b)
 }
 
+// linkBefore puts new block a in front of b in b's segment.
+func (c *coalescing) linkBefore(b, a *flBlock) {
+	a.prev, a.next = b.prev, b
+	if b.prev != nil {
+		b.prev.next = a
+	} else {
+		b.seg.first = a
+	}
+	b.prev = a
+}
+
+// linkAfter puts new block r after b in b's segment.
+func (c *coalescing) linkAfter(b, r *flBlock) {
+	r.prev, r.next = b, b.next
+	if b.next != nil {
+		b.next.prev = r
+	}
+	b.next = r
+}
+
+// unlink takes block b, merged into a neighbour and out of the treap, out
+// of its segment and recycles it.
+func (c *coalescing) unlink(b *flBlock) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	} else {
+		b.seg.first = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	}
+	c.recycle(b)
+}
+
 // The free blocks are a treap (a binary search tree by key, a heap by
-// random priority), each node carrying the largest size in its subtree.
-// First fit keys it by address and descends to the leftmost node whose
-// subtree holds a large enough block; best fit keys it by (size, address)
-// and takes the lower bound of the request.
+// random priority) with parent links, each node carrying the largest size
+// in its subtree. First fit keys it by address and descends to the
+// leftmost node whose subtree holds a large enough block; best fit keys it
+// by (size, address) and takes the lower bound of the request. Under first
+// fit a split or a coalesce changes a free block's address and size without
+// changing its place in address order, so the node stays where it is and
+// only the sizes on its path to the root are brought up to date (resized).
 
 func (c *coalescing) less(a, b *flBlock) bool {
 	if c.bestFit && a.size != b.size {
@@ -342,83 +406,117 @@ func (c *coalescing) find(n uint64) *flBlock {
 	}
 }
 
+// insert puts free block b into the treap.
 func (c *coalescing) insert(b *flBlock) {
 	b.left, b.right, b.maxSize = nil, nil, b.size
-	c.root = c.insertAt(c.root, b)
-}
-
-func (c *coalescing) insertAt(t, b *flBlock) *flBlock {
-	if t == nil {
-		return b
+	x := c.root
+	if x == nil {
+		b.parent = nil
+		c.root = b
+		return
 	}
-	if c.less(b, t) {
-		t.left = c.insertAt(t.left, b)
-		if t.left.prio > t.prio {
-			t = flRotateRight(t)
+	for {
+		if x.maxSize < b.size {
+			x.maxSize = b.size
 		}
-	} else {
-		t.right = c.insertAt(t.right, b)
-		if t.right.prio > t.prio {
-			t = flRotateLeft(t)
+		if c.less(b, x) {
+			if x.left == nil {
+				x.left = b
+				break
+			}
+			x = x.left
+		} else {
+			if x.right == nil {
+				x.right = b
+				break
+			}
+			x = x.right
 		}
 	}
-	flUpdate(t)
-	return t
+	b.parent = x
+	for b.parent != nil && b.prio > b.parent.prio {
+		c.rotateUp(b)
+	}
 }
 
 // remove takes free block b out of the treap.
 func (c *coalescing) remove(b *flBlock) {
-	c.root = c.removeAt(c.root, b)
-	b.left, b.right = nil, nil
+	for b.left != nil && b.right != nil {
+		if b.left.prio > b.right.prio {
+			c.rotateUp(b.left)
+		} else {
+			c.rotateUp(b.right)
+		}
+	}
+	child := b.left
+	if child == nil {
+		child = b.right
+	}
+	p := b.parent
+	c.replaceChild(p, b, child)
+	if child != nil {
+		child.parent = p
+	}
+	b.left, b.right, b.parent = nil, nil, nil
+	for x := p; x != nil; x = x.parent {
+		m := flSubtreeMax(x)
+		if m == x.maxSize {
+			break
+		}
+		x.maxSize = m
+	}
 }
 
-func (c *coalescing) removeAt(t, b *flBlock) *flBlock {
-	if t == b {
-		return flMerge(b.left, b.right)
+// resized brings the subtree sizes up to date after b's size changed in
+// place.
+func (c *coalescing) resized(b *flBlock) {
+	for x := b; x != nil; x = x.parent {
+		m := flSubtreeMax(x)
+		if m == x.maxSize {
+			break
+		}
+		x.maxSize = m
 	}
-	if c.less(b, t) {
-		t.left = c.removeAt(t.left, b)
+}
+
+// rotateUp rotates x above its parent.
+func (c *coalescing) rotateUp(x *flBlock) {
+	p := x.parent
+	g := p.parent
+	if x == p.left {
+		p.left = x.right
+		if x.right != nil {
+			x.right.parent = p
+		}
+		x.right = p
 	} else {
-		t.right = c.removeAt(t.right, b)
+		p.right = x.left
+		if x.left != nil {
+			x.left.parent = p
+		}
+		x.left = p
 	}
-	flUpdate(t)
-	return t
+	p.parent, x.parent = x, g
+	c.replaceChild(g, p, x)
+	// x now spans what p spanned.
+	x.maxSize = p.maxSize
+	p.maxSize = flSubtreeMax(p)
 }
 
-func flMerge(a, b *flBlock) *flBlock {
+// replaceChild puts y where x was under parent p (the root if p is nil).
+func (c *coalescing) replaceChild(p, x, y *flBlock) {
 	switch {
-	case a == nil:
-		return b
-	case b == nil:
-		return a
-	case a.prio > b.prio:
-		a.right = flMerge(a.right, b)
-		flUpdate(a)
-		return a
+	case p == nil:
+		c.root = y
+	case p.left == x:
+		p.left = y
 	default:
-		b.left = flMerge(a, b.left)
-		flUpdate(b)
-		return b
+		p.right = y
 	}
 }
 
-func flRotateRight(t *flBlock) *flBlock {
-	l := t.left
-	t.left, l.right = l.right, t
-	flUpdate(t)
-	flUpdate(l)
-	return l
-}
-
-func flRotateLeft(t *flBlock) *flBlock {
-	r := t.right
-	t.right, r.left = r.left, t
-	flUpdate(t)
-	flUpdate(r)
-	return r
-}
-
-func flUpdate(t *flBlock) {
+// flSubtreeMax returns the largest size in t's subtree from its children's.
+func flSubtreeMax(t *flBlock) uint64 {
 	m := t.size
 	if t.left != nil && t.left.maxSize > m {
 		m = t.left.maxSize
@@ -426,5 +524,5 @@ func flUpdate(t *flBlock) {
 	if t.right != nil && t.right.maxSize > m {
 		m = t.right.maxSize
 	}
-	t.maxSize = m
+	return m
 }
