@@ -237,8 +237,12 @@ func checkInvariants(t *testing.T, name string, s policies.Settings, capacity ui
 		}
 		checkLayout(t, op, dev, p, live, exact)
 	}
-	t.Logf("%d live blocks at the end, %d OOMs, %d device allocs, %d device frees, peak %d MiB",
-		len(live), ooms, dev.Allocs(), dev.Frees(), dev.PeakReserved()/sMiB)
+	var retries int64
+	if c, ok := p.(policies.Counter); ok {
+		retries = c.Retries()
+	}
+	t.Logf("%d live blocks at the end, %d OOMs, %d retries, %d device allocs, %d device frees, peak %d MiB",
+		len(live), ooms, retries, dev.Allocs(), dev.Frees(), dev.PeakReserved()/sMiB)
 }
 
 // randomSize returns a request size: mostly small, some up to a few MiB,
