@@ -2,12 +2,14 @@ package sim_test
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/pytorch"
 )
 
@@ -148,4 +150,40 @@ func TestPyTorchSnapshots(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkPyTorchKVDecode replays kv_decode (723k events, the largest
+// snapshot) against the pytorch policy, events already in memory.
+func BenchmarkPyTorchKVDecode(b *testing.B) {
+	snap, _ := ptFind("pytorch/kv_decode")
+	if snap == "" {
+		b.Skip("kv_decode.pickle.gz not found (set ALLOCSIM_TRACES to the trace collection)")
+	}
+	f, err := os.Open(snap)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	src, err := pytorch.Import(f, snap, pytorch.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var evs []trace.Event
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		evs = append(evs, ev)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := sim.Run(trace.NewSliceSource(src.Header(), evs), sim.Config{Policy: "pytorch"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(evs)), "ns/event")
 }
