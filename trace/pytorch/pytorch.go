@@ -165,12 +165,10 @@ func readPickle(r io.Reader, name string) ([]byte, error) {
 			return nil, gzipError(name, len(data), err)
 		}
 		if len(data) < 2 || !isPickle(data) {
-			return nil, fmt.Errorf("%s: %w (gzip content %s)", name, ErrNotSnapshot, describeHead(data))
+			return nil, fmt.Errorf("%s: %w (gzip content %s)", name, ErrNotSnapshot, describeHead(data, true))
 		}
-	case head[0] == 0x80:
-		return nil, fmt.Errorf("%s: %w (pickle protocol %d, want 2..5)", name, ErrNotSnapshot, head[1])
 	default:
-		return nil, fmt.Errorf("%s: %w (%s)", name, ErrNotSnapshot, describeHead(head))
+		return nil, fmt.Errorf("%s: %w (file %s)", name, ErrNotSnapshot, describeHead(head, false))
 	}
 	return data, nil
 }
@@ -188,7 +186,9 @@ func gzipError(name string, n int, err error) error {
 	return fmt.Errorf("%s: bad gzip after %d bytes of pickle: %v", name, n, err)
 }
 
-func describeHead(b []byte) string {
+// describeHead says why b, the start of a file (gzip is false) or of its
+// gzip content, is not a pickle of protocol 2..5.
+func describeHead(b []byte, gzip bool) string {
 	switch {
 	case len(b) == 0:
 		return "is empty"
@@ -197,6 +197,9 @@ func describeHead(b []byte) string {
 	}
 	if len(b) > 4 {
 		b = b[:4]
+	}
+	if gzip {
+		return fmt.Sprintf("starts with % x, not a pickle of protocol 2..5", b)
 	}
 	return fmt.Sprintf("starts with % x, neither gzip nor a pickle of protocol 2..5", b)
 }
