@@ -1,0 +1,15 @@
+// Package plots draws the results of replaying one trace against several
+// allocator policies (sim.Result values) as charts for design reviews:
+// memory over the trace, fragmentation over the trace, peak memory per
+// policy against the lower bound, and device calls per policy.
+//
+// Each chart has a builder that returns a *plot.Plot (Memory,
+// Fragmentation, Peaks, Calls), so that callers may restyle it or render it
+// elsewhere; Render writes a plot as PNG or SVG at slide size, and WriteAll
+// groups results by trace and writes every chart of every trace, each file
+// atomically.
+//
+// Byte figures are drawn in MiB or GiB, chosen from the largest value drawn
+// (ChooseUnit); policies keep the same colour in every chart of a trace,
+// given by their position in the results.
+package plots
