@@ -1,0 +1,355 @@
+package plots_test
+
+import (
+	"bytes"
+	"errors"
+	"image/png"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/gpualloc/allocsim/plots"
+	"github.com/gpualloc/allocsim/sim"
+)
+
+const mib = 1 << 20
+
+// builders are the chart builders, by name.
+var builders = []struct {
+	name  string
+	build func([]sim.Result) (*plot.Plot, error)
+}{
+	{"memory", plots.Memory},
+	{"fragmentation", plots.Fragmentation},
+	{"peaks", plots.Peaks},
+	{"calls", plots.Calls},
+}
+
+// result returns a result of trace under policy whose series has one point
+// per reserved value, with allocated and requested at 90% and 80% of it.
+func result(trace, policy string, reserved ...uint64) sim.Result {
+	r := sim.Result{Trace: trace, Policy: policy, FirstOOMEvent: -1, DeviceAllocs: 10, DeviceFrees: 4}
+	for i, res := range reserved {
+		pt := sim.Point{
+			Event:     int64(i) * 10,
+			Reserved:  res,
+			Allocated: res / 10 * 9,
+			Requested: res / 10 * 8,
+		}
+		if res > 0 {
+			pt.Fragmentation = 1 - float64(pt.Allocated)/float64(res)
+		}
+		r.Series = append(r.Series, pt)
+		r.PeakReserved = max(r.PeakReserved, pt.Reserved)
+		r.PeakAllocated = max(r.PeakAllocated, pt.Allocated)
+		r.PeakRequested = max(r.PeakRequested, pt.Requested)
+	}
+	r.Events = int64(len(reserved)) * 10
+	return r
+}
+
+// checkPNG checks that data is a PNG of the slide size.
+func checkPNG(t *testing.T, name string, data []byte) {
+	t.Helper()
+	img, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("%s: not a PNG: %v", name, err)
+	}
+	wantW := int(math.Round(float64(plots.Width/vg.Inch) * plots.DPI))
+	wantH := int(math.Round(float64(plots.Height/vg.Inch) * plots.DPI))
+	if b := img.Bounds(); b.Dx() != wantW || b.Dy() != wantH {
+		t.Errorf("%s: %dx%d pixels, want %dx%d", name, b.Dx(), b.Dy(), wantW, wantH)
+	}
+}
+
+// checkSVG checks that data looks like an SVG document.
+func checkSVG(t *testing.T, name string, data []byte) {
+	t.Helper()
+	s := strings.TrimSpace(string(data))
+	if !strings.HasPrefix(s, "<?xml") && !strings.HasPrefix(s, "<svg") {
+		t.Errorf("%s: does not start like an SVG document: %.40q", name, s)
+	}
+	if !strings.Contains(s, "</svg>") {
+		t.Errorf("%s: no closing </svg>", name)
+	}
+}
+
+func TestChartsRender(t *testing.T) {
+	for _, b := range builders {
+		t.Run(b.name, func(t *testing.T) {
+			p, err := b.build(trainingResults())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pngBuf, svgBuf bytes.Buffer
+			if err := plots.Render(&pngBuf, p, "png"); err != nil {
+				t.Fatal(err)
+			}
+			checkPNG(t, b.name, pngBuf.Bytes())
+			if err := plots.Render(&svgBuf, p, "svg"); err != nil {
+				t.Fatal(err)
+			}
+			checkSVG(t, b.name, svgBuf.Bytes())
+		})
+	}
+}
+
+func TestRenderUnknownFormat(t *testing.T) {
+	p, err := plots.Calls(trainingResults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = plots.Render(io.Discard, p, "pdf")
+	if err == nil || !strings.Contains(err.Error(), `unknown format "pdf"`) {
+		t.Errorf("Render(pdf) = %v, want an unknown format error", err)
+	}
+}
+
+func TestChooseUnit(t *testing.T) {
+	for _, tc := range []struct {
+		max  uint64
+		want plots.Unit
+	}{
+		{0, plots.MiB},
+		{1, plots.MiB},
+		{512 * mib, plots.MiB},
+		{1<<30 - 1, plots.MiB},
+		{1 << 30, plots.GiB},
+		{141 << 30, plots.GiB},
+		{math.MaxUint64, plots.GiB},
+	} {
+		if got := plots.ChooseUnit(tc.max); got != tc.want {
+			t.Errorf("ChooseUnit(%d) = %s, want %s", tc.max, got.Name, tc.want.Name)
+		}
+	}
+	if got := plots.GiB.Of(3 << 29); got != 1.5 {
+		t.Errorf("GiB.Of(1.5 GiB) = %v, want 1.5", got)
+	}
+}
+
+// TestAxisUnit checks that the byte charts label their Y axis in GiB when
+// the values reach a GiB and in MiB otherwise.
+func TestAxisUnit(t *testing.T) {
+	small := []sim.Result{result("s.trace", "a", 100*mib, 300*mib), result("s.trace", "b", 200*mib, 900*mib)}
+	large := []sim.Result{result("l.trace", "a", 100*mib, 3<<30), result("l.trace", "b", 200*mib, 900*mib)}
+	for _, b := range builders[:3] {
+		if b.name == "fragmentation" {
+			continue
+		}
+		for _, tc := range []struct {
+			results []sim.Result
+			unit    string
+		}{{small, "(MiB)"}, {large, "(GiB)"}} {
+			p, err := b.build(tc.results)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasSuffix(p.Y.Label.Text, tc.unit) {
+				t.Errorf("%s of %s: Y label %q, want it to end in %q", b.name, tc.results[0].Trace, p.Y.Label.Text, tc.unit)
+			}
+		}
+	}
+}
+
+// TestEdgeCases renders every chart of awkward result sets, which must
+// neither panic nor fail.
+func TestEdgeCases(t *testing.T) {
+	long := strings.Repeat("very_long_policy_name_", 6)
+	oom := result("oom.trace", "capped", 1<<30, 3<<30, 3<<30)
+	oom.OOMs, oom.FirstOOMEvent, oom.Capacity = 2, 15, 7<<29
+	oom2 := result("oom.trace", "roomy", 1<<30, 2<<30, 2<<30)
+	oom2.Capacity = 7 << 29
+	var many []sim.Result
+	for i := range 14 {
+		many = append(many, result("many.trace", "policy_"+string(rune('a'+i)), uint64(i+1)*mib, uint64(i+2)*100*mib))
+	}
+	wide := []sim.Result{result("w.trace", "few", 1), result("w.trace", "lots", 1)}
+	wide[0].DeviceAllocs, wide[0].DeviceFrees = 3, 0
+	wide[1].DeviceAllocs, wide[1].DeviceFrees = 2_000_000, 1_500_000
+	zeroCalls := result("z.trace", "none", 5*mib)
+	zeroCalls.DeviceAllocs, zeroCalls.DeviceFrees = 0, 0
+	withZero := append([]sim.Result{zeroCalls}, wide...)
+	for i := range withZero {
+		withZero[i].Trace = "z.trace"
+	}
+	same := []sim.Result{result("d.trace", "best_fit", 5*mib), result("d.trace", "best_fit", 6*mib), result("d.trace", "best_fit", 7*mib)}
+	same[0].Settings = map[string]string{"round": "512"}
+	same[1].Settings = map[string]string{"round": "4096"}
+
+	for _, tc := range []struct {
+		name    string
+		results []sim.Result
+	}{
+		{"single policy", []sim.Result{result("one.trace", "only", 10*mib, 20*mib, 15*mib)}},
+		{"empty series", []sim.Result{{Trace: "e.trace", Policy: "a"}, {Trace: "e.trace", Policy: "b"}}},
+		{"one empty series", []sim.Result{result("e.trace", "a", 3<<30, 4<<30), {Trace: "e.trace", Policy: "b"}}},
+		{"all zero", []sim.Result{result("z.trace", "a", 0, 0, 0), result("z.trace", "b", 0, 0)}},
+		{"one point", []sim.Result{result("p.trace", "a", 2<<30), result("p.trace", "b", 1<<30)}},
+		{"long names", []sim.Result{result("/some/where/"+long+".pickle.gz", long+"A", 10*mib, 20*mib), result("/some/where/"+long+".pickle.gz", long+"B", 30*mib)}},
+		{"unnamed", []sim.Result{result("", "", 1*mib, 2*mib)}},
+		{"oom and capacity", []sim.Result{oom, oom2}},
+		{"many policies", many},
+		{"wide call range", wide},
+		{"zero calls", withZero},
+		{"same policy twice", same},
+		{"fragmentation out of range", []sim.Result{{Trace: "f.trace", Policy: "a", Series: []sim.Point{{Event: 1, Fragmentation: -3}, {Event: 2, Fragmentation: math.NaN()}, {Event: 3, Fragmentation: 7}}}}},
+		{"tiny values", []sim.Result{result("t.trace", "a", 1, 2, 3)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, b := range builders {
+				p, err := b.build(tc.results)
+				if err != nil {
+					t.Fatalf("%s: %v", b.name, err)
+				}
+				for _, format := range plots.Formats {
+					var buf bytes.Buffer
+					if err := plots.Render(&buf, p, format); err != nil {
+						t.Fatalf("%s as %s: %v", b.name, format, err)
+					}
+					if format == "png" {
+						checkPNG(t, b.name, buf.Bytes())
+						if *update && *edges {
+							os.WriteFile(filepath.Join(os.TempDir(), "plots-edge-"+strings.ReplaceAll(tc.name, " ", "_")+"-"+b.name+".png"), buf.Bytes(), 0o644)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestCallsScale(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		counts []int64
+		log    bool
+	}{
+		{"narrow", []int64{125, 700, 5970}, false},
+		{"wide", []int64{3, 3_500_000}, true},
+		{"wide with zero", []int64{0, 10, 1000}, true},
+		{"all zero", []int64{0, 0}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rs []sim.Result
+			for i, c := range tc.counts {
+				r := result("c.trace", string(rune('a'+i)), mib)
+				r.DeviceAllocs, r.DeviceFrees = c, 0
+				rs = append(rs, r)
+			}
+			p, err := plots.Calls(rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			isLog := strings.HasSuffix(p.Y.Label.Text, "log scale")
+			if isLog != tc.log {
+				t.Errorf("log scale = %v, want %v", isLog, tc.log)
+			}
+		})
+	}
+}
+
+func TestBuilderErrors(t *testing.T) {
+	mixed := []sim.Result{result("a.trace", "x", mib), result("b.trace", "x", mib)}
+	for _, b := range builders {
+		if _, err := b.build(nil); !errors.Is(err, plots.ErrNoResults) {
+			t.Errorf("%s(nil) = %v, want ErrNoResults", b.name, err)
+		}
+		if _, err := b.build(mixed); err == nil || !strings.Contains(err.Error(), "more than one trace") {
+			t.Errorf("%s(two traces) = %v, want a 'more than one trace' error", b.name, err)
+		}
+	}
+}
+
+func TestTraceName(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"runs/train_gpt.pickle.gz", "train_gpt"},
+		{"/abs/kv_decode.pickle", "kv_decode"},
+		{"minimalloc/A.1048576.csv", "A.1048576"},
+		{"x.trace", "x"},
+		{"job.TRACE.ZST", "job"},
+		{"run-1.5b", "run-1.5b"},
+		{`C:\traces\win.json.gz`, "win"},
+		{"with space & more.txt", "with_space___more"},
+		{"", "trace"},
+		{".gz", "gz"},
+		{"...", "trace"},
+		{"dir/", "dir"},
+	} {
+		if got := plots.TraceName(tc.in); got != tc.want {
+			t.Errorf("TraceName(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestWriteAll(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "out") // created by WriteAll
+	results := append(trainingResults(),
+		result("other/small.csv", "caching", 10*mib, 40*mib),
+		result("other/small.csv", "best_fit", 10*mib, 30*mib),
+		result("elsewhere/train_gpt.pickle.gz", "caching", 2<<30),
+	)
+	paths, err := plots.WriteAll(dir, results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, name := range []string{"train_gpt", "small", "train_gpt-2"} {
+		for _, chart := range []string{"memory", "fragmentation", "peaks", "calls"} {
+			for _, ext := range []string{"png", "svg"} {
+				want = append(want, filepath.Join(dir, name+"-"+chart+"."+ext))
+			}
+		}
+	}
+	if strings.Join(paths, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("WriteAll wrote\n%s\nwant\n%s", strings.Join(paths, "\n"), strings.Join(want, "\n"))
+	}
+	for _, p := range paths {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasSuffix(p, ".png") {
+			checkPNG(t, p, data)
+		} else {
+			checkSVG(t, p, data)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != len(want) {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("directory holds %d files, want %d (no temporary files left): %v", len(entries), len(want), names)
+	}
+	small, err := os.ReadFile(filepath.Join(dir, "small-memory.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(small, []byte("memory (MiB)")) {
+		t.Errorf("small-memory.svg does not label its axis in MiB")
+	}
+}
+
+func TestWriteAllErrors(t *testing.T) {
+	if _, err := plots.WriteAll(t.TempDir(), nil); !errors.Is(err, plots.ErrNoResults) {
+		t.Errorf("WriteAll(no results) = %v, want ErrNoResults", err)
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	paths, err := plots.WriteAll(filepath.Join(file, "sub"), trainingResults())
+	if err == nil || len(paths) != 0 {
+		t.Errorf("WriteAll into a path under a file = %v, %v; want no paths and an error", paths, err)
+	}
+}

@@ -1,0 +1,185 @@
+package plots
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
+
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// Formats are the file formats Render writes, by file extension.
+var Formats = []string{"png", "svg"}
+
+// Render draws p at Width x Height and writes it to w as format, "png" (at
+// DPI dots per inch) or "svg" (fonts named, not embedded, with metric
+// compatible fallbacks). It returns an error for any other format and any
+// error of w.
+func Render(w io.Writer, p *plot.Plot, format string) error {
+	switch format {
+	case "png":
+		c := vgimg.NewWith(vgimg.UseWH(Width, Height), vgimg.UseDPI(DPI))
+		p.Draw(draw.New(c))
+		_, err := vgimg.PngCanvas{Canvas: c}.WriteTo(w)
+		return err
+	case "svg":
+		c := vgsvg.New(Width, Height)
+		p.Draw(draw.New(c))
+		var buf bytes.Buffer
+		if _, err := c.WriteTo(&buf); err != nil {
+			return err
+		}
+		// The SVG names the font the text was measured with; viewers without
+		// it fall back to a metric-compatible one rather than to a serif.
+		out := bytes.ReplaceAll(buf.Bytes(),
+			[]byte("font-family:Liberation Sans;"),
+			[]byte("font-family:'Liberation Sans',Arimo,Arial,Helvetica,sans-serif;"))
+		_, err := w.Write(out)
+		return err
+	default:
+		return fmt.Errorf("plots: unknown format %q (want png or svg)", format)
+	}
+}
+
+// traceSuffixes are the file name extensions TraceName removes: compression
+// first, then the trace formats.
+var traceSuffixes = []string{
+	".gz", ".zst", ".zstd", ".xz", ".bz2", ".lz4",
+	".pickle", ".pkl", ".msgpack", ".mpk", ".trace", ".json", ".jsonl", ".csv", ".txt", ".log",
+}
+
+// TraceName returns the name under which WriteAll writes a trace's charts:
+// the base name of the trace path without its known extensions
+// ("runs/train_gpt.pickle.gz" gives "train_gpt", "A.1048576.csv" gives
+// "A.1048576"), with characters other than letters, digits, '.', '-' and
+// '_' replaced by '_' and leading dots removed; "trace" if nothing is left.
+// Both '/' and '\' separate directories.
+func TraceName(trace string) string {
+	name := baseName(trace)
+	for changed := true; changed; {
+		changed = false
+		for _, s := range traceSuffixes {
+			if len(name) > len(s) && strings.EqualFold(name[len(name)-len(s):], s) {
+				name = name[:len(name)-len(s)]
+				changed = true
+			}
+		}
+	}
+	name = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-', r == '_':
+			return r
+		}
+		return '_'
+	}, name)
+	// No hidden files: a leading dot goes.
+	name = strings.TrimLeft(name, ".")
+	if strings.Trim(name, "._") == "" {
+		return "trace"
+	}
+	return name
+}
+
+// charts are the charts WriteAll writes for each trace, by file name
+// suffix.
+var charts = []struct {
+	suffix string
+	build  func([]sim.Result) (*plot.Plot, error)
+}{
+	{"memory", Memory},
+	{"fragmentation", Fragmentation},
+	{"peaks", Peaks},
+	{"calls", Calls},
+}
+
+// WriteAll groups results by trace, in order of first appearance and
+// keeping the order of the policies, and writes into dir, for each trace
+// NAME (TraceName of its path; NAME-2, NAME-3 ... where two traces share a
+// name), the files NAME-memory, NAME-fragmentation, NAME-peaks and
+// NAME-calls, each as .png and .svg. Each file is written to a temporary
+// file in dir and renamed into place, so that no half-written file is left
+// behind. It returns the paths written, in order; on error, those written
+// before it. It creates dir if it does not exist, and returns
+// ErrNoResults for no results.
+func WriteAll(dir string, results []sim.Result) ([]string, error) {
+	if len(results) == 0 {
+		return nil, ErrNoResults
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("plots: %w", err)
+	}
+	var order []string
+	groups := map[string][]sim.Result{}
+	for _, r := range results {
+		if _, ok := groups[r.Trace]; !ok {
+			order = append(order, r.Trace)
+		}
+		groups[r.Trace] = append(groups[r.Trace], r)
+	}
+	used := map[string]bool{}
+	var written []string
+	for _, trace := range order {
+		name := TraceName(trace)
+		for n := 2; used[strings.ToLower(name)]; n++ {
+			name = TraceName(trace) + "-" + strconv.Itoa(n)
+		}
+		used[strings.ToLower(name)] = true
+		for _, ch := range charts {
+			p, err := ch.build(groups[trace])
+			if err != nil {
+				return written, fmt.Errorf("plots: %s chart of %s: %w", ch.suffix, trace, err)
+			}
+			for _, format := range Formats {
+				path := filepath.Join(dir, name+"-"+ch.suffix+"."+format)
+				if err := writeAtomic(path, func(w io.Writer) error { return Render(w, p, format) }); err != nil {
+					return written, err
+				}
+				written = append(written, path)
+			}
+		}
+	}
+	return written, nil
+}
+
+// writeAtomic writes a file at path through write: into a temporary file in
+// the same directory, renamed to path once complete and closed. On error
+// the temporary file is removed and path left as it was.
+func writeAtomic(path string, write func(io.Writer) error) (err error) {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if err := write(f); err != nil {
+		return fmt.Errorf("plots: writing %s: %w", path, err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("plots: writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
+	return nil
+}
