@@ -27,6 +27,9 @@ type liveAlloc struct {
 	block     policies.Block // placement by the policy (zero for host kinds)
 	requested uint64         // requested bytes
 	kind      trace.Kind
+	// released is set at the free request: the program no longer holds
+	// the bytes, but the block is reusable only at the free.
+	released bool
 }
 
 // Replay replays the events of one trace against one policy on a simulated
@@ -96,6 +99,8 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 		if err := r.free(i, ev); err != nil {
 			return err
 		}
+	case trace.OpFreeRequested:
+		r.freeRequested(ev)
 	case trace.OpStreamSync:
 		if s, ok := r.policy.(policies.Syncer); ok {
 			s.StreamSync(ev.Stream)
@@ -191,6 +196,33 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 	return nil
 }
 
+// freeRequested takes the bytes of the allocation at ev.Addr out of the
+// requested and allocated figures, as PyTorch's allocator does when the
+// program frees a block still in use on another stream; the block goes back
+// to the policy only at the matching free (free_completed).
+func (r *Replay) freeRequested(ev trace.Event) {
+	a, ok := r.live[ev.Addr]
+	if !ok || a.released {
+		return
+	}
+	a.released = true
+	r.live[ev.Addr] = a
+	r.release(a)
+}
+
+// release takes a live allocation's bytes out of the live figures.
+func (r *Replay) release(a liveAlloc) {
+	switch a.kind {
+	case trace.KindPinned:
+		r.pinned -= a.requested
+	case trace.KindManaged:
+		r.managed -= a.requested
+	default:
+		r.requested -= a.requested
+		r.allocated -= a.block.Size
+	}
+}
+
 func (r *Replay) free(i int64, ev trace.Event) error {
 	a, ok := r.live[ev.Addr]
 	if !ok {
@@ -198,22 +230,18 @@ func (r *Replay) free(i int64, ev trace.Event) error {
 		return nil
 	}
 	delete(r.live, ev.Addr)
-	switch a.kind {
-	case trace.KindPinned:
-		r.pinned -= a.requested
-		return nil
-	case trace.KindManaged:
-		r.managed -= a.requested
+	if !a.released {
+		r.release(a)
+	}
+	if !a.kind.OnDevice() {
 		return nil
 	}
 	r.res.Frees++
-	r.requested -= a.requested
 	if r.failed[ev.Addr] {
 		// The malloc failed in the replay: nothing to give back.
 		delete(r.failed, ev.Addr)
 		return nil
 	}
-	r.allocated -= a.block.Size
 	if err := r.policy.Free(a.block.Addr, ev.Stream); err != nil {
 		return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
 	}

@@ -105,3 +105,35 @@ func TestRunUnknownPolicy(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+// TestFreeRequested checks PyTorch's accounting of a free that completes
+// late: the bytes leave requested and allocated at the free request, the
+// block returns to the policy (and the device, for cuda) only at the free.
+func TestFreeRequested(t *testing.T) {
+	const text = `
+malloc id=1 size=1000 stream=7
+malloc id=2 size=2048
+free_requested id=1 stream=7
+malloc id=3 size=4096
+free id=1 stream=7
+free_requested id=9
+`
+	_, evs, err := trace.ParseText("fr.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := Run(trace.NewSliceSource(trace.Header{}, evs), Config{Policy: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	// requested: 1000, 3048, 2048 (request), 6144 (peak), 6144.
+	// reserved: 1024, 3072, 3072, 7168 (peak: block 1 is still held), 6144.
+	if r.PeakRequested != 6144 || r.PeakAllocated != 6144 || r.PeakReserved != 7168 || r.DeviceFrees != 1 || r.Anomalies != 0 {
+		t.Errorf("requested %d allocated %d reserved %d device frees %d anomalies %d",
+			r.PeakRequested, r.PeakAllocated, r.PeakReserved, r.DeviceFrees, r.Anomalies)
+	}
+	if p := r.Series[4]; p.Requested != 6144 || p.Reserved != 6144 {
+		t.Errorf("after the free: %+v", p)
+	}
+}
