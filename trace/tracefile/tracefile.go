@@ -142,7 +142,7 @@ type AtomicFile struct {
 	done   bool
 }
 
-// Create starts writing path atomically.
+// Create starts writing path atomically, creating its directory if needed.
 func Create(path string) (*AtomicFile, error) {
 	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
 		f, err := os.OpenFile(path, os.O_WRONLY, 0)
@@ -150,6 +150,9 @@ func Create(path string) (*AtomicFile, error) {
 			return nil, err
 		}
 		return &AtomicFile{f: f, path: path, direct: true}, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
