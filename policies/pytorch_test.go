@@ -4,17 +4,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/pytorch"
 )
 
 // Sizes and addresses of the pytorch policy's tests.
@@ -662,80 +663,87 @@ func (m *ptModel) freeSpace() (total, largest uint64) {
 	return total, largest
 }
 
-// The tests below replay real snapshots converted to the text form (see
-// the policy's commit message) from the directory $PYTORCH_TEXT_TRACES,
-// until the importer and the engine's own acceptance test cover them.
+// The tests below replay the real PyTorch snapshots: the small ones in
+// the repository (testdata/pytorch), the large ones from the shared trace
+// collection in $ALLOCSIM_TRACES (or ../../shared/traces), skipped when
+// absent. sim's TestPyTorchSnapshots compares the replay's figures with
+// those the real allocator measured; these go further.
 
-var ptTraces = []string{
+var ptSnapshots = []string{
 	"pytorch/train_gpt", "pytorch/infer_dynbatch", "pytorch/kv_decode", "pytorch/hf_generate",
 	"pytorch/multistream", "pytorch/hf_llama_train",
 	"pytorch_cases/conv_forward", "pytorch_cases/growing_batch", "pytorch_cases/split_frag_oom", "pytorch_cases/token_lengths",
 }
 
-func ptTextTrace(t testing.TB, name string) (trace.Header, []trace.Event) {
+// ptSnapshot imports the snapshot name (a path in the trace collection
+// without .pickle.gz) and returns its events and its memory cap in bytes.
+func ptSnapshot(t testing.TB, name string) ([]trace.Event, uint64) {
 	t.Helper()
-	dir := os.Getenv("PYTORCH_TEXT_TRACES")
-	if dir == "" {
-		t.Skip("PYTORCH_TEXT_TRACES not set")
+	var dirs []string
+	if d := os.Getenv("ALLOCSIM_TRACES"); d != "" {
+		dirs = append(dirs, filepath.Join(d, filepath.Dir(name)))
 	}
-	f, err := os.Open(filepath.Join(dir, filepath.Base(name)+".txt"))
+	dirs = append(dirs, filepath.Join("..", "testdata", "pytorch"), filepath.Join("..", "..", "shared", "traces", filepath.Dir(name)))
+	path := ""
+	for _, d := range dirs {
+		p := filepath.Join(d, filepath.Base(name))
+		if _, err := os.Stat(p + ".pickle.gz"); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		t.Skipf("%s.pickle.gz not found (set ALLOCSIM_TRACES to the trace collection)", name)
+	}
+	if fi, err := os.Stat(path + ".pickle.gz"); err == nil && fi.Size() > 1<<20 && testing.Short() {
+		t.Skip("a large snapshot (seconds to import) in -short mode")
+	}
+	raw, err := os.ReadFile(path + ".stats.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Cap uint64 `json:"mem_cap_bytes"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path + ".pickle.gz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	h, evs, err := trace.ParseText(name, f)
+	src, err := pytorch.Import(f, name, pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return h, evs
-}
-
-type ptStats struct {
-	Cap      uint64 `json:"mem_cap_bytes"`
-	Reserved uint64 `json:"max_memory_reserved"`
-	Alloc    uint64 `json:"max_memory_allocated"`
-	MS       struct {
-		Allocs  int64 `json:"num_device_alloc"`
-		Frees   int64 `json:"num_device_free"`
-		Retries int64 `json:"num_alloc_retries"`
-		OOMs    int64 `json:"num_ooms"`
-	} `json:"memory_stats"`
-}
-
-func TestPyTorchTextTraces(t *testing.T) {
-	for _, name := range ptTraces {
-		h, evs := ptTextTrace(t, name)
-		raw, err := os.ReadFile("/work/shared/traces/" + name + ".stats.json")
+	var evs []trace.Event
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			return evs, st.Cap
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		var st ptStats
-		if err := json.Unmarshal(raw, &st); err != nil {
-			t.Fatal(err)
-		}
-		start := time.Now()
-		rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Trace: name, Policy: "pytorch", Capacity: st.Cap})
-		el := time.Since(start)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := rs[0]
-		t.Logf("%-16s reserved %d/%d allocated %d/%d device allocs %d/%d frees %d/%d retries %d/%d OOMs %d/%d; %v for %d events",
-			filepath.Base(name), r.PeakReserved, st.Reserved, r.PeakAllocated, st.Alloc, r.DeviceAllocs, st.MS.Allocs,
-			r.DeviceFrees, st.MS.Frees, r.AllocRetries, st.MS.Retries, r.OOMs, st.MS.OOMs, el, len(evs))
+		evs = append(evs, ev)
 	}
 }
 
-// ptQueueDevice hands out the segment addresses a trace recorded, in order.
-type ptQueueDevice struct {
+// ptRecordedDevice hands out the segment addresses a trace recorded, in
+// order, under a capacity checked as the simulated device checks it.
+type ptRecordedDevice struct {
 	capacity, reserved, peak uint64
 	addrs                    []uint64
 	live                     map[uint64]uint64
 }
 
-func (d *ptQueueDevice) Alloc(size uint64) (uint64, error) {
+func (d *ptRecordedDevice) Alloc(size uint64) (uint64, error) {
 	if d.capacity > 0 && d.reserved+size > d.capacity {
-		return 0, policies.ErrOutOfMemory
+		return 0, fmt.Errorf("device alloc of %d bytes: %w", size, policies.ErrOutOfMemory)
+	}
+	if len(d.addrs) == 0 {
+		return 0, errors.New("more segments than the trace recorded")
 	}
 	a := d.addrs[0]
 	d.addrs = d.addrs[1:]
@@ -745,62 +753,87 @@ func (d *ptQueueDevice) Alloc(size uint64) (uint64, error) {
 	return a, nil
 }
 
-func (d *ptQueueDevice) Free(addr uint64) error {
-	d.reserved -= d.live[addr]
+func (d *ptRecordedDevice) Free(addr uint64) error {
+	size, ok := d.live[addr]
+	if !ok {
+		return fmt.Errorf("device free of %#x: not a live segment", addr)
+	}
+	d.reserved -= size
 	delete(d.live, addr)
 	return nil
 }
 
-// TestPyTorchRecordedAddresses places each segment at its recorded
-// address and demands that every malloc lands where it did in the source.
+// TestPyTorchRecordedAddresses places each segment at the address the
+// source recorded for it and demands that every malloc of the trace lands
+// at the address it had in the source, and every segment the source freed
+// is freed, in the same order. So the replay is the real allocator's, block
+// for block (hf_llama_train included, whose best-fit ties need the real
+// addresses).
 func TestPyTorchRecordedAddresses(t *testing.T) {
-	for _, name := range ptTraces {
-		_, evs := ptTextTrace(t, name)
-		dev := &ptQueueDevice{live: map[uint64]uint64{}}
-		if strings.HasSuffix(name, "split_frag_oom") {
-			dev.capacity = 4194304000
-		}
-		for _, ev := range evs {
-			if ev.Op == trace.OpSegmentAlloc {
-				dev.addrs = append(dev.addrs, ev.Addr)
-			}
-		}
-		p, _ := policies.New("pytorch", dev, nil)
-		mismatches, first := 0, ""
-		for i, ev := range evs {
-			switch ev.Op {
-			case trace.OpMalloc:
-				b, err := p.Malloc(ev.Size, ev.Stream)
-				if err != nil {
-					t.Fatal(err)
+	for _, name := range ptSnapshots {
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			evs, capacity := ptSnapshot(t, name)
+			dev := &ptRecordedDevice{capacity: capacity, live: map[uint64]uint64{}}
+			var segFrees []uint64
+			for _, ev := range evs {
+				switch ev.Op {
+				case trace.OpSegmentAlloc:
+					dev.addrs = append(dev.addrs, ev.Addr)
+				case trace.OpSegmentFree:
+					segFrees = append(segFrees, ev.Addr)
 				}
-				if b.Addr != ev.Addr {
-					if mismatches == 0 {
-						first = fmt.Sprintf(" (first: event %d: malloc of %d at %#x, want %#x)", i, ev.Size, b.Addr, ev.Addr)
+			}
+			rec := &ptFreeRecorder{ptRecordedDevice: dev}
+			p, err := policies.New("pytorch", rec, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			mallocs := 0
+			for i, ev := range evs {
+				switch ev.Op {
+				case trace.OpMalloc:
+					mallocs++
+					b, err := p.Malloc(ev.Size, ev.Stream)
+					if err != nil {
+						t.Fatalf("event %d: malloc of %d: %v", i, ev.Size, err)
 					}
-					mismatches++
-				}
-			case trace.OpFree:
-				if err := p.Free(ev.Addr, ev.Stream); err != nil {
-					t.Fatalf("%s event %d: %v", name, i, err)
-				}
-			case trace.OpMallocFailed:
-				if b, err := p.Malloc(ev.Size, ev.Stream); err == nil {
-					p.Free(b.Addr, ev.Stream)
+					if b.Addr != ev.Addr {
+						t.Fatalf("event %d: malloc of %d on stream %#x at %#x, recorded at %#x", i, ev.Size, ev.Stream, b.Addr, ev.Addr)
+					}
+				case trace.OpFree:
+					if err := p.Free(ev.Addr, ev.Stream); err != nil {
+						t.Fatalf("event %d: %v", i, err)
+					}
+				case trace.OpMallocFailed:
+					if b, err := p.Malloc(ev.Size, ev.Stream); err == nil {
+						t.Errorf("event %d: malloc of %d failed in the source, succeeded in the replay", i, ev.Size)
+						p.Free(b.Addr, ev.Stream)
+					}
 				}
 			}
-		}
-		if mismatches > 0 {
-			t.Errorf("%s: %d mallocs placed elsewhere than recorded%s", name, mismatches, first)
-		}
-		t.Logf("%s: peak reserved %d", name, dev.peak)
+			if !slices.Equal(rec.frees, segFrees) {
+				t.Errorf("segments freed: %d, recorded %d (or in another order)", len(rec.frees), len(segFrees))
+			}
+			t.Logf("%d mallocs at their recorded addresses; peak reserved %d", mallocs, dev.peak)
+		})
 	}
 }
 
-// BenchmarkPyTorchKVDecode measures the policy alone on kv_decode's mallocs
-// and frees.
+// ptFreeRecorder records the addresses of the device frees.
+type ptFreeRecorder struct {
+	*ptRecordedDevice
+	frees []uint64
+}
+
+func (r *ptFreeRecorder) Free(addr uint64) error {
+	r.frees = append(r.frees, addr)
+	return r.ptRecordedDevice.Free(addr)
+}
+
+// BenchmarkPyTorchKVDecode measures the policy alone on kv_decode's 482k
+// mallocs and frees.
 func BenchmarkPyTorchKVDecode(b *testing.B) {
-	_, evs := ptTextTrace(b, "pytorch/kv_decode")
+	evs, _ := ptSnapshot(b, "pytorch/kv_decode")
 	type op struct {
 		malloc       bool
 		slot         int
@@ -829,5 +862,5 @@ func BenchmarkPyTorchKVDecode(b *testing.B) {
 			}
 		}
 	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(ops)), "ns/event")
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(ops)), "ns/op")
 }
