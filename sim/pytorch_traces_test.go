@@ -35,12 +35,7 @@ var ptAcceptance = []struct {
 	{name: "pytorch/infer_dynbatch"},
 	{name: "pytorch/kv_decode"},
 	{name: "pytorch/hf_generate"},
-	{
-		name: "pytorch/multistream",
-		pending: "PyTorch's allocated_bytes drops at free_requested (the block only becomes reusable " +
-			"at free_completed); the engine counts allocated bytes until OpFree",
-		pendingFigures: []string{"peak allocated"},
-	},
+	{name: "pytorch/multistream"},
 	{
 		name: "pytorch/hf_llama_train",
 		pending: "best-fit ties depend on the real segment addresses; needs segments placed at the " +
