@@ -2,6 +2,8 @@
 // formats into the native trace format.
 //
 //	record import [--from auto|pytorch|native|text] [--device N] -o OUT INPUT
+//	record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]
+//	record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT
 package main
 
 import (
@@ -19,6 +21,11 @@ import (
 func main() {
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "record: %v\n", err)
+		// record run passes the program's exit status through.
+		var es *exitStatus
+		if errors.As(err, &es) {
+			os.Exit(es.ExitCode())
+		}
 		os.Exit(1)
 	}
 }
@@ -28,6 +35,10 @@ const usage = `usage: record COMMAND [flags] ARGS...
 Commands:
   import   convert a trace (PyTorch snapshot, text form) to the native format
            record import [--from auto|pytorch|native|text] [--device N] -o OUT INPUT
+  run      run a program and record its CUDA allocation calls
+           record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]
+  synth    generate a synthetic workload (record synth --list describes them)
+           record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT
 `
 
 func run(stdout, stderr io.Writer, args []string) (err error) {
@@ -43,6 +54,10 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	switch args[0] {
 	case "import":
 		return runImport(stdout, stderr, args[1:])
+	case "run":
+		return runRun(stdout, stderr, args[1:])
+	case "synth":
+		return runSynth(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

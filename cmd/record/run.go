@@ -1,0 +1,84 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/gpu/interpose"
+)
+
+// exitStatus is the error of a recorded program that did not exit with 0:
+// main exits with its code, so that the program's status passes through.
+type exitStatus struct {
+	code int
+	msg  string
+}
+
+func (e *exitStatus) Error() string { return e.msg }
+
+// ExitCode returns the status to exit with.
+func (e *exitStatus) ExitCode() int { return e.code }
+
+func runRun(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.SetInterspersed(false)
+	out := fs.StringP("output", "o", "", "write the program's trace to `OUT` (default PROGRAM.trace); other processes get OUT.PID")
+	cudart := fs.String("cudart", "", "the CUDA runtime library to forward runtime calls to when the program's own is not visible (`PATH`)")
+	lib := fs.String("interposer", "", "the interposer library (`PATH`; default "+interpose.LibraryName+" next to the record binary)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("run: no program given (record run [-o OUT] -- PROGRAM [ARGS...])")
+	}
+	prog := fs.Arg(0)
+	if *out == "" {
+		*out = filepath.Base(prog) + ".trace"
+	}
+	if *lib == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("run: cannot find the interposer: %v (use --interposer)", err)
+		}
+		if r, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = r
+		}
+		*lib = filepath.Join(filepath.Dir(exe), interpose.LibraryName)
+	}
+	res, err := interpose.Run(interpose.Options{
+		Program: prog, Args: fs.Args()[1:], Output: *out, Library: *lib, Cudart: *cudart,
+		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
+	})
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	for _, w := range res.Traces {
+		fmt.Fprintf(stderr, "record: %s: %d events (pid %d: %s)\n", w.Path, w.Events, w.Pid, w.Command)
+		if w.Dropped > 0 {
+			fmt.Fprintf(stderr, "record: %s: %d calls were not recorded (no space for the raw trace)\n", w.Path, w.Dropped)
+		}
+	}
+	for _, pid := range res.Running {
+		fmt.Fprintf(stderr, "record: process %d still runs; its trace holds its calls up to now\n", pid)
+	}
+	switch {
+	case res.Signal != 0:
+		return &exitStatus{res.ExitCode, fmt.Sprintf("%s killed by signal %d (%v)", prog, int(res.Signal), res.Signal)}
+	case res.ExitCode != 0:
+		return &exitStatus{res.ExitCode, fmt.Sprintf("%s exited with status %d", prog, res.ExitCode)}
+	}
+	return nil
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/synth"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+func runSynth(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("synth", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	workload := fs.String("workload", "", "the workload to generate: "+strings.Join(synth.Names(), ", "))
+	seed := fs.Uint64("seed", 1, "random seed")
+	out := fs.StringP("output", "o", "", "write the native trace to `OUT`")
+	list := fs.Bool("list", false, "list the workloads and their parameters")
+	// Every workload parameter is a flag; defaults differ per workload.
+	owners := map[string][]string{}
+	for _, w := range synth.Workloads {
+		for _, p := range w.Params {
+			owners[p.Name] = append(owners[p.Name], w.Name)
+		}
+	}
+	names := make([]string, 0, len(owners))
+	for n := range owners {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	vals := map[string]*string{}
+	for _, n := range names {
+		vals[n] = fs.String(n, "", "parameter of "+strings.Join(owners[n], ", ")+" (see --list)")
+	}
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT\n       record synth --list\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if *list {
+		listWorkloads(stdout)
+		return nil
+	}
+	if *workload == "" {
+		return fmt.Errorf("synth: --workload is required (one of %s; --list describes them)", strings.Join(synth.Names(), ", "))
+	}
+	if *out == "" {
+		return fmt.Errorf("synth: -o OUT is required")
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("synth: unexpected argument %q", fs.Arg(0))
+	}
+	set := map[string]string{}
+	for _, n := range names {
+		if fs.Changed(n) {
+			set[n] = *vals[n]
+		}
+	}
+	src, err := synth.New(*workload, *seed, set)
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	var n uint64
+	err = tracefile.WriteFile(*out, func(w io.Writer) error {
+		tw, err := trace.NewWriter(w, src.Header())
+		if err != nil {
+			return err
+		}
+		for {
+			ev, err := src.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if err := tw.Write(ev); err != nil {
+				return err
+			}
+		}
+		n = tw.Events()
+		return tw.Close()
+	})
+	if err != nil {
+		return fmt.Errorf("synth: %w", err)
+	}
+	fmt.Fprintf(stdout, "%s: %d events (synth %s, seed %d)\n", *out, n, *workload, *seed)
+	return nil
+}
+
+func listWorkloads(w io.Writer) {
+	for i, wl := range synth.Workloads {
+		if i > 0 {
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "%s\n", wrap(wl.Name+": "+wl.Doc, 100))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, p := range wl.Params {
+			fmt.Fprintf(tw, "  --%s\t%s\t%s\n", p.Name, p.Default, p.Usage)
+		}
+		tw.Flush()
+	}
+}
+
+// wrap breaks s into lines of at most width bytes at spaces; lines after
+// the first are indented by two spaces.
+func wrap(s string, width int) string {
+	var b strings.Builder
+	line := 0
+	for i, word := range strings.Fields(s) {
+		if i > 0 && line+1+len(word) > width {
+			b.WriteString("\n  ")
+			line = 2
+		} else if i > 0 {
+			b.WriteByte(' ')
+			line++
+		}
+		b.WriteString(word)
+		line += len(word)
+	}
+	return b.String()
+}
