@@ -7,6 +7,7 @@ BIN := bin
 build:
 	$(GO) build -o $(BIN)/record ./cmd/record
 	$(GO) build -o $(BIN)/replay ./cmd/replay
+	$(CC) -O2 -shared -fPIC -o $(BIN)/librecord-interpose.so gpu/interpose/preload/interpose.c -ldl -lpthread
 
 # test runs every test; the real-trace tests use ../shared/traces when it
 # exists and the small real traces under testdata/ always.
