@@ -26,6 +26,7 @@ type Device struct {
 	frees    int64
 	next     uint64
 	live     map[uint64]uint64 // address -> size in bytes
+	cost     *costMeter        // charges the calls to a cost model (cost.go)
 }
 
 var (
@@ -35,7 +36,7 @@ var (
 
 // NewDevice returns a device of capacity bytes; 0 means unlimited.
 func NewDevice(capacity uint64) *Device {
-	return &Device{capacity: capacity, next: baseAddr, live: map[uint64]uint64{}}
+	return &Device{capacity: capacity, next: baseAddr, live: map[uint64]uint64{}, cost: newCostMeter(defaultCostModel())}
 }
 
 // Alloc allocates a segment of size bytes. It returns an error wrapping
@@ -57,6 +58,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 		d.peak = d.reserved
 	}
 	d.allocs++
+	d.cost.alloc(addr, size)
 	return addr, nil
 }
 
@@ -70,6 +72,7 @@ func (d *Device) Free(addr uint64) error {
 	delete(d.live, addr)
 	d.reserved -= size
 	d.frees++
+	d.cost.free(addr, size)
 	return nil
 }
 

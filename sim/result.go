@@ -61,6 +61,15 @@ type Result struct {
 	PeakPinned  uint64 `json:"peak_pinned_bytes"`
 	PeakManaged uint64 `json:"peak_managed_bytes"`
 
+	// SimAllocTimeNS is the simulated time in nanoseconds spent in the
+	// device's cudaMalloc and cudaFree calls under the cost model (cudaFree's
+	// device synchronization included, as measured on an idle device).
+	SimAllocTimeNS int64 `json:"sim_alloc_time_ns"`
+	// Latency summarizes the device calls' latencies by call and size
+	// class: simulated by the cost model in `replay sim`, measured in
+	// `replay gpu`.
+	Latency []LatencyRow `json:"latency,omitempty"`
+
 	// Series is the time series over the trace, at most MaxSeriesPoints
 	// points, each summarizing a run of consecutive events.
 	Series []Point `json:"series"`

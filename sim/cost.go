@@ -1,0 +1,377 @@
+package sim
+
+import (
+	"bufio"
+	_ "embed"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// defaultCostCSV is a copy of shared/reference/h200_cuda_latency.csv: the
+// CUDA runtime's call latencies measured on an NVIDIA H200 (CUDA 13.0).
+//
+//go:embed h200_cuda_latency.csv
+var defaultCostCSV string
+
+// DefaultCostModelName names the embedded cost model in results and errors.
+const DefaultCostModelName = "h200 (embedded)"
+
+// Cost model rows, by the api column of the CSV.
+const (
+	// CostMalloc and CostFree are a cudaMalloc that maps memory of its own
+	// and a cudaFree that unmaps it, by size (the device synchronization
+	// of cudaFree on an idle device included).
+	CostMalloc = "cudaMalloc"
+	CostFree   = "cudaFree"
+	// CostMallocSuballoc and CostFreeSuballoc are a small cudaMalloc that
+	// the driver places in a 2 MiB page already mapped, and a cudaFree
+	// that leaves its page mapped. When a model lacks them they are taken
+	// from the CostMallocBatch and CostFreeBatch rows up to 64 KiB, where
+	// the whole batch shares a page.
+	CostMallocSuballoc = "cudaMalloc_suballoc"
+	CostFreeSuballoc   = "cudaFree_suballoc"
+	// CostMallocBatch and CostFreeBatch are cudaMalloc and cudaFree with
+	// 64 allocations of the size live at once.
+	CostMallocBatch = "cudaMalloc_batch"
+	CostFreeBatch   = "cudaFree_batch"
+)
+
+// SubAllocMax is the largest request in bytes that the CUDA driver places
+// inside a shared 2 MiB page (measured on an H200: a 1 MiB cudaMalloc came
+// back 7680 bytes into a page holding smaller ones, a 2 MiB + 1 B one on a
+// fresh 2 MiB boundary). SubAllocGranularity is the step of those
+// placements in bytes.
+const (
+	SubAllocMax         = 1 << 20
+	SubAllocGranularity = 512
+	driverPageSize      = 2 << 20
+)
+
+// CostModel gives the latency in nanoseconds of the CUDA runtime's calls by
+// call and size, from the median latencies of a table measured on one GPU
+// (the format of shared/reference/h200_cuda_latency.csv, which is also what
+// `replay calibrate` writes). Between measured sizes the latency is
+// interpolated linearly in log(size) and log(latency); beyond them it
+// follows the slope of the nearest two points, and never drops below the
+// nearest point's latency. A CostModel is immutable and safe to share.
+type CostModel struct {
+	// Source names where the model came from: a file name or
+	// DefaultCostModelName.
+	Source string
+	curves map[string][]costPoint
+}
+
+type costPoint struct {
+	size float64 // bytes
+	ns   float64 // median latency
+}
+
+// CostError is an error in a cost model file, with its line (from 1).
+type CostError struct {
+	File string
+	Line int
+	Msg  string
+}
+
+func (e *CostError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
+	}
+	return e.File + ": " + e.Msg
+}
+
+// ErrNoCostRow is wrapped by cost model errors that name a missing row.
+var ErrNoCostRow = errors.New("cost model lacks a row")
+
+// DefaultCostModel returns the cost model embedded in the binary, measured
+// on an NVIDIA H200 with CUDA 13.0.
+func DefaultCostModel() *CostModel {
+	m, err := ParseCostModel(strings.NewReader(defaultCostCSV), DefaultCostModelName)
+	if err != nil {
+		panic("sim: embedded cost model: " + err.Error())
+	}
+	return m
+}
+
+// defaultCostModel is DefaultCostModel parsed once; the model is immutable.
+var defaultCostModel = sync.OnceValue(DefaultCostModel)
+
+// LoadCostModel reads the cost model in the file at path.
+func LoadCostModel(path string) (*CostModel, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return ParseCostModel(bufio.NewReader(f), path)
+}
+
+// ParseCostModel reads a cost model in CSV form: a header naming at least
+// the columns api, size_bytes and median_us, then one row per call and size
+// (other columns, such as n, first_us, p90_us and min_us, are ignored; a
+// row whose median is empty is skipped). name names the source in errors.
+// It returns a *CostError for a malformed file, and one wrapping
+// ErrNoCostRow when cudaMalloc or cudaFree rows are missing.
+func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = -1
+	cr.TrimLeadingSpace = true
+	head, err := cr.Read()
+	if err != nil {
+		return nil, &CostError{File: name, Line: 1, Msg: fmt.Sprintf("reading the header: %v", err)}
+	}
+	col := map[string]int{}
+	for i, h := range head {
+		col[strings.TrimSpace(h)] = i
+	}
+	for _, c := range []string{"api", "size_bytes", "median_us"} {
+		if _, ok := col[c]; !ok {
+			return nil, &CostError{File: name, Line: 1, Msg: fmt.Sprintf("no column %q in the header %q", c, strings.Join(head, ","))}
+		}
+	}
+	m := &CostModel{Source: name, curves: map[string][]costPoint{}}
+	for line := 2; ; line++ {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, &CostError{File: name, Line: line, Msg: err.Error()}
+		}
+		get := func(c string) string {
+			if i := col[c]; i < len(rec) {
+				return strings.TrimSpace(rec[i])
+			}
+			return ""
+		}
+		api, med := get("api"), get("median_us")
+		if api == "" || med == "" {
+			continue
+		}
+		size, err := strconv.ParseUint(get("size_bytes"), 10, 64)
+		if err != nil {
+			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("size_bytes %q: not an unsigned integer", get("size_bytes"))}
+		}
+		us, err := strconv.ParseFloat(med, 64)
+		if err != nil || us < 0 || math.IsInf(us, 0) || math.IsNaN(us) {
+			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("median_us %q: not a latency", med)}
+		}
+		m.curves[api] = append(m.curves[api], costPoint{size: float64(max(size, 1)), ns: max(us*1000, 1)})
+	}
+	for api, pts := range m.curves {
+		sort.SliceStable(pts, func(i, j int) bool { return pts[i].size < pts[j].size })
+		// Keep one point per size: the last given.
+		out := pts[:0]
+		for _, p := range pts {
+			if len(out) > 0 && out[len(out)-1].size == p.size {
+				out[len(out)-1] = p
+				continue
+			}
+			out = append(out, p)
+		}
+		m.curves[api] = out
+	}
+	for _, api := range []string{CostMalloc, CostFree} {
+		if len(m.curves[api]) == 0 {
+			return nil, &CostError{File: name, Msg: fmt.Sprintf("%v: %s", ErrNoCostRow, api)}
+		}
+	}
+	for _, s := range [][2]string{{CostMallocSuballoc, CostMallocBatch}, {CostFreeSuballoc, CostFreeBatch}} {
+		if len(m.curves[s[0]]) > 0 {
+			continue
+		}
+		var pts []costPoint
+		for _, p := range m.curves[s[1]] {
+			if p.size <= 64<<10 {
+				pts = append(pts, p)
+			}
+		}
+		if len(pts) == 0 {
+			return nil, &CostError{File: name, Msg: fmt.Sprintf("%v: %s (or %s up to 64 KiB)", ErrNoCostRow, s[0], s[1])}
+		}
+		m.curves[s[0]] = pts
+	}
+	return m, nil
+}
+
+// Calls returns the names of the calls the model has rows for, sorted.
+func (m *CostModel) Calls() []string {
+	out := make([]string, 0, len(m.curves))
+	for k := range m.curves {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Latency returns the modelled latency in nanoseconds of call on size
+// bytes, and false when the model has no row for call.
+func (m *CostModel) Latency(call string, size uint64) (int64, bool) {
+	pts := m.curves[call]
+	if len(pts) == 0 {
+		return 0, false
+	}
+	return int64(math.Round(interpolate(pts, float64(max(size, 1))))), true
+}
+
+func interpolate(pts []costPoint, x float64) float64 {
+	if len(pts) == 1 {
+		return pts[0].ns
+	}
+	i := sort.Search(len(pts), func(i int) bool { return pts[i].size >= x })
+	switch {
+	case i < len(pts) && pts[i].size == x:
+		return pts[i].ns
+	case i == 0:
+		return pts[0].ns // below the smallest size: flat
+	case i == len(pts):
+		i = len(pts) - 1 // above the largest: the last slope, never falling
+		a, b := pts[i-1], pts[i]
+		return max(b.ns, loglog(a, b, x))
+	}
+	return loglog(pts[i-1], pts[i], x)
+}
+
+func loglog(a, b costPoint, x float64) float64 {
+	t := (math.Log(x) - math.Log(a.size)) / (math.Log(b.size) - math.Log(a.size))
+	return math.Exp(math.Log(a.ns) + t*(math.Log(b.ns)-math.Log(a.ns)))
+}
+
+// costMeter charges the device calls of a simulated device to a cost
+// model. It follows the CUDA driver's sub-allocation: requests of up to
+// SubAllocMax bytes share 2 MiB pages; one that finds room in a mapped page
+// costs a sub-allocation, one that needs a new page a full cudaMalloc; a
+// free that empties its page unmaps it (a full cudaFree), any other costs a
+// sub-allocation free. Larger requests map and unmap memory of their own.
+type costMeter struct {
+	m     *CostModel
+	lat   Latencies
+	total int64
+
+	pages  []*driverPage          // mapped pages with small allocations, oldest first
+	placed map[uint64]*driverPage // segment address -> its page
+}
+
+// driverPage is a 2 MiB page of the driver's sub-allocator.
+type driverPage struct {
+	used uint64 // bytes of live allocations, in SubAllocGranularity steps
+	live int
+}
+
+func newCostMeter(m *CostModel) *costMeter {
+	return &costMeter{m: m, placed: map[uint64]*driverPage{}}
+}
+
+func (c *costMeter) charge(call, row string, size uint64) {
+	ns, _ := c.m.Latency(row, size)
+	c.total += ns
+	c.lat.Add(call, size, ns)
+}
+
+// alloc charges a cudaMalloc of size bytes that returned addr.
+func (c *costMeter) alloc(addr, size uint64) {
+	if c == nil {
+		return
+	}
+	if size > SubAllocMax {
+		c.charge(CostMalloc, CostMalloc, size)
+		return
+	}
+	n := (size + SubAllocGranularity - 1) / SubAllocGranularity * SubAllocGranularity
+	for _, p := range c.pages {
+		if p.used+n <= driverPageSize {
+			p.used += n
+			p.live++
+			c.placed[addr] = p
+			c.charge(CostMalloc, CostMallocSuballoc, size)
+			return
+		}
+	}
+	p := &driverPage{used: n, live: 1}
+	c.pages = append(c.pages, p)
+	c.placed[addr] = p
+	c.charge(CostMalloc, CostMalloc, size)
+}
+
+// free charges a cudaFree of the size-byte segment at addr.
+func (c *costMeter) free(addr, size uint64) {
+	if c == nil {
+		return
+	}
+	p := c.placed[addr]
+	if p == nil {
+		c.charge(CostFree, CostFree, size)
+		return
+	}
+	delete(c.placed, addr)
+	p.used -= (size + SubAllocGranularity - 1) / SubAllocGranularity * SubAllocGranularity
+	p.live--
+	if p.live > 0 {
+		c.charge(CostFree, CostFreeSuballoc, size)
+		return
+	}
+	for i, q := range c.pages {
+		if q == p {
+			c.pages = append(c.pages[:i], c.pages[i+1:]...)
+			break
+		}
+	}
+	c.charge(CostFree, CostFree, size)
+}
+
+// SetCostModel charges the device's calls from now on to m, the embedded
+// H200 model being the default; nil stops the charging. The time and
+// latencies charged so far are dropped.
+func (d *Device) SetCostModel(m *CostModel) {
+	if m == nil {
+		d.cost = nil
+		return
+	}
+	d.cost = newCostMeter(m)
+}
+
+// CostModel returns the cost model the device's calls are charged to, nil
+// if none.
+func (d *Device) CostModel() *CostModel {
+	if d.cost == nil {
+		return nil
+	}
+	return d.cost.m
+}
+
+// AllocTime returns the simulated nanoseconds spent in the device's
+// cudaMalloc and cudaFree calls so far.
+func (d *Device) AllocTime() int64 {
+	if d.cost == nil {
+		return 0
+	}
+	return d.cost.total
+}
+
+// Latencies returns the simulated latencies of the device's calls so far,
+// nil when no cost model is set. They are the device's own and valid until
+// the next call.
+func (d *Device) Latencies() *Latencies {
+	if d.cost == nil {
+		return nil
+	}
+	return &d.cost.lat
+}
+
+// FillCost sets res's simulated allocator time and latency summary from the
+// device's cost model.
+func (d *Device) FillCost(res *Result) {
+	res.SimAllocTimeNS = d.AllocTime()
+	res.Latency = nil
+	if l := d.Latencies(); l != nil {
+		res.Latency = l.Rows()
+	}
+}

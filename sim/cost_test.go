@@ -1,0 +1,182 @@
+package sim
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestDefaultCostModel(t *testing.T) {
+	m := DefaultCostModel()
+	for _, tc := range []struct {
+		call string
+		size uint64
+		want int64 // ns
+	}{
+		{CostMalloc, 512, 48710},                   // a measured point
+		{CostMalloc, 1, 48710},                     // below the smallest: flat
+		{CostFree, 1 << 30, 643950},                // a measured point
+		{CostMallocSuballoc, 4096, 2090},           // from the batch rows
+		{CostFreeSuballoc, 65536, 2300},            // from the batch rows
+		{"cudaMallocAsync_thrmax", 4096, 780},      // other rows are kept
+		{CostFree, 128 << 30, 47504460 * 2 * 1000}, // placeholder, checked below
+	} {
+		got, ok := m.Latency(tc.call, tc.size)
+		if !ok {
+			t.Errorf("%s: no row", tc.call)
+			continue
+		}
+		if tc.size == 128<<30 {
+			// Above the largest size: the last slope, about linear.
+			if got < 80e6 || got > 110e6 {
+				t.Errorf("%s(%d) = %d ns, want about twice 47.5 ms", tc.call, tc.size, got)
+			}
+			continue
+		}
+		if got != tc.want {
+			t.Errorf("%s(%d) = %d ns, want %d", tc.call, tc.size, got, tc.want)
+		}
+	}
+	// Batch rows above 64 KiB are not sub-allocations: the 64 KiB row's
+	// slope goes on.
+	if got, _ := m.Latency(CostMallocSuballoc, 1<<20); got < 2180 || got > 2400 {
+		t.Errorf("%s(1 MiB) = %d ns", CostMallocSuballoc, got)
+	}
+	// Between points: log-log, so between the neighbours.
+	a, _ := m.Latency(CostFree, 1<<30)
+	b, _ := m.Latency(CostFree, 2<<30)
+	c, _ := m.Latency(CostFree, 4<<30)
+	if !(a < b && b < c) {
+		t.Errorf("cudaFree 1, 2, 4 GiB: %d %d %d ns", a, b, c)
+	}
+	if _, ok := m.Latency("cudaNothing", 1); ok {
+		t.Error("a latency for an unknown call")
+	}
+}
+
+func TestParseCostModelErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, text, want string
+		is              error
+	}{
+		{"no header", "", "x.csv:1: reading the header: EOF", nil},
+		{"no median column", "api,size_bytes\n", `x.csv:1: no column "median_us"`, nil},
+		{"bad size", "api,size_bytes,median_us\ncudaMalloc,lots,1\n", `x.csv:2: size_bytes "lots": not an unsigned integer`, nil},
+		{"bad median", "api,size_bytes,median_us\ncudaMalloc,1,-3\n", `x.csv:2: median_us "-3": not a latency`, nil},
+		{"no free", "api,size_bytes,median_us\ncudaMalloc,1,3\n", "x.csv: cost model lacks a row: cudaFree", ErrNoCostRow},
+		{"no suballoc", "api,size_bytes,median_us\ncudaMalloc,1,3\ncudaFree,1,3\n", "cudaMalloc_suballoc (or cudaMalloc_batch up to 64 KiB)", ErrNoCostRow},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseCostModel(strings.NewReader(tc.text), "x.csv")
+			var ce *CostError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want a CostError with %q", err, tc.want)
+			}
+			if tc.is != nil && !strings.Contains(err.Error(), tc.is.Error()) {
+				t.Errorf("%v does not name %v", err, tc.is)
+			}
+		})
+	}
+}
+
+// TestCostMeter follows the driver's sub-allocation: small requests share
+// 2 MiB pages, and only the first in a page and the free that empties it
+// cost a full call.
+func TestCostMeter(t *testing.T) {
+	m, err := ParseCostModel(strings.NewReader(`api,size_bytes,median_us
+cudaMalloc,512,50
+cudaMalloc,1048576,50
+cudaMalloc,4194304,100
+cudaFree,512,40
+cudaFree,1048576,40
+cudaFree,4194304,80
+cudaMalloc_suballoc,512,2
+cudaFree_suballoc,512,3
+`), "t.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewDevice(0)
+	d.SetCostModel(m)
+	a1, _ := d.Alloc(512)     // new page: 50 us
+	a2, _ := d.Alloc(1 << 20) // same page: 2 us
+	a3, _ := d.Alloc(1 << 20) // no room left (512 + 1 MiB + 1 MiB > 2 MiB): new page, 50 us
+	a4, _ := d.Alloc(4 << 20) // its own mapping: 100 us
+	d.Free(a2)                // page 1 keeps a1: 3 us
+	d.Free(a1)                // page 1 empty: 40 us
+	a5, _ := d.Alloc(4096)    // fits page 2: 2 us
+	d.Free(a3)                // page 2 keeps a5: 3 us
+	d.Free(a5)                // 40 us
+	d.Free(a4)                // 80 us
+	want := int64((50 + 2 + 50 + 100 + 3 + 40 + 2 + 3 + 40 + 80) * 1000)
+	if got := d.AllocTime(); got != want {
+		t.Errorf("allocator time %d ns, want %d", got, want)
+	}
+	var res Result
+	d.FillCost(&res)
+	if res.SimAllocTimeNS != want {
+		t.Errorf("SimAllocTimeNS %d", res.SimAllocTimeNS)
+	}
+	rows := map[string]LatencyRow{}
+	for _, r := range res.Latency {
+		rows[r.Call+" "+r.SizeClass] = r
+	}
+	if r := rows["cudaMalloc <=1MiB"]; r.Count != 2 || r.TotalNS != 52000 || r.MaxNS != 50000 {
+		t.Errorf("cudaMalloc <=1MiB: %+v", r)
+	}
+	if r := rows["cudaFree <=4MiB"]; r.Count != 1 || r.MedianNS != 80000 {
+		t.Errorf("cudaFree <=4MiB: %+v", r)
+	}
+	d.SetCostModel(nil)
+	d.Alloc(512)
+	if d.AllocTime() != 0 || d.Latencies() != nil {
+		t.Error("charged without a cost model")
+	}
+}
+
+func TestLatencies(t *testing.T) {
+	var l Latencies
+	for i := int64(1); i <= 1000; i++ {
+		l.Add("cudaMalloc", 4096, i*1000)
+	}
+	l.Add("cudaDeviceSynchronize", 0, 700)
+	rows := l.Rows()
+	if len(rows) != 2 || rows[0].Call != "cudaDeviceSynchronize" || rows[0].SizeClass != "-" || rows[1].SizeClass != "<=4KiB" {
+		t.Fatalf("rows %+v", rows)
+	}
+	r := rows[1]
+	near := func(got, want int64) bool { return got >= want*98/100 && got <= want*102/100 }
+	if r.Count != 1000 || r.TotalNS != 500500000 || !near(r.MedianNS, 500000) || !near(r.P90NS, 900000) || !near(r.P99NS, 990000) || r.MaxNS != 1000000 {
+		t.Errorf("row %+v", r)
+	}
+	if l.Total("cudaMalloc") != 500500000 || l.Count() != 1001 || l.Total() != 500500700 {
+		t.Errorf("totals %d %d %d", l.Total("cudaMalloc"), l.Count(), l.Total())
+	}
+	for _, tc := range []struct {
+		size uint64
+		want string
+	}{{1, "<=1KiB"}, {1024, "<=1KiB"}, {1025, "<=4KiB"}, {1 << 20, "<=1MiB"}, {4 << 30, "<=4GiB"}, {4<<30 + 1, ">4GiB"}} {
+		if got := SizeClass(tc.size); got != tc.want {
+			t.Errorf("SizeClass(%d) = %q, want %q", tc.size, got, tc.want)
+		}
+	}
+}
+
+func TestHistogramExactSmall(t *testing.T) {
+	var h histogram
+	for _, v := range []int64{5, 1, 3, 2, 4} {
+		h.add(v)
+	}
+	if h.quantile(0.5) != 3 || h.quantile(0) != 1 || h.quantile(1) != 5 {
+		t.Errorf("quantiles %d %d %d", h.quantile(0), h.quantile(0.5), h.quantile(1))
+	}
+	for v := int64(100); v < 1e9; v = v*13/10 + 1 {
+		b := bucketOf(v)
+		if mid := bucketMid(b); mid < v*98/100 || mid > v*102/100 {
+			t.Errorf("value %d: bucket %d middle %d", v, b, mid)
+		}
+		if bucketOf(v+1) < b {
+			t.Errorf("buckets not monotonic at %d", v)
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package sim
+
+import (
+	"math/bits"
+	"sort"
+)
+
+// LatencyRow summarizes the latencies of one device call in one size class,
+// simulated by a cost model or measured on a GPU. Times are in nanoseconds;
+// the percentiles come from a log-linear histogram and are exact to within
+// 1.6%.
+type LatencyRow struct {
+	// Call is the device call: cudaMalloc, cudaFree, cudaMallocAsync,
+	// cudaStreamSynchronize, ...
+	Call string `json:"call"`
+	// SizeClass names the range of sizes in bytes ("<=4KiB", "<=1MiB",
+	// ">4GiB"), or "-" for calls without a size.
+	SizeClass string `json:"size_class"`
+	Count     int64  `json:"count"`
+	TotalNS   int64  `json:"total_ns"`
+	MedianNS  int64  `json:"median_ns"`
+	P90NS     int64  `json:"p90_ns"`
+	P99NS     int64  `json:"p99_ns"`
+	MaxNS     int64  `json:"max_ns"`
+}
+
+// sizeClassBounds are the upper bounds in bytes of the size classes, powers
+// of four from 1 KiB to 4 GiB; sizes above the last fall in ">4GiB".
+var sizeClassBounds = []uint64{1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30, 4 << 30}
+
+var sizeClassNames = []string{"<=1KiB", "<=4KiB", "<=16KiB", "<=64KiB", "<=256KiB", "<=1MiB", "<=4MiB", "<=16MiB", "<=64MiB", "<=256MiB", "<=1GiB", "<=4GiB", ">4GiB"}
+
+// noSize is the size class index of calls without a size.
+const noSize = -1
+
+// SizeClass returns the name of the size class of size bytes; a size of 0
+// means a call without a size and gives "-".
+func SizeClass(size uint64) string {
+	c := sizeClass(size)
+	if c == noSize {
+		return "-"
+	}
+	return sizeClassNames[c]
+}
+
+func sizeClass(size uint64) int {
+	if size == 0 {
+		return noSize
+	}
+	for i, b := range sizeClassBounds {
+		if size <= b {
+			return i
+		}
+	}
+	return len(sizeClassBounds)
+}
+
+// Latencies accumulates call latencies by call and size class. The zero
+// value is ready to use; memory stays bounded whatever the number of calls.
+type Latencies struct {
+	h map[latKey]*histogram
+}
+
+type latKey struct {
+	call  string
+	class int
+}
+
+// Add records one call of call on size bytes (0 for a call without a size)
+// that took ns nanoseconds.
+func (l *Latencies) Add(call string, size uint64, ns int64) {
+	if l.h == nil {
+		l.h = map[latKey]*histogram{}
+	}
+	k := latKey{call, sizeClass(size)}
+	h := l.h[k]
+	if h == nil {
+		h = &histogram{}
+		l.h[k] = h
+	}
+	h.add(ns)
+}
+
+// Total returns the summed nanoseconds of every call recorded, and of the
+// calls named in calls alone when any are given.
+func (l *Latencies) Total(calls ...string) int64 {
+	var t int64
+	for k, h := range l.h {
+		if len(calls) == 0 || contains(calls, k.call) {
+			t += h.total
+		}
+	}
+	return t
+}
+
+// Count returns the number of calls recorded, of the calls named in calls
+// alone when any are given.
+func (l *Latencies) Count(calls ...string) int64 {
+	var n int64
+	for k, h := range l.h {
+		if len(calls) == 0 || contains(calls, k.call) {
+			n += h.n
+		}
+	}
+	return n
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Rows returns one row per call and size class, sorted by call and then by
+// size; nil when nothing was recorded.
+func (l *Latencies) Rows() []LatencyRow {
+	if len(l.h) == 0 {
+		return nil
+	}
+	keys := make([]latKey, 0, len(l.h))
+	for k := range l.h {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].call != keys[j].call {
+			return keys[i].call < keys[j].call
+		}
+		return keys[i].class < keys[j].class
+	})
+	rows := make([]LatencyRow, len(keys))
+	for i, k := range keys {
+		h := l.h[k]
+		name := "-"
+		if k.class != noSize {
+			name = sizeClassNames[k.class]
+		}
+		rows[i] = LatencyRow{
+			Call: k.call, SizeClass: name, Count: h.n, TotalNS: h.total,
+			MedianNS: h.quantile(0.5), P90NS: h.quantile(0.9), P99NS: h.quantile(0.99), MaxNS: h.max,
+		}
+	}
+	return rows
+}
+
+// histogram is a log-linear histogram of nanosecond values: exact below
+// 2*subBuckets, then subBuckets buckets per power of two.
+type histogram struct {
+	counts []int64
+	n      int64
+	total  int64
+	min    int64
+	max    int64
+}
+
+const subBucketBits = 6
+const subBuckets = 1 << subBucketBits
+
+func bucketOf(v int64) int {
+	if v < 2*subBuckets {
+		return int(v)
+	}
+	e := bits.Len64(uint64(v)) - subBucketBits - 1 // v >> e is in [subBuckets, 2*subBuckets)
+	return (e+1)*subBuckets + int(uint64(v)>>e) - subBuckets
+}
+
+// bucketMid returns a value in the middle of bucket b.
+func bucketMid(b int) int64 {
+	if b < 2*subBuckets {
+		return int64(b)
+	}
+	e := b/subBuckets - 1
+	m := int64(b%subBuckets + subBuckets)
+	return m<<e + (int64(1)<<e)/2
+}
+
+func (h *histogram) add(v int64) {
+	if v < 0 {
+		v = 0
+	}
+	b := bucketOf(v)
+	if b >= len(h.counts) {
+		c := make([]int64, b+1+subBuckets)
+		copy(c, h.counts)
+		h.counts = c
+	}
+	h.counts[b]++
+	if h.n == 0 || v < h.min {
+		h.min = v
+	}
+	if v > h.max {
+		h.max = v
+	}
+	h.n++
+	h.total += v
+}
+
+// quantile returns the value at quantile q (0..1), clamped to the observed
+// minimum and maximum.
+func (h *histogram) quantile(q float64) int64 {
+	if h.n == 0 {
+		return 0
+	}
+	rank := int64(q*float64(h.n-1)) + 1 // 1-based rank of the nearest-rank quantile
+	var seen int64
+	for b, c := range h.counts {
+		seen += c
+		if seen >= rank {
+			return min(max(bucketMid(b), h.min), h.max)
+		}
+	}
+	return h.max
+}
