@@ -1,0 +1,415 @@
+package gpu
+
+import (
+	"context"
+	"encoding/csv"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"sort"
+	"strconv"
+
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// CostRow is one measured series of a calibration: the latencies of N calls
+// of API on Size bytes, in microseconds (FirstUS is the first call of the
+// series). The rows are those of shared/reference/h200_cuda_latency.csv and
+// what sim.ParseCostModel reads.
+type CostRow struct {
+	API      string
+	Size     uint64
+	N        int
+	FirstUS  float64
+	MedianUS float64
+	P90US    float64
+	MinUS    float64
+}
+
+// CalibrateOptions bound a calibration.
+type CalibrateOptions struct {
+	// MaxSize is the largest size measured in bytes; 0 means 4 GiB.
+	MaxSize uint64
+	// MaxBytes bounds the device memory held at once; 0 means the free
+	// memory at the start minus DefaultMargin.
+	MaxBytes uint64
+	// N is the number of calls per size up to 256 MiB; 0 means 100. Larger
+	// sizes take fewer (at least 10).
+	N int
+	// Progress, if not nil, receives one line per series measured.
+	Progress io.Writer
+}
+
+// CalibrationSizes are the sizes in bytes a calibration measures, up to
+// its MaxSize.
+var CalibrationSizes = []uint64{512, 4 << 10, 64 << 10, 1 << 20, 2 << 20, 8 << 20, 20 << 20, 64 << 20, 256 << 20, 1 << 30, 4 << 30, 16 << 30}
+
+// Calibrate measures the latency of each device call by size on rt's GPU:
+// cudaMalloc and cudaFree one at a time (rows cudaMalloc, cudaFree), with up
+// to 64 live at once (the _batch rows), small ones placed in a page that
+// stays mapped (the _suballoc rows); the stream-ordered allocator on a pool
+// of its own with release threshold 0 and UINT64_MAX (the _thr0 and _thrmax
+// rows, with the stream synchronization after the free); cudaMallocHost and
+// cudaFreeHost up to 64 MiB; cudaMallocManaged and its cudaFree up to
+// 256 MiB; and idle cudaDeviceSynchronize and cudaStreamSynchronize (size
+// 0). Everything it allocates is freed before it returns, also on error
+// and when ctx is cancelled.
+func Calibrate(ctx context.Context, rt *Runtime, opt CalibrateOptions) (rows []CostRow, err error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	free, _, err := rt.MemGetInfo()
+	if err != nil {
+		return nil, err
+	}
+	limit, err := Limit(opt.MaxBytes, 0, free)
+	if err != nil {
+		return nil, err
+	}
+	if opt.MaxSize == 0 {
+		opt.MaxSize = 4 << 30
+	}
+	if opt.N <= 0 {
+		opt.N = 100
+	}
+	c := &calibration{ctx: ctx, rt: rt, opt: opt, limit: limit, dev: map[uint64]bool{}, host: map[uint64]bool{}}
+	defer func() {
+		if cerr := c.release(); cerr != nil && err == nil {
+			err = fmt.Errorf("releasing the calibration's memory: %w", cerr)
+		}
+	}()
+	steps := []func() error{c.isolated, c.batch, c.suballoc, c.async, c.pinned, c.managed, c.syncs}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	return c.rows, nil
+}
+
+type calibration struct {
+	ctx   context.Context
+	rt    *Runtime
+	opt   CalibrateOptions
+	limit uint64
+	rows  []CostRow
+
+	dev, host map[uint64]bool // live device (and managed) and pinned pointers
+	pool      uint64          // created pool, 0 if none
+	asyncLive map[uint64]bool
+}
+
+// sizes returns the calibration sizes up to max and the limit.
+func (c *calibration) sizes(max uint64) []uint64 {
+	var out []uint64
+	for _, s := range CalibrationSizes {
+		if s <= max && s <= c.opt.MaxSize && s <= c.limit {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (c *calibration) n(size uint64) int {
+	switch {
+	case size <= 256<<20:
+		return c.opt.N
+	case size <= 1<<30:
+		return max(c.opt.N/5, 10)
+	}
+	return 10
+}
+
+func (c *calibration) add(api string, size uint64, ns []int64) {
+	if len(ns) == 0 {
+		return
+	}
+	row := CostRow{API: api, Size: size, N: len(ns), FirstUS: float64(ns[0]) / 1e3}
+	s := append([]int64(nil), ns...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	row.MedianUS = float64(quantile(s, 0.5)) / 1e3
+	row.P90US = float64(quantile(s, 0.9)) / 1e3
+	row.MinUS = float64(s[0]) / 1e3
+	c.rows = append(c.rows, row)
+	if c.opt.Progress != nil {
+		fmt.Fprintf(c.opt.Progress, "%-32s %12d B  n=%-4d median %10.2f us  p90 %10.2f us\n", api, size, row.N, row.MedianUS, row.P90US)
+	}
+}
+
+// quantile returns the nearest-rank quantile q of sorted s.
+func quantile(s []int64, q float64) int64 {
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func (c *calibration) malloc(size uint64) (uint64, int64, error) {
+	p, ns, err := c.rt.Malloc(size)
+	if err == nil {
+		c.dev[p] = true
+	}
+	return p, ns, err
+}
+
+func (c *calibration) free(p uint64) (int64, error) {
+	ns, err := c.rt.Free(p)
+	if err == nil {
+		delete(c.dev, p)
+	}
+	return ns, err
+}
+
+func (c *calibration) isolated() error {
+	for _, size := range c.sizes(math.MaxUint64) {
+		var m, f []int64
+		for k := 0; k < c.n(size); k++ {
+			if err := c.ctx.Err(); err != nil {
+				return err
+			}
+			p, ns, err := c.malloc(size)
+			if err != nil {
+				return fmt.Errorf("cudaMalloc of %d bytes: %w", size, err)
+			}
+			m = append(m, ns)
+			if ns, err = c.free(p); err != nil {
+				return err
+			}
+			f = append(f, ns)
+		}
+		c.add(sim.CostMalloc, size, m)
+		c.add(sim.CostFree, size, f)
+	}
+	return nil
+}
+
+func (c *calibration) batch() error {
+	for _, size := range c.sizes(math.MaxUint64) {
+		count := int(min(64, c.limit/size))
+		if count < 2 {
+			continue
+		}
+		var m, f []int64
+		ptrs := make([]uint64, 0, count)
+		for k := 0; k < count; k++ {
+			if err := c.ctx.Err(); err != nil {
+				return err
+			}
+			p, ns, err := c.malloc(size)
+			if err != nil {
+				return fmt.Errorf("cudaMalloc of %d bytes (%d live): %w", size, k, err)
+			}
+			m = append(m, ns)
+			ptrs = append(ptrs, p)
+		}
+		for _, p := range ptrs {
+			ns, err := c.free(p)
+			if err != nil {
+				return err
+			}
+			f = append(f, ns)
+		}
+		c.add(sim.CostMallocBatch, size, m)
+		c.add(sim.CostFreeBatch, size, f)
+	}
+	return nil
+}
+
+// suballoc measures small allocations that the driver places in a page
+// kept mapped by an anchor allocation of 512 bytes.
+func (c *calibration) suballoc() error {
+	anchor, _, err := c.malloc(512)
+	if err != nil {
+		return fmt.Errorf("cudaMalloc of the anchor: %w", err)
+	}
+	for _, size := range c.sizes(sim.SubAllocMax) {
+		var m, f []int64
+		for k := 0; k < c.n(size); k++ {
+			if err := c.ctx.Err(); err != nil {
+				return err
+			}
+			p, ns, err := c.malloc(size)
+			if err != nil {
+				return fmt.Errorf("cudaMalloc of %d bytes: %w", size, err)
+			}
+			m = append(m, ns)
+			if ns, err = c.free(p); err != nil {
+				return err
+			}
+			f = append(f, ns)
+		}
+		c.add(sim.CostMallocSuballoc, size, m)
+		c.add(sim.CostFreeSuballoc, size, f)
+	}
+	_, err = c.free(anchor)
+	return err
+}
+
+func (c *calibration) async() error {
+	if !c.rt.HasAsync() {
+		if c.opt.Progress != nil {
+			fmt.Fprintf(c.opt.Progress, "no stream-ordered allocator in %s: skipped\n", c.rt.Path)
+		}
+		return nil
+	}
+	pool, err := c.rt.MemPoolCreate(c.limit)
+	if err != nil {
+		if pool, err = c.rt.MemPoolCreate(0); err != nil {
+			return err
+		}
+	}
+	c.pool, c.asyncLive = pool, map[uint64]bool{}
+	for _, th := range []struct {
+		name string
+		v    uint64
+	}{{"thr0", 0}, {"thrmax", math.MaxUint64}} {
+		if err := c.rt.SetMemPoolAttr(pool, PoolReleaseThreshold, th.v); err != nil {
+			return err
+		}
+		for _, size := range c.sizes(math.MaxUint64) {
+			var m, f, s []int64
+			for k := 0; k < c.n(size); k++ {
+				if err := c.ctx.Err(); err != nil {
+					return err
+				}
+				p, ns, err := c.rt.MallocFromPoolAsync(size, pool, 0)
+				if err != nil {
+					return fmt.Errorf("cudaMallocFromPoolAsync of %d bytes: %w", size, err)
+				}
+				c.asyncLive[p] = true
+				m = append(m, ns)
+				if ns, err = c.rt.FreeAsync(p, 0); err != nil {
+					return err
+				}
+				delete(c.asyncLive, p)
+				f = append(f, ns)
+				if ns, err = c.rt.StreamSync(0); err != nil {
+					return err
+				}
+				s = append(s, ns)
+			}
+			c.add("cudaMallocAsync_"+th.name, size, m)
+			c.add("cudaFreeAsync_"+th.name, size, f)
+			c.add("cudaStreamSync_after_free_"+th.name, size, s)
+		}
+		if _, err := c.rt.MemPoolTrimTo(pool, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *calibration) pinned() error {
+	for _, size := range c.sizes(64 << 20) {
+		n := c.opt.N / 2
+		if size > 2<<20 {
+			n = 10
+		}
+		var m, f []int64
+		for k := 0; k < max(n, 1); k++ {
+			if err := c.ctx.Err(); err != nil {
+				return err
+			}
+			p, ns, err := c.rt.MallocHost(size)
+			if err != nil {
+				return fmt.Errorf("cudaMallocHost of %d bytes: %w", size, err)
+			}
+			c.host[p] = true
+			m = append(m, ns)
+			if ns, err = c.rt.FreeHost(p); err != nil {
+				return err
+			}
+			delete(c.host, p)
+			f = append(f, ns)
+		}
+		c.add("cudaMallocHost", size, m)
+		c.add("cudaFreeHost", size, f)
+	}
+	return nil
+}
+
+func (c *calibration) managed() error {
+	for _, size := range c.sizes(256 << 20) {
+		var m, f []int64
+		for k := 0; k < max(c.opt.N/5, 10); k++ {
+			if err := c.ctx.Err(); err != nil {
+				return err
+			}
+			p, ns, err := c.rt.MallocManaged(size)
+			if err != nil {
+				return fmt.Errorf("cudaMallocManaged of %d bytes: %w", size, err)
+			}
+			c.dev[p] = true
+			m = append(m, ns)
+			if ns, err = c.free(p); err != nil {
+				return err
+			}
+			f = append(f, ns)
+		}
+		c.add("cudaMallocManaged", size, m)
+		c.add("cudaFree_managed", size, f)
+	}
+	return nil
+}
+
+func (c *calibration) syncs() error {
+	var d, s []int64
+	for k := 0; k < c.opt.N; k++ {
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
+		ns, err := c.rt.DeviceSync()
+		if err != nil {
+			return err
+		}
+		d = append(d, ns)
+		if ns, err = c.rt.StreamSync(0); err != nil {
+			return err
+		}
+		s = append(s, ns)
+	}
+	c.add("cudaDeviceSynchronize", 0, d)
+	c.add("cudaStreamSynchronize", 0, s)
+	return nil
+}
+
+// release frees whatever the calibration still holds.
+func (c *calibration) release() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for p := range c.dev {
+		_, err := c.rt.Free(p)
+		keep(err)
+	}
+	for p := range c.host {
+		_, err := c.rt.FreeHost(p)
+		keep(err)
+	}
+	for p := range c.asyncLive {
+		_, err := c.rt.FreeAsync(p, 0)
+		keep(err)
+	}
+	if c.pool != 0 {
+		_, err := c.rt.DeviceSync()
+		keep(err)
+		_, err = c.rt.MemPoolTrimTo(c.pool, 0)
+		keep(err)
+		keep(c.rt.MemPoolDestroy(c.pool))
+	}
+	return first
+}
+
+// WriteCostModel writes rows as a cost model CSV, in the columns of
+// shared/reference/h200_cuda_latency.csv.
+func WriteCostModel(w io.Writer, rows []CostRow) error {
+	cw := csv.NewWriter(w)
+	cw.Write([]string{"api", "size_bytes", "n", "first_us", "median_us", "p90_us", "min_us"})
+	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }
+	for _, r := range rows {
+		cw.Write([]string{r.API, strconv.FormatUint(r.Size, 10), strconv.Itoa(r.N), f(r.FirstUS), f(r.MedianUS), f(r.P90US), f(r.MinUS)})
+	}
+	cw.Flush()
+	return cw.Error()
+}

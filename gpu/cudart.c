@@ -1,0 +1,341 @@
+// Trampolines over the CUDA runtime: see cudart.h.
+#define _GNU_SOURCE
+#include "cudart.h"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int64_t cr_now(void) {
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+#define LOAD(name) l->name = (__typeof__(l->name))dlsym(l->handle, #name)
+
+cr_lib *cr_open(const char *path, char *err, size_t errlen) {
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		const char *e = dlerror();
+		strncpy(err, e ? e : "dlopen failed", errlen - 1);
+		err[errlen - 1] = 0;
+		return NULL;
+	}
+	cr_lib *l = calloc(1, sizeof *l);
+	l->handle = h;
+	LOAD(cudaMalloc);
+	LOAD(cudaFree);
+	LOAD(cudaMallocAsync);
+	LOAD(cudaFreeAsync);
+	LOAD(cudaMallocFromPoolAsync);
+	LOAD(cudaDeviceGetDefaultMemPool);
+	LOAD(cudaMemPoolCreate);
+	LOAD(cudaMemPoolDestroy);
+	LOAD(cudaMemPoolSetAttribute);
+	LOAD(cudaMemPoolGetAttribute);
+	LOAD(cudaMemPoolTrimTo);
+	LOAD(cudaStreamCreateWithFlags);
+	LOAD(cudaStreamDestroy);
+	LOAD(cudaStreamSynchronize);
+	LOAD(cudaEventCreateWithFlags);
+	LOAD(cudaEventDestroy);
+	LOAD(cudaEventRecord);
+	LOAD(cudaStreamWaitEvent);
+	LOAD(cudaEventSynchronize);
+	LOAD(cudaDeviceSynchronize);
+	LOAD(cudaMemGetInfo);
+	LOAD(cudaMallocHost);
+	LOAD(cudaFreeHost);
+	LOAD(cudaMallocManaged);
+	LOAD(cudaGetErrorName);
+	LOAD(cudaGetErrorString);
+	LOAD(cudaGetLastError);
+	LOAD(cudaGetDevice);
+	LOAD(cudaRuntimeGetVersion);
+	LOAD(cudaDriverGetVersion);
+	// CUDA 12 exports the current struct layout as _v2; the name field
+	// comes first in every version.
+	l->cudaGetDeviceProperties = (__typeof__(l->cudaGetDeviceProperties))dlsym(h, "cudaGetDeviceProperties_v2");
+	if (!l->cudaGetDeviceProperties)
+		LOAD(cudaGetDeviceProperties);
+	return l;
+}
+
+const char *cr_missing(const cr_lib *l) {
+#define NEED(name) if (!l->name) return #name
+	NEED(cudaMalloc);
+	NEED(cudaFree);
+	NEED(cudaStreamCreateWithFlags);
+	NEED(cudaStreamDestroy);
+	NEED(cudaStreamSynchronize);
+	NEED(cudaEventCreateWithFlags);
+	NEED(cudaEventDestroy);
+	NEED(cudaEventRecord);
+	NEED(cudaStreamWaitEvent);
+	NEED(cudaEventSynchronize);
+	NEED(cudaDeviceSynchronize);
+	NEED(cudaMemGetInfo);
+	NEED(cudaMallocHost);
+	NEED(cudaFreeHost);
+	NEED(cudaMallocManaged);
+	NEED(cudaGetErrorName);
+	NEED(cudaGetLastError);
+#undef NEED
+	return NULL;
+}
+
+void cr_close(cr_lib *l) {
+	// The library stays loaded: the CUDA runtime does not support being
+	// unloaded and reloaded in one process.
+	free(l);
+}
+
+void *cr_sym(const cr_lib *l, const char *name) { return dlsym(l->handle, name); }
+
+int cr_call_int(void *fn) { return ((int (*)(void))fn)(); }
+
+// ENOSYM is the code returned for an entry point the runtime lacks; CUDA's
+// own codes are never negative.
+#define ENOSYM (-1)
+
+#define TIMED(fn, call)                        \
+	cr_res r = {0, 0, 0};                      \
+	if (!l->fn) {                              \
+		r.rc = ENOSYM;                         \
+		return r;                              \
+	}                                          \
+	int64_t t0 = cr_now();                     \
+	r.rc = call;                               \
+	r.ns = cr_now() - t0;
+
+cr_res cr_malloc(cr_lib *l, uint64_t size) {
+	void *p = NULL;
+	TIMED(cudaMalloc, l->cudaMalloc(&p, (size_t)size));
+	r.ptr = (uint64_t)(uintptr_t)p;
+	return r;
+}
+
+cr_res cr_free(cr_lib *l, uint64_t ptr) {
+	TIMED(cudaFree, l->cudaFree((void *)(uintptr_t)ptr));
+	return r;
+}
+
+cr_res cr_malloc_async(cr_lib *l, uint64_t size, uint64_t stream) {
+	void *p = NULL;
+	TIMED(cudaMallocAsync, l->cudaMallocAsync(&p, (size_t)size, (void *)(uintptr_t)stream));
+	r.ptr = (uint64_t)(uintptr_t)p;
+	return r;
+}
+
+cr_res cr_malloc_from_pool_async(cr_lib *l, uint64_t size, uint64_t pool, uint64_t stream) {
+	void *p = NULL;
+	TIMED(cudaMallocFromPoolAsync,
+	      l->cudaMallocFromPoolAsync(&p, (size_t)size, (void *)(uintptr_t)pool, (void *)(uintptr_t)stream));
+	r.ptr = (uint64_t)(uintptr_t)p;
+	return r;
+}
+
+cr_res cr_free_async(cr_lib *l, uint64_t ptr, uint64_t stream) {
+	TIMED(cudaFreeAsync, l->cudaFreeAsync((void *)(uintptr_t)ptr, (void *)(uintptr_t)stream));
+	return r;
+}
+
+cr_res cr_default_pool(cr_lib *l, int device) {
+	void *p = NULL;
+	TIMED(cudaDeviceGetDefaultMemPool, l->cudaDeviceGetDefaultMemPool(&p, device));
+	r.ptr = (uint64_t)(uintptr_t)p;
+	return r;
+}
+
+cr_res cr_pool_create(cr_lib *l, int device, uint64_t max_size) {
+	void *p = NULL;
+	cr_pool_props props;
+	memset(&props, 0, sizeof props);
+	props.allocType = 1;
+	props.locationType = 1;
+	props.locationId = device;
+	props.maxSize = (size_t)max_size;
+	TIMED(cudaMemPoolCreate, l->cudaMemPoolCreate(&p, &props));
+	r.ptr = (uint64_t)(uintptr_t)p;
+	return r;
+}
+
+cr_res cr_pool_destroy(cr_lib *l, uint64_t pool) {
+	TIMED(cudaMemPoolDestroy, l->cudaMemPoolDestroy((void *)(uintptr_t)pool));
+	return r;
+}
+
+cr_res cr_pool_set(cr_lib *l, uint64_t pool, int attr, uint64_t value) {
+	TIMED(cudaMemPoolSetAttribute, l->cudaMemPoolSetAttribute((void *)(uintptr_t)pool, attr, &value));
+	return r;
+}
+
+cr_res cr_pool_get(cr_lib *l, uint64_t pool, int attr) {
+	uint64_t v = 0;
+	TIMED(cudaMemPoolGetAttribute, l->cudaMemPoolGetAttribute((void *)(uintptr_t)pool, attr, &v));
+	r.ptr = v;
+	return r;
+}
+
+cr_res cr_pool_trim(cr_lib *l, uint64_t pool, uint64_t keep) {
+	TIMED(cudaMemPoolTrimTo, l->cudaMemPoolTrimTo((void *)(uintptr_t)pool, (size_t)keep));
+	return r;
+}
+
+cr_res cr_stream_create(cr_lib *l, unsigned int flags) {
+	void *s = NULL;
+	TIMED(cudaStreamCreateWithFlags, l->cudaStreamCreateWithFlags(&s, flags));
+	r.ptr = (uint64_t)(uintptr_t)s;
+	return r;
+}
+
+cr_res cr_stream_destroy(cr_lib *l, uint64_t stream) {
+	TIMED(cudaStreamDestroy, l->cudaStreamDestroy((void *)(uintptr_t)stream));
+	return r;
+}
+
+cr_res cr_stream_sync(cr_lib *l, uint64_t stream) {
+	TIMED(cudaStreamSynchronize, l->cudaStreamSynchronize((void *)(uintptr_t)stream));
+	return r;
+}
+
+cr_res cr_event_create(cr_lib *l, unsigned int flags) {
+	void *e = NULL;
+	TIMED(cudaEventCreateWithFlags, l->cudaEventCreateWithFlags(&e, flags));
+	r.ptr = (uint64_t)(uintptr_t)e;
+	return r;
+}
+
+cr_res cr_event_destroy(cr_lib *l, uint64_t ev) {
+	TIMED(cudaEventDestroy, l->cudaEventDestroy((void *)(uintptr_t)ev));
+	return r;
+}
+
+cr_res cr_event_record(cr_lib *l, uint64_t ev, uint64_t stream) {
+	TIMED(cudaEventRecord, l->cudaEventRecord((void *)(uintptr_t)ev, (void *)(uintptr_t)stream));
+	return r;
+}
+
+cr_res cr_stream_wait_event(cr_lib *l, uint64_t stream, uint64_t ev) {
+	TIMED(cudaStreamWaitEvent, l->cudaStreamWaitEvent((void *)(uintptr_t)stream, (void *)(uintptr_t)ev, 0));
+	return r;
+}
+
+cr_res cr_event_sync(cr_lib *l, uint64_t ev) {
+	TIMED(cudaEventSynchronize, l->cudaEventSynchronize((void *)(uintptr_t)ev));
+	return r;
+}
+
+cr_res cr_device_sync(cr_lib *l) {
+	TIMED(cudaDeviceSynchronize, l->cudaDeviceSynchronize());
+	return r;
+}
+
+cr_res cr_mem_get_info(cr_lib *l, uint64_t *total) {
+	size_t f = 0, t = 0;
+	TIMED(cudaMemGetInfo, l->cudaMemGetInfo(&f, &t));
+	r.ptr = f;
+	*total = t;
+	return r;
+}
+
+cr_res cr_malloc_host(cr_lib *l, uint64_t size) {
+	void *p = NULL;
+	TIMED(cudaMallocHost, l->cudaMallocHost(&p, (size_t)size));
+	r.ptr = (uint64_t)(uintptr_t)p;
+	return r;
+}
+
+cr_res cr_free_host(cr_lib *l, uint64_t ptr) {
+	TIMED(cudaFreeHost, l->cudaFreeHost((void *)(uintptr_t)ptr));
+	return r;
+}
+
+cr_res cr_malloc_managed(cr_lib *l, uint64_t size) {
+	void *p = NULL;
+	// cudaMemAttachGlobal = 1
+	TIMED(cudaMallocManaged, l->cudaMallocManaged(&p, (size_t)size, 1));
+	r.ptr = (uint64_t)(uintptr_t)p;
+	return r;
+}
+
+cr_res cr_get_last_error(cr_lib *l) {
+	TIMED(cudaGetLastError, l->cudaGetLastError());
+	return r;
+}
+
+cr_res cr_get_device(cr_lib *l) {
+	int d = 0;
+	TIMED(cudaGetDevice, l->cudaGetDevice(&d));
+	r.ptr = (uint64_t)d;
+	return r;
+}
+
+cr_res cr_runtime_version(cr_lib *l) {
+	int v = 0;
+	TIMED(cudaRuntimeGetVersion, l->cudaRuntimeGetVersion(&v));
+	r.ptr = (uint64_t)v;
+	return r;
+}
+
+cr_res cr_driver_version(cr_lib *l) {
+	int v = 0;
+	TIMED(cudaDriverGetVersion, l->cudaDriverGetVersion(&v));
+	r.ptr = (uint64_t)v;
+	return r;
+}
+
+int cr_device_name(cr_lib *l, int device, char *buf, size_t len) {
+	if (!l->cudaGetDeviceProperties || len == 0)
+		return ENOSYM;
+	// Larger than cudaDeviceProp in any CUDA version so far.
+	char *props = calloc(1, 16384);
+	int rc = l->cudaGetDeviceProperties(props, device);
+	if (rc == 0) {
+		strncpy(buf, props, len - 1);
+		buf[len - 1] = 0;
+	}
+	free(props);
+	return rc;
+}
+
+const char *cr_error_name(cr_lib *l, int rc) {
+	return l->cudaGetErrorName ? l->cudaGetErrorName(rc) : NULL;
+}
+
+const char *cr_error_string(cr_lib *l, int rc) {
+	return l->cudaGetErrorString ? l->cudaGetErrorString(rc) : NULL;
+}
+
+int64_t cr_seq_run(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n, int timed,
+                   uint64_t *ptrs, int64_t *calls_ns, int64_t *failed, int *rc) {
+	int64_t sum = 0, t0 = 0;
+	*failed = -1;
+	*rc = 0;
+	int64_t start = cr_now();
+	for (int64_t i = 0; i < n; i++) {
+		int c;
+		if (timed)
+			t0 = cr_now();
+		if (size[i] > 0) {
+			void *p = NULL;
+			c = l->cudaMalloc(&p, (size_t)size[i]);
+			ptrs[slot[i]] = (uint64_t)(uintptr_t)p;
+		} else {
+			c = l->cudaFree((void *)(uintptr_t)ptrs[slot[i]]);
+			ptrs[slot[i]] = 0;
+		}
+		if (timed)
+			sum += cr_now() - t0;
+		if (c != 0) {
+			*failed = i;
+			*rc = c;
+			break;
+		}
+	}
+	int64_t wall = cr_now() - start;
+	*calls_ns = sum;
+	return wall;
+}

@@ -1,0 +1,123 @@
+// Trampolines over the CUDA runtime, loaded at run time with dlopen. The
+// prototypes are declared here, so no CUDA header is needed to build; each
+// call is timed in C around the runtime call alone.
+#ifndef ALLOCSIM_GPU_CUDART_H
+#define ALLOCSIM_GPU_CUDART_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// cudaMemPoolProps as of CUDA 12.2+ (88 bytes; older runtimes have 64
+// reserved bytes where maxSize and usage are, and want them zero).
+typedef struct {
+	int allocType;     // cudaMemAllocationTypePinned = 1
+	int handleTypes;   // cudaMemHandleTypeNone = 0
+	int locationType;  // cudaMemLocationTypeDevice = 1
+	int locationId;    // device ordinal
+	void *win32SecurityAttributes;
+	size_t maxSize;    // 0: no limit
+	unsigned short usage;
+	unsigned char reserved[54];
+} cr_pool_props;
+
+// cr_lib holds the loaded library and its entry points; a NULL pointer is a
+// function the runtime does not export.
+typedef struct cr_lib {
+	void *handle;
+	int (*cudaMalloc)(void **, size_t);
+	int (*cudaFree)(void *);
+	int (*cudaMallocAsync)(void **, size_t, void *);
+	int (*cudaFreeAsync)(void *, void *);
+	int (*cudaMallocFromPoolAsync)(void **, size_t, void *, void *);
+	int (*cudaDeviceGetDefaultMemPool)(void **, int);
+	int (*cudaMemPoolCreate)(void **, const cr_pool_props *);
+	int (*cudaMemPoolDestroy)(void *);
+	int (*cudaMemPoolSetAttribute)(void *, int, void *);
+	int (*cudaMemPoolGetAttribute)(void *, int, void *);
+	int (*cudaMemPoolTrimTo)(void *, size_t);
+	int (*cudaStreamCreateWithFlags)(void **, unsigned int);
+	int (*cudaStreamDestroy)(void *);
+	int (*cudaStreamSynchronize)(void *);
+	int (*cudaEventCreateWithFlags)(void **, unsigned int);
+	int (*cudaEventDestroy)(void *);
+	int (*cudaEventRecord)(void *, void *);
+	int (*cudaStreamWaitEvent)(void *, void *, unsigned int);
+	int (*cudaEventSynchronize)(void *);
+	int (*cudaDeviceSynchronize)(void);
+	int (*cudaMemGetInfo)(size_t *, size_t *);
+	int (*cudaMallocHost)(void **, size_t);
+	int (*cudaFreeHost)(void *);
+	int (*cudaMallocManaged)(void **, size_t, unsigned int);
+	const char *(*cudaGetErrorName)(int);
+	const char *(*cudaGetErrorString)(int);
+	int (*cudaGetLastError)(void);
+	int (*cudaGetDevice)(int *);
+	int (*cudaRuntimeGetVersion)(int *);
+	int (*cudaDriverGetVersion)(int *);
+	int (*cudaGetDeviceProperties)(void *, int);
+} cr_lib;
+
+// cr_res is the outcome of one call: the runtime's return code, the pointer
+// or value it produced, and its duration in nanoseconds (CLOCK_MONOTONIC).
+typedef struct {
+	int rc;
+	uint64_t ptr;
+	int64_t ns;
+} cr_res;
+
+// cr_open loads the library at path. On failure it returns NULL and copies
+// dlerror's message into err.
+cr_lib *cr_open(const char *path, char *err, size_t errlen);
+// cr_missing returns the name of the first required entry point that
+// cr_open did not find, or NULL.
+const char *cr_missing(const cr_lib *l);
+void cr_close(cr_lib *l);
+void *cr_sym(const cr_lib *l, const char *name);
+int64_t cr_now(void);
+
+cr_res cr_malloc(cr_lib *l, uint64_t size);
+cr_res cr_free(cr_lib *l, uint64_t ptr);
+cr_res cr_malloc_async(cr_lib *l, uint64_t size, uint64_t stream);
+cr_res cr_malloc_from_pool_async(cr_lib *l, uint64_t size, uint64_t pool, uint64_t stream);
+cr_res cr_free_async(cr_lib *l, uint64_t ptr, uint64_t stream);
+cr_res cr_default_pool(cr_lib *l, int device);
+cr_res cr_pool_create(cr_lib *l, int device, uint64_t max_size);
+cr_res cr_pool_destroy(cr_lib *l, uint64_t pool);
+cr_res cr_pool_set(cr_lib *l, uint64_t pool, int attr, uint64_t value);
+cr_res cr_pool_get(cr_lib *l, uint64_t pool, int attr);
+cr_res cr_pool_trim(cr_lib *l, uint64_t pool, uint64_t keep);
+cr_res cr_stream_create(cr_lib *l, unsigned int flags);
+cr_res cr_stream_destroy(cr_lib *l, uint64_t stream);
+cr_res cr_stream_sync(cr_lib *l, uint64_t stream);
+cr_res cr_event_create(cr_lib *l, unsigned int flags);
+cr_res cr_event_destroy(cr_lib *l, uint64_t ev);
+cr_res cr_event_record(cr_lib *l, uint64_t ev, uint64_t stream);
+cr_res cr_stream_wait_event(cr_lib *l, uint64_t stream, uint64_t ev);
+cr_res cr_event_sync(cr_lib *l, uint64_t ev);
+cr_res cr_device_sync(cr_lib *l);
+// cr_mem_get_info returns free bytes in ptr and total bytes in *total.
+cr_res cr_mem_get_info(cr_lib *l, uint64_t *total);
+cr_res cr_malloc_host(cr_lib *l, uint64_t size);
+cr_res cr_free_host(cr_lib *l, uint64_t ptr);
+cr_res cr_malloc_managed(cr_lib *l, uint64_t size);
+cr_res cr_get_last_error(cr_lib *l);
+cr_res cr_get_device(cr_lib *l);
+cr_res cr_runtime_version(cr_lib *l);
+cr_res cr_driver_version(cr_lib *l);
+// cr_device_name copies the device's name into buf.
+int cr_device_name(cr_lib *l, int device, char *buf, size_t len);
+const char *cr_error_name(cr_lib *l, int rc);
+const char *cr_error_string(cr_lib *l, int rc);
+// cr_call_int calls fn, an int (*)(void) found with cr_sym.
+int cr_call_int(void *fn);
+
+// cr_seq_run replays a sequence of n cudaMalloc/cudaFree calls in a plain C
+// loop: for call i, size[i] > 0 is a cudaMalloc of that many bytes whose
+// pointer goes to ptrs[slot[i]], size[i] == 0 a cudaFree of ptrs[slot[i]].
+// It returns the loop's wall time in ns. With timed set it also times each
+// call and stores the sum in *calls_ns. On a failing call it stops and
+// stores its index in *failed (else -1) and its return code in *rc.
+int64_t cr_seq_run(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n, int timed,
+                   uint64_t *ptrs, int64_t *calls_ns, int64_t *failed, int *rc);
+
+#endif

@@ -1,0 +1,745 @@
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"time"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// DefaultMargin is the memory in bytes a replay leaves free on the device
+// when no limit is given: the limit is the free memory at the start minus
+// this margin.
+const DefaultMargin = 1 << 30
+
+// DefaultMaxPinned bounds the live pinned host memory of a replay in bytes
+// when no bound is given.
+const DefaultMaxPinned = 4 << 30
+
+// chunkEvents is the number of events decoded ahead of the device calls,
+// so that decoding stays out of the replay's wall time.
+const chunkEvents = 1 << 14
+
+// Config says how to replay a trace on the GPU.
+type Config struct {
+	// Trace names the trace in the result (the path as given).
+	Trace string
+	// Policy is TargetCUDA, TargetCUDAAsync or a registered policy's name.
+	Policy string
+	// Settings are the policy's settings by key.
+	Settings policies.Settings
+	// MaxBytes bounds the device memory the replay holds (segments for a
+	// policy, allocations for the direct targets); 0 means the free
+	// memory at the start minus Margin. A larger value than the free
+	// memory at the start is an error.
+	MaxBytes uint64
+	// Margin is the memory left free when MaxBytes is 0; 0 means
+	// DefaultMargin.
+	Margin uint64
+	// MaxPinned bounds the live pinned host memory; 0 means
+	// DefaultMaxPinned.
+	MaxPinned uint64
+	// CallLog, if not nil, receives one CSV line per runtime call.
+	CallLog io.Writer
+	// RecordSeq records the cudaMalloc/cudaFree sequence in Result.Seq.
+	RecordSeq bool
+	// SampleEvery is the number of events between cudaMemGetInfo samples of
+	// the driver's view (untimed); 0 means 4096.
+	SampleEvery int
+	// Sim, if not nil, replays the same events on the simulated device in
+	// step with the real one, charged to this cost model, for the
+	// comparison in Result.SimAllocTimeNS and Result.SimPeakReserved. A
+	// direct target is simulated by the registered policy of the same
+	// name, if there is one.
+	Sim *sim.CostModel
+}
+
+// Result is the outcome of replaying one trace on the GPU: the keys of
+// `replay sim` (with the real device's figures) and the measured ones.
+// Times are in nanoseconds, sizes in bytes.
+type Result struct {
+	sim.Result
+	// Runtime is the CUDA runtime loaded and its version; Device the GPU's
+	// name.
+	Runtime string `json:"runtime"`
+	Device  string `json:"device"`
+	// MaxBytes is the limit the replay held to.
+	MaxBytes uint64 `json:"max_bytes"`
+	// AllocTimeNS is the measured time in device-memory allocation and free
+	// calls (cudaMalloc, cudaFree, cudaMallocAsync, cudaFreeAsync,
+	// cudaMemPoolTrimTo), each timed in C around the call;
+	// SyncTimeNS likewise for the synchronizations.
+	AllocTimeNS int64 `json:"alloc_time_ns"`
+	SyncTimeNS  int64 `json:"sync_time_ns"`
+	// Calls counts the timed runtime calls.
+	Calls int64 `json:"calls"`
+	// PolicyTimeNS is the wall time spent in the policy's Malloc and Free,
+	// its device calls included.
+	PolicyTimeNS int64 `json:"policy_time_ns"`
+	// ReplayWallNS is the wall time of the replay of the events, decoding
+	// and sampling left out.
+	ReplayWallNS int64 `json:"replay_wall_ns"`
+	// Driver is the driver's own view of the memory.
+	Driver DriverView `json:"driver"`
+	// SimPolicy names the policy simulated for the comparison ("" for
+	// none); SimPeakReserved is its peak reserved bytes, SimCostModel the
+	// cost model, and Result.SimAllocTimeNS its simulated allocator time.
+	SimPolicy       string `json:"sim_policy,omitempty"`
+	SimPeakReserved uint64 `json:"sim_peak_reserved_bytes,omitempty"`
+	SimCostModel    string `json:"sim_cost_model,omitempty"`
+	// SimLatency is the simulated latency summary.
+	SimLatency []sim.LatencyRow `json:"sim_latency,omitempty"`
+	// Interrupted is set when the replay stopped early (Ctrl-C); the
+	// figures cover the events replayed.
+	Interrupted bool `json:"interrupted,omitempty"`
+	// CLoop is the plain C loop of the same calls, when run.
+	CLoop *CLoop `json:"c_loop,omitempty"`
+
+	// Seq is the recorded cudaMalloc/cudaFree sequence (Config.RecordSeq).
+	Seq *Seq `json:"-"`
+}
+
+// DriverView is what the driver says about memory, in bytes:
+// cudaMemGetInfo's free memory at the start, at the end (after everything
+// was freed) and the least seen in samples during the replay, and for the
+// stream-ordered allocator the pool's reserved and used high-water marks.
+type DriverView struct {
+	Total            uint64 `json:"total_bytes"`
+	FreeAtStart      uint64 `json:"free_at_start_bytes"`
+	FreeAtEnd        uint64 `json:"free_at_end_bytes"`
+	MinFree          uint64 `json:"min_free_bytes"`
+	PoolReservedHigh uint64 `json:"pool_reserved_high_bytes,omitempty"`
+	PoolUsedHigh     uint64 `json:"pool_used_high_bytes,omitempty"`
+}
+
+// CLoop compares the replay with a plain C loop of the same cudaMalloc and
+// cudaFree sequence, run right after it on the same device.
+type CLoop struct {
+	Calls int64 `json:"calls"`
+	// WallNS is the plain loop's wall time; TimedWallNS that of the same
+	// loop timing each call as the harness does, and CallsNS the sum of
+	// those calls' times.
+	WallNS      int64 `json:"wall_ns"`
+	TimedWallNS int64 `json:"timed_wall_ns"`
+	CallsNS     int64 `json:"calls_ns"`
+	// HarnessWallNS is the harness's wall time for the same calls
+	// (Result.ReplayWallNS), and OverheadPerCallNS
+	// (HarnessWallNS - WallNS) / Calls.
+	HarnessWallNS     int64   `json:"harness_wall_ns"`
+	OverheadPerCallNS float64 `json:"overhead_per_call_ns"`
+}
+
+// liveAlloc is a malloc of the trace that is live in the replay.
+type liveAlloc struct {
+	block     policies.Block // placement (the host pointer for host kinds)
+	requested uint64
+	kind      trace.Kind
+	failed    bool // the malloc failed in the replay
+}
+
+// replayer is one replay of one trace on the GPU.
+type replayer struct {
+	cfg    Config
+	rt     *Runtime
+	dev    *Device
+	policy policies.Policy
+	async  *asyncTarget
+	res    Result
+
+	live    map[uint64]liveAlloc
+	streams map[uint64]uint64 // trace stream -> CUDA stream
+	events  map[uint64]uint64 // trace event -> CUDA event
+
+	requested, allocated uint64
+	pinned, managed      uint64
+
+	series series
+}
+
+// Replay replays src on the GPU through rt against the policy cfg names,
+// and returns the result. Every allocation it made is freed before it
+// returns, whether it ends normally, with an error, or because ctx was
+// cancelled (then the result covers the events replayed and has
+// Interrupted set, and the error is ctx's). A device out-of-memory is
+// counted as an OOM and the replay goes on; any other failing runtime call
+// ends it with an error naming the event.
+//
+// The calling goroutine is locked to its OS thread for the replay.
+func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res *Result, err error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+
+	free, total, err := rt.MemGetInfo()
+	if err != nil {
+		return nil, err
+	}
+	limit, err := Limit(cfg.MaxBytes, cfg.Margin, free)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxPinned == 0 {
+		cfg.MaxPinned = DefaultMaxPinned
+	}
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = 4096
+	}
+	r := &replayer{
+		cfg: cfg, rt: rt, dev: NewDevice(rt, limit),
+		live: map[uint64]liveAlloc{}, streams: map[uint64]uint64{}, events: map[uint64]uint64{},
+		series: series{width: 1},
+	}
+	r.res = Result{
+		Result: sim.Result{
+			Trace: cfg.Trace, Settings: cfg.Settings, Capacity: limit, FirstOOMEvent: -1,
+		},
+		Runtime:  fmt.Sprintf("%s (CUDA runtime %s, driver %s)", rt.Path, version(rt.Version), version(rt.DriverVersion)),
+		Device:   rt.DeviceName,
+		MaxBytes: limit,
+		Driver:   DriverView{Total: total, FreeAtStart: free, MinFree: free},
+	}
+	if cfg.CallLog != nil {
+		r.dev.LogCalls(cfg.CallLog)
+	}
+	if cfg.RecordSeq {
+		r.dev.RecordSeq()
+	}
+	switch cfg.Policy {
+	case TargetCUDA:
+		r.policy, err = newCUDATarget(r.dev, cfg.Settings)
+	case TargetCUDAAsync:
+		r.async, err = newAsyncTarget(r.dev, limit, cfg.Settings, r.stream)
+		r.policy = r.async
+	default:
+		r.policy, err = policies.New(cfg.Policy, r.dev, cfg.Settings)
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.res.Policy = r.policy.Name()
+	defer func() {
+		ok := err == nil || r.res.Interrupted
+		if ok {
+			r.finish() // before the cleanup, whose calls are not the trace's
+		}
+		if cerr := r.cleanup(); cerr != nil && err == nil {
+			err = fmt.Errorf("releasing the replay's memory: %w", cerr)
+			ok = false
+		}
+		if ferr := r.dev.Flush(); ferr != nil && err == nil {
+			err = fmt.Errorf("call log: %w", ferr)
+			ok = false
+		}
+		if !ok {
+			res = nil
+			return
+		}
+		if free, _, err := r.rt.MemGetInfo(); err == nil {
+			r.res.Driver.FreeAtEnd = free
+		}
+		res = &r.res
+	}()
+
+	var shadow *sim.Replay
+	if cfg.Sim != nil {
+		if shadow, err = r.simReplay(limit); err != nil {
+			return nil, err
+		}
+	}
+
+	buf := make([]trace.Event, 0, chunkEvents)
+	var i int64
+	eof := false
+	for !eof {
+		buf = buf[:0]
+		for len(buf) < chunkEvents {
+			ev, rerr := src.Next()
+			if rerr == io.EOF {
+				eof = true
+				break
+			}
+			if rerr != nil {
+				return nil, rerr
+			}
+			buf = append(buf, ev)
+		}
+		start := i
+		t0 := time.Now()
+		for k, ev := range buf {
+			if err := r.step(i, ev); err != nil {
+				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+				return nil, err
+			}
+			i++
+			if k%256 == 255 && ctx.Err() != nil {
+				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+				r.res.Interrupted = true
+				return nil, ctx.Err()
+			}
+			if i%int64(cfg.SampleEvery) == 0 {
+				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+				r.sample()
+				t0 = time.Now()
+			}
+		}
+		r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+		if shadow != nil {
+			for k, ev := range buf {
+				if err := shadow.Step(start+int64(k), ev); err != nil {
+					return nil, fmt.Errorf("simulated %s: %w", r.res.SimPolicy, err)
+				}
+			}
+		}
+	}
+	if shadow != nil {
+		sr := shadow.Finish()
+		shadow.Device().FillCost(sr)
+		r.res.SimAllocTimeNS = sr.SimAllocTimeNS
+		r.res.SimLatency = sr.Latency
+		r.res.SimPeakReserved = sr.PeakReserved
+		r.res.SimCostModel = cfg.Sim.Source
+	}
+	r.sample()
+	if r.async != nil {
+		r.res.Driver.PoolReservedHigh, r.res.Driver.PoolUsedHigh = r.async.poolStats()
+	}
+	return nil, nil // the deferred function fills res
+}
+
+// simReplay builds the simulated replay of the same policy for the
+// comparison, or nil when no policy of that name is registered.
+func (r *replayer) simReplay(limit uint64) (*sim.Replay, error) {
+	name := r.cfg.Policy
+	known := false
+	for _, n := range policies.Names() {
+		known = known || n == name
+	}
+	if !known {
+		return nil, nil
+	}
+	settings := r.cfg.Settings
+	if name == TargetCUDA {
+		settings = nil // the direct target's settings are not the policy's
+	}
+	rep, err := sim.NewReplay(sim.Config{Trace: r.cfg.Trace, Policy: name, Settings: settings, Capacity: limit})
+	if err != nil {
+		return nil, fmt.Errorf("simulated %s: %w", name, err)
+	}
+	rep.Device().SetCostModel(r.cfg.Sim)
+	r.res.SimPolicy = name
+	return rep, nil
+}
+
+// Limit returns the device memory limit in bytes for a replay: maxBytes if
+// not 0, else free minus margin (DefaultMargin if 0). It returns an error
+// when maxBytes is above free or nothing is left under the margin.
+func Limit(maxBytes, margin, free uint64) (uint64, error) {
+	if maxBytes > 0 {
+		if maxBytes > free {
+			return 0, fmt.Errorf("--max-bytes %d is more than the %d bytes free on the device", maxBytes, free)
+		}
+		return maxBytes, nil
+	}
+	if margin == 0 {
+		margin = DefaultMargin
+	}
+	if free <= margin {
+		return 0, fmt.Errorf("only %d bytes free on the device, not more than the margin of %d", free, margin)
+	}
+	return free - margin, nil
+}
+
+func version(v int) string {
+	if v == 0 {
+		return "?"
+	}
+	return fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+}
+
+// sample reads cudaMemGetInfo for the driver's view.
+func (r *replayer) sample() {
+	if free, _, err := r.rt.MemGetInfo(); err == nil {
+		r.res.Driver.MinFree = min(r.res.Driver.MinFree, free)
+	}
+}
+
+// stream returns the CUDA stream for trace stream id, creating it at first
+// use; trace stream 0 is the default stream.
+func (r *replayer) stream(id uint64) (uint64, error) {
+	if id == 0 {
+		return 0, nil
+	}
+	if s, ok := r.streams[id]; ok {
+		return s, nil
+	}
+	s, err := r.rt.StreamCreate()
+	if err != nil {
+		return 0, fmt.Errorf("stream %d: %w", id, err)
+	}
+	r.streams[id] = s
+	return s, nil
+}
+
+// event returns the CUDA event for trace event id, creating it at first
+// use.
+func (r *replayer) event(id uint64) (uint64, error) {
+	if e, ok := r.events[id]; ok {
+		return e, nil
+	}
+	e, err := r.rt.EventCreate()
+	if err != nil {
+		return 0, fmt.Errorf("event %d: %w", id, err)
+	}
+	r.events[id] = e
+	return e, nil
+}
+
+func (r *replayer) step(i int64, ev trace.Event) error {
+	r.res.Events++
+	var err error
+	switch ev.Op {
+	case trace.OpMalloc:
+		err = r.malloc(i, ev)
+	case trace.OpMallocFailed:
+		err = r.mallocFailed(i, ev)
+	case trace.OpFree:
+		err = r.free(i, ev)
+	case trace.OpStreamSync:
+		var s uint64
+		if s, err = r.stream(ev.Stream); err == nil {
+			err = r.dev.streamSync(s)
+		}
+		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
+			sy.StreamSync(ev.Stream)
+		}
+	case trace.OpDeviceSync:
+		err = r.dev.deviceSync()
+		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
+			sy.DeviceSync()
+		}
+	case trace.OpEventRecord:
+		var s, e uint64
+		if s, err = r.stream(ev.Stream); err == nil {
+			if e, err = r.event(ev.Addr); err == nil {
+				err = r.dev.eventRecord(e, s)
+			}
+		}
+		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
+			sy.EventRecord(ev.Addr, ev.Stream)
+		}
+	case trace.OpStreamWaitEvent:
+		var s, e uint64
+		if s, err = r.stream(ev.Stream); err == nil {
+			if e, err = r.event(ev.Addr); err == nil {
+				err = r.dev.streamWaitEvent(s, e)
+			}
+		}
+		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
+			sy.StreamWaitEvent(ev.Stream, ev.Addr)
+		}
+	case trace.OpEventSync:
+		var e uint64
+		if e, err = r.event(ev.Addr); err == nil {
+			err = r.dev.eventSync(e)
+		}
+		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
+			sy.EventSync(ev.Addr)
+		}
+	case trace.OpEmptyCache:
+		if rel, ok := r.policy.(policies.Releaser); ok {
+			err = rel.EmptyCache()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("event %d (%s): %w", i, ev.Op, err)
+	}
+	r.observe(i, ev.Time)
+	return nil
+}
+
+func (r *replayer) malloc(i int64, ev trace.Event) error {
+	if _, dup := r.live[ev.Addr]; dup {
+		r.anomaly(i, fmt.Sprintf("malloc of %#x, which is already live", ev.Addr))
+		return nil
+	}
+	switch ev.Kind {
+	case trace.KindPinned, trace.KindManaged:
+		return r.hostMalloc(i, ev)
+	}
+	r.res.Mallocs++
+	r.requested += ev.Size
+	r.res.PeakRequested = max(r.res.PeakRequested, r.requested)
+	t0 := time.Now()
+	b, err := r.policy.Malloc(ev.Size, ev.Stream)
+	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	if err != nil {
+		if !errors.Is(err, policies.ErrOutOfMemory) {
+			return fmt.Errorf("malloc of %d bytes: %w", ev.Size, err)
+		}
+		r.oom(i, ev.Size)
+		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true}
+		return nil
+	}
+	r.allocated += b.Size
+	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	r.live[ev.Addr] = liveAlloc{block: b, requested: ev.Size, kind: ev.Kind}
+	return nil
+}
+
+// hostMalloc replays a pinned or managed allocation with a real
+// cudaMallocHost or cudaMallocManaged, within its bound: pinned memory
+// under Config.MaxPinned, managed memory never above what is left of the
+// device limit. A refused or failed one is an OOM.
+func (r *replayer) hostMalloc(i int64, ev trace.Event) error {
+	var ptr uint64
+	var err error
+	size := max(ev.Size, 1)
+	if ev.Kind == trace.KindPinned {
+		if r.pinned+size > r.cfg.MaxPinned {
+			err = policies.ErrOutOfMemory
+		} else {
+			ptr, err = r.dev.mallocHost(size)
+		}
+	} else {
+		limit := r.dev.Capacity() - min(r.dev.Capacity(), r.reserved())
+		if r.managed+size > limit {
+			err = policies.ErrOutOfMemory
+		} else {
+			ptr, err = r.dev.mallocManaged(size)
+		}
+	}
+	if err != nil {
+		if !errors.Is(err, policies.ErrOutOfMemory) {
+			return fmt.Errorf("%s malloc of %d bytes: %w", ev.Kind, ev.Size, err)
+		}
+		r.oom(i, ev.Size)
+		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true}
+		return nil
+	}
+	if ev.Kind == trace.KindPinned {
+		r.pinned += size
+		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
+	} else {
+		r.managed += size
+		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
+	}
+	r.live[ev.Addr] = liveAlloc{block: policies.Block{Addr: ptr, Size: size}, requested: ev.Size, kind: ev.Kind}
+	return nil
+}
+
+func (r *replayer) mallocFailed(i int64, ev trace.Event) error {
+	r.res.SourceOOMs++
+	if !ev.Kind.OnDevice() {
+		return nil
+	}
+	t0 := time.Now()
+	b, err := r.policy.Malloc(ev.Size, ev.Stream)
+	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	if err != nil {
+		if !errors.Is(err, policies.ErrOutOfMemory) {
+			return fmt.Errorf("malloc of %d bytes: %w", ev.Size, err)
+		}
+		r.oom(i, ev.Size)
+		return nil
+	}
+	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated+b.Size)
+	t0 = time.Now()
+	err = r.policy.Free(b.Addr, ev.Stream)
+	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	if err != nil {
+		return fmt.Errorf("free of the block of a failed malloc: %w", err)
+	}
+	return nil
+}
+
+func (r *replayer) free(i int64, ev trace.Event) error {
+	a, ok := r.live[ev.Addr]
+	if !ok {
+		r.anomaly(i, fmt.Sprintf("free of %#x, which is not live", ev.Addr))
+		return nil
+	}
+	delete(r.live, ev.Addr)
+	if a.kind == trace.KindPinned || a.kind == trace.KindManaged {
+		if a.failed {
+			return nil
+		}
+		return r.hostFree(a)
+	}
+	r.res.Frees++
+	r.requested -= a.requested
+	if a.failed {
+		return nil
+	}
+	r.allocated -= a.block.Size
+	t0 := time.Now()
+	err := r.policy.Free(a.block.Addr, ev.Stream)
+	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	if err != nil {
+		return fmt.Errorf("free of %#x: %w", ev.Addr, err)
+	}
+	return nil
+}
+
+func (r *replayer) hostFree(a liveAlloc) error {
+	if a.kind == trace.KindPinned {
+		r.pinned -= a.block.Size
+		return r.dev.freeHost(a.block.Addr, a.block.Size)
+	}
+	r.managed -= a.block.Size
+	return r.dev.freeManaged(a.block.Addr, a.block.Size)
+}
+
+func (r *replayer) oom(i int64, size uint64) {
+	r.res.OOMs++
+	if r.res.FirstOOMEvent < 0 {
+		r.res.FirstOOMEvent = i
+		r.res.FirstOOMSize = size
+	}
+}
+
+func (r *replayer) anomaly(i int64, msg string) {
+	r.res.Anomalies++
+	if r.res.FirstAnomaly == "" {
+		r.res.FirstAnomaly = fmt.Sprintf("event %d: %s", i, msg)
+	}
+}
+
+// reserved returns the device bytes the replay holds: the policy's
+// segments, or the live allocations of the stream-ordered target.
+func (r *replayer) reserved() uint64 {
+	if r.async != nil {
+		return r.async.Reserved()
+	}
+	return r.dev.Reserved()
+}
+
+func (r *replayer) observe(i, t int64) {
+	reserved := r.reserved()
+	if reserved > r.res.PeakReserved {
+		r.res.PeakReserved = reserved
+		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
+	}
+	if r.series.add(i, t, r.requested, r.allocated, reserved) {
+		r.closePoint()
+	}
+}
+
+func (r *replayer) closePoint() {
+	var ext float64
+	if fs, ok := r.policy.(policies.FreeSpacer); ok {
+		if total, largest := fs.FreeSpace(); total > 0 {
+			ext = 1 - float64(largest)/float64(total)
+		}
+	}
+	r.series.close(fragmentation(r.allocated, r.reserved()), ext)
+}
+
+func fragmentation(allocated, reserved uint64) float64 {
+	if reserved == 0 || allocated >= reserved {
+		return 0
+	}
+	return 1 - float64(allocated)/float64(reserved)
+}
+
+// finish completes the result from the device's and the policy's
+// counters.
+func (r *replayer) finish() {
+	if r.series.n > 0 {
+		r.closePoint()
+	}
+	r.res.Series = r.series.pts
+	for _, p := range r.res.Series {
+		r.res.PeakFragmentation = max(r.res.PeakFragmentation, p.Fragmentation)
+	}
+	if r.async != nil {
+		r.res.PeakReserved = max(r.res.PeakReserved, r.res.Driver.PoolReservedHigh)
+		l := r.dev.Latencies()
+		r.res.DeviceAllocs = l.Count("cudaMallocAsync", "cudaMallocFromPoolAsync")
+		r.res.DeviceFrees = l.Count("cudaFreeAsync")
+	} else {
+		r.res.DeviceAllocs = r.dev.Allocs()
+		r.res.DeviceFrees = r.dev.Frees()
+	}
+	if c, ok := r.policy.(policies.Counter); ok {
+		r.res.AllocRetries = c.Retries()
+	}
+	r.res.Latency = r.dev.Latencies().Rows()
+	r.res.AllocTimeNS = r.dev.AllocTime()
+	r.res.SyncTimeNS = r.dev.SyncTime()
+	r.res.Calls = r.dev.Calls()
+	r.res.Seq = r.dev.Seq()
+	r.dev.seq = nil
+}
+
+// cleanup frees every allocation the replay holds and destroys its streams
+// and events, whatever state the replay is in. It returns the first error.
+func (r *replayer) cleanup() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for addr, a := range r.live {
+		if (a.kind == trace.KindPinned || a.kind == trace.KindManaged) && !a.failed {
+			keep(r.hostFree(a))
+		}
+		delete(r.live, addr)
+	}
+	if r.async != nil {
+		keep(r.async.close())
+	}
+	keep(r.dev.FreeAll())
+	for id, e := range r.events {
+		keep(r.rt.EventDestroy(e))
+		delete(r.events, id)
+	}
+	for id, s := range r.streams {
+		keep(r.rt.StreamDestroy(s))
+		delete(r.streams, id)
+	}
+	return first
+}
+
+// series downsamples a per-event series to at most sim.MaxSeriesPoints
+// points, as package sim does: each point covers width events; when the
+// points run out, neighbours are merged and width doubles.
+type series struct {
+	pts   []sim.Point
+	width int64
+	cur   sim.Point
+	n     int64
+}
+
+func (s *series) add(i, t int64, req, alloc, res uint64) bool {
+	s.cur.Event, s.cur.Time = i, t
+	s.cur.Requested = max(s.cur.Requested, req)
+	s.cur.Allocated = max(s.cur.Allocated, alloc)
+	s.cur.Reserved = max(s.cur.Reserved, res)
+	s.n++
+	return s.n >= s.width
+}
+
+func (s *series) close(frag, ext float64) {
+	s.cur.Fragmentation, s.cur.External = frag, ext
+	s.pts = append(s.pts, s.cur)
+	s.cur, s.n = sim.Point{}, 0
+	if len(s.pts) < sim.MaxSeriesPoints {
+		return
+	}
+	half := s.pts[:0]
+	for k := 0; k+1 < len(s.pts); k += 2 {
+		a, b := s.pts[k], s.pts[k+1]
+		b.Requested = max(a.Requested, b.Requested)
+		b.Allocated = max(a.Allocated, b.Allocated)
+		b.Reserved = max(a.Reserved, b.Reserved)
+		half = append(half, b)
+	}
+	s.pts = half
+	s.width *= 2
+}

@@ -1,0 +1,518 @@
+// A fake CUDA runtime for the tests of package gpu: the entry points the
+// package loads, with malloc behind every allocation, a device of a given
+// size, stream-ordered pools that release memory at synchronizations, and
+// planted errors and latencies. Configured by environment variables, read at
+// the first call:
+//
+//	FAKECUDA_TOTAL       device memory in bytes (default 1 GiB)
+//	FAKECUDA_LATENCY_NS  busy wait in every allocation and free call (default 0)
+//	FAKECUDA_FAIL        planted errors: CALL:N:CODE,... makes the N-th call
+//	                     (from 1) of CALL return CODE, N = 0 every call
+//
+// Built with -DFAKE_NO_ASYNC it lacks the stream-ordered allocator.
+// fakecuda_live() returns the number of live allocations, streams, events and
+// created pools, so that tests can check that everything was released.
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { KIND_DEVICE = 1, KIND_ASYNC, KIND_HOST, KIND_MANAGED };
+
+typedef struct alloc {
+	void *p;
+	size_t size;
+	int kind;
+	struct pool *pool;
+	struct alloc *next;
+} alloc;
+
+typedef struct pool {
+	uint64_t reserved, used, reserved_high, used_high, threshold, max_size;
+} pool;
+
+#define NBUCKETS 4096
+static alloc *table[NBUCKETS];
+static int inited;
+static uint64_t total = 1ull << 30;
+static uint64_t device_used; // cudaMalloc bytes and pool reservations
+static int64_t latency_ns;
+static int last_error;
+static int live_objects;
+static pool default_pool;
+
+#define MAXFAIL 16
+static struct {
+	char call[64];
+	long n;
+	int code;
+	long seen;
+} fails[MAXFAIL];
+static int nfails;
+
+static void init(void) {
+	if (inited)
+		return;
+	inited = 1;
+	const char *s = getenv("FAKECUDA_TOTAL");
+	if (s)
+		total = strtoull(s, NULL, 0);
+	s = getenv("FAKECUDA_LATENCY_NS");
+	if (s)
+		latency_ns = strtoll(s, NULL, 0);
+	s = getenv("FAKECUDA_FAIL");
+	if (s) {
+		char *dup = strdup(s), *save = NULL;
+		for (char *tok = strtok_r(dup, ",", &save); tok && nfails < MAXFAIL; tok = strtok_r(NULL, ",", &save)) {
+			char name[64];
+			long n;
+			int code;
+			if (sscanf(tok, "%63[^:]:%ld:%d", name, &n, &code) == 3) {
+				strcpy(fails[nfails].call, name);
+				fails[nfails].n = n;
+				fails[nfails].code = code;
+				nfails++;
+			}
+		}
+		free(dup);
+	}
+}
+
+// planted returns the error planted for this call of name, or 0.
+static int planted(const char *name) {
+	init();
+	for (int i = 0; i < nfails; i++) {
+		if (strcmp(fails[i].call, name) != 0)
+			continue;
+		fails[i].seen++;
+		if (fails[i].n == 0 || fails[i].n == fails[i].seen)
+			return fails[i].code;
+	}
+	return 0;
+}
+
+static void spin(void) {
+	if (latency_ns <= 0)
+		return;
+	struct timespec a, b;
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	do {
+		clock_gettime(CLOCK_MONOTONIC, &b);
+	} while ((b.tv_sec - a.tv_sec) * 1000000000ll + (b.tv_nsec - a.tv_nsec) < latency_ns);
+}
+
+static int ret(int rc) {
+	if (rc)
+		last_error = rc;
+	return rc;
+}
+
+#define ENTER(name)                     \
+	init();                             \
+	{                                   \
+		int pc_ = planted(name);        \
+		if (pc_)                        \
+			return ret(pc_);            \
+	}
+
+static unsigned bucket(const void *p) { return (unsigned)(((uintptr_t)p >> 4) * 2654435761u) % NBUCKETS; }
+
+static alloc *find(const void *p) {
+	for (alloc *a = table[bucket(p)]; a; a = a->next)
+		if (a->p == p)
+			return a;
+	return NULL;
+}
+
+static void insert(void *p, size_t size, int kind, pool *pl) {
+	alloc *a = calloc(1, sizeof *a);
+	a->p = p;
+	a->size = size;
+	a->kind = kind;
+	a->pool = pl;
+	unsigned b = bucket(p);
+	a->next = table[b];
+	table[b] = a;
+	live_objects++;
+}
+
+static void removea(alloc *x) {
+	alloc **pp = &table[bucket(x->p)];
+	while (*pp != x)
+		pp = &(*pp)->next;
+	*pp = x->next;
+	free(x->p);
+	free(x);
+	live_objects--;
+}
+
+int fakecuda_live(void) { return live_objects; }
+
+const char *cudaGetErrorName(int rc) {
+	switch (rc) {
+	case 0: return "cudaSuccess";
+	case 1: return "cudaErrorInvalidValue";
+	case 2: return "cudaErrorMemoryAllocation";
+	case 3: return "cudaErrorInitializationError";
+	case 100: return "cudaErrorNoDevice";
+	case 400: return "cudaErrorInvalidResourceHandle";
+	case 700: return "cudaErrorIllegalAddress";
+	case 801: return "cudaErrorNotSupported";
+	}
+	return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(int rc) { return cudaGetErrorName(rc); }
+
+int cudaGetLastError(void) {
+	int e = last_error;
+	last_error = 0;
+	return e;
+}
+
+int cudaGetDevice(int *d) {
+	ENTER("cudaGetDevice");
+	*d = 0;
+	return 0;
+}
+
+int cudaRuntimeGetVersion(int *v) {
+	*v = 13000;
+	return 0;
+}
+
+int cudaDriverGetVersion(int *v) {
+	*v = 13000;
+	return 0;
+}
+
+int cudaGetDeviceProperties_v2(void *props, int device) {
+	ENTER("cudaGetDeviceProperties");
+	if (device != 0)
+		return ret(1);
+	strcpy((char *)props, "Fake CUDA Device");
+	return 0;
+}
+
+int cudaMemGetInfo(size_t *f, size_t *t) {
+	ENTER("cudaMemGetInfo");
+	*f = total - device_used;
+	*t = total;
+	return 0;
+}
+
+int cudaMalloc(void **p, size_t size) {
+	ENTER("cudaMalloc");
+	spin();
+	if (!p)
+		return ret(1);
+	if (size == 0) {
+		*p = NULL;
+		return 0;
+	}
+	if (size > total - device_used)
+		return ret(2);
+	void *m = malloc(size);
+	if (!m)
+		return ret(2);
+	insert(m, size, KIND_DEVICE, NULL);
+	device_used += size;
+	*p = m;
+	return 0;
+}
+
+int cudaFree(void *p) {
+	ENTER("cudaFree");
+	spin();
+	if (!p)
+		return 0;
+	alloc *a = find(p);
+	if (!a || (a->kind != KIND_DEVICE && a->kind != KIND_MANAGED))
+		return ret(1);
+	if (a->kind == KIND_DEVICE)
+		device_used -= a->size;
+	removea(a);
+	return 0;
+}
+
+int cudaMallocHost(void **p, size_t size) {
+	ENTER("cudaMallocHost");
+	spin();
+	void *m = malloc(size ? size : 1);
+	if (!m)
+		return ret(2);
+	insert(m, size, KIND_HOST, NULL);
+	*p = m;
+	return 0;
+}
+
+int cudaFreeHost(void *p) {
+	ENTER("cudaFreeHost");
+	spin();
+	if (!p)
+		return 0;
+	alloc *a = find(p);
+	if (!a || a->kind != KIND_HOST)
+		return ret(1);
+	removea(a);
+	return 0;
+}
+
+int cudaMallocManaged(void **p, size_t size, unsigned flags) {
+	ENTER("cudaMallocManaged");
+	spin();
+	if (flags != 1 && flags != 2)
+		return ret(1);
+	void *m = malloc(size ? size : 1);
+	if (!m)
+		return ret(2);
+	insert(m, size, KIND_MANAGED, NULL);
+	*p = m;
+	return 0;
+}
+
+typedef struct handle {
+	int magic;
+} handle;
+#define STREAM_MAGIC 0x5354
+#define EVENT_MAGIC 0x4556
+
+static int valid(void *h, int magic) { return h == NULL || ((handle *)h)->magic == magic; }
+
+// release gives back every pool's unused memory above its threshold, as a
+// synchronization does.
+static void release(pool *pl) {
+	uint64_t keep = pl->used > pl->threshold ? pl->used : pl->threshold;
+	if (pl->reserved > keep) {
+		device_used -= pl->reserved - keep;
+		pl->reserved = keep;
+	}
+}
+
+#define MAXPOOLS 64
+static pool *pools[MAXPOOLS];
+static int npools;
+
+static void release_all(void) {
+	release(&default_pool);
+	for (int i = 0; i < npools; i++)
+		if (pools[i])
+			release(pools[i]);
+}
+
+int cudaStreamCreateWithFlags(void **s, unsigned flags) {
+	ENTER("cudaStreamCreateWithFlags");
+	handle *h = calloc(1, sizeof *h);
+	h->magic = STREAM_MAGIC;
+	*s = h;
+	live_objects++;
+	return 0;
+}
+
+int cudaStreamDestroy(void *s) {
+	ENTER("cudaStreamDestroy");
+	if (!s || !valid(s, STREAM_MAGIC))
+		return ret(400);
+	((handle *)s)->magic = 0;
+	free(s);
+	live_objects--;
+	return 0;
+}
+
+int cudaStreamSynchronize(void *s) {
+	ENTER("cudaStreamSynchronize");
+	if (!valid(s, STREAM_MAGIC))
+		return ret(400);
+	release_all();
+	return 0;
+}
+
+int cudaDeviceSynchronize(void) {
+	ENTER("cudaDeviceSynchronize");
+	release_all();
+	return 0;
+}
+
+int cudaEventCreateWithFlags(void **e, unsigned flags) {
+	ENTER("cudaEventCreateWithFlags");
+	handle *h = calloc(1, sizeof *h);
+	h->magic = EVENT_MAGIC;
+	*e = h;
+	live_objects++;
+	return 0;
+}
+
+int cudaEventDestroy(void *e) {
+	ENTER("cudaEventDestroy");
+	if (!e || !valid(e, EVENT_MAGIC))
+		return ret(400);
+	((handle *)e)->magic = 0;
+	free(e);
+	live_objects--;
+	return 0;
+}
+
+int cudaEventRecord(void *e, void *s) {
+	ENTER("cudaEventRecord");
+	if (!e || !valid(e, EVENT_MAGIC) || !valid(s, STREAM_MAGIC))
+		return ret(400);
+	return 0;
+}
+
+int cudaStreamWaitEvent(void *s, void *e, unsigned flags) {
+	ENTER("cudaStreamWaitEvent");
+	if (!e || !valid(e, EVENT_MAGIC) || !valid(s, STREAM_MAGIC))
+		return ret(400);
+	return 0;
+}
+
+int cudaEventSynchronize(void *e) {
+	ENTER("cudaEventSynchronize");
+	if (!e || !valid(e, EVENT_MAGIC))
+		return ret(400);
+	release_all();
+	return 0;
+}
+
+#ifndef FAKE_NO_ASYNC
+static int pool_alloc(void **p, size_t size, pool *pl, void *s) {
+	spin();
+	if (!p || !valid(s, STREAM_MAGIC))
+		return ret(1);
+	if (size == 0) {
+		*p = NULL;
+		return 0;
+	}
+	uint64_t idle = pl->reserved - pl->used;
+	if (size > idle) {
+		uint64_t grow = size - idle;
+		if (grow > total - device_used || (pl->max_size && pl->reserved + grow > pl->max_size))
+			return ret(2);
+		pl->reserved += grow;
+		device_used += grow;
+	}
+	void *m = malloc(size);
+	if (!m)
+		return ret(2);
+	pl->used += size;
+	if (pl->used > pl->used_high)
+		pl->used_high = pl->used;
+	if (pl->reserved > pl->reserved_high)
+		pl->reserved_high = pl->reserved;
+	insert(m, size, KIND_ASYNC, pl);
+	*p = m;
+	return 0;
+}
+
+int cudaMallocAsync(void **p, size_t size, void *s) {
+	ENTER("cudaMallocAsync");
+	return pool_alloc(p, size, &default_pool, s);
+}
+
+int cudaMallocFromPoolAsync(void **p, size_t size, void *pl, void *s) {
+	ENTER("cudaMallocFromPoolAsync");
+	if (!pl)
+		return ret(1);
+	return pool_alloc(p, size, (pool *)pl, s);
+}
+
+int cudaFreeAsync(void *p, void *s) {
+	ENTER("cudaFreeAsync");
+	spin();
+	if (!valid(s, STREAM_MAGIC))
+		return ret(400);
+	if (!p)
+		return 0;
+	alloc *a = find(p);
+	if (!a || a->kind != KIND_ASYNC)
+		return ret(1);
+	a->pool->used -= a->size;
+	removea(a);
+	return 0;
+}
+
+int cudaDeviceGetDefaultMemPool(void **pl, int device) {
+	ENTER("cudaDeviceGetDefaultMemPool");
+	if (device != 0)
+		return ret(1);
+	*pl = &default_pool;
+	return 0;
+}
+
+typedef struct {
+	int allocType, handleTypes, locationType, locationId;
+	void *win32;
+	size_t maxSize;
+	unsigned short usage;
+	unsigned char reserved[54];
+} props_t;
+
+int cudaMemPoolCreate(void **out, const props_t *props) {
+	ENTER("cudaMemPoolCreate");
+	if (sizeof(props_t) != 88 || props->allocType != 1 || props->locationType != 1 || props->locationId != 0 ||
+	    npools == MAXPOOLS)
+		return ret(1);
+	pool *pl = calloc(1, sizeof *pl);
+	pl->max_size = props->maxSize;
+	pools[npools++] = pl;
+	live_objects++;
+	*out = pl;
+	return 0;
+}
+
+int cudaMemPoolDestroy(void *p) {
+	ENTER("cudaMemPoolDestroy");
+	for (int i = 0; i < npools; i++) {
+		if (pools[i] == p) {
+			pool *pl = pools[i];
+			// Like CUDA, a pool destroyed with allocations live is
+			// reclaimed when they are freed; here they simply leak.
+			device_used -= pl->reserved - pl->used;
+			pools[i] = NULL;
+			free(pl);
+			live_objects--;
+			return 0;
+		}
+	}
+	return ret(400);
+}
+
+int cudaMemPoolSetAttribute(void *p, int attr, void *v) {
+	ENTER("cudaMemPoolSetAttribute");
+	pool *pl = p;
+	uint64_t x = *(uint64_t *)v;
+	switch (attr) {
+	case 4: pl->threshold = x; return 0;
+	case 6: if (x) return ret(1); pl->reserved_high = 0; return 0;
+	case 8: if (x) return ret(1); pl->used_high = 0; return 0;
+	}
+	return ret(1);
+}
+
+int cudaMemPoolGetAttribute(void *p, int attr, void *v) {
+	ENTER("cudaMemPoolGetAttribute");
+	pool *pl = p;
+	uint64_t *out = v;
+	switch (attr) {
+	case 4: *out = pl->threshold; return 0;
+	case 5: *out = pl->reserved; return 0;
+	case 6: *out = pl->reserved_high; return 0;
+	case 7: *out = pl->used; return 0;
+	case 8: *out = pl->used_high; return 0;
+	}
+	return ret(1);
+}
+
+int cudaMemPoolTrimTo(void *p, size_t keep) {
+	ENTER("cudaMemPoolTrimTo");
+	pool *pl = p;
+	uint64_t k = pl->used > keep ? pl->used : keep;
+	if (pl->reserved > k) {
+		device_used -= pl->reserved - k;
+		pl->reserved = k;
+	}
+	return 0;
+}
+#endif
