@@ -57,7 +57,7 @@ func TestDefaultCostModel(t *testing.T) {
 func TestParseCostModelErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name, text, want string
-		is              error
+		is               error
 	}{
 		{"no header", "", "x.csv:1: reading the header: EOF", nil},
 		{"no median column", "api,size_bytes\n", `x.csv:1: no column "median_us"`, nil},
