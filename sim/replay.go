@@ -30,6 +30,9 @@ type liveAlloc struct {
 	// released is set at the free request: the program no longer holds
 	// the bytes, but the block is reusable only at the free.
 	released bool
+	// failed is set when the malloc failed in the replay: there is no
+	// block to give back at the free.
+	failed bool
 }
 
 // Replay replays the events of one trace against one policy on a simulated
@@ -40,8 +43,7 @@ type Replay struct {
 	dev    *Device
 	res    Result
 
-	live   map[uint64]liveAlloc // by trace address
-	failed map[uint64]bool      // trace addresses whose malloc failed in the replay
+	live map[uint64]liveAlloc // by trace address
 
 	requested, allocated uint64 // live device bytes
 	pinned, managed      uint64 // live host-side bytes
@@ -62,7 +64,6 @@ func NewReplay(cfg Config) (*Replay, error) {
 		policy: p,
 		dev:    dev,
 		live:   map[uint64]liveAlloc{},
-		failed: map[uint64]bool{},
 		series: seriesBuilder{width: 1},
 	}
 	r.res = Result{
@@ -137,7 +138,6 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 		r.anomaly(i, fmt.Sprintf("malloc of %#x, which is already live", ev.Addr))
 		return nil
 	}
-	delete(r.failed, ev.Addr)
 	switch ev.Kind {
 	case trace.KindPinned:
 		r.pinned += ev.Size
@@ -160,9 +160,8 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
 		}
 		r.oom(i, ev.Size)
-		r.failed[ev.Addr] = true
 		// The requested bytes stay counted: the source had them live.
-		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, block: policies.Block{}}
+		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true}
 		return nil
 	}
 	r.allocated += b.Size
@@ -237,9 +236,8 @@ func (r *Replay) free(i int64, ev trace.Event) error {
 		return nil
 	}
 	r.res.Frees++
-	if r.failed[ev.Addr] {
+	if a.failed {
 		// The malloc failed in the replay: nothing to give back.
-		delete(r.failed, ev.Addr)
 		return nil
 	}
 	if err := r.policy.Free(a.block.Addr, ev.Stream); err != nil {
