@@ -26,8 +26,8 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	policyList := fs.String("policy", "all", "policies to replay: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
 	capacity := fs.String("capacity", "0", "device capacity: bytes or a size like 4000MiB, 24GiB (0 = unlimited)")
 	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
-	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
-	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
+	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
+	csvOut := fs.String("csv", "", "write the results as CSV to `FILE` (- for stdout)")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
@@ -70,12 +70,12 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		results = append(results, res...)
 	}
 	if *jsonOut != "" {
-		if err := tracefile.WriteFile(*jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
+		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
 	}
 	if *csvOut != "" {
-		if err := tracefile.WriteFile(*csvOut, func(w io.Writer) error { return writeCSV(w, results) }); err != nil {
+		if err := writeOutput(stdout, *csvOut, func(w io.Writer) error { return writeCSV(w, results) }); err != nil {
 			return fmt.Errorf("--csv: %w", err)
 		}
 	}
@@ -88,10 +88,20 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("--plots: %w", err)
 		}
 	}
-	if *jsonOut == "" && *csvOut == "" {
+	// The table goes to stdout unless the JSON or CSV does.
+	if *jsonOut != "-" && *csvOut != "-" {
 		writeTable(stdout, results)
 	}
 	return nil
+}
+
+// writeOutput writes an output file atomically, or to stdout when path is
+// "-".
+func writeOutput(stdout io.Writer, path string, write func(io.Writer) error) error {
+	if path == "-" {
+		return write(stdout)
+	}
+	return tracefile.WriteFile(path, write)
 }
 
 // policyNames expands a --policy value.
