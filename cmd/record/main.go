@@ -33,7 +33,7 @@ func main() {
 const usage = `usage: record COMMAND [flags] ARGS...
 
 Commands:
-  import   convert a trace (PyTorch snapshot, text form) to the native format
+  import   convert a trace (PyTorch snapshot, RMM log, text form) to the native format
            record import [--from auto|pytorch|native|text] [--device N] -o OUT INPUT
   run      run a program and record its CUDA allocation calls
            record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]

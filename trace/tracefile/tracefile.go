@@ -13,10 +13,11 @@ import (
 
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/pytorch"
+	"github.com/gpualloc/allocsim/trace/rmm"
 )
 
 // Formats lists the names accepted by Options.From besides "auto".
-var Formats = []string{"native", "pytorch", "text"}
+var Formats = []string{"native", "pytorch", "rmm", "text"}
 
 // Options say how to open a trace file.
 type Options struct {
@@ -41,7 +42,8 @@ func (f *File) Close() error { return f.f.Close() }
 
 // Open opens the trace at path. The format is detected from the first
 // bytes unless opts.From names one: the native format by its magic, a
-// PyTorch snapshot (pickle, possibly gzip-compressed), or the text form.
+// PyTorch snapshot (pickle, possibly gzip-compressed), an RMM log (CSV), or
+// the text form.
 // Errors name the file.
 func Open(path string, opts Options) (*File, error) {
 	f, err := os.Open(path)
@@ -66,7 +68,7 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	if format == "" || format == "auto" {
 		format = Detect(head)
 		if format == "" {
-			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot nor the text form (first bytes %q)", path, abbreviate(head))
+			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log nor the text form (first bytes %q)", path, abbreviate(head))
 		}
 	}
 	switch format {
@@ -76,6 +78,12 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	case "pytorch":
 		src, err := pytorch.Import(br, path, pytorch.Options{Device: opts.Device})
 		return src, format, err
+	case "rmm":
+		src, err := rmm.Import(br, path)
+		if err != nil {
+			return nil, "", err
+		}
+		return src, format, nil
 	case "text":
 		h, evs, err := trace.ParseText(path, br)
 		if err != nil {
@@ -87,13 +95,15 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 }
 
 // Detect names the format of a file from its first bytes: "native",
-// "pytorch", "text", or "" when none matches.
+// "pytorch", "rmm", "text", or "" when none matches.
 func Detect(head []byte) string {
 	switch {
 	case bytes.HasPrefix(head, []byte(trace.Magic)):
 		return "native"
 	case pytorch.Detect(head):
 		return "pytorch"
+	case rmm.Detect(head):
+		return "rmm"
 	case looksLikeText(head):
 		return "text"
 	}
