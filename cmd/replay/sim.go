@@ -65,6 +65,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		res, err := sim.Run(f, cfgs...)
 		f.Close()
 		if err != nil {
+			if strings.HasPrefix(err.Error(), path+":") {
+				return err // a read error, which names the file already
+			}
 			return fmt.Errorf("%s: %w", path, err)
 		}
 		results = append(results, res...)
