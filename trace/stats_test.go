@@ -1,0 +1,73 @@
+package trace
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestStats(t *testing.T) {
+	const text = `
+malloc id=1 size=1000 t=0 thread=1
+malloc id=2 size=4KiB stream=7 kind=async t=10 thread=2
+malloc id=3 size=100 kind=pinned t=20 thread=1
+stream_sync stream=7 t=30 thread=2
+free id=1 t=1000 thread=1
+malloc id=4 size=3000 t=1010 thread=1 label=site
+free id=2 stream=7 t=5010 thread=2
+free id=9 t=5020 thread=1
+malloc_failed size=1TiB t=5030 thread=1
+`
+	_, evs, err := ParseText("s.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewStats()
+	for _, ev := range evs {
+		s.Add(ev)
+	}
+	if s.Events != 9 || s.Ops(OpMalloc) != 4 || s.Ops(OpFree) != 3 || s.Ops(OpMallocFailed) != 1 || s.Ops(OpStreamSync) != 1 {
+		t.Errorf("counts: %d events, %d mallocs, %d frees", s.Events, s.Ops(OpMalloc), s.Ops(OpFree))
+	}
+	if s.Mallocs(KindDevice) != 2 || s.Mallocs(KindAsync) != 1 || s.Mallocs(KindPinned) != 1 {
+		t.Errorf("mallocs by kind")
+	}
+	// Device bytes: 1000, +4096 (peak 5096 at event 1), -1000, +3000 (7096 at event 5).
+	if s.PeakLive != 7096 || s.PeakLiveEvent != 5 || s.PeakPinned != 100 {
+		t.Errorf("peak %d at %d, pinned %d", s.PeakLive, s.PeakLiveEvent, s.PeakPinned)
+	}
+	if s.UnknownFrees != 1 || s.FirstTime != 0 || s.LastTime != 5030 {
+		t.Errorf("unknown frees %d, times %d..%d", s.UnknownFrees, s.FirstTime, s.LastTime)
+	}
+	if s.Lifetimes.Count != 2 || s.Lifetimes.Min != 1000 || s.Lifetimes.Max != 5000 {
+		t.Errorf("lifetimes %+v", s.Lifetimes)
+	}
+	if s.Sizes.Count != 4 || s.Sizes.Buckets[10] != 1 || s.Sizes.Buckets[13] != 1 || s.Sizes.Buckets[12] != 1 || s.Sizes.Buckets[7] != 1 {
+		t.Errorf("sizes %+v", s.Sizes.Buckets[:16])
+	}
+	if st := s.Streams[7]; st == nil || st.Events != 3 || st.Mallocs != 1 || st.Bytes != 4096 || s.Threads[1] != 6 || s.Threads[2] != 3 {
+		t.Errorf("streams %+v threads %v", s.Streams, s.Threads)
+	}
+	live := s.Live()
+	if n, b := s.LiveBytes(); n != 2 || b != 3100 || len(live) != 2 || live[0].Addr != 3 || live[1].Addr != 4 || live[1].Label != "site" || live[1].Event != 5 {
+		t.Errorf("live %d %d %+v", n, b, live)
+	}
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	var h Histogram
+	if h.Quantile(0.5) != 0 {
+		t.Error("empty")
+	}
+	for _, v := range []uint64{0, 1, 3, 5, 100, 1000} {
+		h.Add(v)
+	}
+	for q, want := range map[float64]uint64{0: 0, 0.2: 1, 0.4: 3, 0.5: 7, 0.8: 127, 1: 1000} {
+		if got := h.Quantile(q); got != want {
+			t.Errorf("Quantile(%v) = %d, want %d", q, got, want)
+		}
+	}
+	lo, hi := BucketRange(11)
+	if lo != 1024 || hi != 2048 {
+		t.Errorf("bucket 11: [%d, %d)", lo, hi)
+	}
+}
