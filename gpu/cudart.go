@@ -111,7 +111,8 @@ func Open(path string) (*Runtime, error) {
 		lib := C.cr_open(cp, &buf[0], C.size_t(len(buf)))
 		C.free(unsafe.Pointer(cp))
 		if lib == nil {
-			tried = append(tried, fmt.Sprintf("%s: %s", p, C.GoString(&buf[0])))
+			msg := strings.TrimPrefix(C.GoString(&buf[0]), p+": ")
+			tried = append(tried, fmt.Sprintf("%s: %s", p, msg))
 			continue
 		}
 		if m := C.cr_missing(lib); m != nil {

@@ -90,9 +90,12 @@ func fakeRuntime(t *testing.T, variant string, env ...string) *Runtime {
 
 func fakePath(t *testing.T, variant string) string {
 	t.Helper()
+	if _, err := exec.LookPath(cc()); err != nil {
+		t.Skipf("no C compiler to build the fake CUDA runtime: %v", err)
+	}
 	fakes.once.Do(buildFakes)
 	if fakes.err != nil {
-		t.Skipf("cannot build the fake CUDA runtime: %v", fakes.err)
+		t.Fatalf("building the fake CUDA runtime: %v", fakes.err)
 	}
 	src := map[string]string{"": fakes.lib, "noasync": fakes.noAsync, "bad": fakes.bad}[variant]
 	data, err := os.ReadFile(src)

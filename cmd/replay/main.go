@@ -23,6 +23,11 @@ Commands:
   sim    replay traces against simulated allocator policies
          replay sim [--policy NAME[,NAME...]|all] [--capacity SIZE] [--set NAME.key=value]
                     [--json FILE] [--csv FILE] [--plots DIR] TRACE...
+  gpu    replay traces on the GPU through the CUDA runtime, simulated alongside
+         replay gpu [--policy cuda|cuda-async|NAME[,...]|all] [--set NAME.key=value] [--cudart PATH]
+                    [--max-bytes SIZE] [--cost-model FILE] [--calls FILE] [--c-loop] [--json FILE] TRACE...
+  calibrate  measure the GPU's call latencies by size and write a cost model
+         replay calibrate [-o FILE] [--cudart PATH] [--max-size SIZE] [--n N]
 
 Run 'replay COMMAND --help' for a command's flags.
 `
@@ -42,6 +47,10 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	switch args[0] {
 	case "sim":
 		return runSim(stdout, stderr, args[1:])
+	case "gpu":
+		return runGPU(stdout, stderr, args[1:])
+	case "calibrate":
+		return runCalibrate(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,5 +1,8 @@
 // A fake CUDA runtime for the tests of package gpu: the entry points the
-// package loads, with malloc behind every allocation, a device of a given
+// package loads, with memory mapped behind every allocation (device memory
+// at increasing addresses on 2 MiB boundaries, as the driver hands out
+// fresh segments and as the simulated device does, so that policies that
+// order blocks by address behave alike; host memory from malloc), a device of a given
 // size, stream-ordered pools that release memory at synchronizations, and
 // planted errors and latencies. Configured by environment variables, read at
 // the first call:
@@ -17,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 enum { KIND_DEVICE = 1, KIND_ASYNC, KIND_HOST, KIND_MANAGED };
@@ -117,6 +121,21 @@ static int ret(int rc) {
 			return ret(pc_);            \
 	}
 
+// Device memory: anonymous mappings, never touched, at increasing
+// addresses.
+static uintptr_t next_device = 0x7e0000000000ull;
+
+static size_t map_len(size_t size) { return (size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1); }
+
+static void *device_map(size_t size) {
+	size_t len = map_len(size);
+	void *p = mmap((void *)next_device, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	next_device = (uintptr_t)p + len;
+	return p;
+}
+
 static unsigned bucket(const void *p) { return (unsigned)(((uintptr_t)p >> 4) * 2654435761u) % NBUCKETS; }
 
 static alloc *find(const void *p) {
@@ -143,7 +162,10 @@ static void removea(alloc *x) {
 	while (*pp != x)
 		pp = &(*pp)->next;
 	*pp = x->next;
-	free(x->p);
+	if (x->kind == KIND_DEVICE || x->kind == KIND_ASYNC)
+		munmap(x->p, map_len(x->size));
+	else
+		free(x->p);
 	free(x);
 	live_objects--;
 }
@@ -214,7 +236,7 @@ int cudaMalloc(void **p, size_t size) {
 	}
 	if (size > total - device_used)
 		return ret(2);
-	void *m = malloc(size);
+	void *m = device_map(size);
 	if (!m)
 		return ret(2);
 	insert(m, size, KIND_DEVICE, NULL);
@@ -393,7 +415,7 @@ static int pool_alloc(void **p, size_t size, pool *pl, void *s) {
 		pl->reserved += grow;
 		device_used += grow;
 	}
-	void *m = malloc(size);
+	void *m = device_map(size);
 	if (!m)
 		return ret(2);
 	pl->used += size;

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/gpu"
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+const calibrateUsage = `usage: replay calibrate [-o FILE] [flags]
+
+Measures the latency of each device call by size on this GPU and writes a
+cost model as CSV (the columns of the embedded H200 model), for
+'replay gpu --cost-model FILE'. Progress and a comparison with the embedded
+model go to stderr. Everything allocated is freed at the end, on error and
+on Ctrl-C.
+
+Flags:
+`
+
+func runCalibrate(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("calibrate", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, calibrateUsage); fs.PrintDefaults() }
+	out := fs.StringP("output", "o", "", "write the cost model to `FILE` (default: stdout)")
+	cudart := fs.String("cudart", "", "`PATH` of the CUDA runtime library")
+	maxSize := fs.String("max-size", "4GiB", "largest size measured")
+	maxBytes := fs.String("max-bytes", "0", "device memory held at once, never exceeded (0: free memory at the start minus 1 GiB)")
+	n := fs.Int("n", 100, "calls per size up to 256 MiB (fewer above)")
+	quiet := fs.Bool("quiet", false, "no progress lines")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("calibrate: unexpected arguments %q", fs.Args())
+	}
+	var opt gpu.CalibrateOptions
+	var err error
+	if opt.MaxSize, err = policies.ParseSize(*maxSize); err != nil {
+		return fmt.Errorf("--max-size: %v", err)
+	}
+	if opt.MaxBytes, err = policies.ParseSize(*maxBytes); err != nil {
+		return fmt.Errorf("--max-bytes: %v", err)
+	}
+	opt.N = *n
+	if !*quiet {
+		opt.Progress = stderr
+	}
+	rt, err := gpu.Open(*cudart)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	fmt.Fprintf(stderr, "calibrating %s on %s (CUDA runtime %d, driver %d)\n", rt.Path, rt.DeviceName, rt.Version, rt.DriverVersion)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rows, err := gpu.Calibrate(ctx, rt, opt)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted: everything allocated was freed")
+		}
+		return err
+	}
+	var buf bytes.Buffer
+	if err := gpu.WriteCostModel(&buf, rows); err != nil {
+		return err
+	}
+	// The file must read back as a cost model.
+	model, err := sim.ParseCostModel(bytes.NewReader(buf.Bytes()), "calibration")
+	if err != nil {
+		return fmt.Errorf("the calibration is not a usable cost model: %w", err)
+	}
+	if *out == "" {
+		_, err = stdout.Write(buf.Bytes())
+	} else {
+		err = tracefile.WriteFile(*out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
+	}
+	if err != nil {
+		return err
+	}
+	compareModels(stderr, model, sim.DefaultCostModel())
+	return nil
+}
+
+// compareModels prints the calibrated and embedded latencies of cudaMalloc
+// and cudaFree side by side.
+func compareModels(w io.Writer, cal, def *sim.CostModel) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "call\tsize\tcalibrated us\t%s us\t\n", def.Source)
+	for _, call := range []string{sim.CostMalloc, sim.CostFree, sim.CostMallocSuballoc, sim.CostFreeSuballoc} {
+		for _, size := range gpu.CalibrationSizes {
+			if call != sim.CostMalloc && call != sim.CostFree && size > sim.SubAllocMax {
+				continue
+			}
+			a, ok := cal.Latency(call, size)
+			b, _ := def.Latency(call, size)
+			if ok {
+				fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t\n", call, size, float64(a)/1e3, float64(b)/1e3)
+			}
+		}
+	}
+	tw.Flush()
+}

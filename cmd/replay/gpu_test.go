@@ -1,0 +1,159 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/gpu"
+	"github.com/gpualloc/allocsim/sim"
+)
+
+const trainGPT = "../../testdata/pytorch/train_gpt.pickle.gz"
+
+// fakeCUDA builds the fake CUDA runtime of package gpu's tests into the
+// test's directory, configured by env (read at its first call).
+func fakeCUDA(t *testing.T, env ...string) string {
+	t.Helper()
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "gcc"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		t.Skipf("no C compiler to build the fake CUDA runtime: %v", err)
+	}
+	lib := filepath.Join(t.TempDir(), "libcudart.so")
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-o", lib, "../../gpu/testdata/fakecudart.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the fake CUDA runtime: %v\n%s", err, out)
+	}
+	for _, k := range []string{"FAKECUDA_TOTAL", "FAKECUDA_LATENCY_NS", "FAKECUDA_FAIL"} {
+		t.Setenv(k, "")
+		os.Unsetenv(k)
+	}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		t.Setenv(k, v)
+	}
+	return lib
+}
+
+func TestGPUNoRuntime(t *testing.T) {
+	_, _, err := runCmd(t, "gpu", "--cudart", "/nonexistent/libcudart.so", trainGPT)
+	if err == nil || !strings.HasPrefix(err.Error(), "no CUDA runtime found (tried: /nonexistent/libcudart.so: cannot open shared object file") {
+		t.Errorf("got %v", err)
+	}
+	_, _, err = runCmd(t, "calibrate", "--cudart", "/nonexistent/libcudart.so")
+	if err == nil || !strings.HasPrefix(err.Error(), "no CUDA runtime found") {
+		t.Errorf("calibrate: got %v", err)
+	}
+}
+
+func TestGPUFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"gpu", "--policy", "nope", trainGPT}, `--policy: unknown target "nope"`},
+		{[]string{"gpu", "--set", "nope.x=1", trainGPT}, `unknown target "nope"`},
+		{[]string{"gpu", "--set", "cuda-async", trainGPT}, `want NAME.key=value`},
+		{[]string{"gpu", "--max-bytes", "lots", trainGPT}, `--max-bytes`},
+		{[]string{"gpu"}, `no trace given`},
+		{[]string{"calibrate", "extra"}, `unexpected arguments`},
+	} {
+		if _, _, err := runCmd(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestGPUReplay replays a real trace on the fake runtime against the two
+// direct targets and the pytorch policy, with the C loop and a call log.
+func TestGPUReplay(t *testing.T) {
+	lib := fakeCUDA(t, "FAKECUDA_TOTAL=68719476736")
+	dir := t.TempDir()
+	js, calls := filepath.Join(dir, "r.json"), filepath.Join(dir, "calls.csv")
+	targets := "cuda,cuda-async"
+	if isTarget("pytorch") {
+		targets += ",pytorch"
+	}
+	_, _, err := runCmd(t, "gpu", "--cudart", lib, "--policy", targets, "--set", "cuda-async.release_threshold=max",
+		"--c-loop", "--calls", calls, "--json", js, trainGPT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ Results []gpu.Result }
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Split(targets, ",")
+	if len(doc.Results) != len(want) {
+		t.Fatalf("%d results, want %d", len(doc.Results), len(want))
+	}
+	for i, r := range doc.Results {
+		if r.Policy != want[i] || r.Mallocs != 8834 || r.OOMs != 0 || r.AllocTimeNS <= 0 || len(r.Latency) == 0 || r.Device != "Fake CUDA Device" {
+			t.Errorf("%s: %+v", want[i], r.Result)
+		}
+		if r.Policy != "cuda-async" && (r.SimPolicy != r.Policy || r.SimAllocTimeNS <= 0) {
+			t.Errorf("%s: simulated %q, %d ns", r.Policy, r.SimPolicy, r.SimAllocTimeNS)
+		}
+		if r.Policy == "pytorch" && (r.PeakReserved != r.SimPeakReserved || r.DeviceAllocs != 125) {
+			t.Errorf("pytorch: peak reserved %d, simulated %d, %d device allocs", r.PeakReserved, r.SimPeakReserved, r.DeviceAllocs)
+		}
+		if (r.CLoop != nil) != (r.Policy == "cuda") {
+			t.Errorf("%s: C loop %+v", r.Policy, r.CLoop)
+		}
+		if r.Driver.FreeAtEnd != r.Driver.FreeAtStart {
+			t.Errorf("%s: %d bytes free at the start, %d at the end", r.Policy, r.Driver.FreeAtStart, r.Driver.FreeAtEnd)
+		}
+	}
+	if c := doc.Results[0].CLoop; c == nil || c.Calls != 8834+8831 || c.WallNS <= 0 {
+		t.Errorf("C loop %+v", c)
+	}
+	for _, target := range want {
+		if _, err := os.Stat(filepath.Join(dir, "calls-train_gpt-"+target+".csv")); err != nil {
+			t.Error(err)
+		}
+	}
+
+	// The table form.
+	out, _, err := runCmd(t, "gpu", "--cudart", lib, "--policy", "cuda", "--c-loop", trainGPT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"sim/measured", "measured latency by call", "cudaMalloc", "driver: cudaMemGetInfo free", "C loop of the same 17665 calls"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("table lacks %q:\n%s", s, out)
+		}
+	}
+}
+
+// TestCalibrateThenSimulate calibrates on the fake runtime and simulates
+// with the cost model it wrote.
+func TestCalibrateThenSimulate(t *testing.T) {
+	lib := fakeCUDA(t, "FAKECUDA_TOTAL=4294967296", "FAKECUDA_LATENCY_NS=3000")
+	model := filepath.Join(t.TempDir(), "model.csv")
+	if _, _, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--quiet"); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sim.LoadCostModel(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns, _ := m.Latency("cudaMalloc", 1<<20); ns < 3000 {
+		t.Errorf("calibrated cudaMalloc of 1 MiB: %d ns", ns)
+	}
+	out, _, err := runCmd(t, "gpu", "--sim-only", "--cost-model", model, "--policy", "cuda", trainGPT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "sim alloc ms ("+model+")") || !strings.Contains(out, "simulated latency by call") {
+		t.Errorf("output:\n%s", out)
+	}
+}
