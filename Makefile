@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin
 
-.PHONY: build test demo vet clean
+.PHONY: build test demo bench clean
 
 build:
 	$(GO) build -o $(BIN)/record ./cmd/record
@@ -20,6 +20,12 @@ test:
 demo: build
 	$(BIN)/replay sim --policy all --json out/demo.json --plots out/demo testdata/pytorch/train_gpt.pickle.gz
 	@echo "wrote out/demo.json and the charts in out/demo/"
+
+# bench runs the benchmarks of import, decode and every policy's replay on
+# kv_decode (from ../shared/traces, or $$ALLOCSIM_TRACES) and on a synthetic
+# 10M-event trace, then prints one BENCH line per measurement.
+bench:
+	$(GO) test ./sim -run '^$$' -bench . -benchtime 2x -timeout 60m
 
 clean:
 	rm -rf $(BIN) out

@@ -1,0 +1,228 @@
+package sim_test
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/pytorch"
+	"github.com/gpualloc/allocsim/trace/synth"
+)
+
+// The benchmarks of `make bench`. Besides Go's benchmark output they print,
+// after the run, one line per measurement in the form
+//
+//	BENCH trace=NAME stage=import seconds=S
+//	BENCH trace=NAME stage=decode seconds=S events=N
+//	BENCH trace=NAME stage=replay policy=P seconds=S events=N
+//	BENCH trace=NAME stage=file bytes=B events=N
+//
+// where seconds are per run of the stage over the whole trace (the last
+// b.N round's average). The traces: kv_decode (the largest real snapshot,
+// imported once to the native format) and synth10M, a synthetic trace of
+// 10 million events (RMM's random_allocations pattern).
+
+var synthEvents = flag.Int("bench.synth", 10_000_000, "events in the synthetic benchmark trace")
+
+var benchLines = struct {
+	sync.Mutex
+	m map[string]string
+}{m: map[string]string{}}
+
+func benchReport(key, line string) {
+	benchLines.Lock()
+	benchLines.m[key] = line
+	benchLines.Unlock()
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	keys := make([]string, 0, len(benchLines.m))
+	for k := range benchLines.m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Println(benchLines.m[k])
+	}
+	os.Exit(code)
+}
+
+// benchTrace is a trace held as a native file and as decoded events.
+type benchTrace struct {
+	name string
+	file string
+	evs  []trace.Event
+	h    trace.Header
+}
+
+var (
+	benchOnce   = map[string]*benchTrace{}
+	benchOnceMu sync.Mutex
+)
+
+// loadBenchTrace writes src to a native file in a temporary directory and
+// decodes it into memory, once per name.
+func loadBenchTrace(b *testing.B, name string, open func() (trace.Source, error)) *benchTrace {
+	benchOnceMu.Lock()
+	defer benchOnceMu.Unlock()
+	if bt, ok := benchOnce[name]; ok {
+		return bt
+	}
+	src, err := open()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "allocsim-bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	bt := &benchTrace{name: name, file: filepath.Join(dir, name+".trace"), h: src.Header()}
+	f, err := os.Create(bt.file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := trace.NewWriter(f, src.Header())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Write(ev); err != nil {
+			b.Fatal(err)
+		}
+		bt.evs = append(bt.evs, ev)
+	}
+	if err := w.Close(); err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		b.Fatal(err)
+	}
+	st, _ := os.Stat(bt.file)
+	benchReport(name+" 0file", fmt.Sprintf("BENCH trace=%s stage=file bytes=%d events=%d", name, st.Size(), len(bt.evs)))
+	benchOnce[name] = bt
+	return bt
+}
+
+func kvDecodePath(b *testing.B) string {
+	p, _ := ptFind("pytorch/kv_decode")
+	if p == "" {
+		b.Skip("kv_decode.pickle.gz not found (set ALLOCSIM_TRACES to the trace collection)")
+	}
+	return p
+}
+
+func benchTraces(b *testing.B) []*benchTrace {
+	kv := kvDecodePath(b)
+	return []*benchTrace{
+		loadBenchTrace(b, "kv_decode", func() (trace.Source, error) {
+			f, err := os.Open(kv)
+			if err != nil {
+				return nil, err
+			}
+			defer f.Close()
+			return pytorch.Import(f, kv, pytorch.Options{})
+		}),
+		loadBenchTrace(b, "synth10M", func() (trace.Source, error) {
+			return synth.New("random", 1, map[string]string{
+				"allocations": fmt.Sprint(*synthEvents / 2), "max-size": "8MiB", "streams": "2",
+			})
+		}),
+	}
+}
+
+// BenchmarkImport measures importing the kv_decode snapshot, pickle to
+// events, without writing them.
+func BenchmarkImport(b *testing.B) {
+	kv := kvDecodePath(b)
+	b.ReportAllocs()
+	var n int
+	for i := 0; i < b.N; i++ {
+		f, err := os.Open(kv)
+		if err != nil {
+			b.Fatal(err)
+		}
+		src, err := pytorch.Import(f, kv, pytorch.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		n = drain(b, src)
+		f.Close()
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	benchReport("kv_decode 1import", fmt.Sprintf("BENCH trace=kv_decode stage=import seconds=%.4f", sec))
+	b.ReportMetric(float64(n)/sec, "events/s")
+}
+
+func drain(b *testing.B, src trace.Source) int {
+	n := 0
+	for {
+		_, err := src.Next()
+		if err == io.EOF {
+			return n
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+}
+
+// BenchmarkDecode measures reading the native trace file, no replay.
+func BenchmarkDecode(b *testing.B) {
+	for _, bt := range benchTraces(b) {
+		b.Run(bt.name, func(b *testing.B) {
+			var n int
+			for i := 0; i < b.N; i++ {
+				f, err := os.Open(bt.file)
+				if err != nil {
+					b.Fatal(err)
+				}
+				r, err := trace.NewReader(f, bt.file)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n = drain(b, r)
+				f.Close()
+			}
+			sec := b.Elapsed().Seconds() / float64(b.N)
+			benchReport(bt.name+" 2decode", fmt.Sprintf("BENCH trace=%s stage=decode seconds=%.4f events=%d", bt.name, sec, n))
+			b.ReportMetric(float64(n)/sec, "events/s")
+		})
+	}
+}
+
+// BenchmarkReplay measures the replay loop alone over events already
+// decoded in memory, for every policy.
+func BenchmarkReplay(b *testing.B) {
+	for _, bt := range benchTraces(b) {
+		for _, p := range policies.Names() {
+			b.Run(bt.name+"/"+p, func(b *testing.B) {
+				b.ReportAllocs()
+				for i := 0; i < b.N; i++ {
+					if _, err := sim.Run(trace.NewSliceSource(bt.h, bt.evs), sim.Config{Trace: bt.name, Policy: p}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N)
+				benchReport(bt.name+" 3replay "+p, fmt.Sprintf("BENCH trace=%s stage=replay policy=%s seconds=%.4f events=%d", bt.name, p, sec, len(bt.evs)))
+				b.ReportMetric(float64(len(bt.evs))/sec, "events/s")
+			})
+		}
+	}
+}
