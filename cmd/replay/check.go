@@ -1,0 +1,93 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+// runCheck validates traces and lists the allocations live at their end.
+// It returns an error, so that replay exits with 1, when a trace has a
+// problem or a leak.
+func runCheck(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("check", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	device := fs.Int("device", 0, "device index to read from multi-device traces")
+	limit := fs.Int("limit", 20, "list at most `N` problems and N leaks per trace (0: all)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("check: no trace given")
+	}
+	var bad []string
+	for _, path := range fs.Args() {
+		problems, leaks, err := checkTrace(stdout, path, tracefile.Options{From: *from, Device: *device}, *limit)
+		if err != nil {
+			return err
+		}
+		if problems > 0 || leaks > 0 {
+			bad = append(bad, fmt.Sprintf("%s: %d problems, %d leaks", path, problems, leaks))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("check: %s", strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// checkTrace reads one trace, prints Validate's findings and the leaks and
+// returns their numbers.
+func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (problems, leaks int, err error) {
+	f, err := tracefile.Open(path, opts)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	v := trace.NewValidator()
+	s := trace.NewStats()
+	err = readAll(f, path, func(i int64, ev trace.Event) {
+		if verr := v.Check(i, ev); verr != nil {
+			problems++
+			if limit <= 0 || problems <= limit {
+				fmt.Fprintf(w, "%s: %v\n", path, verr)
+			}
+		}
+		s.Add(ev)
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	if limit > 0 && problems > limit {
+		fmt.Fprintf(w, "%s: ... %d more problems\n", path, problems-limit)
+	}
+	live := s.Live()
+	for k, a := range live {
+		if limit > 0 && k == limit {
+			fmt.Fprintf(w, "%s: ... %d more leaks\n", path, len(live)-limit)
+			break
+		}
+		fmt.Fprintf(w, "%s: leak: %#x, %d bytes (%s) on stream %#x, malloc at event %d (t=%d ns, thread %d)", path, a.Addr, a.Size, a.Kind, a.Stream, a.Event, a.Time, a.Thread)
+		if a.Label != "" {
+			fmt.Fprintf(w, ", call site %s", a.Label)
+		}
+		fmt.Fprintln(w)
+	}
+	n, b := s.LiveBytes()
+	if problems == 0 && n == 0 {
+		fmt.Fprintf(w, "%s: ok: %d events, no problems, nothing live at the end\n", path, s.Events)
+	} else {
+		fmt.Fprintf(w, "%s: %d events, %d problems, %d allocations (%s) live at the end\n", path, s.Events, problems, n, humanBytes(b))
+	}
+	return problems, n, nil
+}

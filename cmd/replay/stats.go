@@ -1,0 +1,292 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+func runStats(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("stats", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	device := fs.Int("device", 0, "device index to read from multi-device traces")
+	jsonOut := fs.Bool("json", false, "print JSON instead of tables")
+	top := fs.Int("top", 10, "list at most `N` streams and threads")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("stats: no trace given")
+	}
+	var docs []statsJSON
+	for i, path := range fs.Args() {
+		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
+		if err != nil {
+			return err
+		}
+		s := trace.NewStats()
+		err = readAll(f, path, func(_ int64, ev trace.Event) { s.Add(ev) })
+		h := f.Header()
+		f.Close()
+		if err != nil {
+			return err
+		}
+		if *jsonOut {
+			docs = append(docs, toJSON(path, h, s))
+			continue
+		}
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		writeStats(stdout, path, h, s, *top)
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", " ")
+		return enc.Encode(struct {
+			Traces []statsJSON `json:"traces"`
+		}{docs})
+	}
+	return nil
+}
+
+// readAll calls fn with each event of src and its index.
+func readAll(src trace.Source, path string, fn func(i int64, ev trace.Event)) error {
+	for i := int64(0); ; i++ {
+		ev, err := src.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			if strings.Contains(err.Error(), path) {
+				return err
+			}
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		fn(i, ev)
+	}
+}
+
+type statsJSON struct {
+	Trace         string            `json:"trace"`
+	Source        string            `json:"source"`
+	Events        int64             `json:"events"`
+	DurationNs    int64             `json:"duration_ns"`
+	Ops           map[string]int64  `json:"ops"`
+	Mallocs       map[string]int64  `json:"mallocs_by_kind"`
+	PeakLive      uint64            `json:"peak_live_bytes"`
+	PeakLiveEvent int64             `json:"peak_live_event"`
+	PeakPinned    uint64            `json:"peak_pinned_bytes"`
+	PeakManaged   uint64            `json:"peak_managed_bytes"`
+	LiveAtEnd     int               `json:"live_at_end"`
+	LiveBytes     uint64            `json:"live_bytes_at_end"`
+	UnknownFrees  int64             `json:"unknown_frees"`
+	Sizes         histJSON          `json:"sizes_bytes"`
+	Lifetimes     histJSON          `json:"lifetimes_ns"`
+	Streams       map[string]any    `json:"streams"`
+	Threads       map[string]int64  `json:"threads"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+}
+
+type histJSON struct {
+	Count   int64            `json:"count"`
+	Min     uint64           `json:"min"`
+	Max     uint64           `json:"max"`
+	Mean    float64          `json:"mean"`
+	P50     uint64           `json:"p50_at_most"`
+	P90     uint64           `json:"p90_at_most"`
+	P99     uint64           `json:"p99_at_most"`
+	Buckets map[string]int64 `json:"buckets"` // by the bucket's lower bound
+}
+
+func histToJSON(h *trace.Histogram) histJSON {
+	out := histJSON{Count: h.Count, Min: h.Min, Max: h.Max, P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99), Buckets: map[string]int64{}}
+	if h.Count > 0 {
+		out.Mean = h.Sum / float64(h.Count)
+	}
+	for b, n := range h.Buckets {
+		if n > 0 {
+			lo, _ := trace.BucketRange(b)
+			out.Buckets[strconv.FormatUint(lo, 10)] = n
+		}
+	}
+	return out
+}
+
+// opOrder lists the ops in the order the tables show them.
+var opOrder = []trace.Op{
+	trace.OpMalloc, trace.OpFree, trace.OpFreeRequested, trace.OpMallocFailed, trace.OpStreamSync,
+	trace.OpDeviceSync, trace.OpEventRecord, trace.OpStreamWaitEvent, trace.OpEventSync, trace.OpEmptyCache,
+	trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap, trace.OpMarker,
+}
+
+var kinds = []trace.Kind{trace.KindDevice, trace.KindAsync, trace.KindPinned, trace.KindManaged}
+
+func toJSON(path string, h trace.Header, s *trace.Stats) statsJSON {
+	n, b := s.LiveBytes()
+	d := statsJSON{
+		Trace: path, Source: h.Source, Events: s.Events, DurationNs: s.LastTime - s.FirstTime,
+		Ops: map[string]int64{}, Mallocs: map[string]int64{},
+		PeakLive: s.PeakLive, PeakLiveEvent: s.PeakLiveEvent, PeakPinned: s.PeakPinned, PeakManaged: s.PeakManaged,
+		LiveAtEnd: n, LiveBytes: b, UnknownFrees: s.UnknownFrees,
+		Sizes: histToJSON(&s.Sizes), Lifetimes: histToJSON(&s.Lifetimes),
+		Streams: map[string]any{}, Threads: map[string]int64{}, Metadata: h.Metadata,
+	}
+	for _, op := range opOrder {
+		if c := s.Ops(op); c > 0 {
+			d.Ops[op.String()] = c
+		}
+	}
+	for _, k := range kinds {
+		if c := s.Mallocs(k); c > 0 {
+			d.Mallocs[k.String()] = c
+		}
+	}
+	for id, st := range s.Streams {
+		d.Streams[fmt.Sprintf("%#x", id)] = st
+	}
+	for id, c := range s.Threads {
+		d.Threads[strconv.FormatUint(id, 10)] = c
+	}
+	return d
+}
+
+// humanBytes formats a byte count with a binary unit.
+func humanBytes(b uint64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	v, u := float64(b), 0
+	for v >= 1024 && u < len(units)-1 {
+		v /= 1024
+		u++
+	}
+	if u == 0 {
+		return fmt.Sprintf("%d B", b)
+	}
+	return fmt.Sprintf("%.1f %s", v, units[u])
+}
+
+// humanNs formats nanoseconds with a time unit.
+func humanNs(ns uint64) string {
+	switch {
+	case ns < 1000:
+		return fmt.Sprintf("%d ns", ns)
+	case ns < 1e6:
+		return fmt.Sprintf("%.1f µs", float64(ns)/1e3)
+	case ns < 1e9:
+		return fmt.Sprintf("%.1f ms", float64(ns)/1e6)
+	case ns < 3600e9:
+		return fmt.Sprintf("%.1f s", float64(ns)/1e9)
+	}
+	return fmt.Sprintf("%.1f h", float64(ns)/3600e9)
+}
+
+func writeHist(w io.Writer, title string, h *trace.Histogram, format func(uint64) string) {
+	fmt.Fprintf(w, "%s: %d", title, h.Count)
+	if h.Count == 0 {
+		fmt.Fprintln(w)
+		return
+	}
+	fmt.Fprintf(w, ", min %s, p50 <= %s, p90 <= %s, p99 <= %s, max %s\n", format(h.Min),
+		format(h.Quantile(0.5)), format(h.Quantile(0.9)), format(h.Quantile(0.99)), format(h.Max))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for b, n := range h.Buckets {
+		if n == 0 {
+			continue
+		}
+		lo, hi := trace.BucketRange(b)
+		bar := strings.Repeat("#", int(1+49*n/maxBucket(h)))
+		fmt.Fprintf(tw, "  [%s,\t%s)\t%d\t%.1f%%\t %s\n", format(lo), format(hi), n, 100*float64(n)/float64(h.Count), bar)
+	}
+	tw.Flush()
+}
+
+func maxBucket(h *trace.Histogram) int64 {
+	var m int64
+	for _, n := range h.Buckets {
+		m = max(m, n)
+	}
+	return max(m, 1)
+}
+
+func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top int) {
+	fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, humanNs(uint64(max(s.LastTime-s.FirstTime, 0))))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ops:")
+	for _, op := range opOrder {
+		if c := s.Ops(op); c > 0 {
+			fmt.Fprintf(tw, "  %s\t%d\n", op, c)
+		}
+	}
+	tw.Flush()
+	var parts []string
+	for _, k := range kinds {
+		if c := s.Mallocs(k); c > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, c))
+		}
+	}
+	fmt.Fprintf(w, "mallocs by kind: %s\n", strings.Join(parts, ", "))
+	if s.PeakLiveEvent >= 0 {
+		fmt.Fprintf(w, "peak live requested device bytes: %s (%d) at event %d\n", humanBytes(s.PeakLive), s.PeakLive, s.PeakLiveEvent)
+	}
+	if s.PeakPinned > 0 || s.PeakManaged > 0 {
+		fmt.Fprintf(w, "peak live pinned: %s, managed: %s\n", humanBytes(s.PeakPinned), humanBytes(s.PeakManaged))
+	}
+	n, b := s.LiveBytes()
+	fmt.Fprintf(w, "live at the end: %d allocations, %s\n", n, humanBytes(b))
+	if s.UnknownFrees > 0 {
+		fmt.Fprintf(w, "frees of an address not live: %d\n", s.UnknownFrees)
+	}
+	writeHist(w, "sizes (mallocs, requested bytes)", &s.Sizes, humanBytes)
+	writeHist(w, "lifetimes (malloc to free)", &s.Lifetimes, humanNs)
+
+	ids := make([]uint64, 0, len(s.Streams))
+	for id := range s.Streams {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool {
+		a, b := s.Streams[ids[i]], s.Streams[ids[j]]
+		return a.Events > b.Events || a.Events == b.Events && ids[i] < ids[j]
+	})
+	fmt.Fprintf(w, "streams: %d\n", len(ids))
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for i, id := range ids {
+		if i == top {
+			fmt.Fprintf(tw, "  ... %d more\t\n", len(ids)-top)
+			break
+		}
+		st := s.Streams[id]
+		fmt.Fprintf(tw, "  %#x\t%d events\t%d mallocs\t%s\t\n", id, st.Events, st.Mallocs, humanBytes(st.Bytes))
+	}
+	tw.Flush()
+	th := make([]uint64, 0, len(s.Threads))
+	for id := range s.Threads {
+		th = append(th, id)
+	}
+	sort.Slice(th, func(i, j int) bool {
+		return s.Threads[th[i]] > s.Threads[th[j]] || s.Threads[th[i]] == s.Threads[th[j]] && th[i] < th[j]
+	})
+	fmt.Fprintf(w, "threads: %d\n", len(th))
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for i, id := range th {
+		if i == top {
+			fmt.Fprintf(tw, "  ... %d more\t\n", len(th)-top)
+			break
+		}
+		fmt.Fprintf(tw, "  %d\t%d events\t\n", id, s.Threads[id])
+	}
+	tw.Flush()
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const statsTrace = `header source=text
+malloc id=1 size=1000 t=0 thread=1
+malloc id=2 size=4KiB stream=7 kind=async t=10 thread=2
+malloc id=3 size=100 kind=pinned t=20 thread=1
+stream_sync stream=7 t=30 thread=2
+free id=1 t=1000 thread=1
+malloc id=4 size=3000 t=1010 thread=1 label=cudaMalloc@prog+0x11a9
+free id=2 stream=7 t=5010 thread=2
+malloc_failed size=1TiB t=5030 thread=1
+`
+
+func writeTrace(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "t.txt")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestStats(t *testing.T) {
+	path := writeTrace(t, statsTrace)
+	out, _, err := runCmd(t, "stats", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := path + `: text trace, 8 events over 5.0 µs
+ops:
+  malloc         4
+  free           2
+  malloc_failed  1
+  stream_sync    1
+mallocs by kind: device 2, async 1, pinned 1
+peak live requested device bytes: 6.9 KiB (7096) at event 5
+peak live pinned: 100 B, managed: 0 B
+live at the end: 2 allocations, 3.0 KiB
+sizes (mallocs, requested bytes): 4, min 100 B, p50 <= 4.0 KiB, p90 <= 4.0 KiB, p99 <= 4.0 KiB, max 4.0 KiB
+       [64 B,    128 B)  1  25.0% ##################################################
+      [512 B,  1.0 KiB)  1  25.0% ##################################################
+    [2.0 KiB,  4.0 KiB)  1  25.0% ##################################################
+    [4.0 KiB,  8.0 KiB)  1  25.0% ##################################################
+lifetimes (malloc to free): 2, min 1.0 µs, p50 <= 5.0 µs, p90 <= 5.0 µs, p99 <= 5.0 µs, max 5.0 µs
+    [512 ns,  1.0 µs)  1  50.0% ##################################################
+    [4.1 µs,  8.2 µs)  1  50.0% ##################################################
+streams: 2
+    0x0  5 events  3 mallocs  4.0 KiB
+    0x7  3 events  1 mallocs  4.0 KiB
+threads: 2
+    1  5 events
+    2  3 events
+`
+	if out != want {
+		t.Errorf("stats:\n%s\nwant:\n%s", out, want)
+	}
+	out, _, err = runCmd(t, "stats", "--json", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ Traces []statsJSON }
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatal(err)
+	}
+	d := doc.Traces[0]
+	if len(doc.Traces) != 1 || d.Events != 8 || d.Ops["malloc"] != 4 || d.Mallocs["async"] != 1 || d.PeakLive != 7096 ||
+		d.LiveAtEnd != 2 || d.Sizes.Buckets["2048"] != 1 || d.Lifetimes.Count != 2 || len(d.Streams) != 2 || d.Threads["2"] != 3 {
+		t.Errorf("json: %+v", d)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	ok := writeTrace(t, "malloc id=1 size=10\nfree id=1\n")
+	out, _, err := runCmd(t, "check", ok)
+	if err != nil || out != ok+": ok: 2 events, no problems, nothing live at the end\n" {
+		t.Errorf("ok trace: %v, %q", err, out)
+	}
+	bad := writeTrace(t, statsTrace+"free id=1 t=6000\n")
+	out, _, err = runCmd(t, "check", bad)
+	want := bad + `: event 8: double free of 0x1: freed at event 4
+` + bad + `: leak: 0x3, 100 bytes (pinned) on stream 0x0, malloc at event 2 (t=20 ns, thread 1)
+` + bad + `: leak: 0x4, 3000 bytes (device) on stream 0x0, malloc at event 5 (t=1010 ns, thread 1), call site cudaMalloc@prog+0x11a9
+` + bad + `: 9 events, 1 problems, 2 allocations (3.0 KiB) live at the end
+`
+	if out != want {
+		t.Errorf("check:\n%s\nwant:\n%s", out, want)
+	}
+	if err == nil || err.Error() != "check: "+bad+": 1 problems, 2 leaks" {
+		t.Errorf("error %v", err)
+	}
+	out, _, _ = runCmd(t, "check", "--limit", "1", bad)
+	if !strings.Contains(out, ": ... 1 more leaks\n") {
+		t.Errorf("--limit 1:\n%s", out)
+	}
+}
+
+func TestStatsCheckErrors(t *testing.T) {
+	notTrace := writeTrace(t, "hello, world\n")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"stats"}, "stats: no trace given"},
+		{[]string{"check"}, "check: no trace given"},
+		{[]string{"stats", notTrace}, notTrace + ": not a trace"},
+		{[]string{"check", notTrace}, notTrace + ": not a trace"},
+	} {
+		_, _, err := runCmd(t, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
