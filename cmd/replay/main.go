@@ -2,6 +2,8 @@
 //
 //	replay sim [--policy NAME[,NAME...]|all] [--capacity SIZE] [--set NAME.key=value]...
 //	           [--json FILE] [--csv FILE] [--plots DIR] TRACE...
+//	replay stats [--json] TRACE...
+//	replay check [--limit N] TRACE...
 package main
 
 import (
@@ -28,6 +30,10 @@ Commands:
                     [--max-bytes SIZE] [--cost-model FILE] [--calls FILE] [--c-loop] [--json FILE] TRACE...
   calibrate  measure the GPU's call latencies by size and write a cost model
          replay calibrate [-o FILE] [--cudart PATH] [--max-size SIZE] [--n N]
+  stats  summarize traces: counts by op, sizes, lifetimes, peak live bytes, streams, threads
+         replay stats [--json] [--top N] TRACE...
+  check  validate traces and list the allocations live at their end (exit 1 if any)
+         replay check [--limit N] TRACE...
 
 Run 'replay COMMAND --help' for a command's flags.
 `
@@ -47,6 +53,10 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	switch args[0] {
 	case "sim":
 		return runSim(stdout, stderr, args[1:])
+	case "stats":
+		return runStats(stdout, stderr, args[1:])
+	case "check":
+		return runCheck(stdout, stderr, args[1:])
 	case "gpu":
 		return runGPU(stdout, stderr, args[1:])
 	case "calibrate":
