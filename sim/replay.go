@@ -43,7 +43,7 @@ type Replay struct {
 	dev    *Device
 	res    Result
 
-	live map[uint64]liveAlloc // by trace address
+	live *liveTable // live allocations by trace address
 
 	requested, allocated uint64 // live device bytes
 	pinned, managed      uint64 // live host-side bytes
@@ -63,7 +63,7 @@ func NewReplay(cfg Config) (*Replay, error) {
 		cfg:    cfg,
 		policy: p,
 		dev:    dev,
-		live:   map[uint64]liveAlloc{},
+		live:   newLiveTable(),
 		series: seriesBuilder{width: 1},
 	}
 	r.res = Result{
@@ -134,7 +134,7 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 }
 
 func (r *Replay) malloc(i int64, ev trace.Event) error {
-	if _, dup := r.live[ev.Addr]; dup {
+	if _, dup := r.live.get(ev.Addr); dup {
 		r.anomaly(i, fmt.Sprintf("malloc of %#x, which is already live", ev.Addr))
 		return nil
 	}
@@ -142,12 +142,12 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 	case trace.KindPinned:
 		r.pinned += ev.Size
 		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
-		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind}
+		r.live.put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind})
 		return nil
 	case trace.KindManaged:
 		r.managed += ev.Size
 		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
-		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind}
+		r.live.put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind})
 		return nil
 	}
 	r.res.Mallocs++
@@ -161,12 +161,12 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 		}
 		r.oom(i, ev.Size)
 		// The requested bytes stay counted: the source had them live.
-		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true}
+		r.live.put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true})
 		return nil
 	}
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	r.live[ev.Addr] = liveAlloc{block: b, requested: ev.Size, kind: ev.Kind}
+	r.live.put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind})
 	return nil
 }
 
@@ -200,12 +200,12 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 // program frees a block still in use on another stream; the block goes back
 // to the policy only at the matching free (free_completed).
 func (r *Replay) freeRequested(ev trace.Event) {
-	a, ok := r.live[ev.Addr]
+	a, ok := r.live.get(ev.Addr)
 	if !ok || a.released {
 		return
 	}
 	a.released = true
-	r.live[ev.Addr] = a
+	r.live.put(ev.Addr, a)
 	r.release(a)
 }
 
@@ -223,12 +223,12 @@ func (r *Replay) release(a liveAlloc) {
 }
 
 func (r *Replay) free(i int64, ev trace.Event) error {
-	a, ok := r.live[ev.Addr]
+	a, ok := r.live.get(ev.Addr)
 	if !ok {
 		r.anomaly(i, fmt.Sprintf("free of %#x, which is not live", ev.Addr))
 		return nil
 	}
-	delete(r.live, ev.Addr)
+	r.live.remove(ev.Addr)
 	if !a.released {
 		r.release(a)
 	}
