@@ -25,7 +25,7 @@ type Device struct {
 	peak     uint64
 	allocs   int64
 	frees    int64
-	live     map[uint64]uint64 // pointer -> bytes, cudaMalloc'd segments
+	live     map[uint64]segment // cudaMalloc'd segments by pointer
 
 	lat     sim.Latencies
 	allocNS int64 // device-memory allocation calls
@@ -36,6 +36,13 @@ type Device struct {
 	seq *Seq          // cudaMalloc/cudaFree sequence being recorded, nil for none
 }
 
+// segment is a live cudaMalloc'd segment: its size in bytes and its slot in
+// the recorded sequence.
+type segment struct {
+	size uint64
+	slot int32
+}
+
 var (
 	_ policies.Device    = (*Device)(nil)
 	_ policies.Capacitor = (*Device)(nil)
@@ -44,7 +51,7 @@ var (
 // NewDevice returns a device on rt that holds at most limit bytes of
 // cudaMalloc'd segments.
 func NewDevice(rt *Runtime, limit uint64) *Device {
-	return &Device{rt: rt, limit: limit, live: map[uint64]uint64{}}
+	return &Device{rt: rt, limit: limit, live: map[uint64]segment{}}
 }
 
 // LogCalls writes one CSV line per runtime call from now on to w
@@ -66,23 +73,59 @@ func (d *Device) Flush() error {
 
 // RecordSeq starts recording the cudaMalloc/cudaFree sequence made through
 // the device, for Runtime.RunSeq.
-func (d *Device) RecordSeq() { d.seq = &Seq{slots: map[uint64]int32{}} }
+func (d *Device) RecordSeq() { d.seq = &Seq{} }
 
 // Seq returns the recorded sequence, nil if none.
 func (d *Device) Seq() *Seq { return d.seq }
 
-// Seq is a recorded sequence of cudaMalloc and cudaFree calls: Size[i] > 0
-// is a cudaMalloc of that many bytes into slot Slot[i], Size[i] == 0 a
-// cudaFree of the pointer in Slot[i].
+// Seq is a recorded sequence of cudaMalloc and cudaFree calls. It is kept
+// in blocks of fixed size, so that recording never copies what it has.
 type Seq struct {
-	Size  []uint64
-	Slot  []int32
-	slots map[uint64]int32 // live pointer -> slot
-	spare []int32
-	next  int32
+	blocks [][]seqCall
+	spare  []int32 // free slots
+	next   int32
 }
 
-func (s *Seq) malloc(ptr, size uint64) {
+type seqCall struct {
+	size uint64 // 0 for a cudaFree
+	slot int32
+}
+
+const seqBlock = 1 << 16
+
+// Len returns the number of calls recorded.
+func (s *Seq) Len() int {
+	if len(s.blocks) == 0 {
+		return 0
+	}
+	return (len(s.blocks)-1)*seqBlock + len(s.blocks[len(s.blocks)-1])
+}
+
+// Calls returns the sequence as Runtime.RunSeq takes it: call i is a
+// cudaMalloc of size[i] bytes into slot[i] when size[i] > 0, else a cudaFree
+// of the pointer in slot[i].
+func (s *Seq) Calls() (size []uint64, slot []int32) {
+	n := s.Len()
+	size, slot = make([]uint64, 0, n), make([]int32, 0, n)
+	for _, b := range s.blocks {
+		for _, c := range b {
+			size = append(size, c.size)
+			slot = append(slot, c.slot)
+		}
+	}
+	return size, slot
+}
+
+func (s *Seq) add(c seqCall) {
+	if k := len(s.blocks); k == 0 || len(s.blocks[k-1]) == seqBlock {
+		s.blocks = append(s.blocks, make([]seqCall, 0, seqBlock))
+	}
+	b := &s.blocks[len(s.blocks)-1]
+	*b = append(*b, c)
+}
+
+// malloc records a cudaMalloc of size bytes and returns its slot.
+func (s *Seq) malloc(size uint64) int32 {
 	var slot int32
 	if n := len(s.spare); n > 0 {
 		slot, s.spare = s.spare[n-1], s.spare[:n-1]
@@ -90,20 +133,14 @@ func (s *Seq) malloc(ptr, size uint64) {
 		slot = s.next
 		s.next++
 	}
-	s.slots[ptr] = slot
-	s.Size = append(s.Size, size)
-	s.Slot = append(s.Slot, slot)
+	s.add(seqCall{size, slot})
+	return slot
 }
 
-func (s *Seq) free(ptr uint64) {
-	slot, ok := s.slots[ptr]
-	if !ok {
-		return
-	}
-	delete(s.slots, ptr)
+// free records a cudaFree of the pointer in slot.
+func (s *Seq) free(slot int32) {
 	s.spare = append(s.spare, slot)
-	s.Size = append(s.Size, 0)
-	s.Slot = append(s.Slot, slot)
+	s.add(seqCall{0, slot})
 }
 
 // Call classes for the time totals.
@@ -153,13 +190,14 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("device alloc of %d bytes: %w", size, err)
 	}
-	d.live[ptr] = size
+	seg := segment{size: size, slot: -1}
+	if d.seq != nil {
+		seg.slot = d.seq.malloc(size)
+	}
+	d.live[ptr] = seg
 	d.reserved += size
 	d.peak = max(d.peak, d.reserved)
 	d.allocs++
-	if d.seq != nil {
-		d.seq.malloc(ptr, size)
-	}
 	return ptr, nil
 }
 
@@ -167,20 +205,20 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 // address that is not a live segment, without calling the runtime, and the
 // runtime's error if cudaFree fails.
 func (d *Device) Free(addr uint64) error {
-	size, ok := d.live[addr]
+	seg, ok := d.live[addr]
 	if !ok {
 		return fmt.Errorf("device free of %#x: not a live segment", addr)
 	}
 	ns, err := d.rt.Free(addr)
-	d.record("cudaFree", classAlloc, size, addr, ns)
+	d.record("cudaFree", classAlloc, seg.size, addr, ns)
 	if err != nil {
 		return fmt.Errorf("device free of %#x: %w", addr, err)
 	}
 	delete(d.live, addr)
-	d.reserved -= size
+	d.reserved -= seg.size
 	d.frees++
-	if d.seq != nil {
-		d.seq.free(addr)
+	if d.seq != nil && seg.slot >= 0 {
+		d.seq.free(seg.slot)
 	}
 	return nil
 }
@@ -194,7 +232,7 @@ func (d *Device) FreeAll() error {
 				first = err
 			}
 			// Drop it anyway: it cannot be freed twice.
-			d.reserved -= d.live[addr]
+			d.reserved -= d.live[addr].size
 			delete(d.live, addr)
 		}
 	}

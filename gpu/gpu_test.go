@@ -343,12 +343,13 @@ func TestReplayPolicyMatchesSim(t *testing.T) {
 			if name != "cuda" {
 				return
 			}
-			if int64(len(res.Seq.Size)) != res.DeviceAllocs+res.DeviceFrees {
-				t.Fatalf("sequence of %d calls for %d allocs and %d frees", len(res.Seq.Size), res.DeviceAllocs, res.DeviceFrees)
+			size, slot := res.Seq.Calls()
+			if int64(len(size)) != res.DeviceAllocs+res.DeviceFrees || res.Seq.Len() != len(size) {
+				t.Fatalf("sequence of %d calls for %d allocs and %d frees", len(size), res.DeviceAllocs, res.DeviceFrees)
 			}
 			for _, timed := range []bool{false, true} {
-				sr, err := rt.RunSeq(res.Seq.Size, res.Seq.Slot, timed)
-				if err != nil || sr.Calls != int64(len(res.Seq.Size)) || sr.WallNS <= 0 || (timed && sr.CallsNS <= 0) {
+				sr, err := rt.RunSeq(size, slot, timed)
+				if err != nil || sr.Calls != int64(len(size)) || sr.WallNS <= 0 || (timed && sr.CallsNS <= 0) {
 					t.Errorf("RunSeq(timed %v) = %+v, %v", timed, sr, err)
 				}
 				if n := live(t, rt); n != 0 {

@@ -79,8 +79,8 @@ type Result struct {
 	SyncTimeNS  int64 `json:"sync_time_ns"`
 	// Calls counts the timed runtime calls.
 	Calls int64 `json:"calls"`
-	// PolicyTimeNS is the wall time spent in the policy's Malloc and Free,
-	// its device calls included.
+	// PolicyTimeNS is the wall time spent in a simulated policy's Malloc
+	// and Free, its device calls included (0 for the direct targets).
 	PolicyTimeNS int64 `json:"policy_time_ns"`
 	// ReplayWallNS is the wall time of the replay of the events, decoding
 	// and sampling left out.
@@ -150,6 +150,7 @@ type replayer struct {
 	dev    *Device
 	policy policies.Policy
 	async  *asyncTarget
+	direct bool // policy is a direct target: its time is the device's
 	res    Result
 
 	live    map[uint64]liveAlloc
@@ -222,6 +223,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		return nil, err
 	}
 	r.res.Policy = r.policy.Name()
+	r.direct = cfg.Policy == TargetCUDA || cfg.Policy == TargetCUDAAsync
 	defer func() {
 		ok := err == nil || r.res.Interrupted
 		if ok {
@@ -474,9 +476,7 @@ func (r *replayer) malloc(i int64, ev trace.Event) error {
 	r.res.Mallocs++
 	r.requested += ev.Size
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested)
-	t0 := time.Now()
-	b, err := r.policy.Malloc(ev.Size, ev.Stream)
-	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	b, err := r.policyMalloc(ev.Size, ev.Stream)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("malloc of %d bytes: %w", ev.Size, err)
@@ -537,9 +537,7 @@ func (r *replayer) mallocFailed(i int64, ev trace.Event) error {
 	if !ev.Kind.OnDevice() {
 		return nil
 	}
-	t0 := time.Now()
-	b, err := r.policy.Malloc(ev.Size, ev.Stream)
-	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	b, err := r.policyMalloc(ev.Size, ev.Stream)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("malloc of %d bytes: %w", ev.Size, err)
@@ -548,10 +546,7 @@ func (r *replayer) mallocFailed(i int64, ev trace.Event) error {
 		return nil
 	}
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated+b.Size)
-	t0 = time.Now()
-	err = r.policy.Free(b.Addr, ev.Stream)
-	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
-	if err != nil {
+	if err := r.policyFree(b.Addr, ev.Stream); err != nil {
 		return fmt.Errorf("free of the block of a failed malloc: %w", err)
 	}
 	return nil
@@ -576,13 +571,32 @@ func (r *replayer) free(i int64, ev trace.Event) error {
 		return nil
 	}
 	r.allocated -= a.block.Size
-	t0 := time.Now()
-	err := r.policy.Free(a.block.Addr, ev.Stream)
-	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
-	if err != nil {
+	if err := r.policyFree(a.block.Addr, ev.Stream); err != nil {
 		return fmt.Errorf("free of %#x: %w", ev.Addr, err)
 	}
 	return nil
+}
+
+// policyMalloc and policyFree call the policy, timing a simulated policy
+// (a direct target's time is its device calls').
+func (r *replayer) policyMalloc(size, stream uint64) (policies.Block, error) {
+	if r.direct {
+		return r.policy.Malloc(size, stream)
+	}
+	t0 := time.Now()
+	b, err := r.policy.Malloc(size, stream)
+	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	return b, err
+}
+
+func (r *replayer) policyFree(addr, stream uint64) error {
+	if r.direct {
+		return r.policy.Free(addr, stream)
+	}
+	t0 := time.Now()
+	err := r.policy.Free(addr, stream)
+	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	return err
 }
 
 func (r *replayer) hostFree(a liveAlloc) error {
@@ -672,6 +686,9 @@ func (r *replayer) finish() {
 	r.res.AllocTimeNS = r.dev.AllocTime()
 	r.res.SyncTimeNS = r.dev.SyncTime()
 	r.res.Calls = r.dev.Calls()
+	if r.direct {
+		r.res.PolicyTimeNS = r.res.AllocTimeNS
+	}
 	r.res.Seq = r.dev.Seq()
 	r.dev.seq = nil
 }

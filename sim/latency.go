@@ -28,7 +28,10 @@ type LatencyRow struct {
 // of four from 1 KiB to 4 GiB; sizes above the last fall in ">4GiB".
 var sizeClassBounds = []uint64{1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30, 4 << 30}
 
-var sizeClassNames = []string{"<=1KiB", "<=4KiB", "<=16KiB", "<=64KiB", "<=256KiB", "<=1MiB", "<=4MiB", "<=16MiB", "<=64MiB", "<=256MiB", "<=1GiB", "<=4GiB", ">4GiB"}
+var sizeClassNames = [numSizeClasses]string{"<=1KiB", "<=4KiB", "<=16KiB", "<=64KiB", "<=256KiB", "<=1MiB", "<=4MiB", "<=16MiB", "<=64MiB", "<=256MiB", "<=1GiB", "<=4GiB", ">4GiB"}
+
+// numSizeClasses is the number of size classes.
+const numSizeClasses = 13
 
 // noSize is the size class index of calls without a size.
 const noSize = -1
@@ -58,38 +61,66 @@ func sizeClass(size uint64) int {
 // Latencies accumulates call latencies by call and size class. The zero
 // value is ready to use; memory stays bounded whatever the number of calls.
 type Latencies struct {
-	h map[latKey]*histogram
+	// calls are few (a dozen names at most), so a slice searched in order
+	// is faster than a map; the names are mostly constants, compared by
+	// pointer first.
+	calls []callLatencies
 }
 
-type latKey struct {
-	call  string
-	class int
+type callLatencies struct {
+	call    string
+	classes [numSizeClasses + 1]*histogram // by size class; the last for no size
+}
+
+func (c *callLatencies) hist(class int) *histogram {
+	if class == noSize {
+		class = numSizeClasses
+	}
+	h := c.classes[class]
+	if h == nil {
+		h = &histogram{}
+		c.classes[class] = h
+	}
+	return h
 }
 
 // Add records one call of call on size bytes (0 for a call without a size)
 // that took ns nanoseconds.
 func (l *Latencies) Add(call string, size uint64, ns int64) {
-	if l.h == nil {
-		l.h = map[latKey]*histogram{}
+	for i := range l.calls {
+		if c := &l.calls[i]; c.call == call {
+			c.hist(sizeClass(size)).add(ns)
+			return
+		}
 	}
-	k := latKey{call, sizeClass(size)}
-	h := l.h[k]
-	if h == nil {
-		h = &histogram{}
-		l.h[k] = h
+	l.calls = append(l.calls, callLatencies{call: call})
+	l.calls[len(l.calls)-1].hist(sizeClass(size)).add(ns)
+}
+
+// each calls f for every histogram of the calls named in calls, or of
+// every call when none is named.
+func (l *Latencies) each(calls []string, f func(call string, class int, h *histogram)) {
+	for i := range l.calls {
+		c := &l.calls[i]
+		if len(calls) > 0 && !contains(calls, c.call) {
+			continue
+		}
+		for class, h := range c.classes {
+			if h != nil {
+				if class == numSizeClasses {
+					class = noSize
+				}
+				f(c.call, class, h)
+			}
+		}
 	}
-	h.add(ns)
 }
 
 // Total returns the summed nanoseconds of every call recorded, and of the
 // calls named in calls alone when any are given.
 func (l *Latencies) Total(calls ...string) int64 {
 	var t int64
-	for k, h := range l.h {
-		if len(calls) == 0 || contains(calls, k.call) {
-			t += h.total
-		}
-	}
+	l.each(calls, func(_ string, _ int, h *histogram) { t += h.total })
 	return t
 }
 
@@ -97,11 +128,7 @@ func (l *Latencies) Total(calls ...string) int64 {
 // alone when any are given.
 func (l *Latencies) Count(calls ...string) int64 {
 	var n int64
-	for k, h := range l.h {
-		if len(calls) == 0 || contains(calls, k.call) {
-			n += h.n
-		}
-	}
+	l.each(calls, func(_ string, _ int, h *histogram) { n += h.n })
 	return n
 }
 
@@ -117,32 +144,35 @@ func contains(list []string, s string) bool {
 // Rows returns one row per call and size class, sorted by call and then by
 // size; nil when nothing was recorded.
 func (l *Latencies) Rows() []LatencyRow {
-	if len(l.h) == 0 {
+	type keyed struct {
+		class int
+		row   LatencyRow
+	}
+	var rows []keyed
+	l.each(nil, func(call string, class int, h *histogram) {
+		name := "-"
+		if class != noSize {
+			name = sizeClassNames[class]
+		}
+		rows = append(rows, keyed{class, LatencyRow{
+			Call: call, SizeClass: name, Count: h.n, TotalNS: h.total,
+			MedianNS: h.quantile(0.5), P90NS: h.quantile(0.9), P99NS: h.quantile(0.99), MaxNS: h.max,
+		}})
+	})
+	if len(rows) == 0 {
 		return nil
 	}
-	keys := make([]latKey, 0, len(l.h))
-	for k := range l.h {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool {
-		if keys[i].call != keys[j].call {
-			return keys[i].call < keys[j].call
+	sort.Slice(rows, func(i, j int) bool {
+		if rows[i].row.Call != rows[j].row.Call {
+			return rows[i].row.Call < rows[j].row.Call
 		}
-		return keys[i].class < keys[j].class
+		return rows[i].class < rows[j].class
 	})
-	rows := make([]LatencyRow, len(keys))
-	for i, k := range keys {
-		h := l.h[k]
-		name := "-"
-		if k.class != noSize {
-			name = sizeClassNames[k.class]
-		}
-		rows[i] = LatencyRow{
-			Call: k.call, SizeClass: name, Count: h.n, TotalNS: h.total,
-			MedianNS: h.quantile(0.5), P90NS: h.quantile(0.9), P99NS: h.quantile(0.99), MaxNS: h.max,
-		}
+	out := make([]LatencyRow, len(rows))
+	for i, r := range rows {
+		out[i] = r.row
 	}
-	return rows
+	return out
 }
 
 // histogram is a log-linear histogram of nanosecond values: exact below

@@ -176,14 +176,15 @@ func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string
 // runCLoop runs the replay's cudaMalloc/cudaFree sequence in a plain C loop,
 // then again timing each call, and records the comparison in res.
 func runCLoop(rt *gpu.Runtime, res *gpu.Result) error {
-	if res.Seq == nil || len(res.Seq.Size) == 0 {
+	if res.Seq == nil || res.Seq.Len() == 0 {
 		return nil
 	}
-	plain, err := rt.RunSeq(res.Seq.Size, res.Seq.Slot, false)
+	size, slot := res.Seq.Calls()
+	plain, err := rt.RunSeq(size, slot, false)
 	if err != nil {
 		return err
 	}
-	timed, err := rt.RunSeq(res.Seq.Size, res.Seq.Slot, true)
+	timed, err := rt.RunSeq(size, slot, true)
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,8 @@
 //	FAKECUDA_LATENCY_NS  busy wait in every allocation and free call (default 0)
 //	FAKECUDA_FAIL        planted errors: CALL:N:CODE,... makes the N-th call
 //	                     (from 1) of CALL return CODE, N = 0 every call
+//	FAKECUDA_NOMAP       1: device memory is addresses alone, nothing mapped
+//	                     (calls of constant cost, to measure a harness)
 //
 // Built with -DFAKE_NO_ASYNC it lacks the stream-ordered allocator.
 // fakecuda_live() returns the number of live allocations, streams, events and
@@ -43,6 +45,7 @@ static int inited;
 static uint64_t total = 1ull << 30;
 static uint64_t device_used; // cudaMalloc bytes and pool reservations
 static int64_t latency_ns;
+static int nomap;
 static int last_error;
 static int live_objects;
 static pool default_pool;
@@ -66,6 +69,9 @@ static void init(void) {
 	s = getenv("FAKECUDA_LATENCY_NS");
 	if (s)
 		latency_ns = strtoll(s, NULL, 0);
+	s = getenv("FAKECUDA_NOMAP");
+	if (s && *s == '1')
+		nomap = 1;
 	s = getenv("FAKECUDA_FAIL");
 	if (s) {
 		char *dup = strdup(s), *save = NULL;
@@ -129,6 +135,11 @@ static size_t map_len(size_t size) { return (size + (2u << 20) - 1) & ~(size_t)(
 
 static void *device_map(size_t size) {
 	size_t len = map_len(size);
+	if (nomap) {
+		void *p = (void *)next_device;
+		next_device += len;
+		return p;
+	}
 	void *p = mmap((void *)next_device, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (p == MAP_FAILED)
 		return NULL;
@@ -162,8 +173,10 @@ static void removea(alloc *x) {
 	while (*pp != x)
 		pp = &(*pp)->next;
 	*pp = x->next;
-	if (x->kind == KIND_DEVICE || x->kind == KIND_ASYNC)
-		munmap(x->p, map_len(x->size));
+	if (x->kind == KIND_DEVICE || x->kind == KIND_ASYNC) {
+		if (!nomap)
+			munmap(x->p, map_len(x->size));
+	}
 	else
 		free(x->p);
 	free(x);
