@@ -1,0 +1,562 @@
+package policies
+
+import (
+	"errors"
+	"fmt"
+)
+
+// BFC is TensorFlow's GPU allocator, best-fit with coalescing, as in
+// tensorflow/core/common_runtime/bfc_allocator.cc (with the GPU defaults of
+// gpu/gpu_bfc_allocator.cc).
+//
+// Requests are rounded up to a multiple of 256 B. Free chunks sit in 21
+// bins by size (bin b holds [256*2^b, 256*2^(b+1)), the last is
+// unbounded), each ordered by (size, address); a malloc searches from the
+// request's bin upward and takes the first chunk that is large enough. As
+// the bins partition the sizes, that is the smallest free chunk that fits,
+// the lowest address among equal sizes, and the policy keeps the free
+// chunks in one tree in that order. A chunk is split when it is at least
+// twice the rounded request or when the remainder would be 128 MiB or
+// more; the front part is returned, so a block may be larger than its
+// rounded request. A freed chunk coalesces with free neighbours in its
+// region.
+//
+// Memory comes from the device in regions, never coalesced with one
+// another. With allow_growth, the first region is 2 MiB (or the memory
+// limit if smaller), and each later one doubles the size of the previous
+// one, or more when a request needs it (the doubling then skips once);
+// without it, one region of the whole memory limit. A region is never
+// larger than the memory limit minus the regions already held. When a
+// malloc finds no chunk and cannot add a region, garbage collection (on by
+// default, as TF_ENABLE_GPU_GARBAGE_COLLECTION) returns every wholly free
+// region to the device if that would make room, and a region is added
+// again (a retry, see Retries). When the device itself refuses a region,
+// the policy asks for 10% less at a time, down to the request, once in its
+// life (TensorFlow's backpedal; each smaller try is a retry). Then the
+// malloc is an OOM.
+//
+// Not modelled: the timestamped chunks of stream-ordered frees
+// (freed_at_count), the retry helper that waits up to 10 s for another
+// thread to free memory, region coalescing of the virtual-memory
+// sub-allocator. Streams are ignored (TensorFlow runs one compute stream per
+// device), and so is empty_cache, which TensorFlow does not have. A malloc
+// of 0 bytes returns the block {0, 0}, whose free does nothing.
+//
+// Settings (defaults in brackets):
+//   - allow_growth [true]: grow regions from 2 MiB by doubling; false takes
+//     one region of the memory limit at the first malloc, and needs a limit.
+//   - memory_limit [the device's capacity, unlimited without one]: the
+//     bytes the policy may hold (TensorFlow's total_memory).
+//   - garbage_collection [true]: return wholly free regions when a region
+//     cannot be added.
+type BFC struct {
+	dev         Device
+	allowGrowth bool
+	gc          bool
+	limit       uint64 // memory limit in bytes; noLimit if none
+
+	curRegion   uint64 // size of the next region, before doubling
+	total       uint64 // bytes in regions
+	backpedaled bool
+
+	free    fitTree // free chunks by (size, address)
+	live    map[uint64]*fitBlock
+	regions []*bfcRegion
+	retries int64
+	nodes   fitNodes
+}
+
+// bfcRegion is a device segment of the bfc policy.
+type bfcRegion struct {
+	addr, size uint64
+	first      *fitBlock
+}
+
+const (
+	bfcMinAllocation = 256       // kMinAllocationSize
+	bfcMaxWaste      = 128 << 20 // kMaxInternalFragmentation
+	noLimit          = ^uint64(0)
+)
+
+var (
+	_ Policy     = (*BFC)(nil)
+	_ FreeSpacer = (*BFC)(nil)
+	_ Counter    = (*BFC)(nil)
+)
+
+func init() {
+	register("bfc", func(dev Device, s Settings) (Policy, error) { return NewBFC(dev, s) })
+}
+
+// NewBFC returns a bfc policy on dev. It returns an error naming the key
+// for an unknown or malformed setting, and for allow_growth=false without
+// a memory limit.
+func NewBFC(dev Device, s Settings) (*BFC, error) {
+	const name = "bfc"
+	if err := s.Check(name, "allow_growth", "garbage_collection", "memory_limit"); err != nil {
+		return nil, err
+	}
+	growth, err := s.Bool(name, "allow_growth", true)
+	if err != nil {
+		return nil, err
+	}
+	gc, err := s.Bool(name, "garbage_collection", true)
+	if err != nil {
+		return nil, err
+	}
+	limit, err := s.Bytes(name, "memory_limit", deviceCapacity(dev))
+	if err != nil {
+		return nil, err
+	}
+	if _, set := s["memory_limit"]; set && limit < bfcMinAllocation {
+		return nil, invalidSettingf(name, s, "memory_limit", "must be at least 256 B")
+	}
+	if limit == 0 {
+		if !growth {
+			return nil, invalidSettingf(name, s, "allow_growth", "false needs a memory limit (--capacity or memory_limit)")
+		}
+		limit = noLimit
+	}
+	p := &BFC{
+		dev:         dev,
+		allowGrowth: growth,
+		gc:          gc,
+		limit:       limit,
+		free:        fitTree{byAddr: false},
+		live:        map[uint64]*fitBlock{},
+	}
+	if growth {
+		p.curRegion = ceilToMultiple(min(limit, 2<<20), bfcMinAllocation)
+	} else {
+		p.curRegion = ceilToMultiple(limit, bfcMinAllocation)
+	}
+	return p, nil
+}
+
+// deviceCapacity returns dev's capacity in bytes, 0 if it has none.
+func deviceCapacity(dev Device) uint64 {
+	if c, ok := dev.(Capacitor); ok {
+		return c.Capacity()
+	}
+	return 0
+}
+
+// Name returns "bfc".
+func (p *BFC) Name() string { return "bfc" }
+
+// Retries returns the number of regions asked of the device again after a
+// garbage collection or, once, after the device refused one (backpedal).
+func (p *BFC) Retries() int64 { return p.retries }
+
+// FreeSpace returns the free bytes in the regions and the size in bytes of
+// the largest free chunk.
+func (p *BFC) FreeSpace() (total, largest uint64) { return p.free.bytes, p.free.largest() }
+
+// Malloc places size bytes, rounded up to 256 B, in the best-fitting free
+// chunk, adding a region when none fits. Stream is ignored. It returns an
+// error wrapping ErrOutOfMemory when no region can be added even after
+// garbage collection.
+func (p *BFC) Malloc(size, stream uint64) (Block, error) {
+	if size == 0 {
+		return Block{}, nil
+	}
+	if size > maxRequest {
+		return Block{}, errRequestTooLarge("bfc", size)
+	}
+	n := ceilToMultiple(size, bfcMinAllocation)
+	c := p.free.best(n)
+	if c == nil {
+		ok, err := p.extend(n)
+		if err != nil {
+			return Block{}, fmt.Errorf("policy bfc: malloc of %d bytes: %w", size, err)
+		}
+		if !ok && p.gc && p.deallocateFreeRegions(n) {
+			p.retries++
+			if ok, err = p.extend(n); err != nil {
+				return Block{}, fmt.Errorf("policy bfc: malloc of %d bytes: %w", size, err)
+			}
+		}
+		if ok {
+			c = p.free.best(n)
+		}
+		if c == nil {
+			return Block{}, fmt.Errorf("policy bfc: malloc of %d bytes (%d rounded) with %d of %d in regions, %d free, largest free chunk %d: %w",
+				size, n, p.total, p.limit, p.free.bytes, p.free.largest(), ErrOutOfMemory)
+		}
+	}
+	p.free.remove(c)
+	if c.size >= 2*n || c.size-n >= bfcMaxWaste {
+		r := p.nodes.get(c.addr+n, c.size-n)
+		linkAfter(c, r)
+		c.size = n
+		p.free.insert(r)
+	}
+	p.live[c.addr] = c
+	return Block{Addr: c.addr, Size: c.size}, nil
+}
+
+// Free returns the chunk at addr, coalesced with its free neighbours in
+// the region. Stream is ignored. It returns an error if addr is not a live
+// chunk.
+func (p *BFC) Free(addr, stream uint64) error {
+	if addr == 0 {
+		return nil
+	}
+	c, ok := p.live[addr]
+	if !ok {
+		return fmt.Errorf("policy bfc: free of %#x: not a live block", addr)
+	}
+	delete(p.live, addr)
+	if nx := c.next; nx != nil && nx.tree != nil {
+		p.free.remove(nx)
+		c.size += nx.size
+		unlink(nx)
+		p.nodes.put(nx)
+	}
+	if pv := c.prev; pv != nil && pv.tree != nil {
+		p.free.remove(pv)
+		pv.size += c.size
+		unlink(c)
+		p.nodes.put(c)
+		c = pv
+	}
+	p.free.insert(c)
+	return nil
+}
+
+// extend adds a region large enough for n bytes (BFCAllocator::Extend). It
+// reports false when the memory limit or the device leaves no room, and
+// returns an error only for a device failure other than an OOM.
+func (p *BFC) extend(n uint64) (bool, error) {
+	avail := (p.limit - p.total) / bfcMinAllocation * bfcMinAllocation
+	if n > avail {
+		return false, nil
+	}
+	increased := false
+	for n > p.curRegion {
+		p.curRegion *= 2
+		increased = true
+	}
+	bytes := min(p.curRegion, avail)
+	addr, err := p.dev.Alloc(bytes)
+	if err != nil && errors.Is(err, ErrOutOfMemory) && !p.backpedaled {
+		p.backpedaled = true
+		for err != nil && errors.Is(err, ErrOutOfMemory) {
+			// bytes * 0.9f in single precision, as the original.
+			bytes = ceilToMultiple(uint64(float32(bytes)*float32(0.9)), bfcMinAllocation)
+			if bytes < n {
+				break
+			}
+			p.retries++
+			addr, err = p.dev.Alloc(bytes)
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrOutOfMemory) {
+			return false, nil
+		}
+		return false, err
+	}
+	if !increased && p.curRegion < 1<<62 {
+		p.curRegion *= 2
+	}
+	p.total += bytes
+	c := p.nodes.get(addr, bytes)
+	p.regions = append(p.regions, &bfcRegion{addr: addr, size: bytes, first: c})
+	p.free.insert(c)
+	return true, nil
+}
+
+// deallocateFreeRegions returns every wholly free region to the device
+// when that makes room for n bytes (BFCAllocator::DeallocateFreeRegions),
+// and reports whether it returned any.
+func (p *BFC) deallocateFreeRegions(n uint64) bool {
+	var freed uint64
+	for _, r := range p.regions {
+		if r.first.tree != nil && r.first.next == nil {
+			freed += r.size
+		}
+	}
+	if freed == 0 {
+		return false
+	}
+	if p.limit != noLimit && n > p.limit-p.total+freed {
+		return false
+	}
+	kept := p.regions[:0]
+	for _, r := range p.regions {
+		if r.first.tree == nil || r.first.next != nil {
+			kept = append(kept, r)
+			continue
+		}
+		p.free.remove(r.first)
+		p.nodes.put(r.first)
+		p.total -= r.size
+		// A failed device free leaves the region counted as freed: the
+		// simulated and real devices only fail for an unknown address.
+		_ = p.dev.Free(r.addr)
+	}
+	clear(p.regions[len(kept):])
+	p.regions = kept
+	return true
+}
+
+// The policies bfc, rmm-pool and rmm-arena keep their free blocks in
+// treaps (binary search trees by key, heaps by random priority) with
+// parent links, each node carrying the largest size in its subtree. A best
+// fit tree is keyed by (size, address) and answers the smallest block that
+// fits; a first fit tree is keyed by address and answers the lowest block
+// that fits, and a block of it may change its address and size in place
+// (resized) as long as its place in address order stays.
+
+// fitBlock is a run of bytes of a segment, free or allocated, linked to its
+// address neighbours (within its segment, or its superblock for
+// rmm-arena). A free block is a node of one fitTree.
+type fitBlock struct {
+	addr, size uint64
+	prev, next *fitBlock
+	tree       *fitTree // the tree holding the block while free; nil while allocated
+
+	left, right, parent *fitBlock
+	prio, maxSize       uint64
+}
+
+// fitTree is a treap of free blocks.
+type fitTree struct {
+	root   *fitBlock
+	byAddr bool   // keyed by address (first fit), else by (size, address)
+	bytes  uint64 // free bytes in the tree
+	rng    uint64
+}
+
+// linkAfter puts new block r after b among b's neighbours.
+func linkAfter(b, r *fitBlock) {
+	r.prev, r.next = b, b.next
+	if b.next != nil {
+		b.next.prev = r
+	}
+	b.next = r
+}
+
+// linkBefore puts new block a before b among b's neighbours; the caller
+// updates whatever points at b as a first block.
+func linkBefore(b, a *fitBlock) {
+	a.prev, a.next = b.prev, b
+	if b.prev != nil {
+		b.prev.next = a
+	}
+	b.prev = a
+}
+
+// unlink takes block b out of its neighbours' links.
+func unlink(b *fitBlock) {
+	if b.prev != nil {
+		b.prev.next = b.next
+	}
+	if b.next != nil {
+		b.next.prev = b.prev
+	}
+	b.prev, b.next = nil, nil
+}
+
+// fitNodes recycles fitBlocks, so that steady-state mallocs and frees
+// allocate nothing.
+type fitNodes struct{ spare []*fitBlock }
+
+func (f *fitNodes) get(addr, size uint64) *fitBlock {
+	var b *fitBlock
+	if k := len(f.spare); k > 0 {
+		b = f.spare[k-1]
+		f.spare = f.spare[:k-1]
+	} else {
+		b = new(fitBlock)
+	}
+	b.addr, b.size = addr, size
+	return b
+}
+
+func (f *fitNodes) put(b *fitBlock) {
+	*b = fitBlock{}
+	f.spare = append(f.spare, b)
+}
+
+func (t *fitTree) less(a, b *fitBlock) bool {
+	if !t.byAddr && a.size != b.size {
+		return a.size < b.size
+	}
+	return a.addr < b.addr
+}
+
+// largest returns the size of the largest free block, 0 if none.
+func (t *fitTree) largest() uint64 {
+	if t.root == nil {
+		return 0
+	}
+	return t.root.maxSize
+}
+
+// best returns the smallest block of at least n bytes, the lowest address
+// among equals, or nil; t is keyed by (size, address).
+func (t *fitTree) best(n uint64) *fitBlock {
+	if t.root == nil || t.root.maxSize < n {
+		return nil
+	}
+	var best *fitBlock
+	for x := t.root; x != nil; {
+		if x.size >= n {
+			best, x = x, x.left
+		} else {
+			x = x.right
+		}
+	}
+	return best
+}
+
+// first returns the lowest block of at least n bytes, or nil; t is keyed
+// by address.
+func (t *fitTree) first(n uint64) *fitBlock {
+	x := t.root
+	if x == nil || x.maxSize < n {
+		return nil
+	}
+	for {
+		if l := x.left; l != nil && l.maxSize >= n {
+			x = l
+		} else if x.size >= n {
+			return x
+		} else {
+			x = x.right
+		}
+	}
+}
+
+// insert puts free block b into t.
+func (t *fitTree) insert(b *fitBlock) {
+	// xorshift64 for the priorities.
+	if t.rng == 0 {
+		t.rng = 0x9e3779b97f4a7c15
+	}
+	t.rng ^= t.rng << 13
+	t.rng ^= t.rng >> 7
+	t.rng ^= t.rng << 17
+	b.prio = t.rng
+	b.left, b.right, b.maxSize, b.tree = nil, nil, b.size, t
+	t.bytes += b.size
+	x := t.root
+	if x == nil {
+		b.parent = nil
+		t.root = b
+		return
+	}
+	for {
+		if x.maxSize < b.size {
+			x.maxSize = b.size
+		}
+		if t.less(b, x) {
+			if x.left == nil {
+				x.left = b
+				break
+			}
+			x = x.left
+		} else {
+			if x.right == nil {
+				x.right = b
+				break
+			}
+			x = x.right
+		}
+	}
+	b.parent = x
+	for b.parent != nil && b.prio > b.parent.prio {
+		t.rotateUp(b)
+	}
+}
+
+// remove takes free block b out of t.
+func (t *fitTree) remove(b *fitBlock) {
+	for b.left != nil && b.right != nil {
+		if b.left.prio > b.right.prio {
+			t.rotateUp(b.left)
+		} else {
+			t.rotateUp(b.right)
+		}
+	}
+	child := b.left
+	if child == nil {
+		child = b.right
+	}
+	p := b.parent
+	t.replaceChild(p, b, child)
+	if child != nil {
+		child.parent = p
+	}
+	b.left, b.right, b.parent, b.tree = nil, nil, nil, nil
+	t.bytes -= b.size
+	fitFixUp(p)
+}
+
+// resize sets the address and size of free block b in place, in a tree
+// keyed by address; its place in address order must not change.
+func (t *fitTree) resize(b *fitBlock, addr, size uint64) {
+	t.bytes += size - b.size
+	b.addr, b.size = addr, size
+	fitFixUp(b)
+}
+
+// fitFixUp brings the subtree sizes from x up to the root up to date.
+func fitFixUp(x *fitBlock) {
+	for ; x != nil; x = x.parent {
+		m := fitSubtreeMax(x)
+		if m == x.maxSize {
+			break
+		}
+		x.maxSize = m
+	}
+}
+
+// rotateUp rotates x above its parent.
+func (t *fitTree) rotateUp(x *fitBlock) {
+	p := x.parent
+	g := p.parent
+	if x == p.left {
+		p.left = x.right
+		if x.right != nil {
+			x.right.parent = p
+		}
+		x.right = p
+	} else {
+		p.right = x.left
+		if x.left != nil {
+			x.left.parent = p
+		}
+		x.left = p
+	}
+	p.parent, x.parent = x, g
+	t.replaceChild(g, p, x)
+	x.maxSize = p.maxSize
+	p.maxSize = fitSubtreeMax(p)
+}
+
+// replaceChild puts y where x was under parent p (the root if p is nil).
+func (t *fitTree) replaceChild(p, x, y *fitBlock) {
+	switch {
+	case p == nil:
+		t.root = y
+	case p.left == x:
+		p.left = y
+	default:
+		p.right = y
+	}
+}
+
+// fitSubtreeMax returns the largest size in x's subtree from its children's.
+func fitSubtreeMax(x *fitBlock) uint64 {
+	m := x.size
+	if x.left != nil && x.left.maxSize > m {
+		m = x.left.maxSize
+	}
+	if x.right != nil && x.right.maxSize > m {
+		m = x.right.maxSize
+	}
+	return m
+}
