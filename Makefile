@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin
 
-.PHONY: build test demo bench clean
+.PHONY: build test demo bench fuzz clean
 
 build:
 	$(GO) build -o $(BIN)/record ./cmd/record
@@ -26,6 +26,15 @@ demo: build
 # 10M-event trace, then prints one BENCH line per measurement.
 bench:
 	$(GO) test ./sim -run '^$$' -bench . -benchtime 2x -timeout 60m
+
+# fuzz runs each fuzz target for FUZZTIME (the seed corpora and the
+# crashers kept under testdata/fuzz run in every `make test`).
+FUZZTIME ?= 10m
+fuzz:
+	$(GO) test ./trace -run '^$$' -fuzz '^FuzzReader$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
+	$(GO) test ./trace -run '^$$' -fuzz '^FuzzText$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
+	$(GO) test ./trace/pytorch -run '^$$' -fuzz '^FuzzImport$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
+	$(GO) test ./trace/rmm -run '^$$' -fuzz '^FuzzImport$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
 
 clean:
 	rm -rf $(BIN) out
