@@ -186,5 +186,7 @@ func TestTLSFFreeUnknown(t *testing.T) {
 
 func BenchmarkTLSF(b *testing.B) {
 	b.Run("sim", func(b *testing.B) { benchSimple(b, "tlsf", nil, func() policies.Device { return sim.NewDevice(0) }) })
-	b.Run("null", func(b *testing.B) { benchSimple(b, "tlsf", nil, func() policies.Device { return &nullDevice{next: devBase} }) })
+	b.Run("null", func(b *testing.B) {
+		benchSimple(b, "tlsf", nil, func() policies.Device { return &nullDevice{next: devBase} })
+	})
 }
