@@ -20,6 +20,9 @@ type Config struct {
 	Settings policies.Settings
 	// Capacity is the simulated device's capacity in bytes, 0 for unlimited.
 	Capacity uint64
+	// Observer, if not nil, is told of every action of the allocator (see
+	// Observer), for recording its history.
+	Observer Observer
 }
 
 // liveAlloc is a malloc of the trace that is live in the replay.
@@ -49,13 +52,15 @@ type Replay struct {
 	pinned, managed      uint64 // live host-side bytes
 
 	series seriesBuilder
+	obs    *observing // nil unless cfg.Observer
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device. It
 // returns an error for an unknown policy or a bad setting.
 func NewReplay(cfg Config) (*Replay, error) {
 	dev := NewDevice(cfg.Capacity)
-	p, err := policies.New(cfg.Policy, dev, cfg.Settings)
+	obs := newObserving(cfg.Observer, dev)
+	p, err := policies.New(cfg.Policy, obs.wrap(dev), cfg.Settings)
 	if err != nil {
 		return nil, err
 	}
@@ -65,6 +70,7 @@ func NewReplay(cfg Config) (*Replay, error) {
 		dev:    dev,
 		live:   newLiveTable(),
 		series: seriesBuilder{width: 1},
+		obs:    obs,
 	}
 	r.res = Result{
 		Trace:         cfg.Trace,
@@ -87,6 +93,7 @@ func (r *Replay) Device() *Device { return r.dev }
 // that cannot be replayed at all; OOMs are counted and the replay goes on.
 func (r *Replay) Step(i int64, ev trace.Event) error {
 	r.res.Events++
+	r.obs.at(i, ev)
 	switch ev.Op {
 	case trace.OpMalloc:
 		if err := r.malloc(i, ev); err != nil {
@@ -167,6 +174,7 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	r.live.put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind})
+	r.obs.tell(ActionAlloc, b, ev.Size)
 	return nil
 }
 
@@ -189,6 +197,9 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	r.allocated -= b.Size
+	r.obs.tell(ActionAlloc, b, ev.Size)
+	r.obs.tell(ActionFreeRequested, b, ev.Size)
+	r.obs.tell(ActionFreeCompleted, b, ev.Size)
 	if err := r.policy.Free(b.Addr, ev.Stream); err != nil {
 		return fmt.Errorf("event %d: free of the block of a failed malloc: %w", i, err)
 	}
@@ -207,6 +218,9 @@ func (r *Replay) freeRequested(ev trace.Event) {
 	a.released = true
 	r.live.put(ev.Addr, a)
 	r.release(a)
+	if a.kind.OnDevice() && !a.failed {
+		r.obs.tell(ActionFreeRequested, a.block, a.requested)
+	}
 }
 
 // release takes a live allocation's bytes out of the live figures.
@@ -240,6 +254,10 @@ func (r *Replay) free(i int64, ev trace.Event) error {
 		// The malloc failed in the replay: nothing to give back.
 		return nil
 	}
+	if !a.released {
+		r.obs.tell(ActionFreeRequested, a.block, a.requested)
+	}
+	r.obs.tell(ActionFreeCompleted, a.block, a.requested)
 	if err := r.policy.Free(a.block.Addr, ev.Stream); err != nil {
 		return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
 	}
@@ -248,6 +266,7 @@ func (r *Replay) free(i int64, ev trace.Event) error {
 
 func (r *Replay) oom(i int64, size uint64) {
 	r.res.OOMs++
+	r.obs.tell(ActionOOM, policies.Block{}, size)
 	if r.res.FirstOOMEvent < 0 {
 		r.res.FirstOOMEvent = i
 		r.res.FirstOOMSize = size
