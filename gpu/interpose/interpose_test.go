@@ -25,7 +25,7 @@ import (
 var built struct {
 	once              sync.Once
 	dir, err          string
-	lib, dyn, static_ string
+	lib, dyn, static string
 }
 
 func cc() string {
@@ -51,13 +51,13 @@ func build(t *testing.T) {
 		built.dir = dir
 		built.lib = filepath.Join(dir, LibraryName)
 		built.dyn = filepath.Join(dir, "prog_dyn")
-		built.static_ = filepath.Join(dir, "prog_static")
+		built.static = filepath.Join(dir, "prog_static")
 		steps := [][]string{
 			{"-O2", "-Wall", "-shared", "-fPIC", "-o", built.lib, "preload/interpose.c", "-ldl", "-lpthread"},
 			{"-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"), "testdata/fakecuda.c", "-lpthread"},
 			{"-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcudart.so.13"), "testdata/fakecudart.c", "-ldl", "-lpthread"},
 			{"-O2", "-o", built.dyn, "testdata/prog.c", "-L" + dir, "-l:libcudart.so.13", "-Wl,-rpath," + dir, "-lpthread"},
-			{"-O2", "-o", built.static_, "testdata/prog.c", "testdata/fakecudart.c", "-ldl", "-lpthread"},
+			{"-O2", "-o", built.static, "testdata/prog.c", "testdata/fakecudart.c", "-ldl", "-lpthread"},
 		}
 		for _, s := range steps {
 			out, err := exec.Command(cc(), s...).CombinedOutput()
@@ -221,7 +221,7 @@ func TestAll(t *testing.T) {
 		{"dynamic", built.dyn,
 			"cudaMalloc cudaMalloc cudaMallocAsync cudaMallocFromPoolAsync cudaMallocHost cudaHostAlloc cudaMallocManaged cudaEventSynchronize cudaFree",
 			map[string]string{"calls.cudaMalloc": "3", "failed.cudaMalloc": "1", "calls.cudaFree": "4", "calls.cudaMallocHost": "1", "calls.cuStreamSynchronize": "1"}},
-		{"static", built.static_,
+		{"static", built.static,
 			"cuMemAlloc cuMemAlloc cuMemAllocAsync cuMemAllocFromPoolAsync cuMemHostAlloc cuMemHostAlloc cuMemAllocManaged cuEventSynchronize cuMemFree",
 			map[string]string{"calls.cuMemAlloc": "2", "failed.cuMemAlloc": "1", "calls.cuMemFree": "3", "calls.cuMemHostAlloc": "2", "calls.cuStreamSynchronize": "2"}},
 	} {
@@ -267,7 +267,7 @@ func TestAll(t *testing.T) {
 // call once, each thread's calls in its order.
 func TestThreads(t *testing.T) {
 	build(t)
-	for _, prog := range []string{built.dyn, built.static_} {
+	for _, prog := range []string{built.dyn, built.static} {
 		rec := recordRun(t, prog, "threads", "4", "200")
 		evs := rec.traces[0].evs
 		if len(evs) != 4*200*2 {
@@ -328,7 +328,7 @@ func TestProcesses(t *testing.T) {
 		}
 	})
 	t.Run("exit from a second thread", func(t *testing.T) {
-		rec := recordRun(t, built.static_, "exit-thread")
+		rec := recordRun(t, built.static, "exit-thread")
 		if rec.res.ExitCode != 3 || rec.traces[0].h.Metadata["exit_status"] != "3" {
 			t.Errorf("exit status %d", rec.res.ExitCode)
 		}
@@ -368,7 +368,7 @@ func TestProcesses(t *testing.T) {
 func TestOverhead(t *testing.T) {
 	build(t)
 	env := append(os.Environ(), "LD_LIBRARY_PATH="+built.dir)
-	for _, prog := range []string{built.dyn, built.static_} {
+	for _, prog := range []string{built.dyn, built.static} {
 		bench := func(pre bool) float64 {
 			cmd := exec.Command(prog, "bench", "100000")
 			cmd.Env = env

@@ -81,7 +81,9 @@ type Written struct {
 // Run runs the program under the preload library, waits for it, and writes
 // the traces. The program's exit status is in the Result; an error is
 // returned only when recording failed (the program could not be started,
-// a trace could not be written).
+// a trace could not be written). While the program runs, Run passes
+// SIGTERM and SIGHUP on to it and outlives SIGINT and SIGQUIT, which the
+// terminal sends to the program as well.
 func Run(opts Options) (*Result, error) {
 	if opts.Output == "" {
 		return nil, errors.New("no output path")
@@ -133,7 +135,12 @@ func Run(opts Options) (*Result, error) {
 		for {
 			select {
 			case s := <-sigs:
-				cmd.Process.Signal(s)
+				// The terminal sends SIGINT and SIGQUIT to the program too
+				// (it is in our process group): survive them to write the
+				// traces. SIGTERM and SIGHUP come to us alone: pass them on.
+				if s == syscall.SIGTERM || s == syscall.SIGHUP {
+					cmd.Process.Signal(s)
+				}
 			case <-done:
 				return
 			}
