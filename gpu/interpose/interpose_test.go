@@ -23,8 +23,8 @@ import (
 // the test program linked against the runtime (dyn) and with the runtime
 // compiled in, as nvcc links it by default (static).
 var built struct {
-	once              sync.Once
-	dir, err          string
+	once             sync.Once
+	dir, err         string
 	lib, dyn, static string
 }
 
