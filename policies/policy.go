@@ -33,6 +33,26 @@ type Capacitor interface {
 	Reserved() uint64
 }
 
+// Mapper is implemented by a Device that can reserve address ranges and
+// back pages of them with memory on demand (cuMemAddressReserve, then
+// cuMemCreate and cuMemMap), as expandable segments need.
+type Mapper interface {
+	// Reserve reserves size bytes of address space, backed by nothing, and
+	// returns its start.
+	Reserve(size uint64) (addr uint64, err error)
+	// Map backs [addr, addr+size), inside a reserved range and not mapped,
+	// with memory: one device allocation, counted as one however many
+	// pages it spans. It returns an error wrapping ErrOutOfMemory when the
+	// device refuses.
+	Map(addr, size uint64) error
+	// Unmap gives back the memory of [addr, addr+size), which is mapped:
+	// one device free.
+	Unmap(addr, size uint64) error
+	// Release gives back the reserved range at addr, which has nothing
+	// mapped.
+	Release(addr uint64) error
+}
+
 // Block is a placed allocation: its address and the bytes the policy set
 // aside for it (the requested size after the policy's rounding).
 type Block struct {
