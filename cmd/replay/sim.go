@@ -29,6 +29,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE` (- for stdout)")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
+	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	if err := fs.Parse(args); err != nil {
@@ -53,6 +54,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	var results []*sim.Result
+	vd := newVizDir(*vizOut)
 	for _, path := range fs.Args() {
 		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
 		if err != nil {
@@ -62,8 +64,18 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		for k, n := range names {
 			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes}
 		}
+		vr, err := vd.start(path, cfgs)
+		if err != nil {
+			f.Close()
+			return err
+		}
 		res, err := sim.Run(f, cfgs...)
 		f.Close()
+		if err == nil {
+			err = vr.finish()
+		} else {
+			vr.abort()
+		}
 		if err != nil {
 			if strings.HasPrefix(err.Error(), path+":") {
 				return err // a read error, which names the file already

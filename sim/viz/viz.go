@@ -1,0 +1,205 @@
+// Package viz records the history of a simulated allocator as a PyTorch
+// memory snapshot, so that the simulated policy's state can be browsed in
+// PyTorch's own memory viewer (pytorch.org/memory_viz, or
+// `python -m torch.cuda._memory_viz trace_plot FILE`) next to the real
+// allocator's.
+//
+// A Recorder is a sim.Observer: give it to a replay in sim.Config.Observer
+// and it streams one trace entry per allocator action (alloc,
+// free_requested, free_completed, segment_alloc, segment_free, oom) to its
+// writer, keeping only the live segments and blocks in memory; Close adds
+// the final segments, each tiled by its live blocks and the free space
+// between them (one inactive block per gap), as a snapshot's "segments"
+// list holds them.
+package viz
+
+import (
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace/pytorch"
+)
+
+// smallSegment is the largest segment, in bytes, recorded with segment
+// type "small" (PyTorch's small pool uses 2 MiB segments).
+const smallSegment = 2 << 20
+
+// Recorder writes a replay's allocator actions as a PyTorch memory
+// snapshot for device 0. It is not safe for concurrent use.
+type Recorder struct {
+	w        *pytorch.SnapshotWriter
+	settings map[string]string
+	segs     map[uint64]segment
+	blocks   map[uint64]block
+	err      error
+	closed   bool
+}
+
+type segment struct {
+	size, stream uint64
+}
+
+type block struct {
+	size, requested, stream uint64
+	pending                 bool // free requested, not completed
+}
+
+// NewRecorder returns a Recorder writing to w. settings are written as the
+// snapshot's allocator_settings (for example the policy's name and
+// settings), strings by key.
+func NewRecorder(w io.Writer, settings map[string]string) *Recorder {
+	return &Recorder{
+		w:        pytorch.NewSnapshotWriter(w, 0),
+		settings: settings,
+		segs:     map[uint64]segment{},
+		blocks:   map[uint64]block{},
+	}
+}
+
+var _ sim.Observer = (*Recorder)(nil)
+
+// Observe writes one action as a trace entry. Errors (of the writer, or an
+// action that contradicts the state so far) are kept and returned by
+// Close; after the first, Observe does nothing.
+func (r *Recorder) Observe(a sim.Action) {
+	if r.err != nil || r.closed {
+		return
+	}
+	e := pytorch.TraceEntry{Action: a.Kind.String(), Addr: a.Addr, Size: a.Requested, Stream: a.Stream, TimeUS: a.Time / 1000}
+	switch a.Kind {
+	case sim.ActionSegmentAlloc:
+		if _, dup := r.segs[a.Addr]; dup {
+			r.fail(a, "segment %#x is already live", a.Addr)
+			return
+		}
+		r.segs[a.Addr] = segment{size: a.Size, stream: a.Stream}
+		e.Size = a.Size
+	case sim.ActionSegmentFree:
+		s, ok := r.segs[a.Addr]
+		if !ok {
+			r.fail(a, "segment %#x is not live", a.Addr)
+			return
+		}
+		delete(r.segs, a.Addr)
+		e.Size, e.Stream = s.size, s.stream
+	case sim.ActionAlloc:
+		if _, dup := r.blocks[a.Addr]; dup {
+			r.fail(a, "block %#x is already live", a.Addr)
+			return
+		}
+		r.blocks[a.Addr] = block{size: a.Size, requested: a.Requested, stream: a.Stream}
+	case sim.ActionFreeRequested:
+		b, ok := r.blocks[a.Addr]
+		if !ok || b.pending {
+			r.fail(a, "block %#x is not allocated", a.Addr)
+			return
+		}
+		b.pending = true
+		r.blocks[a.Addr] = b
+		e.Size, e.Stream = b.requested, b.stream
+	case sim.ActionFreeCompleted:
+		b, ok := r.blocks[a.Addr]
+		if !ok || !b.pending {
+			r.fail(a, "block %#x is not pending free", a.Addr)
+			return
+		}
+		delete(r.blocks, a.Addr)
+		e.Size, e.Stream = b.requested, b.stream
+	case sim.ActionOOM:
+		e.Addr, e.DeviceFree = 0, a.Free
+	default:
+		r.fail(a, "unknown action")
+		return
+	}
+	if err := r.w.Add(e); err != nil {
+		r.err = err
+	}
+}
+
+func (r *Recorder) fail(a sim.Action, format string, args ...any) {
+	r.err = fmt.Errorf("viz: event %d: %s: %s", a.Event, a.Kind, fmt.Sprintf(format, args...))
+}
+
+// Entries returns the number of trace entries written.
+func (r *Recorder) Entries() int64 { return r.w.Entries() }
+
+// Close writes the final segments and ends the snapshot. It returns the
+// first error of Observe, and an error when a live block lies outside
+// every live segment or overlaps another; it does not close the
+// underlying writer.
+func (r *Recorder) Close() error {
+	if r.closed {
+		return r.err
+	}
+	r.closed = true
+	if r.err != nil {
+		return r.err
+	}
+	segs, err := r.segments()
+	if err != nil {
+		return err
+	}
+	return r.w.Close(segs, r.settings)
+}
+
+// segments returns the live segments by address, each tiled by its live
+// blocks and inactive blocks for the gaps.
+func (r *Recorder) segments() ([]pytorch.Segment, error) {
+	saddrs := make([]uint64, 0, len(r.segs))
+	for a := range r.segs {
+		saddrs = append(saddrs, a)
+	}
+	sort.Slice(saddrs, func(i, j int) bool { return saddrs[i] < saddrs[j] })
+	baddrs := make([]uint64, 0, len(r.blocks))
+	for a := range r.blocks {
+		baddrs = append(baddrs, a)
+	}
+	sort.Slice(baddrs, func(i, j int) bool { return baddrs[i] < baddrs[j] })
+
+	out := make([]pytorch.Segment, 0, len(saddrs))
+	k := 0
+	for _, sa := range saddrs {
+		s := r.segs[sa]
+		end := sa + s.size
+		seg := pytorch.Segment{Address: sa, TotalSize: s.size, Stream: s.stream, SegmentType: "large"}
+		if s.size <= smallSegment {
+			seg.SegmentType = "small"
+		}
+		if k < len(baddrs) && baddrs[k] < sa {
+			return nil, fmt.Errorf("viz: block %#x lies in no live segment", baddrs[k])
+		}
+		at := sa
+		for ; k < len(baddrs) && baddrs[k] < end; k++ {
+			ba := baddrs[k]
+			b := r.blocks[ba]
+			if b.size == 0 {
+				continue // occupies nothing
+			}
+			if ba < at {
+				return nil, fmt.Errorf("viz: block %#x overlaps the block before it", ba)
+			}
+			if ba+b.size > end {
+				return nil, fmt.Errorf("viz: block %#x of %d bytes runs past the end of segment %#x of %d bytes", ba, b.size, sa, s.size)
+			}
+			if ba > at {
+				seg.Blocks = append(seg.Blocks, pytorch.Block{Size: ba - at, State: pytorch.StateInactive})
+			}
+			state := pytorch.StateActiveAllocated
+			if b.pending {
+				state = pytorch.StateActivePendingFree
+			}
+			seg.Blocks = append(seg.Blocks, pytorch.Block{Size: b.size, RequestedSize: b.requested, State: state})
+			at = ba + b.size
+		}
+		if at < end {
+			seg.Blocks = append(seg.Blocks, pytorch.Block{Size: end - at, State: pytorch.StateInactive})
+		}
+		out = append(out, seg)
+	}
+	if k < len(baddrs) {
+		return nil, fmt.Errorf("viz: block %#x lies in no live segment", baddrs[k])
+	}
+	return out, nil
+}
