@@ -156,7 +156,8 @@ type Event struct {
 	Stream uint64
 	// Thread is the id of the host thread that issued the op, 0 if unknown.
 	Thread uint64
-	// Label is the text of a marker.
+	// Label is the text of a marker, or the call site of a malloc where
+	// the source recorded one (e.g. "cudaMalloc@libc10_cuda.so+0x2f4cb").
 	Label string
 }
 

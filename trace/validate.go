@@ -16,15 +16,31 @@ func (e *ValidationError) Error() string { return fmt.Sprintf("event %d: %s", e.
 
 // Validator checks the meaning of a stream of events: a malloc of an
 // address that is live, a free (or free request) of an address that is not
-// live, naming the event that freed it when it is a double free, a malloc of
-// 0 bytes, and time going backwards. Its memory grows with the number of
-// distinct addresses seen, not with the trace's length.
+// live, naming the event that freed it when it is a double free (among the
+// last RecentFrees frees), a malloc of 0 bytes or of more than MaxSize
+// bytes, and time going backwards. Its memory grows with the live
+// allocations, not with the trace's length.
 type Validator struct {
 	live     map[uint64]int64 // address -> event index of its malloc
-	freed    map[uint64]int64 // address -> event index of its free
+	freed    map[uint64]int64 // address -> event index of a recent free
+	ring     []recentFree     // the frees in freed, oldest first from next
+	next     int
 	lastTime int64
 	lastIdx  int64
 }
+
+type recentFree struct {
+	addr  uint64
+	event int64
+}
+
+// RecentFrees is how many of the latest frees a Validator remembers to tell
+// a double free from a free of an address never allocated.
+const RecentFrees = 1 << 16
+
+// MaxSize is the largest malloc in bytes that a Validator accepts: 1 PiB,
+// far beyond any device; a larger size is a corrupt or misread trace.
+const MaxSize = 1 << 50
 
 // NewValidator returns a Validator expecting event 0 next.
 func NewValidator() *Validator {
@@ -51,6 +67,9 @@ func (v *Validator) checkOp(i int64, ev Event) error {
 		if ev.Size == 0 {
 			return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc of 0 bytes at %#x", ev.Addr)}
 		}
+		if ev.Size > MaxSize {
+			return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc of %d bytes at %#x: more than any device holds", ev.Size, ev.Addr)}
+		}
 		if j, ok := v.live[ev.Addr]; ok {
 			return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc at %#x, which is live since the malloc at event %d", ev.Addr, j)}
 		}
@@ -60,7 +79,7 @@ func (v *Validator) checkOp(i int64, ev Event) error {
 		if _, ok := v.live[ev.Addr]; ok {
 			if ev.Op == OpFree {
 				delete(v.live, ev.Addr)
-				v.freed[ev.Addr] = i
+				v.remember(ev.Addr, i)
 			}
 			return nil
 		}
@@ -70,6 +89,22 @@ func (v *Validator) checkOp(i int64, ev Event) error {
 		return &ValidationError{i, ev.Addr, fmt.Sprintf("%s of unknown address %#x", ev.Op, ev.Addr)}
 	}
 	return nil
+}
+
+// remember records the free of addr at event i, forgetting the oldest
+// free once RecentFrees are held.
+func (v *Validator) remember(addr uint64, i int64) {
+	if len(v.ring) < RecentFrees {
+		v.ring = append(v.ring, recentFree{addr, i})
+	} else {
+		old := v.ring[v.next]
+		if j, ok := v.freed[old.addr]; ok && j == old.event {
+			delete(v.freed, old.addr)
+		}
+		v.ring[v.next] = recentFree{addr, i}
+		v.next = (v.next + 1) % RecentFrees
+	}
+	v.freed[addr] = i
 }
 
 // Live returns the number of allocations live after the events checked.

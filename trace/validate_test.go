@@ -46,3 +46,28 @@ free id=1 t=21
 		t.Errorf("limit 2 gave %d problems", len(lim))
 	}
 }
+
+// TestValidateBounded frees many distinct addresses: the validator keeps
+// only the recent ones, and still names a recent double free.
+func TestValidateBounded(t *testing.T) {
+	v := NewValidator()
+	i := int64(0)
+	for a := uint64(1); a <= 3*RecentFrees; a++ {
+		v.Check(i, Event{Op: OpMalloc, Addr: a, Size: 1})
+		v.Check(i+1, Event{Op: OpFree, Addr: a})
+		i += 2
+	}
+	if len(v.freed) != RecentFrees || len(v.ring) != RecentFrees {
+		t.Errorf("remembers %d frees in a ring of %d, want %d", len(v.freed), len(v.ring), RecentFrees)
+	}
+	last := uint64(3 * RecentFrees)
+	if err := v.Check(i, Event{Op: OpFree, Addr: last}); err == nil || !strings.Contains(err.Error(), "double free") {
+		t.Errorf("double free of a recent address: %v", err)
+	}
+	if err := v.Check(i+1, Event{Op: OpFree, Addr: 1}); err == nil || !strings.Contains(err.Error(), "unknown address") {
+		t.Errorf("free of a long-forgotten address: %v", err)
+	}
+	if err := v.Check(i+2, Event{Op: OpMalloc, Addr: 5, Size: 1 << 60}); err == nil || !strings.Contains(err.Error(), "more than any device holds") {
+		t.Errorf("malloc of 2^60 bytes: %v", err)
+	}
+}
