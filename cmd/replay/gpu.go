@@ -54,6 +54,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
+	table := fs.Bool("table", false, "print the table also when writing --json or --csv")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	if err := fs.Parse(args); err != nil {
@@ -149,7 +150,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("--plots: %w", err)
 		}
 	}
-	if *jsonOut == "" && *csvOut == "" {
+	if *table || (*jsonOut == "" && *csvOut == "") {
 		writeGPUTable(stdout, results)
 	}
 	return nil
