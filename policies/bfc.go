@@ -315,7 +315,8 @@ func (p *BFC) deallocateFreeRegions(n uint64) bool {
 type fitBlock struct {
 	addr, size uint64
 	prev, next *fitBlock
-	tree       *fitTree // the tree holding the block while free; nil while allocated
+	tree       *fitTree         // the tree holding the block while free; nil while allocated
+	sb         *arenaSuperblock // rmm-arena: the superblock holding the block
 
 	left, right, parent *fitBlock
 	prio, maxSize       uint64
@@ -329,19 +330,20 @@ type fitTree struct {
 	rng    uint64
 }
 
-// linkAfter puts new block r after b among b's neighbours.
+// linkAfter puts new block r after b among b's neighbours, in b's
+// superblock.
 func linkAfter(b, r *fitBlock) {
-	r.prev, r.next = b, b.next
+	r.prev, r.next, r.sb = b, b.next, b.sb
 	if b.next != nil {
 		b.next.prev = r
 	}
 	b.next = r
 }
 
-// linkBefore puts new block a before b among b's neighbours; the caller
-// updates whatever points at b as a first block.
+// linkBefore puts new block a before b among b's neighbours, in b's
+// superblock; the caller updates whatever points at b as a first block.
 func linkBefore(b, a *fitBlock) {
-	a.prev, a.next = b.prev, b
+	a.prev, a.next, a.sb = b.prev, b, b.sb
 	if b.prev != nil {
 		b.prev.next = a
 	}
