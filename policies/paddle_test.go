@@ -201,7 +201,7 @@ func TestPaddleInvariants(t *testing.T) {
 		{"free_when_no_cache_hit": "true", "per_stream": "false", "chunk_size": "3000000"},
 	} {
 		t.Run(fmtSettings(s), func(t *testing.T) {
-			checkInvariants(t, "paddle", s, 512*sMiB, true)
+			checkHookInvariants(t, "paddle", s, 256*sMiB, 0, true)
 		})
 	}
 }

@@ -170,7 +170,7 @@ func TestTLSFInvariants(t *testing.T) {
 		{"sl_log2": "0", "alignment": "1", "segment_size": "64MiB"},
 	} {
 		t.Run(fmtSettings(s), func(t *testing.T) {
-			checkInvariants(t, "tlsf", s, 512*sMiB, true)
+			checkHookInvariants(t, "tlsf", s, 256*sMiB, 0, true)
 		})
 	}
 }

@@ -1,0 +1,265 @@
+package policies
+
+import (
+	"fmt"
+)
+
+// This file gives the tests of the async-pool, paddle and tlsf policies
+// (package policies_test) a white-box check of each policy's own records,
+// beside the black-box layout checks: CheckTiling. A merge that loses or
+// gains bytes leaves no two live blocks overlapping, but it breaks the
+// tiling of a segment by its blocks.
+
+// checkTreap checks treap c (order by c.less, heap order of priorities,
+// parent links, subtree sizes) and returns its nodes.
+func checkTreap(c *coalescing) (map[*flBlock]bool, error) {
+	nodes := map[*flBlock]bool{}
+	var walk func(x, parent *flBlock) error
+	walk = func(x, parent *flBlock) error {
+		if x == nil {
+			return nil
+		}
+		if nodes[x] {
+			return fmt.Errorf("block %#x+%d twice in the treap", x.addr, x.size)
+		}
+		nodes[x] = true
+		if x.parent != parent {
+			return fmt.Errorf("block %#x+%d: wrong parent link", x.addr, x.size)
+		}
+		if parent != nil && x.prio > parent.prio {
+			return fmt.Errorf("block %#x+%d: priority above its parent's", x.addr, x.size)
+		}
+		if x.left != nil && !c.less(x.left, x) || x.right != nil && c.less(x.right, x) {
+			return fmt.Errorf("block %#x+%d: children out of order", x.addr, x.size)
+		}
+		if m := flSubtreeMax(x); m != x.maxSize {
+			return fmt.Errorf("block %#x+%d: subtree largest %d, recorded %d", x.addr, x.size, m, x.maxSize)
+		}
+		if !x.free {
+			return fmt.Errorf("block %#x+%d: allocated, in a free treap", x.addr, x.size)
+		}
+		if err := walk(x.left, x); err != nil {
+			return err
+		}
+		return walk(x.right, x)
+	}
+	return nodes, walk(c.root, nil)
+}
+
+// checkSegmentTiling checks that the blocks of segment s, from first,
+// follow each other without gap or overlap and cover it, and calls visit
+// on each.
+func checkSegmentTiling(addr, size uint64, first *flBlock, s *flSegment, visit func(*flBlock) error) error {
+	at := addr
+	var prev *flBlock
+	for b := first; b != nil; b = b.next {
+		if b.seg != s || b.prev != prev {
+			return fmt.Errorf("segment %#x: block %#x+%d badly linked", addr, b.addr, b.size)
+		}
+		if b.addr != at || b.size == 0 {
+			return fmt.Errorf("segment %#x: block %#x+%d where %#x was expected", addr, b.addr, b.size, at)
+		}
+		if err := visit(b); err != nil {
+			return err
+		}
+		at += b.size
+		prev = b
+	}
+	if at != addr+size {
+		return fmt.Errorf("segment %#x+%d: blocks end at %#x", addr, size, at)
+	}
+	return nil
+}
+
+// CheckTiling checks the async pool's records: segments tiled by their
+// blocks; every free block in the ready treap or, pending, in its stream's;
+// the free, reserved and pending counts; the live map.
+func (p *AsyncPool) CheckTiling() error {
+	inTree := map[*flBlock]*coalescing{}
+	nodes, err := checkTreap(&p.ready)
+	if err != nil {
+		return fmt.Errorf("ready: %v", err)
+	}
+	for b := range nodes {
+		inTree[b] = &p.ready
+	}
+	for _, st := range p.streams {
+		nodes, err := checkTreap(&st.pend)
+		if err != nil {
+			return fmt.Errorf("stream %d: %v", st.id, err)
+		}
+		if len(nodes) != st.npend {
+			return fmt.Errorf("stream %d: %d pending blocks, counted %d", st.id, len(nodes), st.npend)
+		}
+		for b := range nodes {
+			if inTree[b] != nil {
+				return fmt.Errorf("block %#x in two treaps", b.addr)
+			}
+			inTree[b] = &st.pend
+			if f, ok := p.pending[b]; !ok || f.s != st || f.seq > st.seq {
+				return fmt.Errorf("block %#x: in stream %d's treap, pending %+v", b.addr, st.id, f)
+			}
+		}
+	}
+	var reserved, free uint64
+	allocated := 0
+	for i, s := range p.segments {
+		if s.index != i {
+			return fmt.Errorf("segment %#x: index %d at %d", s.addr, s.index, i)
+		}
+		reserved += s.size
+		err := checkSegmentTiling(s.addr, s.size, s.first, s, func(b *flBlock) error {
+			if !b.free {
+				allocated++
+				if p.ready.live[b.addr] != b {
+					return fmt.Errorf("allocated block %#x not live", b.addr)
+				}
+				return nil
+			}
+			free += b.size
+			if inTree[b] == nil {
+				return fmt.Errorf("free block %#x+%d in no treap", b.addr, b.size)
+			}
+			delete(inTree, b)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case len(inTree) > 0:
+		return fmt.Errorf("%d treap blocks in no segment", len(inTree))
+	case allocated != len(p.ready.live):
+		return fmt.Errorf("%d allocated blocks, %d live", allocated, len(p.ready.live))
+	case reserved != p.reserved || free != p.freeBytes:
+		return fmt.Errorf("reserved %d, free %d; counted %d, %d", reserved, free, p.reserved, p.freeBytes)
+	}
+	return nil
+}
+
+// CheckTiling checks each paddle pool: chunks tiled by their blocks, free
+// blocks in the pool's treap, the free count, the live map.
+func (p *Paddle) CheckTiling() error {
+	for _, pl := range p.pools {
+		if err := pl.c.checkTiling(); err != nil {
+			return fmt.Errorf("stream %d: %v", pl.stream, err)
+		}
+	}
+	return nil
+}
+
+// checkTiling checks a coalescing free list: segments tiled by their
+// blocks, free blocks in the treap, the free count, the live map.
+func (c *coalescing) checkTiling() error {
+	nodes, err := checkTreap(c)
+	if err != nil {
+		return err
+	}
+	var free uint64
+	allocated := 0
+	for i, s := range c.segments {
+		if s.index != i {
+			return fmt.Errorf("segment %#x: index %d at %d", s.addr, s.index, i)
+		}
+		err := checkSegmentTiling(s.addr, s.size, s.first, s, func(b *flBlock) error {
+			if !b.free {
+				allocated++
+				if c.live[b.addr] != b {
+					return fmt.Errorf("allocated block %#x not live", b.addr)
+				}
+				return nil
+			}
+			free += b.size
+			if !nodes[b] {
+				return fmt.Errorf("free block %#x+%d not in the treap", b.addr, b.size)
+			}
+			delete(nodes, b)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case len(nodes) > 0:
+		return fmt.Errorf("%d treap blocks in no segment", len(nodes))
+	case allocated != len(c.live):
+		return fmt.Errorf("%d allocated blocks, %d live", allocated, len(c.live))
+	case free != c.freeBytes:
+		return fmt.Errorf("free %d, counted %d", free, c.freeBytes)
+	}
+	return nil
+}
+
+// CheckTiling checks the TLSF records: segments tiled by their blocks;
+// every free block in the list of its class and no other; the bitmaps; the
+// free count; the live map.
+func (p *TLSF) CheckTiling() error {
+	listed := map[*tlsfBlock]bool{}
+	for fl := range p.heads {
+		for sl := range p.heads[fl] {
+			var prev *tlsfBlock
+			for b := p.heads[fl][sl]; b != nil; b = b.fnext {
+				if f, s := p.mapping(b.size); f != uint(fl) || s != uint(sl) {
+					return fmt.Errorf("block %#x+%d in list (%d, %d), belongs in (%d, %d)", b.addr, b.size, fl, sl, f, s)
+				}
+				if b.fprev != prev || !b.free || listed[b] {
+					return fmt.Errorf("block %#x+%d badly listed", b.addr, b.size)
+				}
+				listed[b] = true
+				prev = b
+			}
+			nonEmpty := p.heads[fl][sl] != nil
+			if nonEmpty != (p.slMap[fl]&(1<<sl) != 0) {
+				return fmt.Errorf("list (%d, %d): second-level bit wrong", fl, sl)
+			}
+		}
+		if (p.slMap[fl] != 0) != (p.flMap&(1<<fl) != 0) {
+			return fmt.Errorf("first level %d: bit wrong", fl)
+		}
+	}
+	var free uint64
+	allocated := 0
+	for i, s := range p.segments {
+		if s.index != i {
+			return fmt.Errorf("segment %#x: index %d at %d", s.addr, s.index, i)
+		}
+		at := s.addr
+		var prev *tlsfBlock
+		for b := s.first; b != nil; b = b.next {
+			if b.seg != s || b.prev != prev || b.addr != at || b.size == 0 {
+				return fmt.Errorf("segment %#x: block %#x+%d where %#x was expected", s.addr, b.addr, b.size, at)
+			}
+			if b.free {
+				if prev != nil && prev.free {
+					return fmt.Errorf("free blocks %#x and %#x not merged", prev.addr, b.addr)
+				}
+				if !listed[b] {
+					return fmt.Errorf("free block %#x+%d in no list", b.addr, b.size)
+				}
+				delete(listed, b)
+				free += b.size
+			} else {
+				allocated++
+				if p.live[b.addr] != b {
+					return fmt.Errorf("allocated block %#x not live", b.addr)
+				}
+			}
+			at += b.size
+			prev = b
+		}
+		if at != s.addr+s.size {
+			return fmt.Errorf("segment %#x+%d: blocks end at %#x", s.addr, s.size, at)
+		}
+	}
+	switch {
+	case len(listed) > 0:
+		return fmt.Errorf("%d listed blocks in no segment", len(listed))
+	case allocated != len(p.live):
+		return fmt.Errorf("%d allocated blocks, %d live", allocated, len(p.live))
+	case free != p.freeBytes:
+		return fmt.Errorf("free %d, counted %d", free, p.freeBytes)
+	}
+	return nil
+}
