@@ -13,7 +13,8 @@ import (
 // (cudaMallocAsync and cudaFreeAsync on a device's default cudaMemPool_t),
 // following the CUDA Programming Guide, "Stream Ordered Memory Allocator",
 // and the behaviour measured on an H200 (CUDA 13.0, driver 580; the probe
-// programs are policies/testdata/async_pool_probe*.cu):
+// programs are policies/testdata/async_pool_probe*.cu, their output
+// async_pool_probe.out):
 //
 //   - Memory freed on a stream is reusable at once by that stream. Another
 //     stream reuses it only once it is ordered after the free: through an
@@ -49,11 +50,14 @@ import (
 // one, and a freed large allocation gives back its chunks one by one. The
 // Device here hands out separate segments, so a growth is a segment of its
 // own of the request rounded up to the granularity, and a segment goes back
-// whole. The reserved bytes are therefore at least the driver's: at a growth
-// by up to the free end of the last chunk, and a large segment partly in use
-// is kept whole. Free blocks of one kind merge: completed with completed,
-// pending with pending freed on the same stream (then waiting for the later
-// free of the two).
+// whole. The reserved bytes therefore differ from the driver's: more at a
+// growth (by up to the free end of the last chunk) and while a large
+// segment is partly in use (kept whole); less where the driver maps a chunk
+// at a free lower address rather than use free mapped memory above it
+// (measured), since a segment given back leaves no address range behind.
+// Free blocks of one kind merge: completed with completed, pending with
+// pending freed on the same stream (then waiting for the later free of the
+// two).
 //
 // A malloc of 0 bytes returns the block {0, 0}, whose free does nothing.
 // EmptyCache is what PyTorch's cudaMallocAsync backend does for
