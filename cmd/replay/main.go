@@ -4,6 +4,8 @@
 //	           [--json FILE] [--csv FILE] [--plots DIR] TRACE...
 //	replay stats [--json] TRACE...
 //	replay check [--limit N] TRACE...
+//	replay sweep --traces GLOB... [--policy LIST|all] [--set ...] [--grid NAME.key=v1,v2,...] [--shard i/n] -o DIR
+//	replay merge -o DIR SHARD_DIR|RESULTS.json...
 package main
 
 import (
@@ -34,6 +36,11 @@ Commands:
          replay stats [--json] [--top N] TRACE...
   check  validate traces and list the allocations live at their end (exit 1 if any)
          replay check [--limit N] TRACE...
+  sweep  replay every (trace, policy, setting, capacity) in parallel, resumable, into a directory
+         replay sweep --traces GLOB... [--policy LIST|all] [--set NAME.key=value] [--grid NAME.key=v1,v2,...]
+                      [--capacity SIZE[,SIZE...]] [--shard i/n] [-j N] -o DIR
+  merge  join the results of a sweep's shards
+         replay merge [--partial] -o DIR SHARD_DIR|RESULTS.json...
 
 Run 'replay COMMAND --help' for a command's flags.
 `
@@ -61,6 +68,10 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runGPU(stdout, stderr, args[1:])
 	case "calibrate":
 		return runCalibrate(stdout, stderr, args[1:])
+	case "sweep":
+		return runSweep(stdout, stderr, args[1:])
+	case "merge":
+		return runMerge(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
