@@ -263,3 +263,33 @@ func (p *TLSF) CheckTiling() error {
 	}
 	return nil
 }
+
+// CheckTiling checks the workspace's records: the region's blocks in
+// address order below the top, the live ones indexed and counted, the top
+// at the start when none is live.
+func (p *Workspace) CheckTiling() error {
+	if p.top > p.capacity {
+		return fmt.Errorf("top %d above the region's %d bytes", p.top, p.capacity)
+	}
+	var at uint64
+	live := 0
+	for i, e := range p.stack {
+		if e.start < at || e.end <= e.start || e.end > p.top {
+			return fmt.Errorf("region block %d: [%d, %d) after %d, top %d", i, e.start, e.end, at, p.top)
+		}
+		at = e.end
+		if !e.dead {
+			live++
+			if j, ok := p.index[p.region+e.start]; !ok || j != i {
+				return fmt.Errorf("region block %d at %d not indexed", i, e.start)
+			}
+		}
+	}
+	switch {
+	case live != p.nlive || live != len(p.index):
+		return fmt.Errorf("%d live region blocks, counted %d, indexed %d", live, p.nlive, len(p.index))
+	case live == 0 && p.top != 0:
+		return fmt.Errorf("no live region block, top %d", p.top)
+	}
+	return nil
+}
