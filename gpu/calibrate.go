@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"sort"
 	"strconv"
@@ -47,8 +48,9 @@ var CalibrationSizes = []uint64{512, 4 << 10, 64 << 10, 1 << 20, 2 << 20, 8 << 2
 
 // Calibrate measures the latency of each device call by size on rt's GPU:
 // cudaMalloc and cudaFree one at a time (rows cudaMalloc, cudaFree), with up
-// to 64 live at once (the _batch rows), small ones placed in a page that
-// stays mapped (the _suballoc rows); the stream-ordered allocator on a pool
+// to 64 live at once (the _batch rows), small ones in the driver's 2 MiB
+// pages (the _suballoc, _newpage and _lastinpage rows, from a churn of mixed
+// sizes, and the _suballoc_hot rows); the stream-ordered allocator on a pool
 // of its own with release threshold 0 and UINT64_MAX (the _thr0 and _thrmax
 // rows, with the stream synchronization after the free); cudaMallocHost and
 // cudaFreeHost up to 64 MiB; cudaMallocManaged and its cudaFree up to
@@ -213,8 +215,16 @@ func (c *calibration) batch() error {
 	return nil
 }
 
-// suballoc measures small allocations that the driver places in a page
-// kept mapped by an anchor allocation of 512 bytes.
+// suballoc measures small allocations that the driver places in 2 MiB
+// pages: first in a hot loop, a cudaMalloc and cudaFree of one size in a
+// page kept mapped by an anchor allocation of 512 bytes (the _suballoc_hot
+// rows, the best case); then in a churn like a program's, 64 live
+// allocations of sizes spread log-uniformly from 16 bytes to 1 MiB, one
+// freed at random and another allocated, many times over. Each call of the
+// churn is classed by the page its pointer falls in: placed in a page that
+// had live allocations (_suballoc), or mapping a new one (_newpage); a free
+// that leaves its page live (_suballoc) or empties it (_lastinpage). Sizes
+// are reported at the nearest of 512 B, 4 KiB, 64 KiB and 1 MiB.
 func (c *calibration) suballoc() error {
 	anchor, _, err := c.malloc(512)
 	if err != nil {
@@ -236,11 +246,102 @@ func (c *calibration) suballoc() error {
 			}
 			f = append(f, ns)
 		}
-		c.add(sim.CostMallocSuballoc, size, m)
-		c.add(sim.CostFreeSuballoc, size, f)
+		c.add(sim.CostMallocSuballoc+"_hot", size, m)
+		c.add(sim.CostFreeSuballoc+"_hot", size, f)
 	}
-	_, err = c.free(anchor)
-	return err
+	if _, err := c.free(anchor); err != nil {
+		return err
+	}
+	return c.churn()
+}
+
+// churnPoints are the sizes the churn's latencies are reported at.
+var churnPoints = []uint64{512, 4 << 10, 64 << 10, 1 << 20}
+
+func (c *calibration) churn() error {
+	const live = 64
+	rng := rand.New(rand.NewPCG(1, 2))
+	size := func() uint64 {
+		return uint64(math.Exp(math.Log(16) + rng.Float64()*(math.Log(float64(sim.SubAllocMax))-math.Log(16))))
+	}
+	point := func(s uint64) uint64 {
+		best := churnPoints[0]
+		for _, p := range churnPoints {
+			if math.Abs(math.Log(float64(s))-math.Log(float64(p))) < math.Abs(math.Log(float64(s))-math.Log(float64(best))) {
+				best = p
+			}
+		}
+		return best
+	}
+	type key struct {
+		row  string
+		size uint64
+	}
+	samples := map[key][]int64{}
+	pages := map[uint64]int{} // 2 MiB page -> live allocations in it
+	type alloc struct{ ptr, size uint64 }
+	var set []alloc
+	malloc := func() error {
+		s := size()
+		p, ns, err := c.malloc(s)
+		if err != nil {
+			return fmt.Errorf("cudaMalloc of %d bytes: %w", s, err)
+		}
+		row := sim.CostMallocSuballoc
+		if pages[p>>21] == 0 {
+			row = sim.CostMallocNewPage
+		}
+		pages[p>>21]++
+		samples[key{row, point(s)}] = append(samples[key{row, point(s)}], ns)
+		set = append(set, alloc{p, s})
+		return nil
+	}
+	free := func(i int) error {
+		a := set[i]
+		ns, err := c.free(a.ptr)
+		if err != nil {
+			return err
+		}
+		set[i] = set[len(set)-1]
+		set = set[:len(set)-1]
+		pages[a.ptr>>21]--
+		row := sim.CostFreeSuballoc
+		if pages[a.ptr>>21] == 0 {
+			row = sim.CostFreeLastInPage
+		}
+		samples[key{row, point(a.size)}] = append(samples[key{row, point(a.size)}], ns)
+		return nil
+	}
+	for len(set) < live {
+		if err := malloc(); err != nil {
+			return err
+		}
+	}
+	clear(samples) // the fill is not the churn
+	for k := 0; k < 10*c.opt.N; k++ {
+		if err := c.ctx.Err(); err != nil {
+			return err
+		}
+		if err := free(rng.IntN(len(set))); err != nil {
+			return err
+		}
+		if err := malloc(); err != nil {
+			return err
+		}
+	}
+	for len(set) > 0 {
+		if err := free(len(set) - 1); err != nil {
+			return err
+		}
+	}
+	for _, row := range []string{sim.CostMallocSuballoc, sim.CostFreeSuballoc, sim.CostMallocNewPage, sim.CostFreeLastInPage} {
+		for _, p := range churnPoints {
+			if p <= c.opt.MaxSize {
+				c.add(row, p, samples[key{row, p}])
+			}
+		}
+	}
+	return nil
 }
 
 func (c *calibration) async() error {

@@ -538,3 +538,38 @@ func TestCalibrate(t *testing.T) {
 // sliceSource must satisfy trace.Source for the helpers above.
 var _ trace.Source = trace.NewSliceSource(trace.Header{}, nil)
 var _ = io.EOF
+
+// TestRepeat repeats a replay with the C loop after each run.
+func TestRepeat(t *testing.T) {
+	rt := fakeRuntime(t, "", "FAKECUDA_LATENCY_NS=1000")
+	var b strings.Builder
+	for i := 1; i <= 300; i++ {
+		fmt.Fprintf(&b, "malloc id=%d size=%d\n", i, 1000*i)
+		if i > 10 {
+			fmt.Fprintf(&b, "free id=%d\n", i-10)
+		}
+	}
+	text := b.String()
+	open := func() (trace.Source, io.Closer, error) {
+		return textTrace(t, text), io.NopCloser(nil), nil
+	}
+	res, err := Repeat(context.Background(), rt, open, Config{Policy: TargetCUDA, MaxBytes: 1 << 30, Sim: sim.DefaultCostModel()}, 3, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Runs) != 3 || res.Mallocs != 300 || res.SimPolicy != "cuda" || res.SimAllocTimeNS <= 0 {
+		t.Fatalf("result %+v", res)
+	}
+	c := res.CLoop
+	if c == nil || c.Calls != 590 || c.WallNS < 590*1000 || c.TimedWallNS < 590*1000 || c.CallsNS < 590*1000 || c.HarnessWallNS <= 0 {
+		t.Errorf("C loop %+v", c)
+	}
+	for _, r := range res.Runs {
+		if r.AllocTimeNS < 590*1000 || r.CLoopWallNS < 590*1000 {
+			t.Errorf("run %+v", r)
+		}
+	}
+	if n := live(t, rt); n != 0 {
+		t.Errorf("%d objects live at the end", n)
+	}
+}

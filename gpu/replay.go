@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"runtime/debug"
+	"sort"
 	"time"
 
 	"github.com/gpualloc/allocsim/policies"
@@ -100,6 +102,9 @@ type Result struct {
 	Interrupted bool `json:"interrupted,omitempty"`
 	// CLoop is the plain C loop of the same calls, when run.
 	CLoop *CLoop `json:"c_loop,omitempty"`
+	// Runs are the figures of every run when the replay was repeated
+	// (Repeat); the result is the run of median allocator time.
+	Runs []Run `json:"runs,omitempty"`
 
 	// Seq is the recorded cudaMalloc/cudaFree sequence (Config.RecordSeq).
 	Seq *Seq `json:"-"`
@@ -118,21 +123,37 @@ type DriverView struct {
 	PoolUsedHigh     uint64 `json:"pool_used_high_bytes,omitempty"`
 }
 
-// CLoop compares the replay with a plain C loop of the same cudaMalloc and
-// cudaFree sequence, run right after it on the same device.
+// Run is one run of a repeated replay, in nanoseconds.
+type Run struct {
+	AllocTimeNS  int64 `json:"alloc_time_ns"`
+	SyncTimeNS   int64 `json:"sync_time_ns"`
+	ReplayWallNS int64 `json:"replay_wall_ns"`
+	// CLoopWallNS is the wall time of the plain C loop of the run's
+	// cudaMalloc/cudaFree sequence, run right after it.
+	CLoopWallNS int64 `json:"c_loop_wall_ns,omitempty"`
+}
+
+// CLoop compares the harness with a plain C loop of the same cudaMalloc and
+// cudaFree sequence: each run of the replay is followed by the C loop, so
+// that both see the driver in the same state, and the medians over the
+// runs are compared.
 type CLoop struct {
 	Calls int64 `json:"calls"`
-	// WallNS is the plain loop's wall time; TimedWallNS that of the same
-	// loop timing each call as the harness does, and CallsNS the sum of
-	// those calls' times.
+	// WallNS is the median wall time of the plain loop; TimedWallNS that of
+	// one more loop timing each call as the harness does, and CallsNS the
+	// sum of those calls' times.
 	WallNS      int64 `json:"wall_ns"`
 	TimedWallNS int64 `json:"timed_wall_ns"`
 	CallsNS     int64 `json:"calls_ns"`
-	// HarnessWallNS is the harness's wall time for the same calls
-	// (Result.ReplayWallNS), and OverheadPerCallNS
+	// HarnessWallNS is the median of the harness's wall time for the same
+	// calls (Result.ReplayWallNS), and OverheadPerCallNS
 	// (HarnessWallNS - WallNS) / Calls.
 	HarnessWallNS     int64   `json:"harness_wall_ns"`
 	OverheadPerCallNS float64 `json:"overhead_per_call_ns"`
+	// OutsideCallsPerCallNS is the median over the runs of the harness's
+	// wall time outside the timed calls, per call: what the harness adds,
+	// whatever state the driver is in.
+	OutsideCallsPerCallNS float64 `json:"outside_calls_per_call_ns"`
 }
 
 // liveAlloc is a malloc of the trace that is live in the replay.
@@ -271,15 +292,21 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 			buf = append(buf, ev)
 		}
 		start := i
+		// Hold the garbage collector off while the device calls run, so
+		// that its assists and pauses stay out of the timings; the chunk
+		// allocates little. SetGCPercent(-1) waits for a cycle under way.
+		gcPercent := debug.SetGCPercent(-1)
 		t0 := time.Now()
 		for k, ev := range buf {
 			if err := r.step(i, ev); err != nil {
 				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+				debug.SetGCPercent(gcPercent)
 				return nil, err
 			}
 			i++
 			if k%256 == 255 && ctx.Err() != nil {
 				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+				debug.SetGCPercent(gcPercent)
 				r.res.Interrupted = true
 				return nil, ctx.Err()
 			}
@@ -290,6 +317,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 			}
 		}
 		r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+		debug.SetGCPercent(gcPercent)
 		if shadow != nil {
 			for k, ev := range buf {
 				if err := shadow.Step(start+int64(k), ev); err != nil {
@@ -759,4 +787,95 @@ func (s *series) close(frag, ext float64) {
 	}
 	s.pts = half
 	s.width *= 2
+}
+
+// Repeat replays a trace n times (at least once) on rt, each time on a
+// source from open, and returns the run of median allocator time with every
+// run's figures in Runs. The call log and the simulation alongside, if
+// asked for in cfg, are those of the first run. With cLoop, and a cuda
+// target, each run is followed by a plain C loop of its
+// cudaMalloc/cudaFree sequence (Runtime.RunSeq), and Result.CLoop compares
+// the two. An interrupted run ends the repetition with its result and
+// ctx's error.
+func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Closer, error), cfg Config, n int, cLoop bool) (*Result, error) {
+	n = max(n, 1)
+	cLoop = cLoop && cfg.Policy == TargetCUDA
+	cfg.RecordSeq = cfg.RecordSeq || cLoop
+	var results []*Result
+	var loops []SeqResult
+	var size0 []uint64 // the first run's sequence, for the timed loop
+	var slot0 []int32
+	for k := 0; k < n; k++ {
+		src, closer, err := open()
+		if err != nil {
+			return nil, err
+		}
+		res, err := Replay(ctx, rt, src, cfg)
+		closer.Close()
+		if err != nil {
+			return res, err
+		}
+		results = append(results, res)
+		if cLoop && res.Seq != nil {
+			size, slot := res.Seq.Calls()
+			sr, err := rt.RunSeq(size, slot, false)
+			if err != nil {
+				return nil, fmt.Errorf("C loop: %w", err)
+			}
+			loops = append(loops, sr)
+			if k == 0 {
+				size0, slot0 = size, slot
+			}
+		}
+		res.Seq = nil
+		cfg.CallLog, cfg.Sim = nil, nil // the first run's only
+	}
+	runs := make([]Run, len(results))
+	for k, r := range results {
+		runs[k] = Run{AllocTimeNS: r.AllocTimeNS, SyncTimeNS: r.SyncTimeNS, ReplayWallNS: r.ReplayWallNS}
+		if k < len(loops) {
+			runs[k].CLoopWallNS = loops[k].WallNS
+		}
+	}
+	byAlloc := make([]int, len(results))
+	for k := range byAlloc {
+		byAlloc[k] = k
+	}
+	sort.SliceStable(byAlloc, func(a, b int) bool { return results[byAlloc[a]].AllocTimeNS < results[byAlloc[b]].AllocTimeNS })
+	res := results[byAlloc[(len(results)-1)/2]]
+	if first := results[0]; res != first {
+		res.SimPolicy, res.SimPeakReserved, res.SimCostModel = first.SimPolicy, first.SimPeakReserved, first.SimCostModel
+		res.SimAllocTimeNS, res.SimLatency = first.SimAllocTimeNS, first.SimLatency
+	}
+	if n > 1 {
+		res.Runs = runs
+	}
+	if len(loops) > 0 {
+		c := &CLoop{Calls: loops[0].Calls}
+		var harness, plain []int64
+		var outside []float64
+		for k, l := range loops {
+			harness = append(harness, results[k].ReplayWallNS)
+			plain = append(plain, l.WallNS)
+			outside = append(outside, float64(results[k].ReplayWallNS-results[k].AllocTimeNS)/float64(l.Calls))
+		}
+		c.HarnessWallNS, c.WallNS = median(harness), median(plain)
+		c.OverheadPerCallNS = float64(c.HarnessWallNS-c.WallNS) / float64(c.Calls)
+		sort.Float64s(outside)
+		c.OutsideCallsPerCallNS = outside[(len(outside)-1)/2]
+		// One more run of the loop, timing each call as the harness does.
+		sr, err := rt.RunSeq(size0, slot0, true)
+		if err != nil {
+			return nil, fmt.Errorf("timed C loop: %w", err)
+		}
+		c.TimedWallNS, c.CallsNS = sr.WallNS, sr.CallsNS
+		res.CLoop = c
+	}
+	return res, nil
+}
+
+// median returns the lower median of v, which it sorts.
+func median(v []int64) int64 {
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	return v[(len(v)-1)/2]
 }

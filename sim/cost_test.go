@@ -180,3 +180,44 @@ func TestHistogramExactSmall(t *testing.T) {
 		}
 	}
 }
+
+// TestCostMeterBestFit places small requests best fit in the holes of the
+// mapped pages, and charges a large cudaMalloc of a size freed before as a
+// reuse.
+func TestCostMeterBestFit(t *testing.T) {
+	m, err := ParseCostModel(strings.NewReader(`api,size_bytes,median_us
+cudaMalloc,512,30
+cudaFree,512,20
+cudaMalloc_batch,512,50
+cudaMalloc_suballoc,512,1
+cudaFree_suballoc,512,2
+cudaMalloc_newpage,512,40
+cudaFree_lastinpage,512,35
+`), "t.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewDevice(0)
+	d.SetCostModel(m)
+	a, _ := d.Alloc(1 << 20)    // new page: 40 us; hole [1 MiB, 2 MiB)
+	b, _ := d.Alloc(512 << 10)  // 1; hole [1.5 MiB, 2 MiB)
+	c, _ := d.Alloc(512 << 10)  // 1; page full
+	d.Free(b)                   // 2; hole [1 MiB, 1.5 MiB)
+	e, _ := d.Alloc(600 << 10)  // no hole holds it: new page, 40
+	f, _ := d.Alloc(256 << 10)  // best fit: the 512 KiB hole of page 1, not page 2's 1.4 MiB: 1
+	g, _ := d.Alloc(1400 << 10) // too big for the rest: 1 MiB+ is large: a fresh mapping, 50
+	d.Free(g)                   // 20
+	h, _ := d.Alloc(1400 << 10) // the same size again: reuse, 30
+	for _, x := range []uint64{a, c, f} {
+		d.Free(x) // 2, 2, then the page empties: 35
+	}
+	d.Free(e) // 35
+	d.Free(h) // 20
+	want := int64((40 + 1 + 1 + 2 + 40 + 1 + 50 + 20 + 30 + 2 + 2 + 35 + 35 + 20) * 1000)
+	if got := d.AllocTime(); got != want {
+		t.Errorf("allocator time %d ns, want %d", got, want)
+	}
+	if n := len(d.cost.pages); n != 0 {
+		t.Errorf("%d pages still mapped", n)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -50,7 +51,8 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	noSim := fs.Bool("no-sim", false, "do not simulate alongside")
 	simOnly := fs.Bool("sim-only", false, "only simulate, with the cost model (no GPU needed)")
 	callsOut := fs.String("calls", "", "write every runtime call as CSV (call,size,ptr,ns) to `FILE`; with several runs, -TRACE-TARGET goes before its extension")
-	cLoop := fs.Bool("c-loop", false, "after a cuda replay, run the same cudaMalloc/cudaFree sequence in a plain C loop and report the harness's overhead per call")
+	cLoop := fs.Bool("c-loop", false, "after each cuda replay, run the same cudaMalloc/cudaFree sequence in a plain C loop and report the harness's overhead per call")
+	repeat := fs.Int("repeat", 1, "replay each trace and target `N` times and report the run of median allocator time (the call log and the simulation are the first run's)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
@@ -112,8 +114,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		for _, name := range names {
 			c := cfg
 			c.Trace, c.Policy, c.Settings = path, name, settings[name]
-			c.RecordSeq = *cLoop && name == gpu.TargetCUDA
-			res, err := replayOne(ctx, rt, c, path, tracefile.Options{From: *from, Device: *device}, callsPath(*callsOut, runs, path, name))
+			res, err := replayOne(ctx, rt, c, path, tracefile.Options{From: *from, Device: *device}, callsPath(*callsOut, runs, path, name), *repeat, *cLoop)
 			if res != nil {
 				results = append(results, res)
 			}
@@ -123,11 +124,6 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 					return fmt.Errorf("interrupted: everything allocated was freed (%s, %s: %v)", path, name, err)
 				}
 				return fmt.Errorf("%s: %s: %w", path, name, err)
-			}
-			if c.RecordSeq {
-				if err := runCLoop(rt, res); err != nil {
-					return fmt.Errorf("%s: C loop: %w", path, err)
-				}
 			}
 		}
 	}
@@ -156,13 +152,8 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	return nil
 }
 
-// replayOne replays the trace at path once.
-func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string, opts tracefile.Options, calls string) (*gpu.Result, error) {
-	f, err := tracefile.Open(path, opts)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+// replayOne replays the trace at path repeat times (see gpu.Repeat).
+func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string, opts tracefile.Options, calls string, repeat int, cLoop bool) (*gpu.Result, error) {
 	if calls != "" {
 		out, err := os.Create(calls)
 		if err != nil {
@@ -171,30 +162,14 @@ func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string
 		defer out.Close()
 		cfg.CallLog = out
 	}
-	return gpu.Replay(ctx, rt, f, cfg)
-}
-
-// runCLoop runs the replay's cudaMalloc/cudaFree sequence in a plain C loop,
-// then again timing each call, and records the comparison in res.
-func runCLoop(rt *gpu.Runtime, res *gpu.Result) error {
-	if res.Seq == nil || res.Seq.Len() == 0 {
-		return nil
+	open := func() (trace.Source, io.Closer, error) {
+		f, err := tracefile.Open(path, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		return f, f, nil
 	}
-	size, slot := res.Seq.Calls()
-	plain, err := rt.RunSeq(size, slot, false)
-	if err != nil {
-		return err
-	}
-	timed, err := rt.RunSeq(size, slot, true)
-	if err != nil {
-		return err
-	}
-	res.CLoop = &gpu.CLoop{
-		Calls: plain.Calls, WallNS: plain.WallNS, TimedWallNS: timed.WallNS, CallsNS: timed.CallsNS,
-		HarnessWallNS:     res.ReplayWallNS,
-		OverheadPerCallNS: float64(res.ReplayWallNS-plain.WallNS) / float64(plain.Calls),
-	}
-	return nil
+	return gpu.Repeat(ctx, rt, open, cfg, repeat, cLoop)
 }
 
 // simulateOnly replays the traces on the simulated device alone, charged to
@@ -413,9 +388,16 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 			fmt.Fprintf(w, "; pool reserved high %s MiB, used high %s MiB", mib(d.PoolReservedHigh), mib(d.PoolUsedHigh))
 		}
 		fmt.Fprintln(w)
+		if len(r.Runs) > 1 {
+			fmt.Fprintf(w, "%d runs, allocator ms:", len(r.Runs))
+			for _, run := range r.Runs {
+				fmt.Fprintf(w, " %.3f", ms(run.AllocTimeNS))
+			}
+			fmt.Fprintln(w, " (the median run is shown)")
+		}
 		if c := r.CLoop; c != nil {
-			fmt.Fprintf(w, "C loop of the same %d calls: %.3f ms plain (%.3f ms timing each call, %.3f ms in the calls); harness %.3f ms: %.0f ns per call over the plain loop\n",
-				c.Calls, ms(c.WallNS), ms(c.TimedWallNS), ms(c.CallsNS), ms(c.HarnessWallNS), c.OverheadPerCallNS)
+			fmt.Fprintf(w, "C loop of the same %d calls: %.3f ms plain (median; %.3f ms timing each call, %.3f ms in the calls); harness %.3f ms (median): %.0f ns per call over the plain loop; %.0f ns per call outside the calls\n",
+				c.Calls, ms(c.WallNS), ms(c.TimedWallNS), ms(c.CallsNS), ms(c.HarnessWallNS), c.OverheadPerCallNS, c.OutsideCallsPerCallNS)
 		}
 		if r.Interrupted {
 			fmt.Fprintf(w, "interrupted after %d events\n", r.Events)

@@ -12,7 +12,10 @@ import (
 	"github.com/gpualloc/allocsim/sim"
 )
 
-const trainGPT = "../../testdata/pytorch/train_gpt.pickle.gz"
+const (
+	trainGPT    = "../../testdata/pytorch/train_gpt.pickle.gz"
+	multistream = "../../testdata/pytorch/multistream.pickle.gz"
+)
 
 // fakeCUDA builds the fake CUDA runtime of package gpu's tests into the
 // test's directory, configured by env (read at its first call).
@@ -116,18 +119,19 @@ func TestGPUReplay(t *testing.T) {
 	if c := doc.Results[0].CLoop; c == nil || c.Calls != 8834+8831 || c.WallNS <= 0 {
 		t.Errorf("C loop %+v", c)
 	}
+
 	for _, target := range want {
 		if _, err := os.Stat(filepath.Join(dir, "calls-train_gpt-"+target+".csv")); err != nil {
 			t.Error(err)
 		}
 	}
 
-	// The table form.
-	out, _, err := runCmd(t, "gpu", "--cudart", lib, "--policy", "cuda", "--c-loop", trainGPT)
+	// The table form, repeated.
+	out, _, err := runCmd(t, "gpu", "--cudart", lib, "--policy", "cuda", "--c-loop", "--repeat", "3", multistream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"sim/measured", "measured latency by call", "cudaMalloc", "driver: cudaMemGetInfo free", "C loop of the same 17665 calls"} {
+	for _, s := range []string{"sim/measured", "measured latency by call", "cudaMalloc", "driver: cudaMemGetInfo free", "C loop of the same", "3 runs, allocator ms:"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
