@@ -3,6 +3,7 @@ package policies
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 )
 
 // BFC is TensorFlow's GPU allocator, best-fit with coalescing, as in
@@ -60,7 +61,7 @@ type BFC struct {
 	backpedaled bool
 
 	free    fitTree // free chunks by (size, address)
-	live    map[uint64]*fitBlock
+	live    blockTable
 	regions []*bfcRegion
 	retries int64
 	nodes   fitNodes
@@ -123,7 +124,6 @@ func NewBFC(dev Device, s Settings) (*BFC, error) {
 		gc:          gc,
 		limit:       limit,
 		free:        fitTree{byAddr: false},
-		live:        map[uint64]*fitBlock{},
 	}
 	if growth {
 		p.curRegion = ceilToMultiple(min(limit, 2<<20), bfcMinAllocation)
@@ -191,7 +191,7 @@ func (p *BFC) Malloc(size, stream uint64) (Block, error) {
 		c.size = n
 		p.free.insert(r)
 	}
-	p.live[c.addr] = c
+	p.live.put(c)
 	return Block{Addr: c.addr, Size: c.size}, nil
 }
 
@@ -202,11 +202,10 @@ func (p *BFC) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	c, ok := p.live[addr]
-	if !ok {
+	c := p.live.take(addr)
+	if c == nil {
 		return fmt.Errorf("policy bfc: free of %#x: not a live block", addr)
 	}
-	delete(p.live, addr)
 	if nx := c.next; nx != nil && nx.tree != nil {
 		p.free.remove(nx)
 		c.size += nx.size
@@ -303,11 +302,11 @@ func (p *BFC) deallocateFreeRegions(n uint64) bool {
 
 // The policies bfc, rmm-pool and rmm-arena keep their free blocks in
 // treaps (binary search trees by key, heaps by random priority) with
-// parent links, each node carrying the largest size in its subtree. A best
-// fit tree is keyed by (size, address) and answers the smallest block that
-// fits; a first fit tree is keyed by address and answers the lowest block
-// that fits, and a block of it may change its address and size in place
-// (resized) as long as its place in address order stays.
+// parent links. A best fit tree is keyed by (size, address) and answers
+// the smallest block that fits. A first fit tree is keyed by address, each
+// node carrying the largest size in its subtree, and answers the lowest
+// block that fits; a block of it may change its address and size in place
+// (resize) as long as its place in address order stays.
 
 // fitBlock is a run of bytes of a segment, free or allocated, linked to its
 // address neighbours (within its segment, or its superblock for
@@ -319,7 +318,8 @@ type fitBlock struct {
 	sb         *arenaSuperblock // rmm-arena: the superblock holding the block
 
 	left, right, parent *fitBlock
-	prio, maxSize       uint64
+	prio                uint64
+	maxSize             uint64 // first fit trees: the largest size in the subtree
 }
 
 // fitTree is a treap of free blocks.
@@ -382,27 +382,24 @@ func (f *fitNodes) put(b *fitBlock) {
 	f.spare = append(f.spare, b)
 }
 
-func (t *fitTree) less(a, b *fitBlock) bool {
-	if !t.byAddr && a.size != b.size {
-		return a.size < b.size
-	}
-	return a.addr < b.addr
-}
-
 // largest returns the size of the largest free block, 0 if none.
 func (t *fitTree) largest() uint64 {
-	if t.root == nil {
+	x := t.root
+	switch {
+	case x == nil:
 		return 0
+	case t.byAddr:
+		return x.maxSize
 	}
-	return t.root.maxSize
+	for x.right != nil {
+		x = x.right
+	}
+	return x.size
 }
 
 // best returns the smallest block of at least n bytes, the lowest address
 // among equals, or nil; t is keyed by (size, address).
 func (t *fitTree) best(n uint64) *fitBlock {
-	if t.root == nil || t.root.maxSize < n {
-		return nil
-	}
 	var best *fitBlock
 	for x := t.root; x != nil; {
 		if x.size >= n {
@@ -450,22 +447,40 @@ func (t *fitTree) insert(b *fitBlock) {
 		t.root = b
 		return
 	}
-	for {
-		if x.maxSize < b.size {
-			x.maxSize = b.size
+	if t.byAddr {
+		for {
+			if x.maxSize < b.size {
+				x.maxSize = b.size
+			}
+			if b.addr < x.addr {
+				if x.left == nil {
+					x.left = b
+					break
+				}
+				x = x.left
+			} else {
+				if x.right == nil {
+					x.right = b
+					break
+				}
+				x = x.right
+			}
 		}
-		if t.less(b, x) {
-			if x.left == nil {
-				x.left = b
-				break
+	} else {
+		for {
+			if b.size < x.size || b.size == x.size && b.addr < x.addr {
+				if x.left == nil {
+					x.left = b
+					break
+				}
+				x = x.left
+			} else {
+				if x.right == nil {
+					x.right = b
+					break
+				}
+				x = x.right
 			}
-			x = x.left
-		} else {
-			if x.right == nil {
-				x.right = b
-				break
-			}
-			x = x.right
 		}
 	}
 	b.parent = x
@@ -494,11 +509,13 @@ func (t *fitTree) remove(b *fitBlock) {
 	}
 	b.left, b.right, b.parent, b.tree = nil, nil, nil, nil
 	t.bytes -= b.size
-	fitFixUp(p)
+	if t.byAddr {
+		fitFixUp(p)
+	}
 }
 
 // resize sets the address and size of free block b in place, in a tree
-// keyed by address; its place in address order must not change.
+// keyed by address (only); its place in address order must not change.
 func (t *fitTree) resize(b *fitBlock, addr, size uint64) {
 	t.bytes += size - b.size
 	b.addr, b.size = addr, size
@@ -535,8 +552,10 @@ func (t *fitTree) rotateUp(x *fitBlock) {
 	}
 	p.parent, x.parent = x, g
 	t.replaceChild(g, p, x)
-	x.maxSize = p.maxSize
-	p.maxSize = fitSubtreeMax(p)
+	if t.byAddr {
+		x.maxSize = p.maxSize
+		p.maxSize = fitSubtreeMax(p)
+	}
 }
 
 // replaceChild puts y where x was under parent p (the root if p is nil).
@@ -561,4 +580,76 @@ func fitSubtreeMax(x *fitBlock) uint64 {
 		m = x.right.maxSize
 	}
 	return m
+}
+
+// blockTable maps the addresses of live blocks to their fitBlocks: an
+// open-addressing hash table with linear probing, kept at most half full,
+// cheaper than a Go map on the malloc and free paths.
+type blockTable struct {
+	slots []*fitBlock
+	n     int
+	shift uint // 64 - log2(len(slots))
+}
+
+func (t *blockTable) home(addr uint64) int {
+	return int((addr >> 8) * 0x9e3779b97f4a7c15 >> t.shift)
+}
+
+// put adds live block b, whose address is not in the table.
+func (t *blockTable) put(b *fitBlock) {
+	if 2*(t.n+1) > len(t.slots) {
+		t.grow()
+	}
+	mask := len(t.slots) - 1
+	i := t.home(b.addr)
+	for t.slots[i] != nil {
+		i = (i + 1) & mask
+	}
+	t.slots[i] = b
+	t.n++
+}
+
+// take removes and returns the block at addr, nil if none.
+func (t *blockTable) take(addr uint64) *fitBlock {
+	if t.n == 0 {
+		return nil
+	}
+	mask := len(t.slots) - 1
+	i := t.home(addr)
+	for {
+		b := t.slots[i]
+		if b == nil {
+			return nil
+		}
+		if b.addr == addr {
+			break
+		}
+		i = (i + 1) & mask
+	}
+	b := t.slots[i]
+	// Backward-shift deletion: move later entries of the run into the
+	// hole when their home is not between the hole and them.
+	for j := (i + 1) & mask; t.slots[j] != nil; j = (j + 1) & mask {
+		h := t.home(t.slots[j].addr)
+		if (j-h)&mask >= (j-i)&mask {
+			t.slots[i] = t.slots[j]
+			i = j
+		}
+	}
+	t.slots[i] = nil
+	t.n--
+	return b
+}
+
+func (t *blockTable) grow() {
+	old := t.slots
+	size := max(64, 2*len(old))
+	t.slots = make([]*fitBlock, size)
+	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
+	t.n = 0
+	for _, b := range old {
+		if b != nil {
+			t.put(b)
+		}
+	}
 }

@@ -57,7 +57,7 @@ type RMMArena struct {
 	global  arenaOwner
 	arenas  rmmStreams[arenaOwner]
 	segs    []*arenaSuperblock // the first superblock of each device segment
-	live    map[uint64]*fitBlock
+	live    blockTable
 	retries int64
 	nodes   fitNodes
 	spare   []*arenaSuperblock
@@ -113,7 +113,7 @@ func NewRMMArena(dev Device, s Settings) (*RMMArena, error) {
 		}
 		return nil, invalidSettingf(name, s, "arena_size", "must be 0 (grow) or from 1 MiB to 4 EiB")
 	}
-	p := &RMMArena{dev: dev, grow: size == 0, live: map[uint64]*fitBlock{}}
+	p := &RMMArena{dev: dev, grow: size == 0}
 	p.global.free.byAddr = true
 	if size > 0 {
 		if err := p.addSegment(size); err != nil {
@@ -195,11 +195,10 @@ func (p *RMMArena) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	b, ok := p.live[addr]
-	if !ok {
+	b := p.live.take(addr)
+	if b == nil {
 		return fmt.Errorf("policy rmm-arena: free of %#x: not a live block", addr)
 	}
-	delete(p.live, addr)
 	sb := b.sb
 	sb.used -= b.size
 	t := &sb.owner.free
@@ -287,7 +286,7 @@ func (p *RMMArena) take(t *fitTree, b *fitBlock, n uint64) *fitBlock {
 		t.resize(b, b.addr+n, b.size-n)
 	}
 	a.sb.used += n
-	p.live[a.addr] = a
+	p.live.put(a)
 	return a
 }
 

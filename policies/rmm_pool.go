@@ -44,7 +44,7 @@ type RMMPool struct {
 	maxSize  uint64 // maximum pool size; 0 if none
 	poolSize uint64 // bytes taken from the device
 	streams  rmmStreams[rmmPoolList]
-	live     map[uint64]*fitBlock
+	live     blockTable
 	retries  int64
 	nodes    fitNodes
 }
@@ -98,7 +98,7 @@ func newRMMPool(name string, dev Device, s Settings) (*RMMPool, error) {
 			return nil, invalidSettingf(name, s, "initial_pool_size", "exceeds maximum_pool_size (%d)", maxSize)
 		}
 	}
-	p := &RMMPool{name: name, dev: dev, maxSize: maxSize, live: map[uint64]*fitBlock{}}
+	p := &RMMPool{name: name, dev: dev, maxSize: maxSize}
 	if initial > 0 {
 		b, err := p.expand(initial, initial)
 		if err != nil {
@@ -174,11 +174,10 @@ func (p *RMMPool) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	b, ok := p.live[addr]
-	if !ok {
+	b := p.live.take(addr)
+	if b == nil {
 		return fmt.Errorf("policy %s: free of %#x: not a live block", p.name, addr)
 	}
-	delete(p.live, addr)
 	p.insert(&p.streams.get(stream).free, b)
 	return nil
 }
@@ -193,7 +192,7 @@ func (p *RMMPool) take(t *fitTree, b *fitBlock, n uint64) Block {
 		b.size = n
 		p.insert(t, r)
 	}
-	p.live[b.addr] = b
+	p.live.put(b)
 	return Block{Addr: b.addr, Size: n}
 }
 
