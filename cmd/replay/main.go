@@ -6,6 +6,7 @@
 //	replay check [--limit N] TRACE...
 //	replay sweep --traces GLOB... [--policy LIST|all] [--set ...] [--grid NAME.key=v1,v2,...] [--shard i/n] -o DIR
 //	replay merge -o DIR SHARD_DIR|RESULTS.json...
+//	replay fit [--policy LIST|all] [--set ...] [--json FILE] TRACE...
 package main
 
 import (
@@ -41,6 +42,8 @@ Commands:
                       [--capacity SIZE[,SIZE...]] [--shard i/n] [-j N] -o DIR
   merge  join the results of a sweep's shards
          replay merge [--partial] -o DIR SHARD_DIR|RESULTS.json...
+  fit    the smallest device capacity each policy runs a trace in without an OOM, and the cards it fits
+         replay fit [--policy LIST|all] [--set NAME.key=value] [--json FILE] TRACE...
 
 Run 'replay COMMAND --help' for a command's flags.
 `
@@ -72,6 +75,8 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runSweep(stdout, stderr, args[1:])
 	case "merge":
 		return runMerge(stdout, stderr, args[1:])
+	case "fit":
+		return runFit(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
