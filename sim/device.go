@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // segmentAlign is the alignment in bytes of the addresses the simulated
@@ -27,6 +28,7 @@ type Device struct {
 	next     uint64
 	live     map[uint64]uint64 // address -> size in bytes
 	cost     *costMeter        // charges the calls to a cost model (cost.go)
+	rec      *recording        // reserved ranges, recorded addresses, call log (device_map.go)
 }
 
 var (
@@ -50,8 +52,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	if d.capacity > 0 && (size > d.capacity || d.reserved > d.capacity-size) {
 		return 0, fmt.Errorf("device alloc of %d bytes with %d of %d reserved: %w", size, d.reserved, d.capacity, policies.ErrOutOfMemory)
 	}
-	addr := d.next
-	d.next += (size + segmentAlign - 1) / segmentAlign * segmentAlign
+	addr := d.place(size)
 	d.live[addr] = size
 	d.reserved += size
 	if d.reserved > d.peak {
@@ -59,6 +60,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	}
 	d.allocs++
 	d.cost.alloc(addr, size)
+	d.called(trace.OpSegmentAlloc, addr, size)
 	return addr, nil
 }
 
@@ -73,6 +75,7 @@ func (d *Device) Free(addr uint64) error {
 	d.reserved -= size
 	d.frees++
 	d.cost.free(addr, size)
+	d.called(trace.OpSegmentFree, addr, size)
 	return nil
 }
 
