@@ -9,8 +9,12 @@ import (
 
 // This file simulates PyTorch's CUDA caching allocator, following
 // pytorch/pytorch c10/cuda/CUDACachingAllocator.cpp (DeviceCachingAllocator:
-// malloc, get_free_block, alloc_block, release_cached_blocks, free_block,
-// should_split, round_size, get_allocation_size) with its default settings.
+// malloc, get_free_block, garbage_collect_cached_blocks, alloc_block,
+// release_available_cached_blocks, release_cached_blocks, release_block,
+// free_block, should_split, round_size, get_allocation_size), as PyTorch
+// 2.11 runs it. Expandable segments are in pytorch_expandable.go, the
+// settings in pytorch_conf.go, following a recording in
+// pytorch_follow.go.
 
 // PyTorch caching allocator constants, in bytes.
 const (
@@ -26,17 +30,16 @@ const (
 	ptRoundupIntervals = 16
 )
 
-// pytorchConfig holds the allocator settings of PYTORCH_CUDA_ALLOC_CONF.
-// Only the defaults are in use so far; the fields are those the allocator
-// reads, so that parsing a setting is all that adding it takes.
+// pytorchConfig holds the allocator settings of PYTORCH_CUDA_ALLOC_CONF
+// that change placement (see pytorch_conf.go for how they are read).
 type pytorchConfig struct {
 	// maxSplitSize is max_split_size_mb in bytes: blocks of at least this
 	// size are never split, and requests below it never take them.
 	// math.MaxUint64 (the default) means unlimited.
 	maxSplitSize uint64
 	// maxNonSplitRounding is how much larger than a request of at least
-	// maxSplitSize a cached block may be and still be taken (the default
-	// is 20 MiB).
+	// maxSplitSize a cached block may be and still be taken
+	// (max_non_split_rounding_mb; the default is 20 MiB).
 	maxNonSplitRounding uint64
 	// roundupDivisions are roundup_power2_divisions by power-of-two
 	// interval: entry 0 for requests below 2 MiB, entry k for
@@ -44,7 +47,7 @@ type pytorchConfig struct {
 	// plain 512-byte rounding.
 	roundupDivisions [ptRoundupIntervals]uint64
 	// garbageCollectionThreshold is garbage_collection_threshold (0 = off;
-	// it acts only under a capacity).
+	// it acts only under a capacity, PyTorch's memory fraction).
 	garbageCollectionThreshold float64
 	// expandableSegments is expandable_segments.
 	expandableSegments bool
@@ -58,32 +61,58 @@ func defaultPytorchConfig() pytorchConfig {
 }
 
 // PyTorch is a simulation of PyTorch's CUDA caching allocator
-// (c10/cuda/CUDACachingAllocator.cpp) with its default settings: requests
+// (c10/cuda/CUDACachingAllocator.cpp). With its default settings: requests
 // rounded up to 512 bytes; a small pool (requests up to 1 MiB, carved out of
 // 2 MiB segments) and a large pool (20 MiB segments for requests under
 // 10 MiB, else the request rounded up to 2 MiB); free blocks kept per pool
 // in (stream, size, address) order and taken best fit, ties to the lowest
 // address, never across streams; a taken block split when the remainder is
 // at least 512 bytes (small pool) or more than 1 MiB (large pool); freed
-// blocks merged with their free neighbours. When the device refuses a
-// segment, every cached segment that is not split is freed and the device
-// allocation is tried once more (a retry), then the malloc fails (an OOM).
+// blocks merged with their free neighbours. When a new segment would pass
+// the device's capacity (PyTorch's per-process memory fraction) or the
+// device refuses it, every cached segment that is not split is freed and
+// the device allocation is tried once more (a retry), then the malloc fails
+// (an OOM).
+//
+// Its settings are those of PYTORCH_CUDA_ALLOC_CONF (pytorch_conf.go):
+// max_split_size_mb (blocks that large are never split, smaller requests
+// never take them, larger ones only within max_non_split_rounding_mb, and
+// before a retry only enough of them are freed), roundup_power2_divisions,
+// garbage_collection_threshold (under a capacity, the oldest unused cached
+// segments are freed before reserved memory passes the threshold), and
+// expandable_segments (pytorch_expandable.go: one growing range per stream
+// and pool, pages of 2 MiB or 20 MiB mapped on demand, which needs a device
+// that is a Mapper).
 //
 // Blocks freed on another stream than their own return to their own
-// stream's free blocks at once (the free is the trace's free_completed).
+// stream's free blocks. A free that completes late (FreeLate, for a block
+// used on other streams) is taken back at the next malloc, or at the
+// synchronization of its retry when that malloc retries (pytorch_follow.go).
 type PyTorch struct {
-	dev Device
-	cfg pytorchConfig
+	dev    Device
+	mapper Mapper // dev as a Mapper, nil if it is none
+	// capacity is PyTorch's allowed_memory_maximum: the capacity of the
+	// device if it is a Capacitor, 0 for none.
+	capacity uint64
+	cfg      pytorchConfig
 
 	large, small ptPool
 	active       ptAddrMap // allocated blocks by address
 
-	reserved  uint64 // bytes in live segments (total_allocated_memory)
+	reserved  uint64 // bytes in live segments and mapped pages (total_allocated_memory)
 	freeBytes uint64 // bytes in cached free blocks
 	retries   int64
 
+	segments []*ptSegment // live expandable segments
+
+	// Following a recording (pytorch_follow.go).
+	staged       []*ptBlock // late frees not taken back yet
+	pending      []*ptBlock // late frees taken back at the malloc's synchronization
+	releasesSeen int        // segment frees and unmaps the source made since the last call
+
 	spare   *ptBlock   // recycled blocks, linked through next
 	scratch []*ptBlock // reused by release
+	unmaps  []*ptBlock // reused by release
 }
 
 var (
@@ -91,39 +120,61 @@ var (
 	_ Releaser   = (*PyTorch)(nil)
 	_ FreeSpacer = (*PyTorch)(nil)
 	_ Counter    = (*PyTorch)(nil)
+	_ Follower   = (*PyTorch)(nil)
 )
 
 func init() {
 	register("pytorch", func(dev Device, s Settings) (Policy, error) { return NewPyTorch(dev, s) })
+	registerRecorded("pytorch", pytorchRecorded)
 }
 
-// NewPyTorch returns the PyTorch caching allocator on dev. It takes no
-// settings yet and returns an error naming any key in s.
+// NewPyTorch returns the PyTorch caching allocator on dev with settings s:
+// conf (a whole PYTORCH_CUDA_ALLOC_CONF string) and the single keys
+// max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions,
+// garbage_collection_threshold and expandable_segments, with values written
+// as in PYTORCH_CUDA_ALLOC_CONF (a single key is read over conf). It returns
+// an error naming the key for an unknown key or a value PyTorch would
+// refuse, and for expandable_segments on a device that is not a Mapper.
 func NewPyTorch(dev Device, s Settings) (*PyTorch, error) {
-	if err := s.Check("pytorch"); err != nil {
+	cfg, err := pytorchSettings(s)
+	if err != nil {
 		return nil, err
 	}
-	return newPyTorch(dev, defaultPytorchConfig()), nil
+	p := newPyTorch(dev, cfg)
+	if cfg.expandableSegments && p.mapper == nil {
+		return nil, fmt.Errorf("policy pytorch: setting expandable_segments: the device cannot map pages (it is no policies.Mapper)")
+	}
+	return p, nil
 }
 
 func newPyTorch(dev Device, cfg pytorchConfig) *PyTorch {
 	p := &PyTorch{dev: dev, cfg: cfg}
+	p.mapper, _ = dev.(Mapper)
+	if c, ok := dev.(Capacitor); ok {
+		p.capacity = c.Capacity()
+	}
 	p.small.small = true
+	p.small.page = ptSmallBuffer
+	p.large.page = ptLargeBuffer
 	return p
 }
 
 // Name returns "pytorch".
 func (p *PyTorch) Name() string { return "pytorch" }
 
-// ptBlock is a block of a segment: allocated, or free and then in its
-// pool's tree. The blocks of one segment form an address-ordered list
+// ptBlock is a block of a segment: allocated, free and then in its pool's
+// tree, or (in an expandable segment) unmapped and then in its pool's
+// unmapped list. The blocks of one segment form an address-ordered list
 // through prev and next; a segment that is one block has neither.
 type ptBlock struct {
 	addr, size uint64
 	stream     uint64
 	pool       *ptPool
 	prev, next *ptBlock
-	allocated  bool
+	seg        *ptSegment // the expandable segment, nil for a cudaMalloc one
+	gcBase     int64      // pool.gcCalls when it became free (gc_count_base)
+	allocated  bool       // also while a late free is not taken back
+	unmapped   bool
 }
 
 func (b *ptBlock) isSplit() bool { return b.prev != nil || b.next != nil }
@@ -132,8 +183,15 @@ func (b *ptBlock) isSplit() bool { return b.prev != nil || b.next != nil }
 // by (size, address); the streams in ascending order.
 type ptPool struct {
 	small   bool
+	page    uint64            // page size of its expandable segments
 	streams []*ptStreamBlocks // sorted by stream
 	last    *ptStreamBlocks   // the last looked up, or nil
+	// unmapped are the unmapped blocks of expandable segments, by
+	// (stream, address).
+	unmapped []*ptBlock
+	// gcCalls counts searches while garbage collection is on
+	// (get_free_blocks_call_count), the clock of blocks' ages.
+	gcCalls int64
 }
 
 type ptStreamBlocks struct {
@@ -181,8 +239,9 @@ func (p *PyTorch) recycle(b *ptBlock) {
 	p.spare = b
 }
 
-// insertFree puts the free block b into its pool.
+// insertFree puts the free block b into its pool (insert_into_blocks).
 func (p *PyTorch) insertFree(b *ptBlock) {
+	b.gcBase = b.pool.gcCalls
 	b.pool.blocks(b.stream, true).tree.insert(ptItem{b.size, b.addr, b})
 	p.freeBytes += b.size
 }
@@ -246,48 +305,50 @@ func allocationSize(size uint64) uint64 {
 	}
 }
 
+// gcActive reports whether garbage collection is on: a threshold, under a
+// capacity.
+func (p *PyTorch) gcActive() bool {
+	return p.capacity > 0 && p.cfg.garbageCollectionThreshold > 0
+}
+
 // Malloc places a request of size bytes on stream, as
 // DeviceCachingAllocator::malloc does: the best-fitting cached block of the
-// pool on stream, else a new segment from the device, else after freeing
-// the cached segments a new segment (a retry). The Block's Size is the
+// pool on stream, else (after garbage collection, when on) a new segment
+// from the device, else after freeing enough oversize cached segments (with
+// max_split_size) a new segment, else after freeing every cached segment
+// that is not split a new segment (a retry). The Block's Size is the
 // block's size as PyTorch counts it in allocated_bytes (the rounded request,
 // or more when the remainder was too small to split off). It returns an
-// error wrapping ErrOutOfMemory when the device refuses the retry too, and
-// any other error of the device as it is.
+// error wrapping ErrOutOfMemory when the retry fails too, and any other
+// error of the device as it is.
 func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
 	rsize := p.roundSize(size)
 	pool := &p.large
 	if rsize <= ptSmallSize {
 		pool = &p.small
 	}
-	b := p.getFreeBlock(pool, stream, rsize)
-	if b == nil {
-		segSize := allocationSize(rsize)
-		var err error
-		b, err = p.allocBlock(pool, stream, segSize)
-		if b == nil && err == nil {
-			if p.releaseAvailableCachedBlocks(pool, stream, rsize) {
-				b, err = p.allocBlock(pool, stream, segSize)
-			}
-		}
-		if b == nil && err == nil {
-			if err = p.releaseCachedBlocks(); err == nil {
-				p.retries++
-				b, err = p.allocBlock(pool, stream, segSize)
-			}
-		}
-		if err != nil {
+	segSize := allocationSize(rsize)
+	if len(p.staged) > 0 || p.releasesSeen > 0 {
+		if err := p.processEvents(pool, stream, rsize, segSize); err != nil {
 			return Block{}, err
 		}
-		if b == nil {
-			return Block{}, fmt.Errorf("pytorch: malloc of %d bytes on stream %#x: segment of %d bytes with %d reserved, %d cached free: %w",
-				size, stream, segSize, p.reserved, p.freeBytes, ErrOutOfMemory)
-		}
+	}
+	b, err := p.findOrAllocate(pool, stream, rsize, segSize)
+	if len(p.pending) > 0 {
+		// Deferred to a synchronization the malloc did not reach.
+		p.completePending()
+	}
+	if err != nil {
+		return Block{}, err
+	}
+	if b == nil {
+		return Block{}, fmt.Errorf("pytorch: malloc of %d bytes on stream %#x: segment of %d bytes with %d reserved, %d cached free: %w",
+			size, stream, segSize, p.reserved, p.freeBytes, ErrOutOfMemory)
 	}
 	if p.shouldSplit(b, rsize) {
 		rest := b
 		b = p.newBlock()
-		*b = ptBlock{addr: rest.addr, size: rsize, stream: stream, pool: pool, prev: rest.prev, next: rest}
+		*b = ptBlock{addr: rest.addr, size: rsize, stream: stream, pool: pool, prev: rest.prev, next: rest, seg: rest.seg}
 		if b.prev != nil {
 			b.prev.next = b
 		}
@@ -301,10 +362,58 @@ func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
 	return Block{Addr: b.addr, Size: b.size}, nil
 }
 
-// getFreeBlock is get_free_block: it takes the smallest free block of at
-// least size bytes on stream out of pool (the lowest address among equals),
-// or returns nil.
+// findOrAllocate is the search and allocation path of malloc: it returns
+// the block (out of the free blocks) of at least rsize bytes, nil and no
+// error for an OOM.
+func (p *PyTorch) findOrAllocate(pool *ptPool, stream, rsize, segSize uint64) (*ptBlock, error) {
+	if b := p.getFreeBlock(pool, stream, rsize); b != nil {
+		return b, nil
+	}
+	if p.gcActive() {
+		if err := p.releaseBlocks(p.gcPlan()); err != nil {
+			return nil, err
+		}
+	}
+	b, err := p.allocBlock(pool, stream, rsize, segSize)
+	if b != nil || err != nil {
+		return b, err
+	}
+	blocks, ok := p.releaseAvailablePlan(pool, stream, rsize, nil)
+	if err := p.releaseBlocks(blocks); err != nil {
+		return nil, err
+	}
+	if ok {
+		if b, err = p.allocBlock(pool, stream, rsize, segSize); b != nil || err != nil {
+			return b, err
+		}
+	}
+	if err := p.releaseCachedBlocks(); err != nil {
+		return nil, err
+	}
+	p.retries++
+	return p.allocBlock(pool, stream, rsize, segSize)
+}
+
+// getFreeBlock is get_free_block: it takes the block findFreeBlock finds
+// out of pool, and counts the search for garbage collection.
 func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
+	if p.gcActive() {
+		pool.gcCalls++
+	}
+	b := p.findFreeBlock(pool, stream, size)
+	if b != nil {
+		p.removeFree(b)
+	}
+	return b
+}
+
+// findFreeBlock returns the smallest free block of at least size bytes on
+// stream in pool (the lowest address among equals), or nil, leaving it
+// there. In an expandable segment a block's size, for best fit, counts the
+// unmapped space after it. With max_split_size, a smaller request never
+// takes a block of that size, a larger one only a block less than
+// max_non_split_rounding larger than itself.
+func (p *PyTorch) findFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 	sb := pool.blocks(stream, false)
 	if sb == nil {
 		return nil
@@ -313,6 +422,25 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 	if b == nil {
 		return nil
 	}
+	if b.seg != nil {
+		if p.cfg.expandableSegments {
+			for b.seg != nil {
+				next := sb.tree.successor(b)
+				if next == nil || expandableSize(next) >= expandableSize(b) {
+					break
+				}
+				b = next
+			}
+		} else {
+			// Expandable segments turned off: only the others.
+			for b != nil && b.seg != nil {
+				b = sb.tree.successor(b)
+			}
+			if b == nil {
+				return nil
+			}
+		}
+	}
 	maxSplit := p.cfg.maxSplitSize
 	if size < maxSplit && b.size >= maxSplit {
 		return nil // never hand an oversize block to a smaller request
@@ -320,7 +448,6 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 	if size >= maxSplit && b.size >= size+p.cfg.maxNonSplitRounding {
 		return nil
 	}
-	p.removeFree(b)
 	return b
 }
 
@@ -334,73 +461,167 @@ func (p *PyTorch) shouldSplit(b *ptBlock, size uint64) bool {
 	return size < p.cfg.maxSplitSize && rest > ptSmallSize
 }
 
-// allocBlock is alloc_block: a new segment of size bytes from the device,
-// as one block of pool on stream. It returns nil and no error when the
-// device refuses (an error wrapping ErrOutOfMemory), nil and the error for
+// fits reports whether a new segment of size bytes stays within the
+// capacity.
+func (p *PyTorch) fits(reserved, size uint64) bool {
+	return p.capacity == 0 || size <= p.capacity && reserved <= p.capacity-size
+}
+
+// allocBlock is alloc_block: a new segment of segSize bytes for a block of
+// rsize bytes of pool on stream, from the device or (with expandable
+// segments) by mapping pages. Past the capacity it asks the device
+// nothing. It returns nil and no error when refused, nil and the error for
 // any other failure.
-func (p *PyTorch) allocBlock(pool *ptPool, stream, size uint64) (*ptBlock, error) {
-	addr, err := p.dev.Alloc(size)
+func (p *PyTorch) allocBlock(pool *ptPool, stream, rsize, segSize uint64) (*ptBlock, error) {
+	if !p.fits(p.reserved, segSize) {
+		return nil, nil
+	}
+	if p.cfg.expandableSegments {
+		return p.allocExpandable(pool, stream, rsize)
+	}
+	addr, err := p.dev.Alloc(segSize)
 	if err != nil {
 		if errors.Is(err, ErrOutOfMemory) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("pytorch: device alloc of %d bytes: %w", size, err)
+		return nil, fmt.Errorf("pytorch: device alloc of %d bytes: %w", segSize, err)
 	}
-	p.reserved += size
+	p.reserved += segSize
 	b := p.newBlock()
-	*b = ptBlock{addr: addr, size: size, stream: stream, pool: pool}
+	*b = ptBlock{addr: addr, size: segSize, stream: stream, pool: pool}
 	return b, nil
 }
 
-// releaseAvailableCachedBlocks is release_available_cached_blocks: with a
-// max_split_size, it frees the oversize cached segments on stream that
-// make room for size bytes. It reports whether it freed any; without a
-// max_split_size it does nothing.
-func (p *PyTorch) releaseAvailableCachedBlocks(pool *ptPool, stream, size uint64) bool {
+// gcPlan is the choice of garbage_collect_cached_blocks: the cached large
+// segments (unsplit) to free, in order, when reserved bytes pass the
+// threshold; those at least as old as the average first, round after
+// round, until enough is freed.
+func (p *PyTorch) gcPlan() []*ptBlock {
+	threshold := uint64(p.cfg.garbageCollectionThreshold * float64(p.capacity))
+	if p.reserved <= threshold {
+		return nil
+	}
+	target := p.reserved - threshold
+	cands := p.scratch[:0]
+	for _, sb := range p.large.streams {
+		cands = sb.tree.appendIf(cands, func(b *ptBlock) bool { return !b.isSplit() && b.seg == nil })
+	}
+	p.scratch = cands
+	if len(cands) == 0 {
+		return nil
+	}
+	age := func(b *ptBlock) float64 { return float64(uint64(int32(p.large.gcCalls - b.gcBase))) }
+	var total float64
+	for _, b := range cands {
+		total += age(b)
+	}
+	n := len(cands)
+	var reclaimed uint64
+	var plan []*ptBlock // in the order of release: round after round
+	for freed := true; reclaimed < target && freed && n > 0; {
+		threshold := total / float64(n)
+		freed = false
+		for k, b := range cands {
+			if b == nil || age(b) < threshold {
+				continue
+			}
+			cands[k], freed = nil, true
+			plan = append(plan, b)
+			reclaimed += b.size
+			total -= age(b)
+			n--
+		}
+	}
+	clear(cands)
+	return plan
+}
+
+// releaseAvailablePlan is the choice of release_available_cached_blocks:
+// with a max_split_size, the oversize cached segments on stream in pool to
+// free before retrying the device (leaving out those in gone): the
+// smallest one of at least max(size, max_split_size) bytes, else the
+// largest ones down while they are oversize, until that much. ok reports
+// whether they free enough (PyTorch frees them even when they do not).
+func (p *PyTorch) releaseAvailablePlan(pool *ptPool, stream, size uint64, gone []*ptBlock) (plan []*ptBlock, ok bool) {
 	if p.cfg.maxSplitSize == math.MaxUint64 {
-		return false
+		return nil, false
 	}
 	sb := pool.blocks(stream, false)
 	if sb == nil {
-		return false
+		return nil, false
 	}
 	key := max(size, p.cfg.maxSplitSize)
-	if b := sb.tree.lowerBound(key); b != nil {
-		return p.releaseBlock(b) == nil
+	isGone := func(b *ptBlock) bool {
+		for _, g := range gone {
+			if g == b {
+				return true
+			}
+		}
+		return false
 	}
-	// No single block is large enough: free oversize blocks, the largest
-	// first, until enough is freed.
+	b := sb.tree.lowerBound(key)
+	for b != nil && isGone(b) {
+		b = sb.tree.successor(b)
+	}
+	if b != nil {
+		if b.seg != nil {
+			return nil, false
+		}
+		return []*ptBlock{b}, true
+	}
+	over := sb.tree.appendIf(nil, func(b *ptBlock) bool { return b.size >= p.cfg.maxSplitSize && b.seg == nil && !isGone(b) })
 	var freed uint64
-	for freed < key {
-		b := sb.tree.max()
-		if b == nil || b.size < p.cfg.maxSplitSize {
-			break
-		}
-		freed += b.size
-		if p.releaseBlock(b) != nil {
-			return false
-		}
+	for k := len(over) - 1; k >= 0 && freed < key; k-- {
+		freed += over[k].size
+		plan = append(plan, over[k])
 	}
-	return freed >= key
+	return plan, freed >= key
 }
 
-// releaseCachedBlocks is release_cached_blocks: it frees every cached
-// segment that is not split, the large pool first, each in (stream, size,
-// address) order.
+// releaseBlocks frees the cached segments in list (release_block each).
+func (p *PyTorch) releaseBlocks(list []*ptBlock) error {
+	for _, b := range list {
+		if err := p.releaseBlock(b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseCachedBlocks is release_cached_blocks: it takes back the late
+// frees waiting for a synchronization, then frees every cached segment
+// that is not split and unmaps the free pages of expandable segments, the
+// large pool first, each in (stream, size, address) order.
 func (p *PyTorch) releaseCachedBlocks() error {
+	p.completePending()
 	for _, pool := range [...]*ptPool{&p.large, &p.small} {
 		list := p.scratch[:0]
 		for _, sb := range pool.streams {
-			list = sb.tree.appendUnsplit(list)
+			list = sb.tree.appendIf(list, func(b *ptBlock) bool { return b.seg != nil || !b.isSplit() })
 		}
+		unmaps := p.unmaps[:0]
+		var err error
 		for k, b := range list {
 			list[k] = nil
-			if err := p.releaseBlock(b); err != nil {
-				p.scratch = list[:0]
-				return err
+			if err == nil {
+				if b.seg != nil {
+					unmaps = append(unmaps, b)
+				} else {
+					err = p.releaseBlock(b)
+				}
 			}
 		}
 		p.scratch = list[:0]
+		for k, b := range unmaps {
+			unmaps[k] = nil
+			if err == nil {
+				err = p.unmapBlock(b)
+			}
+		}
+		p.unmaps = unmaps[:0]
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -422,38 +643,64 @@ func (p *PyTorch) releaseBlock(b *ptBlock) error {
 // allocated on (stream, the stream of the free, plays no part). It returns
 // an error if addr is not an allocated block.
 func (p *PyTorch) Free(addr, stream uint64) error {
+	if len(p.staged) > 0 || p.releasesSeen > 0 {
+		if err := p.settle(); err != nil {
+			return err
+		}
+	}
 	b := p.active.remove(addr)
 	if b == nil {
 		return fmt.Errorf("pytorch: free of %#x on stream %#x: not an allocated block", addr, stream)
 	}
-	b.allocated = false
-	if prev := b.prev; prev != nil && !prev.allocated {
-		p.removeFree(prev)
-		b.addr = prev.addr
-		b.size += prev.size
-		b.prev = prev.prev
-		if b.prev != nil {
-			b.prev.next = b
-		}
-		p.recycle(prev)
-	}
-	if next := b.next; next != nil && !next.allocated {
-		p.removeFree(next)
-		b.size += next.size
-		b.next = next.next
-		if b.next != nil {
-			b.next.prev = b
-		}
-		p.recycle(next)
-	}
-	p.insertFree(b)
+	p.freeBlock(b)
 	return nil
 }
 
-// EmptyCache frees every cached segment that is not split, as
-// torch.cuda.empty_cache() does. It returns the device's error for a free
-// that fails.
-func (p *PyTorch) EmptyCache() error { return p.releaseCachedBlocks() }
+// freeBlock is free_block: the block b, no longer allocated, merges with
+// its free neighbours and goes back to its pool.
+func (p *PyTorch) freeBlock(b *ptBlock) {
+	b.allocated = false
+	p.tryMerge(b, b.prev)
+	p.tryMerge(b, b.next)
+	p.insertFree(b)
+}
+
+// tryMerge is try_merge_blocks: src, a neighbour of dst, joins dst if it
+// is free (or unmapped) as dst is.
+func (p *PyTorch) tryMerge(dst, src *ptBlock) {
+	if src == nil || src.allocated || src.unmapped != dst.unmapped {
+		return
+	}
+	if src.unmapped {
+		src.pool.removeUnmapped(src)
+	} else {
+		p.removeFree(src)
+	}
+	if dst.prev == src {
+		dst.addr = src.addr
+		dst.prev = src.prev
+		if dst.prev != nil {
+			dst.prev.next = dst
+		}
+	} else {
+		dst.next = src.next
+		if dst.next != nil {
+			dst.next.prev = dst
+		}
+	}
+	dst.size += src.size
+	p.recycle(src)
+}
+
+// EmptyCache frees every cached segment that is not split and unmaps the
+// free pages of expandable segments, as torch.cuda.empty_cache() does,
+// after taking back every late free. It returns the device's error for a
+// call that fails.
+func (p *PyTorch) EmptyCache() error {
+	p.releasesSeen = 0
+	p.completeStaged()
+	return p.releaseCachedBlocks()
+}
 
 // FreeSpace returns the bytes in cached free blocks and the size in bytes
 // of the largest.
@@ -471,355 +718,3 @@ func (p *PyTorch) FreeSpace() (total, largest uint64) {
 // Retries returns the number of device allocations retried after freeing
 // the cached segments (num_alloc_retries).
 func (p *PyTorch) Retries() int64 { return p.retries }
-
-// ptAddrMap is a hash table of blocks by address: open addressing with
-// linear probing, at most half full, deletion by backward shift. It does
-// what a map[uint64]*ptBlock does, at a third of the cost.
-type ptAddrMap struct {
-	slots []*ptBlock // nil = empty; len is a power of two
-	n     int
-	shift uint // 64 - log2(len(slots))
-}
-
-func (m *ptAddrMap) home(addr uint64) int {
-	// Fibonacci hashing of the address without its low bits, which
-	// are zero in every block address (multiples of 512).
-	return int(((addr >> 9) * 0x9e3779b97f4a7c15) >> m.shift)
-}
-
-// put adds b, whose address must not be in m.
-func (m *ptAddrMap) put(b *ptBlock) {
-	if 2*(m.n+1) > len(m.slots) {
-		m.grow()
-	}
-	mask := len(m.slots) - 1
-	i := m.home(b.addr)
-	for m.slots[i] != nil {
-		i = (i + 1) & mask
-	}
-	m.slots[i] = b
-	m.n++
-}
-
-// remove takes the block at addr out of m and returns it, or nil.
-func (m *ptAddrMap) remove(addr uint64) *ptBlock {
-	if m.n == 0 {
-		return nil
-	}
-	mask := len(m.slots) - 1
-	i := m.home(addr)
-	for {
-		b := m.slots[i]
-		if b == nil {
-			return nil
-		}
-		if b.addr == addr {
-			break
-		}
-		i = (i + 1) & mask
-	}
-	b := m.slots[i]
-	// Shift back the entries after i that would no longer be found.
-	for j := (i + 1) & mask; m.slots[j] != nil; j = (j + 1) & mask {
-		if h := m.home(m.slots[j].addr); (j-h)&mask >= (j-i)&mask {
-			m.slots[i] = m.slots[j]
-			i = j
-		}
-	}
-	m.slots[i] = nil
-	m.n--
-	return b
-}
-
-func (m *ptAddrMap) grow() {
-	old := m.slots
-	size := max(2*len(old), 1024)
-	m.slots = make([]*ptBlock, size)
-	m.shift = uint(64 - bits.Len(uint(size-1)))
-	m.n = 0
-	for _, b := range old {
-		if b != nil {
-			m.put(b)
-		}
-	}
-}
-
-// ptTree is a B-tree of free blocks ordered by (size, address). Nodes of
-// deleted levels are kept for reuse, so that a steady state allocates
-// nothing.
-type ptTree struct {
-	root  *ptNode
-	len   int
-	spare *ptNode // recycled nodes, linked through kids[0]
-}
-
-const (
-	ptDegree   = 16 // minimum degree: nodes hold ptDegree-1 .. 2*ptDegree-1 items
-	ptMaxItems = 2*ptDegree - 1
-)
-
-type ptItem struct {
-	size, addr uint64
-	b          *ptBlock
-}
-
-type ptNode struct {
-	n     int
-	leaf  bool
-	items [ptMaxItems]ptItem
-	kids  [ptMaxItems + 1]*ptNode
-}
-
-// find returns the index of the first item of x not below (size, addr).
-// A linear scan: the trees are small (free blocks per stream and pool
-// number tens in real traces), and it beats a binary search there.
-func (x *ptNode) find(size, addr uint64) int {
-	items := x.items[:x.n]
-	for i := range items {
-		if it := &items[i]; it.size > size || it.size == size && it.addr >= addr {
-			return i
-		}
-	}
-	return len(items)
-}
-
-func (t *ptTree) newNode(leaf bool) *ptNode {
-	x := t.spare
-	if x == nil {
-		return &ptNode{leaf: leaf}
-	}
-	t.spare = x.kids[0]
-	x.kids[0] = nil
-	x.leaf = leaf
-	return x
-}
-
-func (t *ptTree) recycle(x *ptNode) {
-	*x = ptNode{}
-	x.kids[0] = t.spare
-	t.spare = x
-}
-
-// lowerBound returns the block of the first item not below (size, 0), or
-// nil.
-func (t *ptTree) lowerBound(size uint64) *ptBlock {
-	var b *ptBlock
-	for x := t.root; x != nil; {
-		i := x.find(size, 0)
-		if i < x.n {
-			b = x.items[i].b
-		}
-		if x.leaf {
-			break
-		}
-		x = x.kids[i]
-	}
-	return b
-}
-
-// max returns the block of the last item, or nil.
-func (t *ptTree) max() *ptBlock {
-	x := t.root
-	if x == nil || t.len == 0 {
-		return nil
-	}
-	for !x.leaf {
-		x = x.kids[x.n]
-	}
-	return x.items[x.n-1].b
-}
-
-// appendUnsplit appends the blocks that are whole segments, in order.
-func (t *ptTree) appendUnsplit(list []*ptBlock) []*ptBlock {
-	if t.len == 0 {
-		return list
-	}
-	var walk func(x *ptNode)
-	walk = func(x *ptNode) {
-		for i := 0; i < x.n; i++ {
-			if !x.leaf {
-				walk(x.kids[i])
-			}
-			if b := x.items[i].b; !b.isSplit() {
-				list = append(list, b)
-			}
-		}
-		if !x.leaf {
-			walk(x.kids[x.n])
-		}
-	}
-	walk(t.root)
-	return list
-}
-
-// insert adds it, whose key must not be in t.
-func (t *ptTree) insert(it ptItem) {
-	if t.root == nil {
-		t.root = t.newNode(true)
-	}
-	if t.root.n == ptMaxItems {
-		r := t.newNode(false)
-		r.kids[0] = t.root
-		t.root = r
-		t.splitChild(r, 0)
-	}
-	x := t.root
-	for {
-		i := x.find(it.size, it.addr)
-		if x.leaf {
-			copy(x.items[i+1:x.n+1], x.items[i:x.n])
-			x.items[i] = it
-			x.n++
-			break
-		}
-		if x.kids[i].n == ptMaxItems {
-			t.splitChild(x, i)
-			if m := &x.items[i]; m.size < it.size || m.size == it.size && m.addr < it.addr {
-				i++
-			}
-		}
-		x = x.kids[i]
-	}
-	t.len++
-}
-
-// splitChild splits the full child i of x around its median, which moves
-// up into x.
-func (t *ptTree) splitChild(x *ptNode, i int) {
-	y := x.kids[i]
-	z := t.newNode(y.leaf)
-	z.n = ptDegree - 1
-	copy(z.items[:ptDegree-1], y.items[ptDegree:])
-	if !y.leaf {
-		copy(z.kids[:ptDegree], y.kids[ptDegree:])
-		clear(y.kids[ptDegree:])
-	}
-	median := y.items[ptDegree-1]
-	clear(y.items[ptDegree-1:])
-	y.n = ptDegree - 1
-	copy(x.kids[i+2:x.n+2], x.kids[i+1:x.n+1])
-	x.kids[i+1] = z
-	copy(x.items[i+1:x.n+1], x.items[i:x.n])
-	x.items[i] = median
-	x.n++
-}
-
-// delete removes the item with key (size, addr), which must be in t. On
-// the way down every node entered has at least ptDegree items, so that the
-// removal never leaves a node short.
-func (t *ptTree) delete(size, addr uint64) {
-	x := t.root
-	for {
-		i := x.find(size, addr)
-		found := i < x.n && x.items[i].size == size && x.items[i].addr == addr
-		if x.leaf {
-			if !found {
-				panic(fmt.Sprintf("policies: pytorch free block tree: no block of %d bytes at %#x", size, addr))
-			}
-			copy(x.items[i:x.n-1], x.items[i+1:x.n])
-			x.n--
-			x.items[x.n] = ptItem{}
-			break
-		}
-		if found {
-			y, z := x.kids[i], x.kids[i+1]
-			switch {
-			case y.n >= ptDegree:
-				// Replace by the predecessor and delete that from y.
-				w := y
-				for !w.leaf {
-					w = w.kids[w.n]
-				}
-				x.items[i] = w.items[w.n-1]
-				size, addr = x.items[i].size, x.items[i].addr
-				x = y
-			case z.n >= ptDegree:
-				// Replace by the successor and delete that from z.
-				w := z
-				for !w.leaf {
-					w = w.kids[0]
-				}
-				x.items[i] = w.items[0]
-				size, addr = x.items[i].size, x.items[i].addr
-				x = z
-			default:
-				t.merge(x, i)
-				x = y
-			}
-			continue
-		}
-		c := x.kids[i]
-		if c.n == ptDegree-1 {
-			switch {
-			case i > 0 && x.kids[i-1].n >= ptDegree:
-				t.rotateRight(x, i-1)
-			case i < x.n && x.kids[i+1].n >= ptDegree:
-				t.rotateLeft(x, i)
-			case i < x.n:
-				t.merge(x, i)
-			default:
-				c = x.kids[i-1]
-				t.merge(x, i-1)
-			}
-		}
-		x = c
-	}
-	t.len--
-	if r := t.root; r.n == 0 && !r.leaf {
-		t.root = r.kids[0]
-		t.recycle(r)
-	}
-}
-
-// rotateRight moves the last item of child i of x up into x and x's item
-// i down to the front of child i+1.
-func (t *ptTree) rotateRight(x *ptNode, i int) {
-	l, c := x.kids[i], x.kids[i+1]
-	copy(c.items[1:c.n+1], c.items[:c.n])
-	c.items[0] = x.items[i]
-	if !c.leaf {
-		copy(c.kids[1:c.n+2], c.kids[:c.n+1])
-		c.kids[0] = l.kids[l.n]
-		l.kids[l.n] = nil
-	}
-	c.n++
-	x.items[i] = l.items[l.n-1]
-	l.items[l.n-1] = ptItem{}
-	l.n--
-}
-
-// rotateLeft moves the first item of child i+1 of x up into x and x's item
-// i down to the end of child i.
-func (t *ptTree) rotateLeft(x *ptNode, i int) {
-	c, r := x.kids[i], x.kids[i+1]
-	c.items[c.n] = x.items[i]
-	if !c.leaf {
-		c.kids[c.n+1] = r.kids[0]
-	}
-	c.n++
-	x.items[i] = r.items[0]
-	copy(r.items[:r.n-1], r.items[1:r.n])
-	r.items[r.n-1] = ptItem{}
-	if !r.leaf {
-		copy(r.kids[:r.n], r.kids[1:r.n+1])
-		r.kids[r.n] = nil
-	}
-	r.n--
-}
-
-// merge joins child i+1 of x and x's item i onto the end of child i.
-func (t *ptTree) merge(x *ptNode, i int) {
-	y, z := x.kids[i], x.kids[i+1]
-	y.items[y.n] = x.items[i]
-	copy(y.items[y.n+1:], z.items[:z.n])
-	if !y.leaf {
-		copy(y.kids[y.n+1:], z.kids[:z.n+1])
-	}
-	y.n += z.n + 1
-	copy(x.items[i:x.n-1], x.items[i+1:x.n])
-	x.items[x.n-1] = ptItem{}
-	copy(x.kids[i+1:x.n], x.kids[i+2:x.n+1])
-	x.kids[x.n] = nil
-	x.n--
-	t.recycle(z)
-}

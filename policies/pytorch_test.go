@@ -393,9 +393,9 @@ func ptFmtBlocks(bs []policies.Block) string {
 }
 
 func TestPyTorchErrors(t *testing.T) {
-	_, err := policies.New("pytorch", sim.NewDevice(0), policies.Settings{"max_split_size_mb": "128"})
-	if err == nil || !strings.Contains(err.Error(), `unknown setting "max_split_size_mb"`) {
-		t.Errorf("New with max_split_size_mb: error %v, want it to name the setting", err)
+	_, err := policies.New("pytorch", sim.NewDevice(0), policies.Settings{"max_split_size": "128"})
+	if err == nil || !strings.Contains(err.Error(), `unknown setting "max_split_size"`) {
+		t.Errorf("New with max_split_size: error %v, want it to name the setting", err)
 	}
 	p, err := policies.New("pytorch", sim.NewDevice(0), policies.Settings{})
 	if err != nil {
@@ -670,14 +670,17 @@ func (m *ptModel) freeSpace() (total, largest uint64) {
 // those the real allocator measured; these go further.
 
 var ptSnapshots = []string{
-	"pytorch/train_gpt", "pytorch/infer_dynbatch", "pytorch/kv_decode", "pytorch/hf_generate",
-	"pytorch/multistream", "pytorch/hf_llama_train",
+	"pytorch/train_gpt", "pytorch/infer_dynbatch", "pytorch/infer_dynbatch_expandable", "pytorch/kv_decode",
+	"pytorch/hf_generate", "pytorch/multistream", "pytorch/hf_llama_train",
 	"pytorch_cases/conv_forward", "pytorch_cases/growing_batch", "pytorch_cases/split_frag_oom", "pytorch_cases/token_lengths",
+	"pytorch/churn", "pytorch/churn_maxsplit", "pytorch/churn_roundup", "pytorch/churn_mixed", "pytorch/churn_gc",
+	"pytorch/churn_oom", "pytorch/churn_expandable", "pytorch/churn_expandable_capped", "pytorch/mlp", "pytorch/mlp_expandable",
 }
 
 // ptSnapshot imports the snapshot name (a path in the trace collection
-// without .pickle.gz) and returns its events and its memory cap in bytes.
-func ptSnapshot(t testing.TB, name string) ([]trace.Event, uint64) {
+// without .pickle.gz) and returns its events, its memory cap in bytes and
+// the settings it was recorded with.
+func ptSnapshot(t testing.TB, name string) ([]trace.Event, uint64, policies.Settings) {
 	t.Helper()
 	var dirs []string
 	if d := os.Getenv("ALLOCSIM_TRACES"); d != "" {
@@ -721,7 +724,11 @@ func ptSnapshot(t testing.TB, name string) ([]trace.Event, uint64) {
 	for {
 		ev, err := src.Next()
 		if err == io.EOF {
-			return evs, st.Cap
+			settings, _, err := policies.Recorded("pytorch", src.Header(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return evs, st.Cap, settings
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -730,67 +737,36 @@ func ptSnapshot(t testing.TB, name string) ([]trace.Event, uint64) {
 	}
 }
 
-// ptRecordedDevice hands out the segment addresses a trace recorded, in
-// order, under a capacity checked as the simulated device checks it.
-type ptRecordedDevice struct {
-	capacity, reserved, peak uint64
-	addrs                    []uint64
-	live                     map[uint64]uint64
-}
-
-func (d *ptRecordedDevice) Alloc(size uint64) (uint64, error) {
-	if d.capacity > 0 && d.reserved+size > d.capacity {
-		return 0, fmt.Errorf("device alloc of %d bytes: %w", size, policies.ErrOutOfMemory)
-	}
-	if len(d.addrs) == 0 {
-		return 0, errors.New("more segments than the trace recorded")
-	}
-	a := d.addrs[0]
-	d.addrs = d.addrs[1:]
-	d.live[a] = size
-	d.reserved += size
-	d.peak = max(d.peak, d.reserved)
-	return a, nil
-}
-
-func (d *ptRecordedDevice) Free(addr uint64) error {
-	size, ok := d.live[addr]
-	if !ok {
-		return fmt.Errorf("device free of %#x: not a live segment", addr)
-	}
-	d.reserved -= size
-	delete(d.live, addr)
-	return nil
-}
-
-// TestPyTorchRecordedAddresses places each segment at the address the
-// source recorded for it and demands that every malloc of the trace lands
-// at the address it had in the source, and every segment the source freed
-// is freed, in the same order. So the replay is the real allocator's, block
-// for block (hf_llama_train included, whose best-fit ties need the real
-// addresses).
+// TestPyTorchRecordedAddresses replays each snapshot on a simulated
+// device that follows the recording (segments placed at the recorded
+// addresses, sim.Device.FollowRecording), with the recorded device calls
+// shown to the policy (policies.Follower) and late frees given as such,
+// and demands that every malloc of the trace lands at the address it had
+// in the source and that the device calls are the recorded ones, in
+// order. So the replay is the real allocator's, block for block
+// (hf_llama_train included, whose best-fit ties need the real addresses).
 func TestPyTorchRecordedAddresses(t *testing.T) {
 	for _, name := range ptSnapshots {
 		t.Run(filepath.Base(name), func(t *testing.T) {
-			evs, capacity := ptSnapshot(t, name)
-			dev := &ptRecordedDevice{capacity: capacity, live: map[uint64]uint64{}}
-			var segFrees []uint64
-			for _, ev := range evs {
-				switch ev.Op {
-				case trace.OpSegmentAlloc:
-					dev.addrs = append(dev.addrs, ev.Addr)
-				case trace.OpSegmentFree:
-					segFrees = append(segFrees, ev.Addr)
-				}
-			}
-			rec := &ptFreeRecorder{ptRecordedDevice: dev}
-			p, err := policies.New("pytorch", rec, nil)
+			evs, capacity, settings := ptSnapshot(t, name)
+			dev := sim.NewDevice(capacity)
+			dev.FollowRecording()
+			var calls []sim.DeviceCall
+			dev.OnCall(func(c sim.DeviceCall) { calls = append(calls, c) })
+			p, err := policies.New("pytorch", dev, settings)
 			if err != nil {
 				t.Fatal(err)
 			}
+			f := p.(policies.Follower)
+			var recorded []sim.DeviceCall
+			requested := map[uint64]int{} // address -> event of its free_requested
 			mallocs := 0
 			for i, ev := range evs {
 				switch ev.Op {
+				case trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap:
+					recorded = append(recorded, sim.DeviceCall{Op: ev.Op, Addr: ev.Addr, Size: ev.Size})
+					dev.Observe(ev)
+					f.Follow(ev)
 				case trace.OpMalloc:
 					mallocs++
 					b, err := p.Malloc(ev.Size, ev.Stream)
@@ -800,8 +776,15 @@ func TestPyTorchRecordedAddresses(t *testing.T) {
 					if b.Addr != ev.Addr {
 						t.Fatalf("event %d: malloc of %d on stream %#x at %#x, recorded at %#x", i, ev.Size, ev.Stream, b.Addr, ev.Addr)
 					}
+				case trace.OpFreeRequested:
+					requested[ev.Addr] = i
 				case trace.OpFree:
-					if err := p.Free(ev.Addr, ev.Stream); err != nil {
+					free := p.Free
+					if j, ok := requested[ev.Addr]; ok && j != i-1 {
+						free = f.FreeLate
+					}
+					delete(requested, ev.Addr)
+					if err := free(ev.Addr, ev.Stream); err != nil {
 						t.Fatalf("event %d: %v", i, err)
 					}
 				case trace.OpMallocFailed:
@@ -811,29 +794,35 @@ func TestPyTorchRecordedAddresses(t *testing.T) {
 					}
 				}
 			}
-			if !slices.Equal(rec.frees, segFrees) {
-				t.Errorf("segments freed: %d, recorded %d (or in another order)", len(rec.frees), len(segFrees))
+			if err := f.Flush(); err != nil {
+				t.Fatal(err)
 			}
-			t.Logf("%d mallocs at their recorded addresses; peak reserved %d", mallocs, dev.peak)
+			if dev.Diverged() {
+				t.Errorf("the device stopped following the recording")
+			}
+			if !slices.Equal(calls, recorded) {
+				n := 0
+				for n < len(calls) && n < len(recorded) && calls[n] == recorded[n] {
+					n++
+				}
+				var got, want sim.DeviceCall
+				if n < len(calls) {
+					got = calls[n]
+				}
+				if n < len(recorded) {
+					want = recorded[n]
+				}
+				t.Errorf("device calls: %d, recorded %d; the first %d agree, then %v, recorded %v", len(calls), len(recorded), n, got, want)
+			}
+			t.Logf("%d mallocs at their recorded addresses; %d device calls as recorded; peak reserved %d", mallocs, len(calls), dev.PeakReserved())
 		})
 	}
-}
-
-// ptFreeRecorder records the addresses of the device frees.
-type ptFreeRecorder struct {
-	*ptRecordedDevice
-	frees []uint64
-}
-
-func (r *ptFreeRecorder) Free(addr uint64) error {
-	r.frees = append(r.frees, addr)
-	return r.ptRecordedDevice.Free(addr)
 }
 
 // BenchmarkPyTorchKVDecode measures the policy alone on kv_decode's 482k
 // mallocs and frees.
 func BenchmarkPyTorchKVDecode(b *testing.B) {
-	evs, _ := ptSnapshot(b, "pytorch/kv_decode")
+	evs, _, _ := ptSnapshot(b, "pytorch/kv_decode")
 	type op struct {
 		malloc       bool
 		slot         int

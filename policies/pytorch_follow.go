@@ -1,0 +1,151 @@
+package policies
+
+import (
+	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// Following a PyTorch snapshot (policies.Follower): what the recording says
+// of the real allocator's path that the requests and frees alone do not.
+//
+// Late frees. A block used on other streams (record_stream) is freed when
+// the events recorded on them complete: the real allocator takes such
+// blocks back at the start of a malloc (process_events), or, when that
+// malloc's device allocation is refused, at the synchronization before its
+// retry (synchronize_and_free_events), after its search of the pool has
+// failed. Their free_completed entries stand, either way, right before the
+// malloc's own entries, so FreeLate stages them; the next malloc takes
+// them back before its search, unless it will retry (no cached block fits
+// without them, and a new segment would pass the capacity even after
+// garbage collection and freeing oversize blocks): then its retry's
+// synchronization takes them back.
+//
+// Explicit releases. A run of segment frees (or unmaps) that the policy's
+// own malloc does not make at that point was torch.cuda.empty_cache(): a
+// malloc after them that finds a cached block, or that needs no retry
+// (and no garbage collection, and no freeing of oversize blocks), or any
+// other call after them, was preceded by one. Follow counts them; the next
+// call decides, and an explicit one is made before it (synchronizing
+// first, as empty_cache does).
+
+// Follow counts the source's segment frees and unmaps; see the comment at
+// the top of pytorch_follow.go.
+func (p *PyTorch) Follow(ev trace.Event) {
+	switch ev.Op {
+	case trace.OpSegmentFree, trace.OpSegmentUnmap:
+		p.releasesSeen++
+	}
+}
+
+// FreeLate takes back the block at addr at the next malloc (or its retry's
+// synchronization), as a late free_completed. It returns an error if addr
+// is not an allocated block.
+func (p *PyTorch) FreeLate(addr, stream uint64) error {
+	if p.releasesSeen > 0 {
+		if err := p.settle(); err != nil {
+			return err
+		}
+	}
+	b := p.active.remove(addr)
+	if b == nil {
+		return fmt.Errorf("pytorch: free of %#x on stream %#x: not an allocated block", addr, stream)
+	}
+	p.staged = append(p.staged, b) // allocated until taken back
+	return nil
+}
+
+// Flush takes back the staged late frees and makes the explicit
+// empty_cache that releases seen last imply.
+func (p *PyTorch) Flush() error { return p.settle() }
+
+// settle is what a call other than a malloc implies: releases seen since
+// the last call were an explicit empty_cache (which takes back every late
+// free first), and late frees staged were taken back.
+func (p *PyTorch) settle() error {
+	if p.releasesSeen > 0 {
+		return p.EmptyCache()
+	}
+	p.completeStaged()
+	return nil
+}
+
+// processEvents decides, at the start of a malloc of rsize bytes (a new
+// segment of segSize) on stream in pool, where the staged late frees are
+// taken back and whether the releases seen were an explicit empty_cache.
+func (p *PyTorch) processEvents(pool *ptPool, stream, rsize, segSize uint64) error {
+	if p.findFreeBlock(pool, stream, rsize) == nil && p.wouldRetry(pool, stream, rsize, segSize) {
+		// Taken back at the retry's synchronization, which also makes
+		// the releases seen.
+		p.pending = append(p.pending, p.staged...)
+		clear(p.staged)
+		p.staged = p.staged[:0]
+		p.releasesSeen = 0
+		return nil
+	}
+	p.completeStaged()
+	if p.releasesSeen == 0 {
+		return nil
+	}
+	p.releasesSeen = 0
+	if p.findFreeBlock(pool, stream, rsize) == nil && p.releasesBeforeAlloc(pool, stream, rsize, segSize) {
+		return nil // its garbage collection or oversize release makes them
+	}
+	return p.EmptyCache()
+}
+
+// wouldRetry reports whether a malloc that finds no cached block would
+// retry: a new segment passes the capacity even after garbage collection
+// and the freeing of oversize blocks.
+func (p *PyTorch) wouldRetry(pool *ptPool, stream, rsize, segSize uint64) bool {
+	if p.capacity == 0 {
+		return false
+	}
+	var gc []*ptBlock
+	reserved := p.reserved
+	if p.gcActive() {
+		gc = p.gcPlan()
+		for _, b := range gc {
+			reserved -= b.size
+		}
+	}
+	if p.fits(reserved, segSize) {
+		return false
+	}
+	ra, ok := p.releaseAvailablePlan(pool, stream, rsize, gc)
+	for _, b := range ra {
+		reserved -= b.size
+	}
+	return !ok || !p.fits(reserved, segSize)
+}
+
+// releasesBeforeAlloc reports whether a malloc that finds no cached block
+// frees cached segments before any retry: by garbage collection, or by
+// freeing oversize blocks when the new segment passes the capacity.
+func (p *PyTorch) releasesBeforeAlloc(pool *ptPool, stream, rsize, segSize uint64) bool {
+	if p.gcActive() && len(p.gcPlan()) > 0 {
+		return true
+	}
+	if p.fits(p.reserved, segSize) {
+		return false
+	}
+	ra, _ := p.releaseAvailablePlan(pool, stream, rsize, nil)
+	return len(ra) > 0
+}
+
+// completeStaged and completePending take back late frees.
+func (p *PyTorch) completeStaged() {
+	for k, b := range p.staged {
+		p.staged[k] = nil
+		p.freeBlock(b)
+	}
+	p.staged = p.staged[:0]
+}
+
+func (p *PyTorch) completePending() {
+	for k, b := range p.pending {
+		p.pending[k] = nil
+		p.freeBlock(b)
+	}
+	p.pending = p.pending[:0]
+}
