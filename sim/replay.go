@@ -23,6 +23,11 @@ type Config struct {
 	// Observer, if not nil, is told of every action of the allocator (see
 	// Observer), for recording its history.
 	Observer Observer
+	// AsRecorded replays a recording as it was recorded (see recorded.go):
+	// a policy that follows recordings of its own allocator takes the
+	// trace's recorded settings, with Settings over them, and the device
+	// the recorded addresses.
+	AsRecorded bool
 }
 
 // liveAlloc is a malloc of the trace that is live in the replay.
@@ -53,6 +58,7 @@ type Replay struct {
 
 	series seriesBuilder
 	obs    *observing // nil unless cfg.Observer
+	rec    recorded   // replaying as recorded (recorded.go)
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device. It
@@ -72,6 +78,7 @@ func NewReplay(cfg Config) (*Replay, error) {
 		series: seriesBuilder{width: 1},
 		obs:    obs,
 	}
+	r.startRecorded()
 	r.res = Result{
 		Trace:         cfg.Trace,
 		Policy:        p.Name(),
@@ -109,6 +116,9 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 		}
 	case trace.OpFreeRequested:
 		r.freeRequested(ev)
+		r.rec.requested(i, ev.Addr)
+	case trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap:
+		r.followed(ev)
 	case trace.OpStreamSync:
 		if s, ok := r.policy.(policies.Syncer); ok {
 			s.StreamSync(ev.Stream)
@@ -258,7 +268,7 @@ func (r *Replay) free(i int64, ev trace.Event) error {
 		r.obs.tell(ActionFreeRequested, a.block, a.requested)
 	}
 	r.obs.tell(ActionFreeCompleted, a.block, a.requested)
-	if err := r.policy.Free(a.block.Addr, ev.Stream); err != nil {
+	if err := r.freeBlock(i, ev, a); err != nil {
 		return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
 	}
 	return nil
@@ -337,6 +347,10 @@ func (r *Replay) Finish() *Result {
 func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	reps := make([]*Replay, len(cfgs))
 	for k, c := range cfgs {
+		c, err := c.withRecorded(src.Header())
+		if err != nil {
+			return nil, err
+		}
 		rep, err := NewReplay(c)
 		if err != nil {
 			return nil, err
@@ -355,6 +369,11 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 			if err := rep.Step(i, ev); err != nil {
 				return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
 			}
+		}
+	}
+	for _, rep := range reps {
+		if err := rep.End(); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
 		}
 	}
 	out := make([]*Result, len(reps))

@@ -1,0 +1,101 @@
+package sim
+
+import (
+	"fmt"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// Replaying as recorded (Config.AsRecorded). A trace that recorded an
+// allocator's own actions (a PyTorch snapshot: its settings in the header,
+// its segment allocations, frees, maps and unmaps as events) is replayed so
+// that a policy simulating that allocator takes the recorded path:
+//
+//   - settings: the policy's policies.Recorded settings from the header,
+//     the user's Settings over them (Run does this; the Result's Settings
+//     are those used);
+//   - addresses: the device hands out the addresses of the recorded
+//     segment allocations and maps, in order, while the simulation agrees
+//     with them (Device.FollowRecording);
+//   - the recorded device calls are shown to a policies.Follower, which
+//     tells from them the releases it does not make itself (an explicit
+//     empty_cache), and frees that complete late (free_completed after
+//     other events than its free_requested: a block used on another
+//     stream) reach it through FreeLate.
+//
+// Without AsRecorded, segment events are ignored as before, and a
+// Follower still gets late frees through FreeLate.
+
+// recorded is a Replay's state for replaying as recorded.
+type recorded struct {
+	follower policies.Follower // the policy, if it follows recordings
+	reqEvent int64             // event index of the last free_requested, -1 if none
+	reqAddr  uint64            // and its address
+}
+
+// startRecorded sets up the replay as recorded when cfg asks for it.
+func (r *Replay) startRecorded() {
+	r.rec.follower, _ = r.policy.(policies.Follower)
+	r.rec.reqEvent = -1
+	if r.cfg.AsRecorded {
+		r.dev.FollowRecording()
+	}
+}
+
+// requested notes the free_requested of addr at event i.
+func (s *recorded) requested(i int64, addr uint64) {
+	s.reqEvent, s.reqAddr = i, addr
+}
+
+// followed shows a recorded device call (event ev) to the device and the
+// policy, when replaying as recorded.
+func (r *Replay) followed(ev trace.Event) {
+	if !r.cfg.AsRecorded {
+		return
+	}
+	r.dev.Observe(ev)
+	if r.rec.follower != nil {
+		r.rec.follower.Follow(ev)
+	}
+}
+
+// freeBlock gives the block of a back to the policy at event i, the free
+// (free_completed) ev: through FreeLate when the program asked for the free
+// (free_requested) before other events than this one.
+func (r *Replay) freeBlock(i int64, ev trace.Event, a liveAlloc) error {
+	if f := r.rec.follower; f != nil && a.released && !(r.rec.reqEvent == i-1 && r.rec.reqAddr == ev.Addr) {
+		return f.FreeLate(a.block.Addr, ev.Stream)
+	}
+	return r.policy.Free(a.block.Addr, ev.Stream)
+}
+
+// End completes the replay after the last event: a Follower completes what
+// the recording implies (a release at the very end). Run calls it; a
+// caller of Step calls it before Finish.
+func (r *Replay) End() error {
+	if r.rec.follower == nil {
+		return nil
+	}
+	if err := r.rec.follower.Flush(); err != nil {
+		return fmt.Errorf("end of trace: %w", err)
+	}
+	return nil
+}
+
+// withRecorded returns c with the settings that replay a trace of header h
+// as recorded, when c asks for it and its policy follows recordings of h's
+// source; else c as is.
+func (c Config) withRecorded(h trace.Header) (Config, error) {
+	if !c.AsRecorded {
+		return c, nil
+	}
+	s, ok, err := policies.Recorded(c.Policy, h, c.Settings)
+	if err != nil {
+		return c, fmt.Errorf("%s: %w", c.Trace, err)
+	}
+	if ok {
+		c.Settings = s
+	}
+	return c, nil
+}
