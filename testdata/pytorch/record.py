@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Record PyTorch memory snapshots of allocsim's own workloads under chosen
+allocator settings and caps, with the real allocator's figures beside each.
+
+    python3 record.py OUTDIR
+
+For each run it writes OUTDIR/NAME.pickle.gz (torch.cuda.memory._dump_snapshot,
+gzip-compressed) and OUTDIR/NAME.stats.json (max_memory_reserved,
+max_memory_allocated, torch.cuda.memory_stats(), the settings string as
+alloc_conf and the per-process cap as mem_cap_bytes), in the shape of the
+shared trace collection. Every run is a fresh process, so that
+PYTORCH_CUDA_ALLOC_CONF is read at start-up and the counters start at zero.
+Capped runs take their cap from an uncapped run of the same workload (a
+fraction of its peak reserved bytes, at an odd MiB so that no 2 MiB-multiple
+segment lands exactly on the cap). OUTDIR/parse.json records how this
+PyTorch parses a list of settings strings (the allocator_settings it reports,
+or its error).
+
+Workloads (seeded, deterministic in their requests):
+  churn  tensors of log-uniform sizes (512 B .. 256 MiB, exact byte counts)
+         allocated and freed at random under a live-bytes budget; one in
+         eight is made on a side stream and used on the default stream
+         (record_stream), so its free completes late; an empty_cache() every
+         150 steps; requests that hit an OOM are caught and retried at a
+         quarter of the size after freeing half of the live tensors.
+  mlp    a 4-layer MLP trained with Adam on batches of 64..4096 rows;
+         empty_cache() after steps 3 and 6.
+"""
+import gzip
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+
+MiB = 1 << 20
+
+
+def churn(torch, rng, steps=520):
+    main = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    live = []  # (tensor, bytes)
+    live_bytes = 0
+    budget = 1536 * MiB
+    ooms = []
+
+    def free_some(k):
+        nonlocal live_bytes
+        for _ in range(k):
+            if not live:
+                return
+            t, n = live.pop(rng.randrange(len(live)))
+            live_bytes -= n
+            del t
+
+    for step in range(steps):
+        if step and step % 150 == 0:
+            torch.cuda.empty_cache()
+        if live and (live_bytes > budget or rng.random() < 0.42):
+            free_some(1)
+            continue
+        n = int(math.exp(rng.uniform(math.log(512), math.log(256 * MiB))))
+        on_side = rng.random() < 0.125
+        for attempt in range(2):
+            try:
+                if on_side:
+                    with torch.cuda.stream(side):
+                        t = torch.empty(n, dtype=torch.uint8, device="cuda")
+                        t.fill_(1)
+                    main.wait_stream(side)
+                    torch.cuda._sleep(200000)  # keep the default stream busy
+                    t.record_stream(main)
+                else:
+                    t = torch.empty(n, dtype=torch.uint8, device="cuda")
+                live.append((t, n))
+                live_bytes += n
+                break
+            except torch.cuda.OutOfMemoryError as e:
+                ooms.append(str(e).split(".")[0] + ".")
+                free_some(len(live) // 2)
+                n //= 4
+    del live
+    return ooms
+
+
+def mlp(torch, rng, steps=8):
+    nn = torch.nn
+    model = nn.Sequential(
+        nn.Linear(1024, 3072), nn.GELU(), nn.Linear(3072, 1024), nn.LayerNorm(1024),
+        nn.Linear(1024, 3072), nn.GELU(), nn.Linear(3072, 1024),
+    ).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(steps):
+        rows = rng.randint(64, 4096)
+        x = torch.randn(rows, 1024, device="cuda")
+        y = torch.randn(rows, 1024, device="cuda")
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, y, loss
+        if step in (3, 6):
+            torch.cuda.empty_cache()
+    return []
+
+
+WORKLOADS = {"churn": churn, "mlp": mlp}
+
+
+def child(workload, label, cap, outdir, seed):
+    import torch
+    torch.cuda.init()
+    total = torch.cuda.mem_get_info()[1]
+    cap_bytes = 0
+    if cap:
+        frac = cap / total
+        torch.cuda.set_per_process_memory_fraction(frac, 0)
+        cap_bytes = int(frac * total)
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1 << 20)
+    rng = random.Random(seed)
+    t0 = time.time()
+    ooms = WORKLOADS[workload](torch, rng)
+    torch.cuda.synchronize()
+    wall = time.time() - t0
+    snap = torch.cuda.memory._snapshot()
+    path = os.path.join(outdir, label)
+    import pickle
+    with gzip.open(path + ".pickle.gz", "wb") as f:
+        pickle.dump(snap, f, protocol=4)
+    stats = {
+        "workload": workload,
+        "label": label,
+        "seed": seed,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0),
+        "wall_s": wall,
+        "mem_cap_bytes": cap_bytes,
+        "oom": ooms[0] if ooms else "",
+        "ooms_caught": len(ooms),
+        "max_memory_reserved": torch.cuda.max_memory_reserved(),
+        "max_memory_allocated": torch.cuda.max_memory_allocated(),
+        "memory_reserved_end": torch.cuda.memory_reserved(),
+        "memory_allocated_end": torch.cuda.memory_allocated(),
+        "trace_entries": len(snap["device_traces"][0]),
+        "memory_stats": dict(torch.cuda.memory_stats()),
+    }
+    with open(path + ".stats.json", "w") as f:
+        json.dump(stats, f, indent=1, sort_keys=False)
+    print(label, {k: stats[k] for k in ("max_memory_reserved", "max_memory_allocated", "mem_cap_bytes", "ooms_caught", "trace_entries")},
+          {k: stats["memory_stats"].get(k) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")}, flush=True)
+    return stats
+
+
+PARSE_PROBES = [
+    "max_split_size_mb:64",
+    "max_split_size_mb:20",
+    "max_split_size_mb:19",
+    "max_split_size_mb:abc",
+    "max_split_size_mb : 128 , roundup_power2_divisions:4",
+    "roundup_power2_divisions:[64:8,256:4,>:1]",
+    "roundup_power2_divisions:[>:2]",
+    "roundup_power2_divisions:[1:4,2:8]",
+    "roundup_power2_divisions:[3:4]",
+    "roundup_power2_divisions:[64:3]",
+    "roundup_power2_divisions:3",
+    "roundup_power2_divisions:[128:2,",
+    "garbage_collection_threshold:0.6",
+    "garbage_collection_threshold:1.0",
+    "garbage_collection_threshold:0",
+    "expandable_segments:True",
+    "expandable_segments:true",
+    "expandable_segments:False",
+    "max_non_split_rounding_mb:64",
+    "max_non_split_rounding_mb:10",
+    "unknown_key:1",
+    "max_split_size_mb",
+    "max_split_size_mb:128;expandable_segments:True",
+    "max_split_size_mb:128,,expandable_segments:True",
+    "backend:native",
+    "backend:cudaMallocAsync",
+    "release_lock_on_cudamalloc:True",
+    "pinned_use_background_threads:True",
+    "max_split_size_mb:128,",
+    "",
+]
+
+
+def probe(outdir):
+    import torch
+    torch.cuda.init()
+    out = []
+    for s in PARSE_PROBES:
+        rec = {"conf": s}
+        try:
+            torch.cuda.memory._set_allocator_settings(s)
+            rec["settings"] = torch.cuda.memory._snapshot()["allocator_settings"]
+        except Exception as e:  # noqa: BLE001
+            rec["error"] = type(e).__name__ + ": " + str(e).splitlines()[0]
+        out.append(rec)
+        try:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:False,max_non_split_rounding_mb:20")
+        except Exception:  # noqa: BLE001
+            pass
+    with open(os.path.join(outdir, "parse.json"), "w") as f:
+        json.dump(out, f, indent=1, default=str)
+
+
+def spawn(outdir, workload, label, conf="", cap=0, seed=7):
+    env = dict(os.environ)
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    else:
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    r = subprocess.run([sys.executable, __file__, "--child", workload, label, str(cap), outdir, str(seed)],
+                       env=env, capture_output=True, text=True)
+    sys.stdout.write(r.stdout)
+    if r.returncode != 0:
+        sys.stdout.write(r.stderr[-3000:])
+        return None
+    with open(os.path.join(outdir, label + ".stats.json")) as f:
+        return json.load(f)
+
+
+def odd_mib(x):
+    return (int(x) // (2 * MiB)) * 2 * MiB + MiB
+
+
+def main():
+    if sys.argv[1] == "--child":
+        _, _, workload, label, cap, outdir, seed = sys.argv
+        child(workload, label, int(cap), outdir, int(seed))
+        return
+    if sys.argv[1] == "--probe":
+        probe(sys.argv[2])
+        return
+    outdir = sys.argv[1]
+    os.makedirs(outdir, exist_ok=True)
+    base = spawn(outdir, "churn", "churn")
+    r = base["max_memory_reserved"] if base else 3 << 30
+    spawn(outdir, "churn", "churn_maxsplit", "max_split_size_mb:64", odd_mib(0.7 * r))
+    spawn(outdir, "churn", "churn_roundup", "roundup_power2_divisions:4")
+    spawn(outdir, "churn", "churn_mixed",
+          "max_split_size_mb:128, roundup_power2_divisions:[64:8,256:4,>:1], max_non_split_rounding_mb:40", odd_mib(0.8 * r))
+    spawn(outdir, "churn", "churn_gc", "garbage_collection_threshold:0.6", odd_mib(0.8 * r))
+    spawn(outdir, "churn", "churn_oom", "", odd_mib(0.45 * r))
+    exp = spawn(outdir, "churn", "churn_expandable", "expandable_segments:True")
+    re_ = exp["max_memory_reserved"] if exp else r
+    spawn(outdir, "churn", "churn_expandable_capped", "expandable_segments:True", odd_mib(0.75 * re_))
+    spawn(outdir, "mlp", "mlp")
+    spawn(outdir, "mlp", "mlp_expandable", "expandable_segments:True,garbage_collection_threshold:0.5", 0)
+    subprocess.run([sys.executable, __file__, "--probe", outdir])
+
+
+if __name__ == "__main__":
+    main()
