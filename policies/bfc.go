@@ -441,75 +441,111 @@ func (t *fitTree) insert(b *fitBlock) {
 	b.prio = t.rng
 	b.left, b.right, b.maxSize, b.tree = nil, nil, b.size, t
 	t.bytes += b.size
+	// Top-down: descend while the nodes outrank b, put b there, and split
+	// the subtree below by b's key into b's children. The two orders have
+	// a loop each: the comparison is the inner loop's cost.
 	x := t.root
-	if x == nil {
-		b.parent = nil
-		t.root = b
+	var parent *fitBlock
+	link := &t.root
+	lp, rp := &b.left, &b.right
+	lpar, rpar := b, b
+	if !t.byAddr {
+		for x != nil && x.prio >= b.prio {
+			parent = x
+			if b.size < x.size || b.size == x.size && b.addr < x.addr {
+				link = &x.left
+			} else {
+				link = &x.right
+			}
+			x = *link
+		}
+		*link, b.parent = b, parent
+		for x != nil {
+			if x.size < b.size || x.size == b.size && x.addr < b.addr {
+				*lp, x.parent = x, lpar
+				lpar, lp = x, &x.right
+				x = x.right
+			} else {
+				*rp, x.parent = x, rpar
+				rpar, rp = x, &x.left
+				x = x.left
+			}
+		}
+		*lp, *rp = nil, nil
 		return
 	}
-	if t.byAddr {
-		for {
-			if x.maxSize < b.size {
-				x.maxSize = b.size
-			}
-			if b.addr < x.addr {
-				if x.left == nil {
-					x.left = b
-					break
-				}
-				x = x.left
-			} else {
-				if x.right == nil {
-					x.right = b
-					break
-				}
-				x = x.right
-			}
+	for x != nil && x.prio >= b.prio {
+		if x.maxSize < b.size {
+			x.maxSize = b.size
 		}
-	} else {
-		for {
-			if b.size < x.size || b.size == x.size && b.addr < x.addr {
-				if x.left == nil {
-					x.left = b
-					break
-				}
-				x = x.left
-			} else {
-				if x.right == nil {
-					x.right = b
-					break
-				}
-				x = x.right
-			}
+		parent = x
+		if b.addr < x.addr {
+			link = &x.left
+		} else {
+			link = &x.right
+		}
+		x = *link
+	}
+	*link, b.parent = b, parent
+	for x != nil {
+		if x.addr < b.addr {
+			*lp, x.parent = x, lpar
+			lpar, lp = x, &x.right
+			x = x.right
+		} else {
+			*rp, x.parent = x, rpar
+			rpar, rp = x, &x.left
+			x = x.left
 		}
 	}
-	b.parent = x
-	for b.parent != nil && b.prio > b.parent.prio {
-		t.rotateUp(b)
+	*lp, *rp = nil, nil
+	// The nodes on the two split paths lost part of a subtree.
+	for y := lpar; y != b; y = y.parent {
+		y.maxSize = fitSubtreeMax(y)
 	}
+	for y := rpar; y != b; y = y.parent {
+		y.maxSize = fitSubtreeMax(y)
+	}
+	b.maxSize = fitSubtreeMax(b)
 }
 
 // remove takes free block b out of t.
 func (t *fitTree) remove(b *fitBlock) {
-	for b.left != nil && b.right != nil {
-		if b.left.prio > b.right.prio {
-			t.rotateUp(b.left)
+	// Join b's subtrees in its place, taking the higher priority of the
+	// two spines at each step.
+	p := b.parent
+	link := &t.root
+	switch {
+	case p == nil:
+	case p.left == b:
+		link = &p.left
+	default:
+		link = &p.right
+	}
+	l, r, par := b.left, b.right, p
+	for l != nil && r != nil {
+		if l.prio > r.prio {
+			*link, l.parent = l, par
+			par, link, l = l, &l.right, l.right
 		} else {
-			t.rotateUp(b.right)
+			*link, r.parent = r, par
+			par, link, r = r, &r.left, r.left
 		}
 	}
-	child := b.left
-	if child == nil {
-		child = b.right
+	if l == nil {
+		l = r
 	}
-	p := b.parent
-	t.replaceChild(p, b, child)
-	if child != nil {
-		child.parent = p
+	*link = l
+	if l != nil {
+		l.parent = par
 	}
 	b.left, b.right, b.parent, b.tree = nil, nil, nil, nil
 	t.bytes -= b.size
 	if t.byAddr {
+		// Every node of the joined spines has a new subtree.
+		for y := par; y != p; y = y.parent {
+			y.maxSize = fitSubtreeMax(y)
+		}
 		fitFixUp(p)
 	}
 }
@@ -530,43 +566,6 @@ func fitFixUp(x *fitBlock) {
 			break
 		}
 		x.maxSize = m
-	}
-}
-
-// rotateUp rotates x above its parent.
-func (t *fitTree) rotateUp(x *fitBlock) {
-	p := x.parent
-	g := p.parent
-	if x == p.left {
-		p.left = x.right
-		if x.right != nil {
-			x.right.parent = p
-		}
-		x.right = p
-	} else {
-		p.right = x.left
-		if x.left != nil {
-			x.left.parent = p
-		}
-		x.left = p
-	}
-	p.parent, x.parent = x, g
-	t.replaceChild(g, p, x)
-	if t.byAddr {
-		x.maxSize = p.maxSize
-		p.maxSize = fitSubtreeMax(p)
-	}
-}
-
-// replaceChild puts y where x was under parent p (the root if p is nil).
-func (t *fitTree) replaceChild(p, x, y *fitBlock) {
-	switch {
-	case p == nil:
-		t.root = y
-	case p.left == x:
-		p.left = y
-	default:
-		p.right = y
 	}
 }
 
