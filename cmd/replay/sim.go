@@ -32,6 +32,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
@@ -62,7 +63,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		}
 		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
-			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes}
+			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, AsRecorded: *asRecorded}
 		}
 		vr, err := vd.start(path, cfgs)
 		if err != nil {
@@ -106,6 +107,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	// The table goes to stdout unless the JSON or CSV does.
 	if *jsonOut != "-" && *csvOut != "-" {
 		writeTable(stdout, results)
+		writeSettingsUsed(stdout, results, settings)
 	}
 	return nil
 }
