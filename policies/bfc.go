@@ -170,10 +170,16 @@ func (p *BFC) Malloc(size, stream uint64) (Block, error) {
 		if err != nil {
 			return Block{}, fmt.Errorf("policy bfc: malloc of %d bytes: %w", size, err)
 		}
-		if !ok && p.gc && p.deallocateFreeRegions(n) {
-			p.retries++
-			if ok, err = p.extend(n); err != nil {
+		if !ok && p.gc {
+			freed, err := p.deallocateFreeRegions(n)
+			if err != nil {
 				return Block{}, fmt.Errorf("policy bfc: malloc of %d bytes: %w", size, err)
+			}
+			if freed {
+				p.retries++
+				if ok, err = p.extend(n); err != nil {
+					return Block{}, fmt.Errorf("policy bfc: malloc of %d bytes: %w", size, err)
+				}
 			}
 		}
 		if ok {
@@ -268,8 +274,9 @@ func (p *BFC) extend(n uint64) (bool, error) {
 
 // deallocateFreeRegions returns every wholly free region to the device
 // when that makes room for n bytes (BFCAllocator::DeallocateFreeRegions),
-// and reports whether it returned any.
-func (p *BFC) deallocateFreeRegions(n uint64) bool {
+// and reports whether it returned any. It returns the device's error for
+// a failed free.
+func (p *BFC) deallocateFreeRegions(n uint64) (bool, error) {
 	var freed uint64
 	for _, r := range p.regions {
 		if r.first.tree != nil && r.first.next == nil {
@@ -277,12 +284,13 @@ func (p *BFC) deallocateFreeRegions(n uint64) bool {
 		}
 	}
 	if freed == 0 {
-		return false
+		return false, nil
 	}
 	if p.limit != noLimit && n > p.limit-p.total+freed {
-		return false
+		return false, nil
 	}
 	kept := p.regions[:0]
+	var err error
 	for _, r := range p.regions {
 		if r.first.tree == nil || r.first.next != nil {
 			kept = append(kept, r)
@@ -291,13 +299,13 @@ func (p *BFC) deallocateFreeRegions(n uint64) bool {
 		p.free.remove(r.first)
 		p.nodes.put(r.first)
 		p.total -= r.size
-		// A failed device free leaves the region counted as freed: the
-		// simulated and real devices only fail for an unknown address.
-		_ = p.dev.Free(r.addr)
+		if ferr := p.dev.Free(r.addr); ferr != nil && err == nil {
+			err = ferr
+		}
 	}
 	clear(p.regions[len(kept):])
 	p.regions = kept
-	return true
+	return true, err
 }
 
 // The policies bfc, rmm-pool and rmm-arena keep their free blocks in
