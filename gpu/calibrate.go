@@ -3,15 +3,18 @@ package gpu
 import (
 	"context"
 	"encoding/csv"
+	"errors"
 	"fmt"
 	"io"
 	"math"
-	"math/rand/v2"
 	"runtime"
 	"sort"
 	"strconv"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/synth"
 )
 
 // CostRow is one measured series of a calibration: the latencies of N calls
@@ -38,6 +41,9 @@ type CalibrateOptions struct {
 	// N is the number of calls per size up to 256 MiB; 0 means 100. Larger
 	// sizes take fewer (at least 10).
 	N int
+	// WorkloadEvents is the number of events of each synthetic workload
+	// replayed for the sub-allocation costs; 0 means 50000.
+	WorkloadEvents int
 	// Progress, if not nil, receives one line per series measured.
 	Progress io.Writer
 }
@@ -49,8 +55,8 @@ var CalibrationSizes = []uint64{512, 4 << 10, 64 << 10, 1 << 20, 2 << 20, 8 << 2
 // Calibrate measures the latency of each device call by size on rt's GPU:
 // cudaMalloc and cudaFree one at a time (rows cudaMalloc, cudaFree), with up
 // to 64 live at once (the _batch rows), small ones in the driver's 2 MiB
-// pages (the _suballoc, _newpage and _lastinpage rows, from a churn of mixed
-// sizes, and the _suballoc_hot rows); the stream-ordered allocator on a pool
+// pages (the _suballoc, _newpage and _lastinpage rows, from synthetic
+// workloads, and the _suballoc_hot rows); the stream-ordered allocator on a pool
 // of its own with release threshold 0 and UINT64_MAX (the _thr0 and _thrmax
 // rows, with the stream synchronization after the free); cudaMallocHost and
 // cudaFreeHost up to 64 MiB; cudaMallocManaged and its cudaFree up to
@@ -73,6 +79,9 @@ func Calibrate(ctx context.Context, rt *Runtime, opt CalibrateOptions) (rows []C
 	}
 	if opt.N <= 0 {
 		opt.N = 100
+	}
+	if opt.WorkloadEvents <= 0 {
+		opt.WorkloadEvents = 50000
 	}
 	c := &calibration{ctx: ctx, rt: rt, opt: opt, limit: limit, dev: map[uint64]bool{}, host: map[uint64]bool{}}
 	defer func() {
@@ -218,13 +227,14 @@ func (c *calibration) batch() error {
 // suballoc measures small allocations that the driver places in 2 MiB
 // pages: first in a hot loop, a cudaMalloc and cudaFree of one size in a
 // page kept mapped by an anchor allocation of 512 bytes (the _suballoc_hot
-// rows, the best case); then in a churn like a program's, 64 live
-// allocations of sizes spread log-uniformly from 16 bytes to 1 MiB, one
-// freed at random and another allocated, many times over. Each call of the
-// churn is classed by the page its pointer falls in: placed in a page that
-// had live allocations (_suballoc), or mapping a new one (_newpage); a free
-// that leaves its page live (_suballoc) or empties it (_lastinpage). Sizes
-// are reported at the nearest of 512 B, 4 KiB, 64 KiB and 1 MiB.
+// rows, the best case); then as they come in programs: the synthetic
+// workloads of package trace/synth (training, inference, KV cache, a
+// service; the first 50000 events of each, seed 1) replayed through
+// cudaMalloc and cudaFree. Each small call of those is classed by the page
+// its pointer falls in: placed in a page that had live allocations
+// (_suballoc), or mapping a new one (_newpage); a free that leaves its page
+// live (_suballoc) or empties it (_lastinpage). Sizes are reported at the
+// nearest of 512 B, 4 KiB, 64 KiB and 1 MiB.
 func (c *calibration) suballoc() error {
 	anchor, _, err := c.malloc(512)
 	if err != nil {
@@ -252,18 +262,17 @@ func (c *calibration) suballoc() error {
 	if _, err := c.free(anchor); err != nil {
 		return err
 	}
-	return c.churn()
+	return c.workloads()
 }
 
-// churnPoints are the sizes the churn's latencies are reported at.
+// calibrationWorkloads are the synthetic workloads the sub-allocation
+// costs are measured on.
+var calibrationWorkloads = []string{"train", "inference", "kvcache", "service"}
+
+// churnPoints are the sizes the sub-allocation latencies are reported at.
 var churnPoints = []uint64{512, 4 << 10, 64 << 10, 1 << 20}
 
-func (c *calibration) churn() error {
-	const live = 64
-	rng := rand.New(rand.NewPCG(1, 2))
-	size := func() uint64 {
-		return uint64(math.Exp(math.Log(16) + rng.Float64()*(math.Log(float64(sim.SubAllocMax))-math.Log(16))))
-	}
+func (c *calibration) workloads() error {
 	point := func(s uint64) uint64 {
 		best := churnPoints[0]
 		for _, p := range churnPoints {
@@ -278,60 +287,77 @@ func (c *calibration) churn() error {
 		size uint64
 	}
 	samples := map[key][]int64{}
-	pages := map[uint64]int{} // 2 MiB page -> live allocations in it
-	type alloc struct{ ptr, size uint64 }
-	var set []alloc
-	malloc := func() error {
-		s := size()
-		p, ns, err := c.malloc(s)
-		if err != nil {
-			return fmt.Errorf("cudaMalloc of %d bytes: %w", s, err)
-		}
-		row := sim.CostMallocSuballoc
-		if pages[p>>21] == 0 {
-			row = sim.CostMallocNewPage
-		}
-		pages[p>>21]++
-		samples[key{row, point(s)}] = append(samples[key{row, point(s)}], ns)
-		set = append(set, alloc{p, s})
-		return nil
-	}
-	free := func(i int) error {
-		a := set[i]
-		ns, err := c.free(a.ptr)
+	for _, name := range calibrationWorkloads {
+		src, err := synth.New(name, 1, nil)
 		if err != nil {
 			return err
 		}
-		set[i] = set[len(set)-1]
-		set = set[:len(set)-1]
-		pages[a.ptr>>21]--
-		row := sim.CostFreeSuballoc
-		if pages[a.ptr>>21] == 0 {
-			row = sim.CostFreeLastInPage
+		live := map[uint64]uint64{}  // trace address -> pointer
+		sizes := map[uint64]uint64{} // pointer -> size
+		pages := map[uint64]int{}    // 2 MiB page -> live small allocations
+		var held uint64
+		for i := 0; i < c.opt.WorkloadEvents; i++ {
+			if err := c.ctx.Err(); err != nil {
+				return err
+			}
+			ev, err := src.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			switch {
+			case ev.Op == trace.OpMalloc && ev.Kind.OnDevice() && ev.Size > 0:
+				if held+ev.Size > c.limit {
+					continue // past the limit: skipped, as its free will be
+				}
+				p, ns, err := c.malloc(ev.Size)
+				if err != nil {
+					if errors.Is(err, policies.ErrOutOfMemory) {
+						continue
+					}
+					return fmt.Errorf("workload %s: cudaMalloc of %d bytes: %w", name, ev.Size, err)
+				}
+				live[ev.Addr], sizes[p] = p, ev.Size
+				held += ev.Size
+				if ev.Size <= sim.SubAllocMax {
+					row := sim.CostMallocSuballoc
+					if pages[p>>21] == 0 {
+						row = sim.CostMallocNewPage
+					}
+					pages[p>>21]++
+					k := key{row, point(ev.Size)}
+					samples[k] = append(samples[k], ns)
+				}
+			case ev.Op == trace.OpFree:
+				p, ok := live[ev.Addr]
+				if !ok {
+					continue
+				}
+				delete(live, ev.Addr)
+				size := sizes[p]
+				delete(sizes, p)
+				held -= size
+				ns, err := c.free(p)
+				if err != nil {
+					return fmt.Errorf("workload %s: %w", name, err)
+				}
+				if size <= sim.SubAllocMax {
+					pages[p>>21]--
+					row := sim.CostFreeSuballoc
+					if pages[p>>21] == 0 {
+						row = sim.CostFreeLastInPage
+					}
+					k := key{row, point(size)}
+					samples[k] = append(samples[k], ns)
+				}
+			}
 		}
-		samples[key{row, point(a.size)}] = append(samples[key{row, point(a.size)}], ns)
-		return nil
-	}
-	for len(set) < live {
-		if err := malloc(); err != nil {
-			return err
-		}
-	}
-	clear(samples) // the fill is not the churn
-	for k := 0; k < 10*c.opt.N; k++ {
-		if err := c.ctx.Err(); err != nil {
-			return err
-		}
-		if err := free(rng.IntN(len(set))); err != nil {
-			return err
-		}
-		if err := malloc(); err != nil {
-			return err
-		}
-	}
-	for len(set) > 0 {
-		if err := free(len(set) - 1); err != nil {
-			return err
+		for _, p := range live {
+			if _, err := c.free(p); err != nil {
+				return fmt.Errorf("workload %s: %w", name, err)
+			}
 		}
 	}
 	for _, row := range []string{sim.CostMallocSuballoc, sim.CostFreeSuballoc, sim.CostMallocNewPage, sim.CostFreeLastInPage} {

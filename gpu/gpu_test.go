@@ -497,7 +497,7 @@ func TestBadSettings(t *testing.T) {
 func TestCalibrate(t *testing.T) {
 	rt := fakeRuntime(t, "", "FAKECUDA_TOTAL=1073741824", "FAKECUDA_LATENCY_NS=2000")
 	var progress bytes.Buffer
-	rows, err := Calibrate(context.Background(), rt, CalibrateOptions{MaxSize: 2 << 20, MaxBytes: 512 << 20, N: 5, Progress: &progress})
+	rows, err := Calibrate(context.Background(), rt, CalibrateOptions{MaxSize: 2 << 20, MaxBytes: 512 << 20, N: 5, WorkloadEvents: 3000, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -527,7 +527,7 @@ func TestCalibrate(t *testing.T) {
 
 	// A planted failure in the middle: an error, and nothing left behind.
 	rt = fakeRuntime(t, "", "FAKECUDA_FAIL=cudaFreeHost:3:1")
-	if _, err := Calibrate(context.Background(), rt, CalibrateOptions{MaxSize: 64 << 10, MaxBytes: 1 << 28, N: 5}); err == nil || !strings.Contains(err.Error(), "cudaFreeHost") {
+	if _, err := Calibrate(context.Background(), rt, CalibrateOptions{MaxSize: 64 << 10, MaxBytes: 1 << 28, N: 5, WorkloadEvents: 100}); err == nil || !strings.Contains(err.Error(), "cudaFreeHost") {
 		t.Errorf("got %v", err)
 	}
 	if n := live(t, rt); n != 0 {

@@ -790,8 +790,8 @@ func (s *series) close(frag, ext float64) {
 }
 
 // Repeat replays a trace n times (at least once) on rt, each time on a
-// source from open, and returns the run of median allocator time with every
-// run's figures in Runs. The call log and the simulation alongside, if
+// source from open after the device has rested (settleTime), and returns
+// the run of median allocator time with every run's figures in Runs. The call log and the simulation alongside, if
 // asked for in cfg, are those of the first run. With cLoop, and a cuda
 // target, each run is followed by a plain C loop of its
 // cudaMalloc/cudaFree sequence (Runtime.RunSeq), and Result.CLoop compares
@@ -806,6 +806,7 @@ func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Clos
 	var size0 []uint64 // the first run's sequence, for the timed loop
 	var slot0 []int32
 	for k := 0; k < n; k++ {
+		settle(rt)
 		src, closer, err := open()
 		if err != nil {
 			return nil, err
@@ -872,6 +873,17 @@ func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Clos
 		res.CLoop = c
 	}
 	return res, nil
+}
+
+// settleTime is how long Repeat lets the device rest before each run.
+const settleTime = 200 * time.Millisecond
+
+// settle waits for the device and then rests, so that work the driver
+// defers after large frees (of the run before) does not fall into the
+// next run's timings.
+func settle(rt *Runtime) {
+	rt.DeviceSync()
+	time.Sleep(settleTime)
 }
 
 // median returns the lower median of v, which it sorts.

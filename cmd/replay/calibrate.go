@@ -39,6 +39,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	maxSize := fs.String("max-size", "4GiB", "largest size measured")
 	maxBytes := fs.String("max-bytes", "0", "device memory held at once, never exceeded (0: free memory at the start minus 1 GiB)")
 	n := fs.Int("n", 100, "calls per size up to 256 MiB (fewer above)")
+	events := fs.Int("workload-events", 50000, "events of each synthetic workload replayed for the sub-allocation costs")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -57,7 +58,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if opt.MaxBytes, err = policies.ParseSize(*maxBytes); err != nil {
 		return fmt.Errorf("--max-bytes: %v", err)
 	}
-	opt.N = *n
+	opt.N, opt.WorkloadEvents = *n, *events
 	if !*quiet {
 		opt.Progress = stderr
 	}

@@ -143,7 +143,7 @@ func TestGPUReplay(t *testing.T) {
 func TestCalibrateThenSimulate(t *testing.T) {
 	lib := fakeCUDA(t, "FAKECUDA_TOTAL=4294967296", "FAKECUDA_LATENCY_NS=3000")
 	model := filepath.Join(t.TempDir(), "model.csv")
-	if _, _, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--quiet"); err != nil {
+	if _, _, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--workload-events", "2000", "--quiet"); err != nil {
 		t.Fatal(err)
 	}
 	m, err := sim.LoadCostModel(model)
