@@ -30,9 +30,16 @@
 // cudaStream_t value cast to int64, so a negative stream is taken back to
 // its two's complement.
 //
-// The pickle format cannot be decoded incrementally: Import reads the whole
-// file, decodes it with github.com/nlpodyssey/gopickle and converts the
-// chosen device trace to events held in memory.
+// Import decodes the pickle as a stream with a decoder of its own
+// (stream.go) and reads it twice: once to check it whole and to collect
+// the header (the allocator settings come after the trace in a snapshot)
+// and once more as the events are
+// read. Memory stays proportional to the allocator's state, not to the
+// length of the trace. A general pickle library, which builds the whole
+// object tree (github.com/nlpodyssey/gopickle did here), took 3-4x
+// CPython's own pickle.load on kv_decode and 1.7x its memory; the
+// streaming decoder, twice over the file, takes less than CPython's time
+// and a tenth of its memory.
 package pytorch
 
 import (
@@ -43,13 +50,9 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"math/big"
 	"strconv"
-	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
-	"github.com/nlpodyssey/gopickle/pickle"
-	"github.com/nlpodyssey/gopickle/types"
 )
 
 // Options select what to import.
@@ -84,17 +87,24 @@ func isGzip(head []byte) bool { return head[0] == 0x1f && head[1] == 0x8b }
 
 func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 }
 
-// Import reads a whole snapshot from r, gzip-compressed or not (told by its
+// Import reads a snapshot from r, gzip-compressed or not (told by its
 // content, not its name), and returns the events of device trace
-// opts.Device as a trace.Source, whose Next never fails. name is the file
-// name used in error messages.
+// opts.Device as a trace.Source. name is the file name used in error
+// messages.
+//
+// Import reads r to its end and checks the whole snapshot; the Source
+// then reads it again as its events are asked for, from where r stood
+// when Import was called: by seeking back when r is an io.Seeker (a file),
+// else from a copy of r's bytes that Import keeps (compressed, if the file
+// is). So r must stay open, and unchanged, until the Source has returned
+// io.EOF. Next fails only if r fails or changes in between.
 //
 // The header has Source "pytorch"; Settings holds the snapshot's
 // allocator_settings flattened to strings (see below), empty for
 // snapshots without them; Metadata holds "device" (the index imported),
-// "entries" (the number of trace entries, which equals the number of
-// events) and "segments" (the length of the final segments list, when
-// present).
+// "entries" (the number of trace entries) and "segments" (the length of
+// the final segments list, when present). The events are the entries,
+// one for one.
 //
 // In Settings the key "PYTORCH_CUDA_ALLOC_CONF" keeps its raw string; other
 // values are written as Go formats them: booleans "true"/"false", integers
@@ -107,36 +117,85 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // a truncated file wraps io.ErrUnexpectedEOF ("NAME: truncated snapshot at
 // pickle byte N: unexpected EOF", where N is how many bytes of pickle the
 // file holds, after decompression); a file that is not a snapshot wraps
-// ErrNotSnapshot; an entry with an unknown action wraps ErrUnknownAction.
-// Import never panics on bad input.
+// ErrNotSnapshot; an entry with an unknown action wraps ErrUnknownAction;
+// a bad pickle says "NAME: bad pickle at byte N: opcode X: what".
+// Import never panics on bad input, and allocates nothing for a length the
+// file claims beyond its end.
 func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
-	data, err := readPickle(r, name)
+	rw := newRewinder(r)
+	pr, err := openPickle(rw.first(), name)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := scanPickle(data); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, truncated(name, len(data))
+	check := &checker{}
+	d := newDecoder(pr, opts.Device, check)
+	d.pickle = pr
+	if err := d.run(); err != nil {
+		return nil, decodeError(name, pr, d, err)
+	}
+	// Read to the end, so that a gzip stream's checksum is checked and a
+	// copy of a reader that cannot seek holds the whole file.
+	if _, err := io.Copy(io.Discard, pr); err != nil {
+		return nil, decodeError(name, pr, d, &inputError{err})
+	}
+	h, entries, err := header(d, name, opts)
+	if err != nil {
+		return nil, err
+	}
+	if !d.streamed {
+		// A device trace the decoder kept whole (a pickle not written
+		// the way Python writes one): check its entries now.
+		if err := d.keptEntries(entries); err != nil {
+			return nil, err
 		}
-		var se *scanError
-		if errors.As(err, &se) {
-			return nil, fmt.Errorf("%s: bad pickle at byte %d: %v", name, se.Offset, err)
-		}
-		return nil, fmt.Errorf("%s: bad pickle: %v", name, err)
 	}
-	root, err := unpickle(data, name)
-	if err != nil {
-		return nil, err
+	if d.entryErr != nil {
+		return nil, fmt.Errorf("%s: device_traces[%d] %w", name, opts.Device, d.entryErr)
 	}
-	h, evs, err := convert(root, name, opts)
-	if err != nil {
-		return nil, err
-	}
-	return trace.NewSliceSource(h, evs), nil
+	h.Metadata["entries"] = strconv.FormatInt(d.entries, 10)
+	return &source{name: name, device: opts.Device, h: h, want: d.entries, rw: rw}, nil
 }
 
-// readPickle returns the whole pickle in r, decompressed if it is gzip.
-func readPickle(r io.Reader, name string) ([]byte, error) {
+// checker is the sink of Import's first reading: it converts each entry,
+// which reports any error.
+type checker struct {
+	ev trace.Event
+}
+
+func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
+	c.ev = trace.Event{}
+	if err := convertEntry(d, f, &c.ev); err != nil {
+		return err
+	}
+	return nil
+}
+
+// decodeError turns an error of the decoder into Import's message.
+func decodeError(name string, pr *pickleStream, d *decoder, err error) error {
+	var pe *pickleError
+	var ie *inputError
+	switch {
+	case errors.Is(err, errTruncated):
+		return truncated(name, d.in.total())
+	case errors.As(err, &pe):
+		return fmt.Errorf("%s: bad pickle at byte %d: %v", name, pe.Offset, pe)
+	case errors.As(err, &ie):
+		if pr.gzip {
+			return gzipError(name, d.in.total(), ie.err)
+		}
+		return fmt.Errorf("%s: %v", name, ie.err)
+	}
+	return fmt.Errorf("%s: %v", name, err)
+}
+
+// pickleStream is the pickle in a file, decompressed if it is gzip.
+type pickleStream struct {
+	io.Reader
+	gzip bool
+}
+
+// openPickle checks the first bytes of r and returns the pickle in it.
+func openPickle(r io.Reader, name string) (*pickleStream, error) {
 	br := bufio.NewReaderSize(r, 1<<16)
 	head, err := br.Peek(2)
 	if err != nil && err != io.EOF {
@@ -148,38 +207,34 @@ func readPickle(r io.Reader, name string) ([]byte, error) {
 	if len(head) < 2 {
 		return nil, fmt.Errorf("%s: %w (a file of 1 byte)", name, ErrNotSnapshot)
 	}
-	var data []byte
 	switch {
 	case isPickle(head):
-		data, err = io.ReadAll(br)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %v", name, err)
-		}
+		return &pickleStream{Reader: br}, nil
 	case isGzip(head):
 		zr, err := gzip.NewReader(br)
 		if err != nil {
 			return nil, gzipError(name, 0, err)
 		}
-		data, err = io.ReadAll(zr)
-		if err != nil {
-			return nil, gzipError(name, len(data), err)
+		zb := bufio.NewReaderSize(zr, 4)
+		head, err := zb.Peek(4)
+		if err != nil && err != io.EOF && !(errors.Is(err, io.ErrUnexpectedEOF) && len(head) >= 2) {
+			return nil, gzipError(name, int64(len(head)), err)
 		}
-		if len(data) < 2 || !isPickle(data) {
-			return nil, fmt.Errorf("%s: %w (gzip content %s)", name, ErrNotSnapshot, describeHead(data, true))
+		if len(head) < 2 || !isPickle(head) {
+			return nil, fmt.Errorf("%s: %w (gzip content %s)", name, ErrNotSnapshot, describeHead(head, true))
 		}
-	default:
-		return nil, fmt.Errorf("%s: %w (file %s)", name, ErrNotSnapshot, describeHead(head, false))
+		return &pickleStream{Reader: zb, gzip: true}, nil
 	}
-	return data, nil
+	return nil, fmt.Errorf("%s: %w (file %s)", name, ErrNotSnapshot, describeHead(head, false))
 }
 
 // truncated is the error for a pickle that ends, after n bytes, before its
 // STOP opcode.
-func truncated(name string, n int) error {
+func truncated(name string, n int64) error {
 	return fmt.Errorf("%s: truncated snapshot at pickle byte %d: %w", name, n, io.ErrUnexpectedEOF)
 }
 
-func gzipError(name string, n int, err error) error {
+func gzipError(name string, n int64, err error) error {
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		return truncated(name, n)
 	}
@@ -204,150 +259,125 @@ func describeHead(b []byte, gzip bool) string {
 	return fmt.Sprintf("starts with % x, neither gzip nor a pickle of protocol 2..5", b)
 }
 
-// unpickle decodes data, which scanPickle accepted, turning any panic of
-// the decoder into an error.
-func unpickle(data []byte, name string) (v any, err error) {
-	rd := bytes.NewReader(data)
-	defer func() {
-		if p := recover(); p != nil {
-			v = nil
-			err = fmt.Errorf("%s: bad pickle near byte %d: decoder panic: %s", name, len(data)-rd.Len(), oneLine(fmt.Sprint(p)))
-		}
-	}()
-	u := pickle.NewUnpickler(rd)
-	v, err = u.Load()
-	if err != nil {
-		at := len(data) - rd.Len()
-		if err == io.EOF || err == io.ErrUnexpectedEOF {
-			return nil, truncated(name, len(data))
-		}
-		return nil, fmt.Errorf("%s: bad pickle near byte %d: %s", name, at, oneLine(err.Error()))
-	}
-	return v, nil
-}
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
-
-// convert maps the decoded snapshot root to a header and the events of
-// device trace opts.Device.
-func convert(root any, name string, opts Options) (trace.Header, []trace.Event, error) {
+// header checks the decoded snapshot and returns its header and the value
+// of the chosen device trace.
+func header(d *decoder, name string, opts Options) (trace.Header, value, error) {
 	h := trace.Header{Version: trace.Version, Source: "pytorch", Settings: map[string]string{}, Metadata: map[string]string{}}
-	top, ok := root.(*types.Dict)
-	if !ok {
-		return h, nil, fmt.Errorf("%s: %w (the pickle holds a %s, want a dict)", name, ErrNotSnapshot, pyType(root))
+	top := d.container(d.root)
+	if top == nil || top.kind != pyDict {
+		return h, value{}, fmt.Errorf("%s: %w (the pickle holds a %s, want a dict)", name, ErrNotSnapshot, d.pyType(d.root))
 	}
-	var traces, segments, settings any
-	var haveTraces, haveSegments, haveSettings bool
-	for _, e := range *top {
-		switch e.Key {
-		case "device_traces":
-			traces, haveTraces = e.Value, true
-		case "segments":
-			segments, haveSegments = e.Value, true
-		case "allocator_settings":
-			settings, haveSettings = e.Value, true
+	var traces, segments, settings value
+	for i := 0; i+1 < len(top.items); i += 2 {
+		k, v := top.items[i], top.items[i+1]
+		if k.k != vStr {
+			continue
+		}
+		switch k.n {
+		case sDeviceTraces:
+			traces = v
+		case sSegments:
+			segments = v
+		case sAllocatorSettings:
+			settings = v
 		}
 	}
-	if !haveTraces {
-		if haveSegments {
-			return h, nil, fmt.Errorf("%s: snapshot has no device_traces (recorded without _record_memory_history?)", name)
+	if traces.k == 0 {
+		if segments.k != 0 {
+			return h, value{}, fmt.Errorf("%s: snapshot has no device_traces (recorded without _record_memory_history?)", name)
 		}
-		return h, nil, fmt.Errorf("%s: %w (a dict without device_traces or segments)", name, ErrNotSnapshot)
+		return h, value{}, fmt.Errorf("%s: %w (a dict without device_traces or segments)", name, ErrNotSnapshot)
 	}
-	devs, ok := traces.(*types.List)
-	if !ok {
-		return h, nil, fmt.Errorf("%s: device_traces is a %s, want a list", name, pyType(traces))
+	tk, tc := d.kindOf(traces)
+	if tk != pyList || tc == nil {
+		return h, value{}, fmt.Errorf("%s: device_traces is a %s, want a list", name, d.pyType(traces))
 	}
-	if opts.Device < 0 || opts.Device >= len(*devs) {
-		return h, nil, fmt.Errorf("%s: snapshot has %d device trace(s), --device %d asked for", name, len(*devs), opts.Device)
+	if opts.Device < 0 || opts.Device >= tc.n {
+		return h, value{}, fmt.Errorf("%s: snapshot has %d device trace(s), --device %d asked for", name, tc.n, opts.Device)
 	}
-	entries, ok := (*devs)[opts.Device].(*types.List)
-	if !ok {
-		return h, nil, fmt.Errorf("%s: device_traces[%d] is a %s, want a list", name, opts.Device, pyType((*devs)[opts.Device]))
+	var entries value
+	switch tc.role {
+	case roleTraces:
+		entries = tc.dev
+	case roleKeep:
+		entries = tc.items[opts.Device]
 	}
-	if haveSettings && settings != nil {
-		sd, ok := settings.(*types.Dict)
-		if !ok {
-			return h, nil, fmt.Errorf("%s: allocator_settings is a %s, want a dict", name, pyType(settings))
+	ek, ec := d.kindOf(entries)
+	if ek != pyList {
+		return h, value{}, fmt.Errorf("%s: device_traces[%d] is a %s, want a list", name, opts.Device, d.pyType(entries))
+	}
+	if ec == nil || (d.streamed && (entries != d.entriesList || d.entriesLists != 1)) || (!d.streamed && ec.role != roleKeep) {
+		return h, value{}, fmt.Errorf("%s: bad pickle: device_traces[%d] is built in a way this importer does not follow", name, opts.Device)
+	}
+	if settings.k != 0 && settings.k != vNone {
+		sk, sc := d.kindOf(settings)
+		if sk != pyDict || sc == nil {
+			return h, value{}, fmt.Errorf("%s: allocator_settings is a %s, want a dict", name, d.pyType(settings))
 		}
-		for _, e := range *sd {
-			k := formatValue(e.Key)
-			if k == "PYTORCH_CUDA_ALLOC_CONF" {
-				if s, ok := e.Value.(string); ok {
-					h.Settings[k] = s
-					continue
-				}
+		conv := goValues{d: d, seen: map[int64]any{}}
+		for i := 0; i+1 < len(sc.items); i += 2 {
+			k := formatValue(conv.of(sc.items[i]))
+			v := sc.items[i+1]
+			if k == "PYTORCH_CUDA_ALLOC_CONF" && v.k == vStr {
+				h.Settings[k] = d.strs[v.n]
+				continue
 			}
-			h.Settings[k] = formatValue(e.Value)
+			h.Settings[k] = formatValue(conv.of(v))
 		}
 	}
 	h.Metadata["device"] = strconv.Itoa(opts.Device)
-	h.Metadata["entries"] = strconv.Itoa(len(*entries))
-	if haveSegments {
-		if sl, ok := segments.(*types.List); ok {
-			h.Metadata["segments"] = strconv.Itoa(len(*sl))
+	if sk, sc := d.kindOf(segments); sk == pyList && sc != nil {
+		h.Metadata["segments"] = strconv.Itoa(sc.n)
+		if sc.role == roleKeep {
+			for _, v := range sc.items {
+				d.segments = append(d.segments, d.segment(v))
+			}
 		}
 	}
-
-	evs := make([]trace.Event, len(*entries))
-	for i, v := range *entries {
-		if err := convertEntry(&evs[i], v); err != nil {
-			return h, nil, fmt.Errorf("%s: device_traces[%d] entry %d: %w", name, opts.Device, i, err)
-		}
-	}
-	return h, evs, nil
+	return h, entries, nil
 }
 
-var actionOps = map[string]trace.Op{
-	"alloc":          trace.OpMalloc,
-	"free_requested": trace.OpFreeRequested,
-	"free_completed": trace.OpFree,
-	"oom":            trace.OpMallocFailed,
-	"segment_alloc":  trace.OpSegmentAlloc,
-	"segment_free":   trace.OpSegmentFree,
-	"segment_map":    trace.OpSegmentMap,
-	"segment_unmap":  trace.OpSegmentUnmap,
-	"snapshot":       trace.OpMarker,
-}
-
-// convertEntry fills ev from one trace entry.
-func convertEntry(ev *trace.Event, v any) error {
-	d, ok := v.(*types.Dict)
-	if !ok {
-		return fmt.Errorf("is a %s, want a dict", pyType(v))
+// keptEntries converts the entries of a device trace that the decoder kept
+// whole, as if they had been streamed.
+func (d *decoder) keptEntries(list value) error {
+	c := d.container(list)
+	if c == nil {
+		return nil
 	}
-	var action, addr, size, stream, timeUS any
-	var haveAddr, haveSize bool
-	for _, e := range *d {
-		k, _ := e.Key.(string)
-		switch k {
-		case "action":
-			action = e.Value
-		case "addr":
-			addr, haveAddr = e.Value, true
-		case "size":
-			size, haveSize = e.Value, true
-		case "stream":
-			stream = e.Value
-		case "time_us":
-			timeUS = e.Value
+	items := append([]value(nil), c.items...)
+	for _, v := range items {
+		if err := d.entry(v); err != nil {
+			return err
 		}
 	}
-	a, ok := action.(string)
-	if !ok {
-		if action == nil {
+	return nil
+}
+
+// actionNames are the actions of trace entries, and actionOps their ops.
+var (
+	actionNames = []string{"alloc", "free_requested", "free_completed", "oom",
+		"segment_alloc", "segment_free", "segment_map", "segment_unmap", "snapshot"}
+	actionOps = []trace.Op{trace.OpMalloc, trace.OpFreeRequested, trace.OpFree, trace.OpMallocFailed,
+		trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap, trace.OpMarker}
+)
+
+// convertEntry fills ev from the fields of one trace entry.
+func convertEntry(d *decoder, f *entryFields, ev *trace.Event) error {
+	if f.action.k != vStr {
+		if f.action.k == 0 || f.action.k == vNone {
 			return errors.New("no action")
 		}
-		return fmt.Errorf("action is a %s, want a str", pyType(action))
+		return fmt.Errorf("action is a %s, want a str", d.pyType(f.action))
 	}
-	op, ok := actionOps[a]
-	if !ok {
-		return fmt.Errorf("%w %q", ErrUnknownAction, a)
+	a := f.action.n - sFirstAction
+	if a < 0 || a >= int64(len(actionOps)) {
+		return fmt.Errorf("%w %q", ErrUnknownAction, d.strs[f.action.n])
 	}
+	op := actionOps[a]
 	ev.Op = op
 	var err error
-	if timeUS != nil {
-		us, err := toInt64(timeUS, "time_us")
+	if f.timeUS.k != 0 && f.timeUS.k != vNone {
+		us, err := d.toInt64(f.timeUS, "time_us")
 		if err != nil {
 			return err
 		}
@@ -357,96 +387,169 @@ func convertEntry(ev *trace.Event, v any) error {
 		ev.Time = us * 1000
 	}
 	if op == trace.OpMarker {
-		ev.Label = a
+		ev.Label = actionNames[a]
 		return nil
 	}
-	if stream != nil {
-		if ev.Stream, err = toStream(stream); err != nil {
+	if f.stream.k != 0 && f.stream.k != vNone {
+		if ev.Stream, err = d.toStream(f.stream); err != nil {
 			return err
 		}
 	}
-	if !haveSize {
-		return fmt.Errorf("%s without size", a)
+	if f.size.k == 0 {
+		return fmt.Errorf("%s without size", actionNames[a])
 	}
-	if ev.Size, err = toUint64(size, "size"); err != nil {
+	if ev.Size, err = d.toUint64(f.size, "size"); err != nil {
 		return err
 	}
 	if op == trace.OpMallocFailed {
 		return nil // its device_free is dropped
 	}
-	if !haveAddr {
-		return fmt.Errorf("%s without addr", a)
+	if f.addr.k == 0 {
+		return fmt.Errorf("%s without addr", actionNames[a])
 	}
-	if ev.Addr, err = toUint64(addr, "addr"); err != nil {
+	if ev.Addr, err = d.toUint64(f.addr, "addr"); err != nil {
 		return err
 	}
 	return nil
 }
 
-// toUint64 converts a non-negative Python int to uint64.
-func toUint64(v any, field string) (uint64, error) {
-	switch x := v.(type) {
-	case int:
-		if x < 0 {
-			return 0, fmt.Errorf("%s %d is negative", field, x)
-		}
-		return uint64(x), nil
-	case *big.Int:
-		if !x.IsUint64() {
-			return 0, fmt.Errorf("%s %s does not fit in 64 bits unsigned", field, x)
-		}
-		return x.Uint64(), nil
-	}
-	return 0, fmt.Errorf("%s is a %s, want an int", field, pyType(v))
+// source is the Source Import returns: the entries read from the file a
+// second time.
+type source struct {
+	name   string
+	device int
+	h      trace.Header
+	prefix []trace.Event
+	want   int64 // entries the first reading found
+	rw     *rewinder
+
+	d    *decoder
+	q    queue
+	done bool
+	err  error
 }
 
-// toInt64 converts a Python int to int64.
-func toInt64(v any, field string) (int64, error) {
-	switch x := v.(type) {
-	case int:
-		return int64(x), nil
-	case *big.Int:
-		if !x.IsInt64() {
-			return 0, fmt.Errorf("%s %s does not fit in 64 bits signed", field, x)
+// queue is the sink of the second reading: the converted events of the
+// last batch of entries.
+type queue struct {
+	evs []trace.Event
+	i   int
+}
+
+func (q *queue) entry(d *decoder, index int64, f *entryFields) error {
+	q.evs = append(q.evs, trace.Event{})
+	return convertEntry(d, f, &q.evs[len(q.evs)-1])
+}
+
+func (s *source) Header() trace.Header { return s.h }
+
+func (s *source) Next() (trace.Event, error) {
+	if len(s.prefix) > 0 {
+		ev := s.prefix[0]
+		s.prefix = s.prefix[1:]
+		return ev, nil
+	}
+	for s.q.i >= len(s.q.evs) {
+		if s.err != nil {
+			return trace.Event{}, s.err
 		}
-		return x.Int64(), nil
+		if s.done {
+			return trace.Event{}, io.EOF
+		}
+		s.q.evs, s.q.i = s.q.evs[:0], 0
+		s.err = s.fill()
 	}
-	return 0, fmt.Errorf("%s is a %s, want an int", field, pyType(v))
+	ev := s.q.evs[s.q.i]
+	s.q.i++
+	return ev, nil
 }
 
-// toStream converts a stream, which PyTorch writes as int64(cudaStream_t),
-// back to its unsigned value.
-func toStream(v any) (uint64, error) {
-	if x, ok := v.(*big.Int); ok && x.IsUint64() {
-		return x.Uint64(), nil
+// fill reads the next batch of entries into s.q.
+func (s *source) fill() error {
+	if s.d == nil {
+		r, err := s.rw.again()
+		if err != nil {
+			return fmt.Errorf("%s: reading again: %v", s.name, err)
+		}
+		pr, err := openPickle(r, s.name)
+		if err != nil {
+			return err
+		}
+		s.d = newDecoder(pr, s.device, &s.q)
+		s.d.pauseAfterAppend = true
+		s.d.stopAtTraces = true
+		s.d.pickle = pr
 	}
-	n, err := toInt64(v, "stream")
-	return uint64(n), err
+	d := s.d
+	if err := d.run(); err != nil {
+		return decodeError(s.name, d.pickle, d, err)
+	}
+	if d.entryErr != nil {
+		return fmt.Errorf("%s: device_traces[%d] %w", s.name, s.device, d.entryErr)
+	}
+	if !d.stopped {
+		return nil
+	}
+	s.done = true
+	if !d.streamed {
+		_, entries, err := header(d, s.name, Options{Device: s.device})
+		if err != nil {
+			return err
+		}
+		if err := d.keptEntries(entries); err != nil {
+			return err
+		}
+		if d.entryErr != nil {
+			return fmt.Errorf("%s: device_traces[%d] %w", s.name, s.device, d.entryErr)
+		}
+	}
+	if d.entries != s.want {
+		return fmt.Errorf("%s: changed while being read: %d trace entries, %d the first time", s.name, d.entries, s.want)
+	}
+	return nil
 }
 
-// pyType names the Python type of a decoded value, for error messages.
-func pyType(v any) string {
-	switch v.(type) {
-	case nil:
-		return "None"
-	case bool:
-		return "bool"
-	case int, *big.Int:
-		return "int"
-	case float64:
-		return "float"
-	case string:
-		return "str"
-	case []byte:
-		return "bytes"
-	case *types.List:
-		return "list"
-	case *types.Tuple:
-		return "tuple"
-	case *types.Dict, *types.OrderedDict:
-		return "dict"
-	case *types.Set, *types.FrozenSet:
-		return "set"
+// rewinder gives a reader's bytes twice: by seeking back, or from a copy.
+type rewinder struct {
+	r     io.Reader
+	seek  io.Seeker
+	start int64
+	copy  *bytes.Buffer
+}
+
+func newRewinder(r io.Reader) *rewinder {
+	rw := &rewinder{r: r}
+	if s, ok := r.(io.Seeker); ok {
+		if at, err := s.Seek(0, io.SeekCurrent); err == nil {
+			rw.seek, rw.start = s, at
+			return rw
+		}
 	}
-	return fmt.Sprintf("%T", v)
+	rw.copy = new(bytes.Buffer)
+	return rw
+}
+
+// first returns the reader for the first reading.
+func (rw *rewinder) first() io.Reader {
+	if rw.copy != nil {
+		return io.TeeReader(rw.r, rw.copy)
+	}
+	return rw.r
+}
+
+// again returns the reader's bytes from the start once more.
+func (rw *rewinder) again() (io.Reader, error) {
+	if rw.copy != nil {
+		b := rw.copy.Bytes()
+		rw.copy = nil
+		return bytes.NewReader(b), nil
+	}
+	if rw.seek == nil {
+		return nil, errors.New("read twice")
+	}
+	if _, err := rw.seek.Seek(rw.start, io.SeekStart); err != nil {
+		return nil, err
+	}
+	rw.seek = nil
+	return rw.r, nil
 }

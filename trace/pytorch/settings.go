@@ -1,13 +1,95 @@
 package pytorch
 
 import (
+	"math"
 	"math/big"
 	"sort"
 	"strconv"
 	"strings"
-
-	"github.com/nlpodyssey/gopickle/types"
 )
+
+// goTuple, goSet, goDict and goBytes hold decoded Python values as Go
+// values, for formatting settings: a list is a []any, a tuple a goTuple, a
+// dict a *goDict (its items in order), a set a goSet; scalars are nil,
+// bool, int64, uint64, *big.Int, float64 and string. A container that
+// contains itself (the pickle memo allows it) is a cyclic Go value.
+type (
+	goTuple []any
+	goSet   []any
+	goDict  struct{ items []goItem }
+	goItem  struct{ key, val any }
+	goBytes []byte
+)
+
+// goValues converts decoder values to Go values, each container once.
+type goValues struct {
+	d    *decoder
+	seen map[int64]any // by container slot
+}
+
+func (g *goValues) of(v value) any {
+	d := g.d
+	switch v.k {
+	case vBool:
+		return v.n == 1
+	case vInt:
+		return v.n
+	case vUint:
+		return uint64(v.n)
+	case vBig:
+		return d.bigs[v.n]
+	case vFloat:
+		return math.Float64frombits(uint64(v.n))
+	case vStr:
+		return d.strs[v.n]
+	case vBytes:
+		return goBytes(d.strs[v.n])
+	case vSkip:
+		return skipped(v.n)
+	case vCont:
+		c := d.container(v)
+		if c == nil {
+			return skipped(pyDict)
+		}
+		if c.role != roleKeep {
+			return skipped(c.kind) // a part of the snapshot not kept whole
+		}
+		if x, ok := g.seen[v.n]; ok {
+			return x
+		}
+		switch c.kind {
+		case pyDict:
+			x := &goDict{items: make([]goItem, len(c.items)/2)}
+			g.seen[v.n] = x
+			for i := range x.items {
+				x.items[i] = goItem{g.of(c.items[2*i]), g.of(c.items[2*i+1])}
+			}
+			return x
+		case pyList:
+			x := make([]any, len(c.items))
+			g.seen[v.n] = x
+			for i, it := range c.items {
+				x[i] = g.of(it)
+			}
+			return x
+		default:
+			x := make([]any, len(c.items))
+			var out any = goTuple(x)
+			if c.kind != pyTuple {
+				out = goSet(x)
+			}
+			g.seen[v.n] = out
+			for i, it := range c.items {
+				x[i] = g.of(it)
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+// skipped stands for a container the decoder did not keep.
+type skipped pyKind
 
 // formatValue writes a decoded Python value as a setting string: str as
 // is, bool "true"/"false", ints in decimal, floats in their shortest form,
@@ -40,24 +122,34 @@ func (f *formatter) value(v any, depth int) string {
 		s = strconv.FormatBool(x)
 	case int:
 		s = strconv.Itoa(x)
+	case int64:
+		s = strconv.FormatInt(x, 10)
+	case uint64:
+		s = strconv.FormatUint(x, 10)
 	case *big.Int:
 		s = x.String()
 	case float64:
 		s = strconv.FormatFloat(x, 'g', -1, 64)
-	case *types.Dict, *types.List, *types.Tuple:
+	case *goDict, []any, goTuple, goSet:
 		if depth >= maxDepth {
 			return "..."
 		}
 		switch x := v.(type) {
-		case *types.Dict:
-			return f.dict(*x, depth+1)
-		case *types.List:
-			return f.seq(*x, depth+1)
-		case *types.Tuple:
-			return f.seq(*x, depth+1)
+		case *goDict:
+			return f.dict(x.items, depth+1)
+		case []any:
+			return f.seq(x, depth+1)
+		case goTuple:
+			return f.seq(x, depth+1)
+		case goSet:
+			return f.seq(x, depth+1)
 		}
+	case goBytes:
+		s = "bytes"
+	case skipped:
+		s = pyKindNames[x]
 	default:
-		s = pyType(v)
+		s = "value"
 	}
 	f.left -= len(s) + 1
 	return s
@@ -71,7 +163,7 @@ func (f *formatter) seq(vs []any, depth int) string {
 	return "[" + strings.Join(parts, ",") + "]"
 }
 
-func (f *formatter) dict(d types.Dict, depth int) string {
+func (f *formatter) dict(d []goItem, depth int) string {
 	type kv struct {
 		key, val string
 		num      *big.Int
@@ -79,7 +171,7 @@ func (f *formatter) dict(d types.Dict, depth int) string {
 	items := make([]kv, 0, len(d))
 	numeric := true
 	for _, e := range d {
-		it := kv{key: f.value(e.Key, depth), val: f.value(e.Value, depth)}
+		it := kv{key: f.value(e.key, depth), val: f.value(e.val, depth)}
 		if n, ok := new(big.Int).SetString(it.key, 10); ok {
 			it.num = n
 		} else {
