@@ -60,7 +60,10 @@ func ParseText(name string, r io.Reader) (Header, []Event, error) {
 		if len(fields) == 0 {
 			continue
 		}
-		if fields[0] == "header" {
+		if fields[0].hasValue {
+			return h, nil, &SyntaxError{name, line, fmt.Sprintf("line starts with %q, not an op", fields[0])}
+		}
+		if fields[0].key == "header" {
 			if len(evs) > 0 {
 				return h, nil, &SyntaxError{name, line, "header after the first event"}
 			}
@@ -69,17 +72,16 @@ func ParseText(name string, r io.Reader) (Header, []Event, error) {
 			}
 			continue
 		}
-		op, ok := ParseOp(fields[0])
+		op, ok := ParseOp(fields[0].key)
 		if !ok {
-			return h, nil, &SyntaxError{name, line, fmt.Sprintf("unknown op %q", fields[0])}
+			return h, nil, &SyntaxError{name, line, fmt.Sprintf("unknown op %q", fields[0].key)}
 		}
 		ev := Event{Op: op, Time: lastTime + 1}
 		for _, f := range fields[1:] {
-			k, v, ok := strings.Cut(f, "=")
-			if !ok {
-				return h, nil, &SyntaxError{name, line, fmt.Sprintf("field %q is not key=value", f)}
+			if !f.hasValue {
+				return h, nil, &SyntaxError{name, line, fmt.Sprintf("field %q is not key=value", f.key)}
 			}
-			if err := setEventField(&ev, k, v); err != nil {
+			if err := setEventField(&ev, f.key, f.value); err != nil {
 				return h, nil, &SyntaxError{name, line, err.Error()}
 			}
 		}
@@ -92,11 +94,11 @@ func ParseText(name string, r io.Reader) (Header, []Event, error) {
 	return h, evs, nil
 }
 
-func parseHeaderFields(h *Header, fields []string) error {
+func parseHeaderFields(h *Header, fields []field) error {
 	for _, f := range fields {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok {
-			return fmt.Errorf("header field %q is not key=value", f)
+		k, v := f.key, f.value
+		if !f.hasValue {
+			return fmt.Errorf("header field %q is not key=value", k)
 		}
 		switch {
 		case k == "source":
@@ -181,10 +183,13 @@ func parseNumber(v string) (uint64, error) {
 	return n * m, nil
 }
 
-// splitFields splits a line into space-separated fields, keeping
-// double-quoted values (Go syntax) whole and dropping a # comment.
-func splitFields(line string) ([]string, error) {
-	var out []string
+// splitFields splits a line into space-separated fields, dropping a #
+// comment. A field is a bare word or key=value; either side may hold
+// double-quoted parts (Go syntax), which keep spaces, '=' and '#'. Each
+// field comes back with its key and value unquoted, the key empty for a
+// bare word.
+func splitFields(line string) ([]field, error) {
+	var out []field
 	i := 0
 	for i < len(line) {
 		for i < len(line) && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r') {
@@ -193,9 +198,11 @@ func splitFields(line string) ([]string, error) {
 		if i >= len(line) || line[i] == '#' {
 			break
 		}
+		var f field
 		var b strings.Builder
 		for i < len(line) && line[i] != ' ' && line[i] != '\t' && line[i] != '\r' {
-			if line[i] == '"' {
+			switch {
+			case line[i] == '"':
 				q, err := strconv.QuotedPrefix(line[i:])
 				if err != nil {
 					return nil, fmt.Errorf("bad quoted value at column %d", i+1)
@@ -204,13 +211,35 @@ func splitFields(line string) ([]string, error) {
 				b.WriteString(u)
 				i += len(q)
 				continue
+			case line[i] == '=' && !f.hasValue:
+				f.key, f.hasValue = b.String(), true
+				b.Reset()
+			default:
+				b.WriteByte(line[i])
 			}
-			b.WriteByte(line[i])
 			i++
 		}
-		out = append(out, b.String())
+		if f.hasValue {
+			f.value = b.String()
+		} else {
+			f.key = b.String()
+		}
+		out = append(out, f)
 	}
 	return out, nil
+}
+
+// field is one field of a text-form line.
+type field struct {
+	key, value string
+	hasValue   bool
+}
+
+func (f field) String() string {
+	if f.hasValue {
+		return f.key + "=" + f.value
+	}
+	return f.key
 }
 
 // WriteText writes h and evs in the text form that ParseText reads.
@@ -224,10 +253,10 @@ func WriteText(w io.Writer, h Header, evs []Event) error {
 		fmt.Fprintf(bw, " device_memory=%d", h.DeviceMemory)
 	}
 	for _, k := range sortedKeys(h.Settings) {
-		fmt.Fprintf(bw, " setting.%s=%s", k, quoteIfNeeded(h.Settings[k]))
+		fmt.Fprintf(bw, " setting.%s=%s", quoteIfNeeded(k), quoteIfNeeded(h.Settings[k]))
 	}
 	for _, k := range sortedKeys(h.Metadata) {
-		fmt.Fprintf(bw, " meta.%s=%s", k, quoteIfNeeded(h.Metadata[k]))
+		fmt.Fprintf(bw, " meta.%s=%s", quoteIfNeeded(k), quoteIfNeeded(h.Metadata[k]))
 	}
 	bw.WriteByte('\n')
 	for _, ev := range evs {
