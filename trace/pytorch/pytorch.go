@@ -30,10 +30,14 @@
 // cudaStream_t value cast to int64, so a negative stream is taken back to
 // its two's complement.
 //
+// A snapshot whose history was cut (torch keeps the last max_entries
+// entries, so a long job's trace starts mid-run) begins with events that
+// rebuild the allocator's state at its first entry: see reconstruct.go.
+//
 // Import decodes the pickle as a stream with a decoder of its own
 // (stream.go) and reads it twice: once to check it whole and to collect
 // the header (the allocator settings come after the trace in a snapshot)
-// and once more as the events are
+// and the state before its first entry, and once more as the events are
 // read. Memory stays proportional to the allocator's state, not to the
 // length of the trace. A general pickle library, which builds the whole
 // object tree (github.com/nlpodyssey/gopickle did here), took 3-4x
@@ -103,8 +107,11 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // allocator_settings flattened to strings (see below), empty for
 // snapshots without them; Metadata holds "device" (the index imported),
 // "entries" (the number of trace entries) and "segments" (the length of
-// the final segments list, when present). The events are the entries,
-// one for one.
+// the final segments list, when present). For a snapshot whose history
+// was cut, Metadata also holds "truncated" ("true") and
+// "reconstructed_events" (how many events at the start rebuild the state
+// before the first entry; see reconstruct.go); otherwise the events are
+// the entries, one for one.
 //
 // In Settings the key "PYTORCH_CUDA_ALLOC_CONF" keeps its raw string; other
 // values are written as Go formats them: booleans "true"/"false", integers
@@ -127,7 +134,7 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	check := &checker{}
+	check := &checker{hist: newHistory()}
 	d := newDecoder(pr, opts.Device, check)
 	d.pickle = pr
 	if err := d.run(); err != nil {
@@ -153,13 +160,19 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		return nil, fmt.Errorf("%s: device_traces[%d] %w", name, opts.Device, d.entryErr)
 	}
 	h.Metadata["entries"] = strconv.FormatInt(d.entries, 10)
-	return &source{name: name, device: opts.Device, h: h, want: d.entries, rw: rw}, nil
+	prefix := reconstruct(check.hist, d.segments, opts.Device)
+	if len(prefix) > 0 {
+		h.Metadata["truncated"] = "true"
+		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
+	}
+	return &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}, nil
 }
 
 // checker is the sink of Import's first reading: it converts each entry,
-// which reports any error.
+// which reports any error, and follows the trace for reconstruct.
 type checker struct {
-	ev trace.Event
+	hist *history
+	ev   trace.Event
 }
 
 func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
@@ -167,6 +180,7 @@ func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
 	if err := convertEntry(d, f, &c.ev); err != nil {
 		return err
 	}
+	c.hist.observe(&c.ev)
 	return nil
 }
 
@@ -413,8 +427,8 @@ func convertEntry(d *decoder, f *entryFields, ev *trace.Event) error {
 	return nil
 }
 
-// source is the Source Import returns: the entries read from the file a
-// second time.
+// source is the Source Import returns: the reconstructed events, then the
+// entries read from the file a second time.
 type source struct {
 	name   string
 	device int

@@ -1,0 +1,314 @@
+package pytorch
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// A snapshot keeps the last max_entries trace entries (a ring buffer), so
+// the history of a long job starts mid-run: it frees blocks it never
+// allocated and holds segments it never saw allocated. Replayed as it is,
+// such a trace starts from an empty allocator and says nothing true.
+//
+// Import rebuilds the allocator's state at the first entry the way
+// PyTorch's memory viewer does (torch/utils/viz/MemoryViz.js: the final
+// segments and their blocks, with the trace undone from its end): a
+// segment existed before the history began if the trace frees it without
+// allocating it, or if it is in the final segments and the trace never
+// allocated it; a block was allocated before the history began if the
+// trace frees it without allocating it (pending, its free requested, if
+// the first entry for it is free_completed), or if it is allocated in the
+// final segments and the trace never allocated it. Walking the trace
+// forward once and comparing with the final state gives the same sets as
+// walking it backwards.
+//
+// That state is then written as events before the first entry, so that
+// any policy replays from it, and the pytorch policy lays it out as it
+// was: for each segment, in address order,
+//
+//	segment_alloc  the segment (observed only: its address and size, for a
+//	               device that places segments where they were recorded)
+//	malloc, free   of the whole segment, for a large-pool segment, so that
+//	               the policy makes a segment of exactly that size
+//	malloc         of each block and each free range between blocks, in
+//	               address order, each taking the start of the rest of the
+//	               segment (the free ranges of a small-pool segment in
+//	               pieces of at most 1 MiB, so that they stay in its pool)
+//
+// then a free of every free range (which merge back into the free blocks
+// they were), the blocks found in no known segment as plain mallocs, and a
+// free_requested of each block whose free was pending, the one whose free
+// the trace completes first last (right before it, as it was: not a late
+// free). A marker "reconstructed N" comes first, N the number of these
+// events, marker included. The
+// mallocs of blocks have the block's size (the requested size rounded, and
+// the remainder the allocator did not split off), which is what places
+// them, so their requested bytes count a little high; a free range's
+// malloc has the address of its first byte, which no live block has.
+// Segments of expandable_segments are not laid out: their blocks are
+// plain mallocs.
+
+// history follows a device trace in order and keeps what must have existed
+// before its first entry.
+type history struct {
+	// blocks holds the state of every block address the trace touches:
+	// allocated, free requested or freed.
+	blocks  map[uint64]blockSeen
+	pre     map[uint64]preBlock
+	segs    map[uint64]bool // every segment address the trace touches: true while live
+	preSegs map[uint64]preSegment
+	mapped  bool // the trace maps pages of expandable segments
+	t0      int64
+	started bool
+	first   trace.Event // the first event
+}
+
+type blockSeen uint8
+
+const (
+	seenFreed blockSeen = iota
+	seenAllocated
+	seenFreeRequested
+)
+
+// preBlock is a block allocated before the history began: requested bytes
+// on a stream, pending if its free was requested before the history began.
+type preBlock struct {
+	size, stream uint64
+	pending      bool
+}
+
+type preSegment struct{ size, stream uint64 }
+
+func newHistory() *history {
+	return &history{
+		blocks:  map[uint64]blockSeen{},
+		pre:     map[uint64]preBlock{},
+		segs:    map[uint64]bool{},
+		preSegs: map[uint64]preSegment{},
+	}
+}
+
+// observe takes the next event of the trace.
+func (h *history) observe(ev *trace.Event) {
+	if !h.started {
+		h.started, h.t0, h.first = true, ev.Time, *ev
+	}
+	a := ev.Addr
+	switch ev.Op {
+	case trace.OpMalloc:
+		h.blocks[a] = seenAllocated
+	case trace.OpFreeRequested:
+		if s, ok := h.blocks[a]; ok {
+			if s == seenAllocated {
+				h.blocks[a] = seenFreeRequested
+			}
+			return
+		}
+		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream}
+		h.blocks[a] = seenFreeRequested
+	case trace.OpFree:
+		if _, ok := h.blocks[a]; ok {
+			h.blocks[a] = seenFreed
+			return
+		}
+		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, pending: true}
+		h.blocks[a] = seenFreed
+	case trace.OpSegmentAlloc:
+		h.segs[a] = true
+	case trace.OpSegmentFree:
+		if _, ok := h.segs[a]; ok {
+			h.segs[a] = false
+			return
+		}
+		if _, ok := h.preSegs[a]; !ok {
+			h.preSegs[a] = preSegment{size: ev.Size, stream: ev.Stream}
+		}
+	case trace.OpSegmentMap, trace.OpSegmentUnmap:
+		h.mapped = true
+	}
+}
+
+// startBlock is a block allocated when the history began.
+type startBlock struct {
+	addr      uint64
+	size      uint64 // block size, 0 if unknown
+	requested uint64
+	stream    uint64
+	pending   bool
+}
+
+// startSegment is a segment that existed when the history began.
+type startSegment struct {
+	addr, size, stream uint64
+	small, expandable  bool
+	blocks             []startBlock
+}
+
+// PyTorch caching allocator sizes that the layout depends on (see
+// policies/pytorch.go, which follows CUDACachingAllocator.cpp).
+const (
+	minBlockSize = 512     // kMinBlockSize: requests are rounded up to this
+	smallSize    = 1 << 20 // kSmallSize: largest small-pool request; a large-pool remainder up to this is not split off
+	smallBuffer  = 2 << 20 // kSmallBuffer: the small pool's segment size
+)
+
+// reconstruct returns the events that rebuild the state before the
+// history h began, given the snapshot's final segments; none if the
+// history is complete.
+func reconstruct(h *history, final []snapSegment, device int) []trace.Event {
+	var segs []startSegment
+	var blocks []startBlock
+	for addr, s := range h.preSegs {
+		segs = append(segs, startSegment{addr: addr, size: s.size, stream: s.stream, small: s.size <= smallBuffer})
+	}
+	for addr, b := range h.pre {
+		blocks = append(blocks, startBlock{addr: addr, requested: b.size, stream: b.stream, pending: b.pending})
+	}
+	for _, s := range final {
+		if s.bad != "" || (s.device >= 0 && s.device != int64(device)) {
+			continue
+		}
+		_, inTrace := h.segs[s.addr]
+		_, freed := h.preSegs[s.addr]
+		if !inTrace && !freed && !s.expandable {
+			segs = append(segs, startSegment{addr: s.addr, size: s.size, stream: s.stream, small: s.small, expandable: s.expandable})
+		}
+		addr := s.addr
+		for _, b := range s.blocks {
+			if b.haveAddr {
+				addr = b.addr
+			}
+			if b.state == blockAllocated || b.state == blockPendingFree {
+				if _, seen := h.blocks[addr]; !seen {
+					blocks = append(blocks, startBlock{addr: addr, size: b.size, requested: b.requested, stream: s.stream, pending: b.state == blockPendingFree})
+				}
+			}
+			addr += b.size
+		}
+	}
+	if len(segs) == 0 && len(blocks) == 0 {
+		return nil
+	}
+	sort.Slice(segs, func(i, j int) bool { return segs[i].addr < segs[j].addr })
+	sort.Slice(blocks, func(i, j int) bool { return blocks[i].addr < blocks[j].addr })
+
+	// Each block into the segment that holds its address.
+	var orphans []startBlock
+	for _, b := range blocks {
+		i := sort.Search(len(segs), func(i int) bool { return segs[i].addr+segs[i].size > b.addr })
+		if i == len(segs) || segs[i].addr > b.addr || segs[i].expandable || h.mapped {
+			orphans = append(orphans, b)
+			continue
+		}
+		segs[i].blocks = append(segs[i].blocks, b)
+	}
+
+	l := layout{t: h.t0}
+	l.add(trace.Event{Op: trace.OpMarker}) // its label once the count is known
+	for k := range segs {
+		orphans = l.segment(&segs[k], orphans)
+	}
+	for _, f := range l.fillers {
+		l.add(trace.Event{Op: trace.OpFree, Addr: f.addr, Stream: f.stream})
+	}
+	for _, b := range orphans {
+		l.add(trace.Event{Op: trace.OpMalloc, Addr: b.addr, Size: max(b.requested, 1), Stream: b.stream})
+		if b.pending {
+			l.pending = append(l.pending, b)
+		}
+	}
+	// The free requests last, and last of all the one whose free the
+	// trace completes first: a free that completes right after its
+	// request is not a late one.
+	sort.SliceStable(l.pending, func(i, j int) bool {
+		return !h.freedFirst(l.pending[i].addr) && h.freedFirst(l.pending[j].addr)
+	})
+	for _, b := range l.pending {
+		l.add(trace.Event{Op: trace.OpFreeRequested, Addr: b.addr, Size: b.requested, Stream: b.stream})
+	}
+	l.evs[0].Label = fmt.Sprintf("reconstructed %d", len(l.evs))
+	return l.evs
+}
+
+// freedFirst reports whether the first event of the trace is the free of
+// the block at addr.
+func (h *history) freedFirst(addr uint64) bool {
+	return h.first.Op == trace.OpFree && h.first.Addr == addr
+}
+
+// layout writes the events that lay segments out.
+type layout struct {
+	t       int64
+	evs     []trace.Event
+	fillers []startBlock // mallocs of free ranges, freed at the end
+	pending []startBlock // blocks whose free is pending
+}
+
+func (l *layout) add(ev trace.Event) {
+	ev.Time = l.t
+	l.evs = append(l.evs, ev)
+}
+
+// segment lays out s and its blocks; blocks that do not fit (overlapping
+// another) are added to orphans, which it returns.
+func (l *layout) segment(s *startSegment, orphans []startBlock) []startBlock {
+	l.add(trace.Event{Op: trace.OpSegmentAlloc, Addr: s.addr, Size: s.size, Stream: s.stream})
+	if s.expandable {
+		return append(orphans, s.blocks...)
+	}
+	if !s.small {
+		l.add(trace.Event{Op: trace.OpMalloc, Addr: s.addr, Size: s.size, Stream: s.stream})
+		l.add(trace.Event{Op: trace.OpFree, Addr: s.addr, Stream: s.stream})
+	}
+	end := s.addr + s.size
+	at := s.addr
+	for k, b := range s.blocks {
+		if b.addr < at {
+			orphans = append(orphans, b)
+			continue
+		}
+		next := end
+		if k+1 < len(s.blocks) {
+			next = max(s.blocks[k+1].addr, b.addr)
+		}
+		size := b.size
+		if size == 0 {
+			// Known only by its requested size: rounded, plus a
+			// remainder too small to have been split off.
+			size = max((b.requested+minBlockSize-1)/minBlockSize*minBlockSize, minBlockSize)
+			if b.addr+size <= next {
+				if gap := next - b.addr - size; (s.small && gap < minBlockSize) || (!s.small && gap <= smallSize) {
+					size += gap
+				}
+			}
+		}
+		if b.addr+size > end {
+			orphans = append(orphans, b)
+			continue
+		}
+		l.free(s, at, b.addr)
+		l.add(trace.Event{Op: trace.OpMalloc, Addr: b.addr, Size: size, Stream: s.stream})
+		if b.pending {
+			l.pending = append(l.pending, b)
+		}
+		at = b.addr + size
+	}
+	l.free(s, at, end)
+	return orphans
+}
+
+// free fills the free range [from, to) of s with mallocs freed later.
+func (l *layout) free(s *startSegment, from, to uint64) {
+	for from < to {
+		n := to - from
+		if s.small && n > smallSize {
+			n = smallSize
+		}
+		l.add(trace.Event{Op: trace.OpMalloc, Addr: from, Size: n, Stream: s.stream})
+		l.fillers = append(l.fillers, startBlock{addr: from, size: n, stream: s.stream})
+		from += n
+	}
+}
