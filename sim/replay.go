@@ -59,6 +59,10 @@ type Replay struct {
 	series seriesBuilder
 	obs    *observing // nil unless cfg.Observer
 	rec    recorded   // replaying as recorded (recorded.go)
+
+	// history is the number of events that rebuild the state before a
+	// truncated trace's history (see truncated.go), 0 if none.
+	history int64
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device. It
@@ -147,6 +151,9 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 		}
 	}
 	r.observe(i, ev.Time)
+	if i+1 == r.history {
+		r.historyBegins()
+	}
 	return nil
 }
 
@@ -355,6 +362,7 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		if err != nil {
 			return nil, err
 		}
+		rep.Reconstructed(ReconstructedEvents(src.Header()))
 		reps[k] = rep
 	}
 	for i := int64(0); ; i++ {

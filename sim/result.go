@@ -56,6 +56,13 @@ type Result struct {
 	Anomalies    int64  `json:"anomalies"`
 	FirstAnomaly string `json:"first_anomaly,omitempty"`
 
+	// Truncated is set for a trace whose history was cut (a snapshot that
+	// starts mid-run): its first ReconstructedEvents events rebuild the
+	// state before its first recorded event, and the peaks count from
+	// that state on.
+	Truncated           bool  `json:"truncated,omitempty"`
+	ReconstructedEvents int64 `json:"reconstructed_events,omitempty"`
+
 	// PeakPinned and PeakManaged are peak live pinned-host and managed
 	// bytes, counted apart from device memory.
 	PeakPinned  uint64 `json:"peak_pinned_bytes"`
