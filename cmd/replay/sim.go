@@ -190,7 +190,7 @@ var csvColumns = []string{
 	"peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
 	"peak_fragmentation", "fragmentation_at_peak", "device_allocs", "device_frees",
 	"alloc_retries", "ooms", "first_oom_event", "first_oom_size", "source_ooms",
-	"anomalies", "peak_pinned_bytes", "peak_managed_bytes",
+	"anomalies", "peak_pinned_bytes", "peak_managed_bytes", "truncated", "reconstructed_events",
 }
 
 func writeCSV(w io.Writer, results []*sim.Result) error {
@@ -205,7 +205,7 @@ func writeCSV(w io.Writer, results []*sim.Result) error {
 			u(r.PeakRequested), u(r.PeakAllocated), u(r.PeakReserved),
 			f(r.PeakFragmentation), f(r.FragmentationAtPeak), i(r.DeviceAllocs), i(r.DeviceFrees),
 			i(r.AllocRetries), i(r.OOMs), i(r.FirstOOMEvent), u(r.FirstOOMSize), i(r.SourceOOMs),
-			i(r.Anomalies), u(r.PeakPinned), u(r.PeakManaged),
+			i(r.Anomalies), u(r.PeakPinned), u(r.PeakManaged), strconv.FormatBool(r.Truncated), i(r.ReconstructedEvents),
 		})
 	}
 	cw.Flush()
@@ -245,6 +245,13 @@ func writeTable(w io.Writer, results []*sim.Result) {
 			ratio, 100*r.FragmentationAtPeak, r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
+	truncated := map[string]bool{}
+	for _, r := range results {
+		if r.Truncated && !truncated[r.Trace] {
+			truncated[r.Trace] = true
+			fmt.Fprintf(w, "%s: truncated history (it starts mid-run): %d events at its start rebuild the state before its first entry; peaks count from there\n", r.Trace, r.ReconstructedEvents)
+		}
+	}
 	for _, r := range results {
 		if r.Anomalies > 0 {
 			fmt.Fprintf(w, "%s: %s: %d events could not be replayed as recorded; first: %s\n", r.Trace, r.Policy, r.Anomalies, r.FirstAnomaly)
