@@ -27,7 +27,11 @@ type goValues struct {
 	seen map[int64]any // by container slot
 }
 
-func (g *goValues) of(v value) any {
+func (g *goValues) of(v value) any { return g.at(v, 0) }
+
+// at converts v, a value depth containers down: no deeper than the
+// formatter looks, so that a deep nesting costs neither time nor stack.
+func (g *goValues) at(v value, depth int) any {
 	d := g.d
 	switch v.k {
 	case vBool:
@@ -51,8 +55,8 @@ func (g *goValues) of(v value) any {
 		if c == nil {
 			return skipped(pyDict)
 		}
-		if c.role != roleKeep {
-			return skipped(c.kind) // a part of the snapshot not kept whole
+		if c.role != roleKeep || depth > maxDepth {
+			return skipped(c.kind) // a part of the snapshot not kept whole, or too deep
 		}
 		if x, ok := g.seen[v.n]; ok {
 			return x
@@ -62,14 +66,14 @@ func (g *goValues) of(v value) any {
 			x := &goDict{items: make([]goItem, len(c.items)/2)}
 			g.seen[v.n] = x
 			for i := range x.items {
-				x.items[i] = goItem{g.of(c.items[2*i]), g.of(c.items[2*i+1])}
+				x.items[i] = goItem{g.at(c.items[2*i], depth+1), g.at(c.items[2*i+1], depth+1)}
 			}
 			return x
 		case pyList:
 			x := make([]any, len(c.items))
 			g.seen[v.n] = x
 			for i, it := range c.items {
-				x[i] = g.of(it)
+				x[i] = g.at(it, depth+1)
 			}
 			return x
 		default:
@@ -80,7 +84,7 @@ func (g *goValues) of(v value) any {
 			}
 			g.seen[v.n] = out
 			for i, it := range c.items {
-				x[i] = g.of(it)
+				x[i] = g.at(it, depth+1)
 			}
 			return out
 		}

@@ -201,6 +201,10 @@ type input struct {
 
 const inputBuffer = 256 << 10
 
+// maxLine bounds the text argument of the opcodes of protocol 0 (a number,
+// a string); it is less than the buffer, which must hold the whole line.
+const maxLine = 64 << 10
+
 func newInput(r io.Reader) *input {
 	return &input{r: r, buf: make([]byte, inputBuffer)}
 }
@@ -760,7 +764,7 @@ func (d *decoder) run() error {
 				d.memoize(idx, d.stack[len(d.stack)-1])
 			}
 		case 'I', 'L', 'F': // INT LONG FLOAT as text
-			b, ok := in.line(1 << 12)
+			b, ok := in.line(maxLine)
 			if !ok {
 				return d.eofOr(at, op, "no newline")
 			}
@@ -770,7 +774,7 @@ func (d *decoder) run() error {
 			}
 			d.stack = append(d.stack, v)
 		case 'V', 'S': // UNICODE STRING as text
-			b, ok := in.line(1 << 20)
+			b, ok := in.line(maxLine)
 			if !ok {
 				return d.eofOr(at, op, "no newline")
 			}

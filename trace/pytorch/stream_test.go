@@ -310,3 +310,26 @@ func TestPickleOpcodes(t *testing.T) {
 		t.Errorf("settings\n got %v (%v)\nwant %v", got, keys(got), want)
 	}
 }
+
+// TestImportDeepSettings: a setting nested 100000 lists deep (which a
+// pickle builds without recursion) is cut off, at no cost in stack.
+func TestImportDeepSettings(t *testing.T) {
+	const depth = 100000
+	var b bytes.Buffer
+	b.Write([]byte{0x80, 2, '}', '('})
+	pickleValue(&b, "device_traces")
+	pickleValue(&b, []any{[]any{}})
+	pickleValue(&b, "allocator_settings")
+	b.WriteString("}(")
+	pickleValue(&b, "a")
+	b.WriteString(strings.Repeat("]", depth) + strings.Repeat("a", depth-1))
+	b.WriteString("uu.")
+	src, err := Import(&b, "deep.pickle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Repeat("[", maxDepth) + "..." + strings.Repeat("]", maxDepth)
+	if got := src.Header().Settings["a"]; got != want {
+		t.Errorf("setting a = %q, want %q", got, want)
+	}
+}
