@@ -144,8 +144,12 @@ func (r *Recorder) Close() error {
 	return r.w.Close(segs, r.settings)
 }
 
-// segments returns the live segments by address, each tiled by its live
-// blocks and inactive blocks for the gaps.
+// Segments returns the live segments by address, each tiled by its live
+// blocks and inactive blocks for the gaps, as Close writes them. It
+// returns an error when a live block lies outside every live segment or
+// overlaps another.
+func (r *Recorder) Segments() ([]pytorch.Segment, error) { return r.segments() }
+
 func (r *Recorder) segments() ([]pytorch.Segment, error) {
 	saddrs := make([]uint64, 0, len(r.segs))
 	for a := range r.segs {

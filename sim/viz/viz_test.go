@@ -3,14 +3,12 @@ package viz_test
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
-
-	"github.com/nlpodyssey/gopickle/pickle"
-	"github.com/nlpodyssey/gopickle/types"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
@@ -28,7 +26,7 @@ func importSnapshot(t *testing.T, data []byte, name string) trace.Source {
 	return src
 }
 
-func record(t *testing.T, src trace.Source, cfg sim.Config) (*sim.Result, []byte) {
+func record(t *testing.T, src trace.Source, cfg sim.Config) (*sim.Result, snapshot, []byte) {
 	t.Helper()
 	var buf bytes.Buffer
 	rec := viz.NewRecorder(&buf, map[string]string{"policy": cfg.Policy})
@@ -37,10 +35,14 @@ func record(t *testing.T, src trace.Source, cfg sim.Config) (*sim.Result, []byte
 	if err != nil {
 		t.Fatal(err)
 	}
+	segs, err := rec.Segments()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := rec.Close(); err != nil {
 		t.Fatal(err)
 	}
-	return rs[0], buf.Bytes()
+	return rs[0], decode(t, buf.Bytes(), segs), buf.Bytes()
 }
 
 // TestRecordText records the replay of a small text trace on first-fit and
@@ -56,8 +58,7 @@ free id=1 t=4000
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, data := record(t, trace.NewSliceSource(h, evs), sim.Config{Policy: "first-fit"})
-	snap := decode(t, data)
+	_, snap, _ := record(t, trace.NewSliceSource(h, evs), sim.Config{Policy: "first-fit"})
 	var got []string
 	for _, e := range snap.entries {
 		got = append(got, fmt.Sprintf("%s %d %d", e.action, e.size, e.stream))
@@ -80,13 +81,13 @@ free id=1 t=4000
 	}
 	s := snap.segments[0]
 	var states []string
-	for _, b := range s.blocks {
-		states = append(states, fmt.Sprintf("%s %d", b.state, b.size))
+	for _, b := range s.Blocks {
+		states = append(states, fmt.Sprintf("%s %d", b.State, b.Size))
 	}
-	if s.size != 2<<20 || s.addr != snap.entries[0].addr {
-		t.Errorf("segment %#x of %d bytes", s.addr, s.size)
+	if s.TotalSize != 2<<20 || s.Address != snap.entries[0].addr {
+		t.Errorf("segment %#x of %d bytes", s.Address, s.TotalSize)
 	}
-	wantStates := fmt.Sprintf("inactive %d,active_pending_free %d,inactive %d", snap.entries[2].addr-s.addr, 3072, s.addr+s.size-snap.entries[2].addr-3072)
+	wantStates := fmt.Sprintf("inactive %d,active_pending_free %d,inactive %d", snap.entries[2].addr-s.Address, 3072, s.Address+s.TotalSize-snap.entries[2].addr-3072)
 	if strings.Join(states, ",") != wantStates {
 		t.Errorf("blocks %s, want %s", strings.Join(states, ","), wantStates)
 	}
@@ -111,8 +112,7 @@ func TestRecordReal(t *testing.T) {
 		}
 		for _, name := range policies.Names() {
 			t.Run(filepath.Base(path)+"/"+name, func(t *testing.T) {
-				r1, data := record(t, importSnapshot(t, orig, path), sim.Config{Policy: name})
-				snap := decode(t, data)
+				r1, snap, data := record(t, importSnapshot(t, orig, path), sim.Config{Policy: name})
 				if err := snap.walkBack(); err != nil {
 					t.Fatal(err)
 				}
@@ -165,18 +165,22 @@ free id=1
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, data := record(t, trace.NewSliceSource(h, evs), sim.Config{Policy: "cuda", Capacity: 4096})
-	snap := decode(t, data)
+	_, snap, data := record(t, trace.NewSliceSource(h, evs), sim.Config{Policy: "cuda", Capacity: 4096})
 	var got []string
 	for _, e := range snap.entries {
-		got = append(got, fmt.Sprintf("%s %d %d", e.action, e.size, e.deviceFree))
+		got = append(got, fmt.Sprintf("%s %d", e.action, e.size))
 	}
-	want := []string{"segment_alloc 3072 0", "alloc 3000 0", "oom 3000 1024", "free_requested 3000 0", "free_completed 3000 0", "segment_free 3072 0"}
+	want := []string{"segment_alloc 3072", "alloc 3000", "oom 3000", "free_requested 3000", "free_completed 3000", "segment_free 3072"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("entries:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	if len(snap.segments) != 0 {
 		t.Errorf("%d segments left", len(snap.segments))
+	}
+	// The oom entry holds the device's free bytes, 4096 - 3072, as a
+	// BININT2 after its memoized key.
+	if !bytes.Contains(data, append([]byte("\x8c\x0bdevice_free\x94M"), 0x00, 0x04)) {
+		t.Errorf("no device_free of 1024 in the snapshot")
 	}
 }
 
@@ -216,80 +220,43 @@ func TestRecorderErrors(t *testing.T) {
 	}
 }
 
-// snapshot is the part of a decoded snapshot that memory_viz walks.
+// snapshot is what memory_viz walks of a recorded snapshot: its entries,
+// read back with the importer, and its final segments, as the recorder
+// wrote them.
 type snapshot struct {
 	entries  []entry
-	segments []seg
+	segments []pytorch.Segment
 }
 
 type entry struct {
-	action                         string
-	addr, size, stream, deviceFree uint64
+	action             string
+	addr, size, stream uint64
 }
 
-type seg struct {
-	addr, size uint64
-	blocks     []blk
+// actionOf names the snapshot action an imported event came from.
+var actionOf = map[trace.Op]string{
+	trace.OpMalloc: "alloc", trace.OpFreeRequested: "free_requested", trace.OpFree: "free_completed",
+	trace.OpMallocFailed: "oom", trace.OpSegmentAlloc: "segment_alloc", trace.OpSegmentFree: "segment_free",
 }
 
-type blk struct {
-	state           string
-	size, requested uint64
-}
-
-func decode(t *testing.T, data []byte) snapshot {
+func decode(t *testing.T, data []byte, segs []pytorch.Segment) snapshot {
 	t.Helper()
-	u := pickle.NewUnpickler(bytes.NewReader(data))
-	v, err := u.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := v.(*types.Dict)
-	get := func(d *types.Dict, k string) any {
-		x, ok := d.Get(k)
+	src := importSnapshot(t, data, "viz")
+	s := snapshot{segments: segs}
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			return s
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, ok := actionOf[ev.Op]
 		if !ok {
-			t.Fatalf("no key %q", k)
+			t.Fatalf("unexpected event %v", ev)
 		}
-		return x
+		s.entries = append(s.entries, entry{action: a, addr: ev.Addr, size: ev.Size, stream: ev.Stream})
 	}
-	num := func(x any) uint64 {
-		switch n := x.(type) {
-		case int:
-			return uint64(n)
-		case int64:
-			return uint64(n)
-		}
-		t.Fatalf("not an int: %T %v", x, x)
-		return 0
-	}
-	var s snapshot
-	traces := get(d, "device_traces").(*types.List)
-	for _, x := range *traces.Get(0).(*types.List) {
-		e := x.(*types.Dict)
-		en := entry{action: get(e, "action").(string), size: num(get(e, "size")), stream: num(get(e, "stream"))}
-		if en.action == "oom" {
-			en.deviceFree = num(get(e, "device_free"))
-		} else {
-			en.addr = num(get(e, "addr"))
-		}
-		s.entries = append(s.entries, en)
-	}
-	for _, x := range *get(d, "segments").(*types.List) {
-		sd := x.(*types.Dict)
-		sg := seg{addr: num(get(sd, "address")), size: num(get(sd, "total_size"))}
-		at := sg.addr
-		for _, y := range *get(sd, "blocks").(*types.List) {
-			bd := y.(*types.Dict)
-			if a := num(get(bd, "address")); a != at {
-				t.Fatalf("block at %#x, want %#x", a, at)
-			}
-			b := blk{state: get(bd, "state").(string), size: num(get(bd, "size")), requested: num(get(bd, "requested_size"))}
-			sg.blocks = append(sg.blocks, b)
-			at += b.size
-		}
-		s.segments = append(s.segments, sg)
-	}
-	return s
 }
 
 // walkBack walks the entries from the last to the first, from the final
@@ -300,13 +267,16 @@ func (s snapshot) walkBack() error {
 	segs := map[uint64]uint64{}
 	blocks := map[uint64]uint64{}
 	for _, sg := range s.segments {
-		segs[sg.addr] = sg.size
-		at := sg.addr
-		for _, b := range sg.blocks {
-			if b.state != "inactive" {
-				blocks[at] = b.size
+		segs[sg.Address] = sg.TotalSize
+		at := sg.Address
+		for _, b := range sg.Blocks {
+			if b.State != pytorch.StateInactive {
+				blocks[at] = b.Size
 			}
-			at += b.size
+			at += b.Size
+		}
+		if at != sg.Address+sg.TotalSize {
+			return fmt.Errorf("segment %#x: blocks end at %#x", sg.Address, at)
 		}
 	}
 	inside := func(addr uint64) bool {
