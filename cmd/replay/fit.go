@@ -105,6 +105,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies searched in parallel")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
@@ -146,7 +147,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 				defer wg.Done()
 				sem <- struct{}{}
 				defer func() { <-sem }()
-				f := newFitter(h, evs, sim.Config{Trace: path, Policy: n, Settings: settings[n]})
+				f := newFitter(h, evs, sim.Config{Trace: path, Policy: n, Settings: settings[n], AsRecorded: *asRecorded})
 				rs[k], errs[k] = f.fit(cards)
 			}()
 		}
@@ -263,7 +264,8 @@ func (f *fitter) fit(cards []card) (*fitResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	delete(f.probes, 0) // capacity 0 means unlimited: not a probe
+	delete(f.probes, 0)        // capacity 0 means unlimited: not a probe
+	res.Settings = r0.Settings // those used, the recorded ones included
 	res.LowerBound = r0.PeakRequested
 	res.UnlimitedPeakReserved = r0.PeakReserved
 	res.Replays = 1

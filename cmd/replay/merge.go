@@ -106,6 +106,7 @@ type planShards struct {
 	total  int
 	seen   map[int]string // shard -> its directory
 	cells  map[int]sweepCell
+	found  map[int]bool // cells with a result
 	pos    int
 }
 
@@ -147,7 +148,7 @@ func (m *merger) add(in string) error {
 	}
 	ps := m.plans[plan.ID]
 	if ps == nil {
-		ps = &planShards{id: plan.ID, shards: plan.Shards, total: plan.Total, seen: map[int]string{}, cells: map[int]sweepCell{}, pos: len(m.order)}
+		ps = &planShards{id: plan.ID, shards: plan.Shards, total: plan.Total, seen: map[int]string{}, cells: map[int]sweepCell{}, found: map[int]bool{}, pos: len(m.order)}
 		m.plans[plan.ID] = ps
 		m.order = append(m.order, plan.ID)
 	}
@@ -160,18 +161,19 @@ func (m *merger) add(in string) error {
 	ps.seen[plan.Shard] = in
 	for _, c := range plan.Cells {
 		ps.cells[c.Index] = c
-		r, err := readCell(filepath.Join(in, "cells", c.File))
+		cf, err := readCell(filepath.Join(in, "cells", c.File))
 		if err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
 				fmt.Fprintf(m.stderr, "merge: %v\n", err)
 			}
 			continue
 		}
-		if resultKey(r) != c.key() {
+		if cf.Cell.key() != c.key() {
 			fmt.Fprintf(m.stderr, "merge: %s: cell %d holds another cell's result\n", filepath.Join(in, "cells", c.File), c.Index)
 			continue
 		}
-		m.put(r, ps.pos, c.Index, in)
+		ps.found[c.Index] = true
+		m.put(cf.Result, ps.pos, c.Index, in)
 	}
 	return nil
 }
@@ -210,7 +212,7 @@ func (m *merger) missing() []string {
 		sort.Ints(idx)
 		for _, i := range idx {
 			c := ps.cells[i]
-			if _, ok := m.byKey[c.key()]; !ok {
+			if !ps.found[i] {
 				out = append(out, fmt.Sprintf("plan %s: cell %d (%s x %s%s) has no result", id, i, filepath.Base(c.Trace), c.Policy, settingsNote(c.Settings)))
 			}
 		}

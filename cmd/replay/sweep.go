@@ -53,10 +53,23 @@ type sweepCell struct {
 	Policy   string            `json:"policy"`
 	Settings map[string]string `json:"settings,omitempty"`
 	Capacity uint64            `json:"capacity_bytes"`
-	File     string            `json:"file"` // under DIR/cells
+	// AsRecorded replays a recording as recorded (sim.Config.AsRecorded):
+	// the result's settings are then those used, the recorded ones with
+	// Settings over them.
+	AsRecorded bool   `json:"as_recorded"`
+	File       string `json:"file"` // under DIR/cells
 }
 
-func (c *sweepCell) key() string { return cellKey(c.Trace, c.Policy, c.Settings, c.Capacity) }
+func (c *sweepCell) key() string {
+	return cellKey(c.Trace, c.Policy, c.Settings, c.Capacity) + "\x00" + strconv.FormatBool(c.AsRecorded)
+}
+
+// cellFile is the content of a finished cell's file: the cell and its
+// result.
+type cellFile struct {
+	Cell   sweepCell   `json:"cell"`
+	Result *sim.Result `json:"result"`
+}
 
 // sweepPlan is DIR/plan.json: what a sweep (or one shard of it) runs.
 type sweepPlan struct {
@@ -95,6 +108,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	progress := fs.String("progress", "auto", "progress display on stderr: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set and --grid override them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
@@ -144,7 +158,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if len(caps) == 0 {
 		return fmt.Errorf("--capacity: no capacity given")
 	}
-	all, err := sweepCells(traces, caps, names, fixed, axes)
+	all, err := sweepCells(traces, caps, names, fixed, axes, *asRecorded)
 	if err != nil {
 		return err
 	}
@@ -263,7 +277,7 @@ func parseGrids(grids []string, names []string, fixed map[string]policies.Settin
 // sweepCells returns every cell, in plan order: by trace, capacity, policy
 // and grid point. It checks each policy's settings once, so that a bad
 // value fails before any replay.
-func sweepCells(traces []string, caps []uint64, names []string, fixed map[string]policies.Settings, axes []gridAxis) ([]sweepCell, error) {
+func sweepCells(traces []string, caps []uint64, names []string, fixed map[string]policies.Settings, axes []gridAxis, asRecorded bool) ([]sweepCell, error) {
 	perPolicy := map[string][]policies.Settings{}
 	for _, n := range names {
 		points := []policies.Settings{maps(fixed[n])}
@@ -296,7 +310,7 @@ func sweepCells(traces []string, caps []uint64, names []string, fixed map[string
 					if len(s) == 0 {
 						s = nil
 					}
-					cell := sweepCell{Index: len(cells), Trace: t, Policy: n, Settings: s, Capacity: c}
+					cell := sweepCell{Index: len(cells), Trace: t, Policy: n, Settings: s, Capacity: c, AsRecorded: asRecorded}
 					sum := sha256.Sum256([]byte(cell.key()))
 					cell.File = plots.TraceName(t) + "." + n + "." + hex.EncodeToString(sum[:6]) + ".json"
 					cells = append(cells, cell)
@@ -534,18 +548,18 @@ func (s *sweeper) prepare() error {
 	s.results = make([]*sim.Result, len(s.plan.Cells))
 	for i := range s.plan.Cells {
 		c := &s.plan.Cells[i]
-		r, err := readCell(filepath.Join(s.dir, "cells", c.File))
+		cf, err := readCell(filepath.Join(s.dir, "cells", c.File))
 		if err != nil {
 			if !errors.Is(err, fs.ErrNotExist) {
 				fmt.Fprintf(s.stderr, "sweep: cell %d: %v; running it again\n", c.Index, err)
 			}
 			continue
 		}
-		if resultKey(r) != c.key() {
+		if cf.Cell.key() != c.key() {
 			fmt.Fprintf(s.stderr, "sweep: cell %d: %s holds another cell; running it again\n", c.Index, c.File)
 			continue
 		}
-		s.results[i] = r
+		s.results[i] = cf.Result
 		s.doneBefore++
 	}
 	// results.csv grows a row per cell as cells finish: first those done.
@@ -584,16 +598,19 @@ func (s *sweeper) settingKeys() []string {
 	return keys
 }
 
-func readCell(path string) (*sim.Result, error) {
+func readCell(path string) (*cellFile, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var r sim.Result
-	if err := json.Unmarshal(data, &r); err != nil {
+	var cf cellFile
+	if err := json.Unmarshal(data, &cf); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return &r, nil
+	if cf.Result == nil {
+		return nil, fmt.Errorf("%s: no result", path)
+	}
+	return &cf, nil
 }
 
 // sweepJob is the cells of one trace that one worker replays in one pass.
@@ -676,7 +693,7 @@ func (s *sweeper) run(pg progress) {
 				r := jr.results[k]
 				c := &s.plan.Cells[i]
 				if err := tracefile.WriteFile(filepath.Join(s.dir, "cells", c.File), func(w io.Writer) error {
-					return json.NewEncoder(w).Encode(r)
+					return json.NewEncoder(w).Encode(cellFile{Cell: *c, Result: r})
 				}); err != nil {
 					jr.err = err
 					break
@@ -711,7 +728,7 @@ func (s *sweeper) runJob(j sweepJob) jobResult {
 	cfgs := make([]sim.Config, len(j.cells))
 	for k, i := range j.cells {
 		c := s.plan.Cells[i]
-		cfgs[k] = sim.Config{Trace: c.Trace, Policy: c.Policy, Settings: c.Settings, Capacity: c.Capacity}
+		cfgs[k] = sim.Config{Trace: c.Trace, Policy: c.Policy, Settings: c.Settings, Capacity: c.Capacity, AsRecorded: c.AsRecorded}
 	}
 	jr.results, jr.err = sim.Run(f, cfgs...)
 	if jr.err != nil && !strings.HasPrefix(jr.err.Error(), j.trace+":") {
