@@ -8,6 +8,7 @@
 //	replay sweep --traces GLOB... [--policy LIST|all] [--set ...] [--grid NAME.key=v1,v2,...] [--shard i/n] -o DIR
 //	replay merge -o DIR SHARD_DIR|RESULTS.json...
 //	replay fit [--policy LIST|all] [--set ...] [--json FILE] TRACE...
+//	replay report -o report.html [--plots DIR] RESULTS.json...
 package main
 
 import (
@@ -45,6 +46,8 @@ Commands:
          replay merge [--partial] -o DIR SHARD_DIR|RESULTS.json...
   fit    the smallest device capacity each policy runs a trace in without an OOM, and the cards it fits
          replay fit [--policy LIST|all] [--set NAME.key=value] [--json FILE] TRACE...
+  report one self-contained HTML page of tables and charts from results of sim, gpu, fit or sweep
+         replay report -o report.html [--plots DIR] RESULTS.json...
   fidelity  replay traces as recorded and compare with the recording event by event (exit 1 if any differs)
          replay fidelity [--capacity SIZE] TRACE...
 
@@ -82,6 +85,8 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runMerge(stdout, stderr, args[1:])
 	case "fit":
 		return runFit(stdout, stderr, args[1:])
+	case "report":
+		return runReport(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -1,0 +1,88 @@
+package main
+
+import (
+	"encoding/xml"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestReport writes a report from replay sim and replay fit results of two
+// traces and checks that the page parses, holds every chart inline, and
+// that --plots writes each chart as PNG and SVG.
+func TestReport(t *testing.T) {
+	dir := t.TempDir()
+	simJSON, fitJSON := filepath.Join(dir, "sim.json"), filepath.Join(dir, "fit.json")
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch,cuda", "--json", simJSON, splitFragOOM, tokenLengths); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCmd(t, "fit", "--policy", "pytorch,cuda", "--json", fitJSON, splitFragOOM); err != nil {
+		t.Fatal(err)
+	}
+	html, slides := filepath.Join(dir, "report.html"), filepath.Join(dir, "slides")
+	stdout, _, err := runCmd(t, "report", "-o", html, "--plots", slides, "--title", "Review", simJSON, fitJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// overview + 2 x (memory, fragmentation, peaks, calls) + fit; the
+	// latency chart only where results carry latencies.
+	if !strings.Contains(stdout, "report: 4 results, 2 fit answers") {
+		t.Errorf("stdout: %s", stdout)
+	}
+	data, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := xml.NewDecoder(strings.NewReader(string(data)))
+	d.Strict = true
+	var imgs []string
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("report.html is not well-formed: %v", err)
+		}
+		if e, ok := tok.(xml.StartElement); ok && e.Name.Local == "img" {
+			for _, a := range e.Attr {
+				if a.Name.Local == "id" {
+					imgs = append(imgs, a.Value)
+				}
+			}
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(slides, "*"))
+	if len(files) != 2*len(imgs) || len(imgs) < 10 {
+		t.Errorf("%d charts in the page, %d files in --plots", len(imgs), len(files))
+	}
+	for _, id := range []string{"chart-overview", "chart-split_frag_oom-memory", "chart-token_lengths-calls", "chart-split_frag_oom-fit"} {
+		if !strings.Contains(strings.Join(imgs, " "), id) {
+			t.Errorf("no %s in %v", id, imgs)
+		}
+	}
+	// A sweep's directory is an input too; a file of another shape is not.
+	sweep := filepath.Join(dir, "sweep")
+	if _, _, err := runCmd(t, "sweep", "--traces", tokenLengths, "--policy", "cuda", "--progress", "none", "-o", sweep); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCmd(t, "report", "-o", html, sweep); err != nil {
+		t.Errorf("report of a sweep directory: %v", err)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"rows": []}`), 0o644)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"report", simJSON}, "no output file"},
+		{[]string{"report", "-o", html}, "no results given"},
+		{[]string{"report", "-o", html, bad}, `no "results" list`},
+	} {
+		if _, _, err := runCmd(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,312 @@
+package plots
+
+import (
+	"fmt"
+	"math"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// overviewTop is the highest ratio the overview draws; taller bars are cut
+// there and labelled with their value. overviewBase is where its bars
+// start, a little below 1 so that a policy at the lower bound shows.
+const (
+	overviewTop  = 3
+	overviewBase = 0.9
+)
+
+// Overview returns the chart that compares every policy on every trace:
+// for each trace (named on the X axis; with its capacity where results of
+// one trace differ in capacity) a group of bars, one per policy in its
+// colour, of the policy's peak reserved bytes divided by the trace's lower
+// bound (its peak requested bytes), so that 1 is the best possible (a
+// dashed line; the bars start at 0.9 so that those at 1 show). Bars above
+// 3 are cut at 3 and labelled with their value; a policy that ran out of
+// memory has a cross at the foot of its bar. Policies keep one colour
+// across traces, in order of first appearance. It returns ErrNoResults for
+// no results.
+func Overview(results []sim.Result) (*plot.Plot, error) {
+	if len(results) == 0 {
+		return nil, ErrNoResults
+	}
+	// Groups: (trace, capacity) in order of first appearance.
+	type group struct {
+		trace    string
+		capacity uint64
+		idx      []int
+	}
+	var groups []*group
+	byKey := map[string]*group{}
+	caps := map[string]map[uint64]bool{}
+	for i, r := range results {
+		k := fmt.Sprintf("%s\x00%d", r.Trace, r.Capacity)
+		g := byKey[k]
+		if g == nil {
+			g = &group{trace: r.Trace, capacity: r.Capacity}
+			byKey[k] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		if caps[r.Trace] == nil {
+			caps[r.Trace] = map[uint64]bool{}
+		}
+		caps[r.Trace][r.Capacity] = true
+	}
+	// Policies: by label across all results.
+	labels := variantLabels(results)
+	var order []string
+	color := map[string]int{}
+	for _, l := range labels {
+		if _, ok := color[l]; !ok {
+			color[l] = len(order)
+			order = append(order, l)
+		}
+	}
+
+	p := newPlot()
+	p.Title.Text = "peak reserved ÷ lower bound, every policy on every trace"
+	p.Y.Label.Text = "peak reserved ÷ peak requested"
+	leg := newSideLegend()
+	for _, l := range order {
+		leg.add(l, swatchThumb{fill: policyColor(color[l]), line: black})
+	}
+	bars := newBarSet(overviewBase)
+	bars.Label.Font = font.From(sans, 7)
+	var ooms plotter.XYs
+	top := 1.0
+	var names []string
+	for gi, g := range groups {
+		name := TraceName(g.trace)
+		if len(caps[g.trace]) > 1 {
+			name += " @" + formatBytes(g.capacity)
+		}
+		names = append(names, name)
+		w := 0.84 / float64(max(len(g.idx), 1))
+		for k, i := range g.idx {
+			r := results[i]
+			if r.PeakRequested == 0 {
+				continue
+			}
+			ratio := float64(r.PeakReserved) / float64(r.PeakRequested)
+			x := float64(gi) - 0.42 + w*(float64(k)+0.5)
+			b := bar{X: x, Width: w, Value: math.Min(ratio, overviewTop), Fill: policyColor(color[labels[i]])}
+			if ratio > overviewTop {
+				b.Label = fmt.Sprintf("%.3g", ratio)
+			}
+			bars.Bars = append(bars.Bars, b)
+			top = math.Max(top, b.Value)
+			if r.OOMs > 0 {
+				// Inside the bar, below the lower bound line: clear of
+				// the labels.
+				ooms = append(ooms, plotter.XY{X: x, Y: (overviewBase + 1) / 2})
+			}
+		}
+	}
+	p.Add(bars)
+	p.Add(hline{Y: 1, Style: requestedStyle})
+	if len(ooms) > 0 {
+		s, err := plotter.NewScatter(ooms)
+		if err != nil {
+			return nil, err
+		}
+		s.GlyphStyle = oomGlyph(black)
+		s.GlyphStyle.Radius = vg.Points(3)
+		p.Add(s)
+		leg.add("")
+		leg.add("ran out of memory", glyphThumb(s.GlyphStyle))
+	}
+	leg.add("")
+	leg.add("lower bound", lineThumb(requestedStyle))
+	p.Add(leg)
+	nominalPolicies(p, names, leg.width())
+	step, _ := niceStep((top - 1) / 5)
+	step = math.Max(step, 0.1)
+	p.Y.Min = overviewBase
+	p.Y.Max = 1 + math.Max(math.Ceil((top-1)/step-1e-6), 1)*step
+	p.Y.Tick.Marker = roundTicker{Step: step, Format: formatFixed}
+	return p, nil
+}
+
+// formatBytes prints a capacity in GiB, MiB or bytes, as short as exact
+// enough: "24GiB", "4000MiB", "0" for none.
+func formatBytes(b uint64) string {
+	switch {
+	case b == 0:
+		return "unlimited"
+	case b%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", b>>30)
+	case b%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", b>>20)
+	case b%1e9 == 0:
+		return fmt.Sprintf("%dGB", b/1e9)
+	case b >= 1<<30:
+		return fmt.Sprintf("%.1fGiB", float64(b)/(1<<30))
+	default:
+		return fmt.Sprintf("%.1fMiB", float64(b)/(1<<20))
+	}
+}
+
+// FitRow is one policy's answer of `replay fit` for a trace: the smallest
+// capacity in bytes at which it has no OOM, if any (Fits), against the
+// trace's lower bound and the policy's peak reserved bytes on an unlimited
+// device; Monotone is false where a larger capacity was seen to run out of
+// memory.
+type FitRow struct {
+	Policy                string
+	Settings              map[string]string
+	Fits                  bool
+	MinCapacity           uint64
+	LowerBound            uint64
+	UnlimitedPeakReserved uint64
+	Monotone              bool
+}
+
+// Card is a device memory size to mark on a chart, with its name
+// ("24GB").
+type Card struct {
+	Name     string
+	Capacity uint64
+}
+
+// Fit returns the chart of the smallest capacities of one trace: for each
+// policy (named on the X axis) a bar in its colour of its smallest
+// capacity without an OOM, labelled with its value (and "*" where
+// capacities above it ran out of memory; "never" where none fits), beside
+// a light bar of its peak reserved bytes on an unlimited device, against
+// the lower bound (dashed black) and the card sizes near the bars (dotted,
+// named at the right). Bytes are in MiB or GiB. It returns ErrNoResults
+// for no rows.
+func Fit(trace string, rows []FitRow, cards []Card) (*plot.Plot, error) {
+	if len(rows) == 0 {
+		return nil, ErrNoResults
+	}
+	rs := make([]sim.Result, len(rows))
+	var top, bound uint64
+	for i, r := range rows {
+		rs[i] = sim.Result{Trace: trace, Policy: r.Policy, Settings: r.Settings}
+		top = max(top, r.MinCapacity, r.UnlimitedPeakReserved, r.LowerBound)
+		bound = max(bound, r.LowerBound)
+	}
+	labels := policyLabels(rs)
+	// The cards at or below the top, and the first above it.
+	var shown []Card
+	for _, c := range cards {
+		if c.Capacity <= top {
+			shown = append(shown, c)
+		}
+	}
+	var above *Card
+	for i := range cards {
+		c := cards[i]
+		if c.Capacity > top && (above == nil || c.Capacity < above.Capacity) {
+			above = &c
+		}
+	}
+	if above != nil && float64(above.Capacity) <= 1.6*float64(top) {
+		shown = append(shown, *above)
+	}
+	drawTop := top
+	for _, c := range shown {
+		drawTop = max(drawTop, c.Capacity)
+	}
+	u := ChooseUnit(drawTop)
+
+	p := newPlot()
+	setTitle(p, "smallest capacity without OOM: ", trace)
+	p.Y.Label.Text = "capacity (" + u.Name + ")"
+	bars := newBarSet(0)
+	const w = 0.36
+	for i, r := range rows {
+		c := policyColor(i)
+		label := "never"
+		value := 0.0
+		if r.Fits {
+			value = u.Of(r.MinCapacity)
+			label = fmt.Sprintf("%.*f", valueDecimals(u.Of(drawTop)), value)
+			if !r.Monotone {
+				label += "*"
+			}
+		}
+		bars.Bars = append(bars.Bars,
+			bar{X: float64(i) - w/2, Width: w, Value: u.Of(r.UnlimitedPeakReserved), Fill: tint(c, 0.6)},
+			bar{X: float64(i) + w/2, Width: w, Value: value, Fill: c, Label: label},
+		)
+	}
+	leg := newSideLegend()
+	leg.add("smallest capacity", swatchThumb{fill: grey, line: bars.Line.Color})
+	leg.add("peak reserved,", swatchThumb{fill: tint(grey, 0.6), line: bars.Line.Color})
+	leg.add("unlimited device")
+	leg.add("lower bound", lineThumb(requestedStyle))
+	if len(shown) > 0 {
+		leg.add("card sizes", lineThumb(capacityStyle))
+	}
+	for _, r := range rows {
+		if r.Fits && !r.Monotone {
+			leg.add("* a larger capacity")
+			leg.add("  ran out of memory")
+			break
+		}
+	}
+	bars.dropWideLabels(slotWidth(len(rows), leg.width()))
+	p.Add(bars)
+	if bound > 0 {
+		p.Add(hline{Y: u.Of(bound), Style: requestedStyle})
+	}
+	for _, c := range shown {
+		p.Add(namedLine{hline: hline{Y: u.Of(c.Capacity), Style: capacityStyle}, name: c.Name})
+	}
+	p.Add(leg)
+	nominalPolicies(p, labels, leg.width())
+	valueRange(p, math.Max(u.Of(drawTop), minBytesTop), formatFixed)
+	return p, nil
+}
+
+// namedLine is an hline with its name written above its right end.
+type namedLine struct {
+	hline
+	name string
+}
+
+// Plot implements plot.Plotter.
+func (l namedLine) Plot(c draw.Canvas, p *plot.Plot) {
+	l.hline.Plot(c, p)
+	if l.Y < p.Y.Min || l.Y > p.Y.Max {
+		return
+	}
+	_, trY := p.Transforms(&c)
+	sty := text.Style{Font: font.From(sans, 8), Handler: plot.DefaultTextHandler, Color: grey, XAlign: draw.XRight, YAlign: draw.YBottom}
+	c.FillText(sty, vg.Point{X: c.Max.X - vg.Points(2), Y: trY(l.Y) + vg.Points(1)}, l.name)
+}
+
+// variantLabels returns the label of each result across traces: its
+// policy name, with its settings where results of one policy name differ
+// in settings, shortened to maxPolicyLabel characters. Results of the same
+// policy and settings share a label.
+func variantLabels(results []sim.Result) []string {
+	variants := map[string]map[string]bool{}
+	for _, r := range results {
+		if variants[r.Policy] == nil {
+			variants[r.Policy] = map[string]bool{}
+		}
+		variants[r.Policy][formatSettingsText(r.Settings)] = true
+	}
+	labels := make([]string, len(results))
+	for i, r := range results {
+		l := r.Policy
+		if l == "" {
+			l = "(unnamed)"
+		}
+		if set := formatSettingsText(r.Settings); len(variants[r.Policy]) > 1 && set != "" {
+			l += " " + set
+		}
+		labels[i] = shorten(l, maxPolicyLabel)
+	}
+	return labels
+}
