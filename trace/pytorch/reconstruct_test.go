@@ -32,7 +32,7 @@ func TestReconstruct(t *testing.T) {
 	const (
 		S   = 0x7f0000000000 // a large segment of 20 MiB
 		M   = 1 << 20
-		T   = 7000 // time of the first entry, in ns
+		T   = 7000           // time of the first entry, in ns
 		SM  = 0x7f0002000000 // a small segment of 2 MiB, freed by the trace
 		ORP = 0x100000       // a block in no known segment
 	)

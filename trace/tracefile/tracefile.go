@@ -76,7 +76,13 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 		r, err := trace.NewReader(br, path)
 		return r, format, err
 	case "pytorch":
-		src, err := pytorch.Import(br, path, pytorch.Options{Device: opts.Device})
+		// Import reads a snapshot twice; from the file itself it seeks
+		// back, where from br it would keep a copy of the whole file.
+		var in io.Reader = br
+		if _, err := f.Seek(0, io.SeekStart); err == nil {
+			in = f
+		}
+		src, err := pytorch.Import(in, path, pytorch.Options{Device: opts.Device})
 		return src, format, err
 	case "rmm":
 		src, err := rmm.Import(br, path)
