@@ -573,3 +573,18 @@ func TestRepeat(t *testing.T) {
 		t.Errorf("%d objects live at the end", n)
 	}
 }
+
+// TestH200Calibration reads the calibration made on an NVIDIA H200 (CUDA
+// 13.0, driver 580.159) with `replay calibrate` as a cost model.
+func TestH200Calibration(t *testing.T) {
+	m, err := sim.LoadCostModel("testdata/h200_calibrated.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []string{sim.CostMalloc, sim.CostFree, sim.CostMallocBatch, sim.CostFreeBatch, sim.CostMallocSuballoc,
+		sim.CostFreeSuballoc, sim.CostMallocNewPage, sim.CostFreeLastInPage, "cudaMallocAsync_thr0", "cudaMallocHost", "cudaDeviceSynchronize"} {
+		if ns, ok := m.Latency(call, 1<<20); !ok || ns <= 0 {
+			t.Errorf("%s: %d ns, %v", call, ns, ok)
+		}
+	}
+}
