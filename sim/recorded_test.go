@@ -1,0 +1,166 @@
+package sim_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// recording is a hand-written PyTorch recording under a 48 MiB cap, with
+// the real allocator's own calls (segment events) at addresses of its own:
+//
+//   - events 0-3: a 24 MiB segment for stream 1, a 20 MiB one (3 MiB used)
+//     for stream 0;
+//   - 4-7: the stream-1 block is freed late (used on another stream); the
+//     stream-0 block at once;
+//   - 8-11: a 20 MiB malloc on stream 1 finds no block without the late
+//     one and passes the cap (44 + 20): its retry takes the late block back,
+//     frees both cached segments (large pool, stream order) and allocates
+//     at 0x5000000. Had the late block come back before the search, the
+//     malloc would have split it;
+//   - 12-16: its block freed, the program calls empty_cache (the segment
+//     free at 14, which no malloc explains), then a small malloc;
+//   - 17-19: freed, and empty_cache again at the very end.
+const recording = `header source=pytorch setting.PYTORCH_CUDA_ALLOC_CONF=""
+segment_alloc addr=0x1000000 size=24MiB stream=1
+malloc addr=0x1000000 size=24MiB stream=1
+segment_alloc addr=0x3000000 size=20MiB
+malloc addr=0x3000000 size=3MiB
+free_requested addr=0x1000000 size=24MiB stream=1
+free_requested addr=0x3000000 size=3MiB
+free addr=0x3000000 size=3MiB
+free addr=0x1000000 size=24MiB stream=1
+segment_free addr=0x3000000 size=20MiB
+segment_free addr=0x1000000 size=24MiB stream=1
+segment_alloc addr=0x5000000 size=20MiB stream=1
+malloc addr=0x5000000 size=20MiB stream=1
+free_requested addr=0x5000000 size=20MiB stream=1
+free addr=0x5000000 size=20MiB stream=1
+segment_free addr=0x5000000 size=20MiB stream=1
+segment_alloc addr=0x7000000 size=2MiB
+malloc addr=0x7000000 size=1000
+free_requested addr=0x7000000 size=1000
+free addr=0x7000000 size=1000
+segment_free addr=0x7000000 size=2MiB
+`
+
+func recordingSource(t *testing.T, text string) trace.Source {
+	t.Helper()
+	h, evs, err := trace.ParseText(t.Name(), strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return trace.NewSliceSource(h, evs)
+}
+
+func TestFidelityRecording(t *testing.T) {
+	rep, err := sim.Fidelity(recordingSource(t, recording), sim.Config{Policy: "pytorch", Capacity: 48 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Divergence != nil {
+		t.Fatalf("diverges: %v", rep.Divergence)
+	}
+	r := rep.Result
+	if rep.Calls != 8 || rep.Mallocs != 4 || r.DeviceAllocs != 4 || r.DeviceFrees != 4 || r.AllocRetries != 1 || r.OOMs != 0 ||
+		r.PeakReserved != 44<<20 || r.Anomalies != 0 {
+		t.Errorf("calls %d, mallocs %d; device allocs %d, frees %d, retries %d, OOMs %d, peak reserved %d, anomalies %d; want 8, 4; 4, 4, 1, 0, %d, 0",
+			rep.Calls, rep.Mallocs, r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, r.PeakReserved, r.Anomalies, 44<<20)
+	}
+
+	// Without the cap the malloc at event 11 needs no retry: the late
+	// block comes back first, and would do; so the releases before it
+	// were an explicit empty_cache (which synchronizes first too): the
+	// same calls, no retry.
+	rep, err = sim.Fidelity(recordingSource(t, recording), sim.Config{Policy: "pytorch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Divergence != nil || rep.Result.AllocRetries != 0 || rep.Result.DeviceFrees != 4 {
+		t.Errorf("without the cap: %v, retries %d, device frees %d; want identical, 0, 4", rep.Divergence, rep.Result.AllocRetries, rep.Result.DeviceFrees)
+	}
+
+	// Under a 40 MiB cap the second segment does not fit at all.
+	rep, err = sim.Fidelity(recordingSource(t, recording), sim.Config{Policy: "pytorch", Capacity: 40 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "event 2: real allocator: segment_alloc of 20971520 bytes at 0x3000000; simulation: no device call by event 3"
+	if rep.Divergence == nil || rep.Divergence.String() != want {
+		t.Errorf("under 40 MiB: %v\nwant %s", rep.Divergence, want)
+	}
+}
+
+// TestReplayAsRecorded: Run takes the recorded settings (here
+// expandable_segments, from the header) when asked, with the user's over
+// them, and says which were used.
+func TestReplayAsRecorded(t *testing.T) {
+	const tr = `header source=pytorch setting.PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True" setting.max_split_size=-1 setting.expandable_segments=true setting.garbage_collection_threshold=0
+segment_map addr=0x40000000 size=20MiB
+malloc addr=0x40000000 size=3MiB
+malloc addr=0x40300000 size=3MiB
+`
+	cases := []struct {
+		name     string
+		cfg      sim.Config
+		settings string
+		allocs   int64
+		reserved uint64
+	}{
+		{"as recorded", sim.Config{Policy: "pytorch", AsRecorded: true}, "map[expandable_segments:True]", 1, 20 << 20},
+		{"a setting over them", sim.Config{Policy: "pytorch", AsRecorded: true, Settings: policies.Settings{"max_split_size_mb": "64"}},
+			"map[expandable_segments:True max_split_size_mb:64]", 1, 20 << 20},
+		{"conf instead", sim.Config{Policy: "pytorch", AsRecorded: true, Settings: policies.Settings{"conf": "max_split_size_mb:64"}},
+			"map[conf:max_split_size_mb:64]", 1, 20 << 20},
+		{"not as recorded", sim.Config{Policy: "pytorch"}, "map[]", 1, 20 << 20},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := sim.Run(recordingSource(t, tr), tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := rs[0]
+			if got := fmt.Sprint(r.Settings); got != tc.settings {
+				t.Errorf("settings %s, want %s", got, tc.settings)
+			}
+			if r.DeviceAllocs != tc.allocs || r.PeakReserved != tc.reserved {
+				t.Errorf("device allocs %d, peak reserved %d; want %d, %d", r.DeviceAllocs, r.PeakReserved, tc.allocs, tc.reserved)
+			}
+		})
+	}
+	_, err := sim.Run(recordingSource(t, tr), sim.Config{Policy: "pytorch", AsRecorded: true, Settings: policies.Settings{"expandable_segments": "maybe"}})
+	if err == nil || !strings.Contains(err.Error(), "expandable_segments") {
+		t.Errorf("a bad setting over the recorded ones: %v, want an error naming it", err)
+	}
+}
+
+// TestPyTorchMemoryKinds: pinned and managed allocations pass the pytorch
+// policy by (counted apart), stream-ordered device memory goes through it,
+// in a replay as recorded as in any other.
+func TestPyTorchMemoryKinds(t *testing.T) {
+	const tr = `header source=pytorch
+malloc id=1 size=1MiB kind=pinned
+malloc id=2 size=3MiB kind=managed
+malloc id=3 size=1000 kind=async
+malloc id=4 size=1000
+free id=1
+free id=2
+free id=3
+free id=4
+`
+	rs, err := sim.Run(recordingSource(t, tr), sim.Config{Policy: "pytorch", AsRecorded: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	if r.PeakPinned != 1<<20 || r.PeakManaged != 3<<20 || r.Mallocs != 2 || r.Frees != 2 || r.DeviceAllocs != 1 ||
+		r.PeakAllocated != 2048 || r.Anomalies != 0 {
+		t.Errorf("pinned %d, managed %d, mallocs %d, frees %d, device allocs %d, peak allocated %d, anomalies %d",
+			r.PeakPinned, r.PeakManaged, r.Mallocs, r.Frees, r.DeviceAllocs, r.PeakAllocated, r.Anomalies)
+	}
+}
