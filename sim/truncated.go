@@ -10,10 +10,10 @@ import (
 // max_entries entries) starts with events that rebuild the allocator's
 // state before its first recorded event; the header's metadata
 // "reconstructed_events" says how many (trace/pytorch/reconstruct.go).
-// The replay runs them like any others, and then counts its peaks from the
-// state they built: during the rebuild the requested and allocated bytes
-// pass through values that the source never had (free ranges held while
-// the blocks around them are placed).
+// The replay runs them like any others, and then counts its peaks and
+// starts its series from the state they built: during the rebuild the
+// requested and allocated bytes pass through values that the source never
+// had (free ranges held while the blocks around them are placed).
 
 // ReconstructedEvents returns how many events at the start of a trace with
 // header h rebuild the state before its history began, 0 for a trace that
@@ -39,9 +39,10 @@ func (r *Replay) Reconstructed(n int64) {
 	r.res.ReconstructedEvents = n
 }
 
-// historyBegins restarts the peaks from the current state, after the last
-// reconstructed event.
+// historyBegins restarts the peaks and the series from the current state,
+// after the last reconstructed event.
 func (r *Replay) historyBegins() {
+	r.series = seriesBuilder{width: 1}
 	reserved := r.dev.Reserved()
 	r.res.PeakRequested = r.requested
 	r.res.PeakAllocated = r.allocated

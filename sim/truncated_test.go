@@ -107,6 +107,11 @@ func TestTruncatedSnapshot(t *testing.T) {
 					if r.PeakReserved != want {
 						t.Errorf("cut at %d: peak reserved %d, want %d (the uncut replay's from the cut on)", k, r.PeakReserved, want)
 					}
+					if len(r.Series) == 0 {
+						t.Errorf("cut at %d: no series", k)
+					} else if r.Series[0].Event < rec {
+						t.Errorf("cut at %d: the series starts at event %d, before the history (%d)", k, r.Series[0].Event, rec)
+					}
 					if r.Anomalies != 0 {
 						t.Errorf("cut at %d: %d anomalies, first: %s", k, r.Anomalies, r.FirstAnomaly)
 					}

@@ -38,8 +38,10 @@
 // (stream.go) and reads it twice: once to check it whole and to collect
 // the header (the allocator settings come after the trace in a snapshot)
 // and the state before its first entry, and once more as the events are
-// read. Memory stays proportional to the allocator's state, not to the
-// length of the trace. A general pickle library, which builds the whole
+// read. Memory stays proportional to the allocator's state (the final
+// segments, the addresses the trace touches), apart from 4 bytes for each
+// object the pickle memoizes (any later value may refer back to one). A
+// general pickle library, which builds the whole
 // object tree (github.com/nlpodyssey/gopickle did here), took 3-4x
 // CPython's own pickle.load on kv_decode and 1.7x its memory; the
 // streaming decoder, twice over the file, takes less than CPython's time
