@@ -12,12 +12,13 @@ import (
 	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/minimalloc"
 	"github.com/gpualloc/allocsim/trace/pytorch"
 	"github.com/gpualloc/allocsim/trace/rmm"
 )
 
 // Formats lists the names accepted by Options.From besides "auto".
-var Formats = []string{"native", "pytorch", "rmm", "text"}
+var Formats = []string{"native", "pytorch", "rmm", "minimalloc", "text"}
 
 // Options say how to open a trace file.
 type Options struct {
@@ -68,7 +69,7 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	if format == "" || format == "auto" {
 		format = Detect(head)
 		if format == "" {
-			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log nor the text form (first bytes %q)", path, abbreviate(head))
+			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem nor the text form (first bytes %q)", path, abbreviate(head))
 		}
 	}
 	switch format {
@@ -90,6 +91,12 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 			return nil, "", err
 		}
 		return src, format, nil
+	case "minimalloc":
+		src, err := minimalloc.Import(br, path)
+		if err != nil {
+			return nil, "", err
+		}
+		return src, format, nil
 	case "text":
 		h, evs, err := trace.ParseText(path, br)
 		if err != nil {
@@ -101,7 +108,7 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 }
 
 // Detect names the format of a file from its first bytes: "native",
-// "pytorch", "rmm", "text", or "" when none matches.
+// "pytorch", "rmm", "minimalloc", "text", or "" when none matches.
 func Detect(head []byte) string {
 	switch {
 	case bytes.HasPrefix(head, []byte(trace.Magic)):
@@ -110,6 +117,8 @@ func Detect(head []byte) string {
 		return "pytorch"
 	case rmm.Detect(head):
 		return "rmm"
+	case minimalloc.Detect(head):
+		return "minimalloc"
 	case looksLikeText(head):
 		return "text"
 	}
