@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // ErrOutOfMemory is returned by a Device that refuses an allocation and by a
@@ -108,6 +110,17 @@ type FreeSpacer interface {
 type Counter interface {
 	// Retries returns the number of allocation retries so far.
 	Retries() int64
+}
+
+// Planner is implemented by clairvoyant policies, which place mallocs
+// knowing the whole trace (offline): the replay calls Plan with every event
+// of the trace before the first Malloc, and then replays the same events.
+// A replay that streams must read the trace into memory for them.
+type Planner interface {
+	// Plan is given the events of the trace, in order; the slice is the
+	// caller's and must not be modified. It returns an error for a trace
+	// the policy cannot plan.
+	Plan(evs []trace.Event) error
 }
 
 // Settings are a policy's settings by key (the part after "NAME." in

@@ -1,0 +1,338 @@
+package policies
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// OfflineName is the registry name of the Offline policy, whose peak
+// reserved bytes a replay reports as the achievable baseline.
+const OfflineName = "offline"
+
+// Offline is a clairvoyant placement: it sees the whole trace before the
+// replay (it is a Planner), so it knows when each malloc is freed, and
+// solves the static placement problem (dynamic storage allocation: give
+// each block an offset so that blocks live at the same time never overlap,
+// minimizing the highest end) once, before the first malloc. The replay
+// then places each malloc at its planned offset inside one device segment
+// (the arena) of exactly the planned height, allocated at the first malloc
+// of a non-zero size. Its peak reserved bytes are what is achievable with
+// the lifetimes known; peak requested live bytes stay the hard lower bound
+// (the two are equal when the plan packs perfectly).
+//
+// The plan is the best of a portfolio: the classic greedy placements (each
+// block in turn, in an order by size, by lifetime, by area or by the most
+// loaded moment of its lifetime, at the best-fitting gap that the blocks
+// already placed and live at the same time leave; see GreedyBySize), then a
+// branch-and-bound search for a lower height after the canonical search of
+// MiniMalloc (Moffitt, "MiniMalloc: A Lightweight Memory Allocator for
+// Hardware-Accelerated Machine Learning", ASPLOS 2023; google/minimalloc):
+// blocks in non-decreasing offset order, each at the top of the placed
+// blocks it meets, pruned where the blocks left over at some moment cannot
+// fit under the height. The search has a node budget, so the plan is
+// deterministic and needs no time limit; on a large trace (many blocks live
+// at once) it is skipped and the greedy portfolio decides.
+//
+// The replay must give the policy the mallocs and frees of the trace given
+// to Plan, in order (sim.Run does); a malloc that does not match the plan
+// is an error, not an OOM. Streams play no part: a block's offset is fixed,
+// and it is reusable once its free is replayed. A malloc of 0 bytes returns
+// the block {0, 0}. When the device refuses the arena, every malloc before
+// the next successful arena allocation is an OOM.
+//
+// Settings (defaults in brackets):
+//   - alignment [512]: sizes, and so offsets, are rounded up to a multiple
+//     of it (bytes, a power of two up to 2 MiB).
+//   - nodes [200000]: the search's node budget (0: greedy portfolio only).
+type Offline struct {
+	name      string
+	dev       Device
+	alignment uint64
+	orders    []greedyOrder // the greedy orders tried
+	nodes     int64         // search budget
+
+	planned bool
+	mallocs []plannedMalloc // by malloc call, in order
+	next    int             // index of the next malloc call
+	height  uint64          // arena size in bytes
+	stats   PlanStats
+
+	arena     uint64 // arena address, valid when hasArena
+	hasArena  bool
+	live      []uint64          // offsets of live blocks, sorted
+	liveSize  map[uint64]uint64 // offset -> block size
+	liveBytes uint64
+}
+
+// plannedMalloc is one malloc call of the plan.
+type plannedMalloc struct {
+	size   uint64 // requested bytes
+	offset uint64 // offset in the arena of its block
+}
+
+// PlanStats describes an Offline plan.
+type PlanStats struct {
+	// Blocks is the number of mallocs of a non-zero size planned.
+	Blocks int
+	// LowerBound is the peak of live bytes (after rounding): no placement
+	// is lower. Height is the plan's height, the arena size in bytes.
+	LowerBound, Height uint64
+	// Greedy is the height of the best greedy placement and GreedyBy its
+	// order's name; Heights has each greedy order's height by name.
+	Greedy   uint64
+	GreedyBy string
+	Heights  map[string]uint64
+	// Nodes is the number of search nodes used; Searched reports whether
+	// the search ran at all.
+	Nodes    int64
+	Searched bool
+}
+
+var (
+	_ Policy     = (*Offline)(nil)
+	_ Planner    = (*Offline)(nil)
+	_ Releaser   = (*Offline)(nil)
+	_ FreeSpacer = (*Offline)(nil)
+)
+
+func init() {
+	register(OfflineName, func(dev Device, s Settings) (Policy, error) { return NewOffline(dev, s) })
+	register("greedy-by-size", func(dev Device, s Settings) (Policy, error) { return NewGreedyBySize(dev, s) })
+	register("greedy-by-lifetime", func(dev Device, s Settings) (Policy, error) { return NewGreedyByLifetime(dev, s) })
+}
+
+// NewOffline returns the offline policy on dev. It returns an error naming
+// the key for an unknown or malformed setting.
+func NewOffline(dev Device, s Settings) (*Offline, error) {
+	if err := s.Check(OfflineName, "alignment", "nodes"); err != nil {
+		return nil, err
+	}
+	align, err := offlineAlignment(OfflineName, s)
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := s.Uint(OfflineName, "nodes", 200000)
+	if err != nil {
+		return nil, err
+	}
+	if nodes > 1<<40 {
+		return nil, invalidSettingf(OfflineName, s, "nodes", "must be at most 2^40")
+	}
+	return &Offline{name: OfflineName, dev: dev, alignment: align, orders: greedyOrders, nodes: int64(nodes)}, nil
+}
+
+// NewGreedyBySize returns the greedy-by-size policy on dev: a clairvoyant
+// static placement like Offline, but only the classic greedy by size with
+// best-fit offsets (Pisarchyk and Lee, "Efficient Memory Management for Deep
+// Neural Net Inference", 2020; TensorFlow Lite's GreedyBySize): blocks in
+// order of decreasing size (longer lifetime first among equals), each at
+// the smallest gap that fits among the blocks already placed that are live
+// at the same time, else above them all. Its one setting is alignment
+// [512], as for Offline.
+func NewGreedyBySize(dev Device, s Settings) (*Offline, error) {
+	return newGreedy("greedy-by-size", orderBySize, dev, s)
+}
+
+// NewGreedyByLifetime returns the greedy-by-lifetime policy on dev: as
+// greedy-by-size, but blocks in order of decreasing lifetime (in trace
+// events; larger first among equals), the longest-lived at the bottom.
+func NewGreedyByLifetime(dev Device, s Settings) (*Offline, error) {
+	return newGreedy("greedy-by-lifetime", orderByLifetime, dev, s)
+}
+
+func newGreedy(name string, o greedyOrder, dev Device, s Settings) (*Offline, error) {
+	if err := s.Check(name, "alignment"); err != nil {
+		return nil, err
+	}
+	align, err := offlineAlignment(name, s)
+	if err != nil {
+		return nil, err
+	}
+	return &Offline{name: name, dev: dev, alignment: align, orders: []greedyOrder{o}}, nil
+}
+
+func offlineAlignment(name string, s Settings) (uint64, error) {
+	align, err := s.Bytes(name, "alignment", 512)
+	if err != nil {
+		return 0, err
+	}
+	if !isPowerOfTwo(align) || align > deviceGranularity {
+		return 0, invalidSettingf(name, s, "alignment", "must be a power of two from 1 B to 2 MiB")
+	}
+	return align, nil
+}
+
+// Name returns the policy's registry name.
+func (p *Offline) Name() string { return p.name }
+
+// Stats returns the statistics of the plan made by Plan.
+func (p *Offline) Stats() PlanStats { return p.stats }
+
+// Plan places every malloc of the trace evs. It follows the replay's rules
+// for which events reach a policy: a malloc of device memory (any kind but
+// pinned and managed) whose address is not live, its free, and a failed
+// malloc (malloc_failed) of device memory, replayed as a malloc freed at
+// once. A malloc never freed lives to the end of the trace. It returns an
+// error for a request too large to place.
+func (p *Offline) Plan(evs []trace.Event) error {
+	type liveEntry struct {
+		buf    int // index into bufs, -1 for host memory or a size of 0
+		device bool
+	}
+	var bufs []packBuf
+	p.mallocs = p.mallocs[:0]
+	live := map[uint64]liveEntry{}
+	addBuf := func(size uint64, start, end int64) (int, error) {
+		if size > maxRequest {
+			return 0, errRequestTooLarge(p.name, size)
+		}
+		p.mallocs = append(p.mallocs, plannedMalloc{size: size})
+		if size == 0 {
+			return -1, nil
+		}
+		bufs = append(bufs, packBuf{start: start, end: end, size: ceilToMultiple(size, p.alignment), call: len(p.mallocs) - 1})
+		return len(bufs) - 1, nil
+	}
+	n := int64(len(evs))
+	for i, ev := range evs {
+		t := int64(i)
+		switch ev.Op {
+		case trace.OpMalloc:
+			if _, dup := live[ev.Addr]; dup {
+				continue
+			}
+			if ev.Kind == trace.KindPinned || ev.Kind == trace.KindManaged {
+				live[ev.Addr] = liveEntry{buf: -1}
+				continue
+			}
+			b, err := addBuf(ev.Size, t, n)
+			if err != nil {
+				return fmt.Errorf("event %d: %w", i, err)
+			}
+			live[ev.Addr] = liveEntry{buf: b, device: ev.Kind.OnDevice()}
+		case trace.OpMallocFailed:
+			if !ev.Kind.OnDevice() {
+				continue
+			}
+			if _, err := addBuf(ev.Size, t, t+1); err != nil {
+				return fmt.Errorf("event %d: %w", i, err)
+			}
+		case trace.OpFree:
+			e, ok := live[ev.Addr]
+			if !ok {
+				continue
+			}
+			delete(live, ev.Addr)
+			if e.buf >= 0 && e.device {
+				bufs[e.buf].end = t
+			}
+		}
+	}
+	pk := solvePacking(bufs, p.orders, p.nodes)
+	for k, b := range bufs {
+		p.mallocs[b.call].offset = pk.offsets[k]
+	}
+	p.height = pk.height
+	p.stats = pk.stats
+	p.planned = true
+	p.next = 0
+	return nil
+}
+
+// Malloc places the next malloc of the plan, which must be of size bytes,
+// at its planned offset in the arena, allocating the arena first if need
+// be. Stream is ignored. It returns an error wrapping ErrOutOfMemory when
+// the device refuses the arena, and another error when there is no plan
+// or the malloc is not the plan's next.
+func (p *Offline) Malloc(size, stream uint64) (Block, error) {
+	if !p.planned {
+		return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: no plan: the policy must see the whole trace first (Plan)", p.name, size)
+	}
+	k := p.next
+	if k >= len(p.mallocs) || p.mallocs[k].size != size {
+		want := "none"
+		if k < len(p.mallocs) {
+			want = fmt.Sprintf("%d bytes", p.mallocs[k].size)
+		}
+		return Block{}, fmt.Errorf("policy %s: malloc #%d of %d bytes on stream %#x does not follow the plan (expected %s): replay the trace given to Plan", p.name, k, size, stream, want)
+	}
+	p.next++
+	if size == 0 {
+		return Block{}, nil
+	}
+	if !p.hasArena {
+		addr, err := p.dev.Alloc(p.height)
+		if err != nil {
+			return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: arena of %d bytes: %w", p.name, size, p.height, err)
+		}
+		p.arena, p.hasArena = addr, true
+	}
+	off := p.mallocs[k].offset
+	n := ceilToMultiple(size, p.alignment)
+	if p.liveSize == nil {
+		p.liveSize = map[uint64]uint64{}
+	}
+	i, found := slices.BinarySearch(p.live, off)
+	if found {
+		// The plan never overlaps blocks live at the same time; this is
+		// a bug of the plan, caught here rather than by a corrupt replay.
+		return Block{}, fmt.Errorf("policy %s: malloc #%d: offset %d is taken", p.name, k, off)
+	}
+	p.live = slices.Insert(p.live, i, off)
+	p.liveSize[off] = n
+	p.liveBytes += n
+	return Block{Addr: p.arena + off, Size: n}, nil
+}
+
+// Free takes back the block at addr. Stream is ignored. It returns an error
+// if addr is not a live block.
+func (p *Offline) Free(addr, stream uint64) error {
+	if addr == 0 {
+		return nil
+	}
+	if !p.hasArena || addr < p.arena {
+		return fmt.Errorf("policy %s: free of %#x: not a live block", p.name, addr)
+	}
+	off := addr - p.arena
+	n, ok := p.liveSize[off]
+	if !ok {
+		return fmt.Errorf("policy %s: free of %#x: not a live block", p.name, addr)
+	}
+	delete(p.liveSize, off)
+	i, _ := slices.BinarySearch(p.live, off)
+	p.live = slices.Delete(p.live, i, i+1)
+	p.liveBytes -= n
+	return nil
+}
+
+// EmptyCache returns the arena to the device when no block is live; the
+// next malloc allocates it again.
+func (p *Offline) EmptyCache() error {
+	if !p.hasArena || len(p.live) > 0 {
+		return nil
+	}
+	p.hasArena = false
+	if err := p.dev.Free(p.arena); err != nil {
+		return fmt.Errorf("policy %s: %w", p.name, err)
+	}
+	return nil
+}
+
+// FreeSpace returns the free bytes in the arena and the size in bytes of
+// its largest free gap.
+func (p *Offline) FreeSpace() (total, largest uint64) {
+	if !p.hasArena {
+		return 0, 0
+	}
+	var end uint64
+	for _, off := range p.live {
+		if off > end {
+			largest = max(largest, off-end)
+		}
+		end = off + p.liveSize[off]
+	}
+	largest = max(largest, p.height-end)
+	return p.height - p.liveBytes, largest
+}

@@ -1,0 +1,99 @@
+package policies
+
+import (
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/minimalloc"
+)
+
+// miniMallocDir is where the MiniMalloc benchmarks are looked for:
+// $ALLOCSIM_TRACES/minimalloc, else the shared trace collection.
+func miniMallocDir() string {
+	if d := os.Getenv("ALLOCSIM_TRACES"); d != "" {
+		return filepath.Join(d, "minimalloc")
+	}
+	return filepath.Join("..", "..", "shared", "traces", "minimalloc")
+}
+
+// miniMallocEvents reads a MiniMalloc problem as trace events.
+func miniMallocEvents(t testing.TB, path string) []trace.Event {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	bufs, err := minimalloc.Read(f, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return minimalloc.Events(bufs)
+}
+
+// TestMiniMallocBenchmarks plans the eleven challenging MiniMalloc
+// benchmarks A..K with offline and the two greedy baselines: offline must
+// be at least as low as every greedy placement on every benchmark, and
+// within 1.30x of 1048576 bytes, the height MiniMalloc proved feasible.
+func TestMiniMallocBenchmarks(t *testing.T) {
+	paths, _ := filepath.Glob(filepath.Join(miniMallocDir(), "[A-K].1048576.csv"))
+	if len(paths) == 0 {
+		t.Skipf("no MiniMalloc benchmarks in %s (set ALLOCSIM_TRACES to the trace collection)", miniMallocDir())
+	}
+	sort.Strings(paths)
+	const proven = 1048576
+	for _, path := range paths {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			evs := miniMallocEvents(t, path)
+			start := time.Now()
+			var set Settings
+			if n := os.Getenv("OFFLINE_NODES"); n != "" {
+				set = Settings{"nodes": n}
+			}
+			off, err := NewOffline(nil, set)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := off.Plan(evs); err != nil {
+				t.Fatal(err)
+			}
+			elapsed := time.Since(start)
+			st := off.Stats()
+			heights := map[string]uint64{}
+			for _, name := range []string{"greedy-by-size", "greedy-by-lifetime"} {
+				g, err := New(name, nil, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := g.(Planner).Plan(evs); err != nil {
+					t.Fatal(err)
+				}
+				heights[name] = g.(*Offline).Stats().Height
+			}
+			t.Logf("%s: lower bound %d, offline %d (%.3fx of %d; best greedy %s %d = %.3fx; nodes %d, %v), greedy-by-size %.3fx, greedy-by-lifetime %.3fx",
+				filepath.Base(path), st.LowerBound, st.Height, float64(st.Height)/proven, proven, st.GreedyBy, st.Greedy, float64(st.Greedy)/proven,
+				st.Nodes, elapsed.Round(time.Millisecond),
+				float64(heights["greedy-by-size"])/proven, float64(heights["greedy-by-lifetime"])/proven)
+			for name, h := range st.Heights {
+				if st.Height > h {
+					t.Errorf("offline %d > greedy by %s %d", st.Height, name, h)
+				}
+			}
+			for name, h := range heights {
+				if st.Height > h {
+					t.Errorf("offline %d > %s %d", st.Height, name, h)
+				}
+			}
+			if st.Height > proven*13/10 {
+				t.Errorf("offline %d > 1.30 x %d", st.Height, proven)
+			}
+			if st.Height < st.LowerBound {
+				t.Errorf("offline %d < lower bound %d", st.Height, st.LowerBound)
+			}
+		})
+	}
+}
