@@ -28,6 +28,9 @@ type Config struct {
 	// trace's recorded settings, with Settings over them, and the device
 	// the recorded addresses.
 	AsRecorded bool
+	// Check runs the invariant checker (see Checker) after each event: a
+	// violation stops the replay with a *CheckError.
+	Check bool
 }
 
 // liveAlloc is a malloc of the trace that is live in the replay.
@@ -59,6 +62,7 @@ type Replay struct {
 	series seriesBuilder
 	obs    *observing // nil unless cfg.Observer
 	rec    recorded   // replaying as recorded (recorded.go)
+	check  *Checker   // nil unless cfg.Check
 
 	// history is the number of events that rebuild the state before a
 	// truncated trace's history (see truncated.go), 0 if none.
@@ -69,10 +73,19 @@ type Replay struct {
 // returns an error for an unknown policy or a bad setting.
 func NewReplay(cfg Config) (*Replay, error) {
 	dev := NewDevice(cfg.Capacity)
+	var pdev policies.Device = dev
+	var chk *Checker
+	if cfg.Check {
+		chk = NewChecker(dev)
+		pdev = chk.Wrap()
+	}
 	obs := newObserving(cfg.Observer, dev)
-	p, err := policies.New(cfg.Policy, obs.wrap(dev), cfg.Settings)
+	p, err := policies.New(cfg.Policy, obs.wrap(pdev), cfg.Settings)
 	if err != nil {
 		return nil, err
+	}
+	if chk != nil {
+		chk.SetPolicy(p)
 	}
 	r := &Replay{
 		cfg:    cfg,
@@ -81,6 +94,7 @@ func NewReplay(cfg Config) (*Replay, error) {
 		live:   newLiveTable(),
 		series: seriesBuilder{width: 1},
 		obs:    obs,
+		check:  chk,
 	}
 	r.startRecorded()
 	r.res = Result{
@@ -105,6 +119,9 @@ func (r *Replay) Device() *Device { return r.dev }
 func (r *Replay) Step(i int64, ev trace.Event) error {
 	r.res.Events++
 	r.obs.at(i, ev)
+	if r.check != nil {
+		r.check.Begin(i)
+	}
 	switch ev.Op {
 	case trace.OpMalloc:
 		if err := r.malloc(i, ev); err != nil {
@@ -150,6 +167,11 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 			}
 		}
 	}
+	if r.check != nil {
+		if err := r.check.Step(); err != nil {
+			return err
+		}
+	}
 	r.observe(i, ev.Time)
 	if i+1 == r.history {
 		r.historyBegins()
@@ -188,6 +210,11 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 		r.live.put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true})
 		return nil
 	}
+	if r.check != nil {
+		if err := r.check.Malloc(b, ev.Size); err != nil {
+			return err
+		}
+	}
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	r.live.put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind})
@@ -214,6 +241,14 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	r.allocated -= b.Size
+	if r.check != nil {
+		if err := r.check.Malloc(b, ev.Size); err != nil {
+			return err
+		}
+		if err := r.check.Free(b); err != nil {
+			return err
+		}
+	}
 	r.obs.tell(ActionAlloc, b, ev.Size)
 	r.obs.tell(ActionFreeRequested, b, ev.Size)
 	r.obs.tell(ActionFreeCompleted, b, ev.Size)
@@ -270,6 +305,11 @@ func (r *Replay) free(i int64, ev trace.Event) error {
 	if a.failed {
 		// The malloc failed in the replay: nothing to give back.
 		return nil
+	}
+	if r.check != nil {
+		if err := r.check.Free(a.block); err != nil {
+			return err
+		}
 	}
 	if !a.released {
 		r.obs.tell(ActionFreeRequested, a.block, a.requested)
@@ -349,8 +389,12 @@ func (r *Replay) Finish() *Result {
 }
 
 // Run reads src to the end once and replays its events against each of
-// cfgs in turn, returning one result per config in the same order. Errors
-// name the event index; a read error from src is returned as is.
+// cfgs in turn, returning one result per config in the same order. When a
+// config's policy is a policies.Planner, the events are read into memory
+// first and given to its Plan. When the offline policy is among cfgs and
+// placed every malloc, each result's PeakOffline is its peak reserved
+// bytes. Errors name the event index; a read error from src is returned
+// as is.
 func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	reps := make([]*Replay, len(cfgs))
 	for k, c := range cfgs {
@@ -364,6 +408,10 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		}
 		rep.Reconstructed(ReconstructedEvents(src.Header()))
 		reps[k] = rep
+	}
+	src, err := plan(src, reps)
+	if err != nil {
+		return nil, err
 	}
 	for i := int64(0); ; i++ {
 		ev, err := src.Next()
@@ -388,7 +436,48 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	for k, rep := range reps {
 		out[k] = rep.Finish()
 	}
+	for _, r := range out {
+		if r.Policy == policies.OfflineName && r.OOMs == 0 {
+			for _, o := range out {
+				o.PeakOffline = r.PeakReserved
+			}
+			break
+		}
+	}
 	return out, nil
+}
+
+// plan hands the whole trace to the policies that must see it before the
+// replay (policies.Planner, such as offline): it reads src to the end, calls
+// each such policy's Plan and returns a source over the events read. When
+// no policy is a Planner it returns src as is, and the replay streams.
+func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
+	var planners []*Replay
+	for _, rep := range reps {
+		if _, ok := rep.policy.(policies.Planner); ok {
+			planners = append(planners, rep)
+		}
+	}
+	if len(planners) == 0 {
+		return src, nil
+	}
+	var evs []trace.Event
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, ev)
+	}
+	for _, rep := range planners {
+		if err := rep.policy.(policies.Planner).Plan(evs); err != nil {
+			return nil, fmt.Errorf("policy %s: plan: %w", rep.policy.Name(), err)
+		}
+	}
+	return trace.NewSliceSource(src.Header(), evs), nil
 }
 
 // seriesBuilder downsamples a per-event series to at most MaxSeriesPoints

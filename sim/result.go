@@ -26,6 +26,11 @@ type Result struct {
 	PeakAllocated uint64 `json:"peak_allocated_bytes"`
 	// PeakReserved is the peak of bytes held from the device.
 	PeakReserved uint64 `json:"peak_reserved_bytes"`
+	// PeakOffline is the peak reserved bytes of the offline policy (which
+	// places every malloc knowing the whole trace) on the same trace: the
+	// achievable baseline, as PeakRequested is the hard lower bound. It is
+	// 0 when the offline policy was not replayed with this result.
+	PeakOffline uint64 `json:"offline_peak_reserved_bytes,omitempty"`
 	// PeakFragmentation is the largest 1 - allocated/reserved seen at a
 	// series point (0..1).
 	PeakFragmentation float64 `json:"peak_fragmentation"`
