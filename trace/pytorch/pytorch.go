@@ -508,9 +508,12 @@ func (s *source) fill() error {
 	}
 	s.done = true
 	if !d.streamed {
-		_, entries, err := header(d, s.name, Options{Device: s.device})
-		if err != nil {
-			return err
+		entries := d.devList
+		if entries.k == 0 {
+			var err error
+			if _, entries, err = header(d, s.name, Options{Device: s.device}); err != nil {
+				return err
+			}
 		}
 		if err := d.keptEntries(entries); err != nil {
 			return err

@@ -591,6 +591,14 @@ func FuzzImport(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add(snap(alloc(kv{"addr", new(big.Int).Lsh(big.NewInt(1), 64)})))
+	// A cut history, with a final segment, for the reconstruction.
+	f.Add(pickleOf([]kv{
+		{"segments", []any{segDict(0x7f0000000000, 20<<20, "large", [3]any{4 << 20, 1000, "active_allocated"}, [3]any{16 << 20, 0, "inactive"})}},
+		{"device_traces", []any{[]any{entry("free_completed", 0x7f0000400000, 3<<20), entry("segment_free", 0x7f0002000000, 2<<20)}}},
+	}))
+	// The opcodes of protocol 0 and the containers made from a mark.
+	f.Add([]byte("\x80\x02(dp0\nVdevice_traces\np1\n((lp2\nlp3\nsVallocator_settings\n(dVa\nI01\n" +
+		"sVd\n(I1\nI2\ntsVg\n\x8f(K\x01\x90sVl\ng3\nss."))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src, err := Import(bytes.NewReader(data), "f", Options{})
 		if err != nil {

@@ -407,6 +407,7 @@ type decoder struct {
 	// (one in a pickle the decoder follows).
 	entriesList  value
 	entriesLists int
+	devList      value         // the device's trace, once appended to device_traces
 	pickle       *pickleStream // the stream in, for error messages
 	scratch      []byte
 	fields1      entryFields   // the entry being converted
@@ -1236,6 +1237,7 @@ func (d *decoder) appendItems(at int64, op byte, target value, items []value) er
 		for _, v := range items {
 			if c.n == d.device {
 				c.dev = v
+				d.devList = v
 				if d.stopAtTraces {
 					d.stopped = true
 				}

@@ -24,7 +24,8 @@ import (
 // 1, 999, 1000, 1001 and 2001 entries (Python appends in batches of 1000
 // under a MARK, and one item alone without), several devices, one segment
 // and many, one block and two, stack frames, keys in another order,
-// settings whose dicts hold one key with a list, and every protocol.
+// settings whose dicts hold one key with a list, and every protocol (0 and
+// 1 behind a PROTO 2 opcode, as Import wants one).
 const shapesScript = `
 import json, pickle, sys
 out = sys.argv[1]
@@ -116,8 +117,10 @@ for name, lens, frames, reorder, nseg in cases:
     snap = {"segments": segs, "device_traces": traces, "allocator_settings": settings, "external_annotations": [{"a": [1]}]}
     if reorder:
         snap = {"allocator_settings": settings, "external_annotations": [], "segments": segs, "device_traces": traces}
-    for proto in (2, 3, 4, 5):
+    for proto in (0, 1, 2, 3, 4, 5):
         with open("%s/%s_p%d.pickle" % (out, name, proto), "wb") as f:
+            if proto < 2:
+                f.write(b"\x80\x02")  # Import wants a PROTO opcode; the old opcodes follow
             pickle.dump(snap, f, protocol=proto)
         with open("%s/%s_p%d.json" % (out, name, proto), "w") as f:
             json.dump({"devices": want, "settings": want_settings, "segments": len(segs)}, f)
@@ -134,7 +137,7 @@ func TestImportPythonShapes(t *testing.T) {
 		t.Fatalf("python3: %v\n%s", err, msg)
 	}
 	paths, _ := filepath.Glob(filepath.Join(dir, "*.pickle"))
-	if len(paths) < 40 {
+	if len(paths) < 60 {
 		t.Fatalf("%d pickles written", len(paths))
 	}
 	for _, path := range paths {
@@ -291,6 +294,9 @@ func TestPickleOpcodes(t *testing.T) {
 	src, err := Import(bytes.NewReader(data), "old.pickle", Options{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, evs, _ := drain(t, src); len(evs) != 0 {
+		t.Errorf("%d events, want none", len(evs))
 	}
 	got := src.Header().Settings
 	want := map[string]string{
