@@ -28,11 +28,17 @@ const (
 	// ActionOOM: a malloc of Requested bytes failed; Free is the device's
 	// free bytes at that moment (capacity less reserved).
 	ActionOOM
+	// ActionSegmentMap and ActionSegmentUnmap: the policy backed with
+	// memory, or gave back, [Addr, Addr+Size) of a reserved address range
+	// (expandable segments, policies.Mapper).
+	ActionSegmentMap
+	ActionSegmentUnmap
 	numActions
 )
 
 var actionNames = [numActions]string{
 	"invalid", "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
+	"segment_map", "segment_unmap",
 }
 
 // String returns the action's name in a PyTorch snapshot ("alloc",
@@ -60,7 +66,8 @@ type Action struct {
 
 // Observer is told, in order, of every action of the allocator during a
 // replay (Config.Observer): block allocations and frees of device memory
-// with their addresses, device segment allocations and frees, and OOMs.
+// with their addresses, device segment allocations and frees, maps and
+// unmaps of reserved ranges, and OOMs.
 // A malloc's segment actions come before its ActionAlloc; a free's
 // ActionFreeCompleted before the segment frees it causes. Host-side
 // (pinned, managed) allocations and events that could not be replayed
@@ -118,7 +125,8 @@ func (s *observing) wrap(next policies.Device) policies.Device {
 
 // observedDevice is the device a policy sees under an Observer: the calls
 // go through next, and every method of *Device is there, so that the
-// policy's type assertions find the same abilities.
+// policy's type assertions find the same abilities (policies.Capacitor,
+// policies.Mapper).
 type observedDevice struct {
 	*Device
 	next policies.Device
@@ -139,5 +147,33 @@ func (d *observedDevice) Free(addr uint64) error {
 		return err
 	}
 	d.s.tell(ActionSegmentFree, policies.Block{Addr: addr, Size: size}, 0)
+	return nil
+}
+
+// mapper returns the Mapper the calls go through: next when it is one.
+func (d *observedDevice) mapper() policies.Mapper {
+	if m, ok := d.next.(policies.Mapper); ok {
+		return m
+	}
+	return d.Device
+}
+
+func (d *observedDevice) Reserve(size uint64) (uint64, error) { return d.mapper().Reserve(size) }
+
+func (d *observedDevice) Release(addr uint64) error { return d.mapper().Release(addr) }
+
+func (d *observedDevice) Map(addr, size uint64) error {
+	if err := d.mapper().Map(addr, size); err != nil {
+		return err
+	}
+	d.s.tell(ActionSegmentMap, policies.Block{Addr: addr, Size: size}, 0)
+	return nil
+}
+
+func (d *observedDevice) Unmap(addr, size uint64) error {
+	if err := d.mapper().Unmap(addr, size); err != nil {
+		return err
+	}
+	d.s.tell(ActionSegmentUnmap, policies.Block{Addr: addr, Size: size}, 0)
 	return nil
 }

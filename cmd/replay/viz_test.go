@@ -34,10 +34,11 @@ func readOps(t *testing.T, path string) []string {
 	}
 }
 
-// TestSimViz replays two real snapshots against the pytorch policy with
+// TestSimViz replays three real snapshots against the pytorch policy with
 // --viz: the simulated allocator's snapshot holds the same entries as the
 // real one (actions, sizes, streams), the OOM of split_frag_oom under its
-// cap included; and every policy's snapshot is written.
+// cap and the mapped pages of mlp_expandable's expandable segments
+// included; and every policy's snapshot is written.
 func TestSimViz(t *testing.T) {
 	dir := t.TempDir()
 	viz := filepath.Join(dir, "viz")
@@ -46,6 +47,7 @@ func TestSimViz(t *testing.T) {
 	}{
 		{splitFragOOM, "4000MiB"},
 		{"../../testdata/pytorch/multistream.pickle.gz", "0"},
+		{"../../testdata/pytorch/mlp_expandable.pickle.gz", "0"}, // segment_map
 	} {
 		if _, stderr, err := runCmd(t, "sim", "--policy", "pytorch,cuda", "--capacity", tc.capacity, "--viz", viz, "--json", filepath.Join(dir, "r.json"), tc.trace); err != nil {
 			t.Fatalf("%v\n%s", err, stderr)
@@ -71,7 +73,7 @@ func TestSimViz(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ents) != 4 {
-		t.Errorf("%d files in the viz directory, want 4 (no temporary files left)", len(ents))
+	if len(ents) != 6 {
+		t.Errorf("%d files in the viz directory, want 6 (no temporary files left)", len(ents))
 	}
 }

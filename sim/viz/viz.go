@@ -6,11 +6,13 @@
 //
 // A Recorder is a sim.Observer: give it to a replay in sim.Config.Observer
 // and it streams one trace entry per allocator action (alloc,
-// free_requested, free_completed, segment_alloc, segment_free, oom) to its
-// writer, keeping only the live segments and blocks in memory; Close adds
-// the final segments, each tiled by its live blocks and the free space
-// between them (one inactive block per gap), as a snapshot's "segments"
-// list holds them.
+// free_requested, free_completed, segment_alloc, segment_free,
+// segment_map, segment_unmap, oom) to its writer, keeping only the live
+// segments, mapped ranges and blocks in memory; Close adds the final
+// segments, each tiled by its live blocks and the free space between them
+// (one inactive block per gap), as a snapshot's "segments" list holds
+// them. Mapped pages of expandable segments make one segment per run of
+// adjacent mapped bytes of one stream, as PyTorch reports them.
 package viz
 
 import (
@@ -32,9 +34,15 @@ type Recorder struct {
 	w        *pytorch.SnapshotWriter
 	settings map[string]string
 	segs     map[uint64]segment
+	mapped   []span // mapped ranges, by address, adjacent ones of a stream merged
 	blocks   map[uint64]block
 	err      error
 	closed   bool
+}
+
+// span is a run of mapped bytes [start, end) of a reserved range.
+type span struct {
+	start, end, stream uint64
 }
 
 type segment struct {
@@ -107,6 +115,19 @@ func (r *Recorder) Observe(a sim.Action) {
 		}
 		delete(r.blocks, a.Addr)
 		e.Size, e.Stream = b.requested, b.stream
+	case sim.ActionSegmentMap:
+		if err := r.mapRange(a.Addr, a.Size, a.Stream); err != nil {
+			r.fail(a, "%v", err)
+			return
+		}
+		e.Size = a.Size
+	case sim.ActionSegmentUnmap:
+		stream, err := r.unmapRange(a.Addr, a.Size)
+		if err != nil {
+			r.fail(a, "%v", err)
+			return
+		}
+		e.Size, e.Stream = a.Size, stream
 	case sim.ActionOOM:
 		e.Addr, e.DeviceFree = 0, a.Free
 	default:
@@ -116,6 +137,67 @@ func (r *Recorder) Observe(a sim.Action) {
 	if err := r.w.Add(e); err != nil {
 		r.err = err
 	}
+}
+
+// mapRange adds [addr, addr+size) to the mapped ranges.
+func (r *Recorder) mapRange(addr, size, stream uint64) error {
+	end := addr + size
+	if size == 0 || end < addr {
+		return fmt.Errorf("a map of %d bytes at %#x", size, addr)
+	}
+	i := sort.Search(len(r.mapped), func(i int) bool { return r.mapped[i].end > addr })
+	if i < len(r.mapped) && r.mapped[i].start < end {
+		return fmt.Errorf("%#x is mapped already", max(addr, r.mapped[i].start))
+	}
+	r.mapped = append(r.mapped, span{})
+	copy(r.mapped[i+1:], r.mapped[i:])
+	r.mapped[i] = span{addr, end, stream}
+	// Merge with the neighbours of the same stream.
+	if i+1 < len(r.mapped) && r.mapped[i+1].start == end && r.mapped[i+1].stream == stream {
+		r.mapped[i].end = r.mapped[i+1].end
+		r.mapped = append(r.mapped[:i+1], r.mapped[i+2:]...)
+	}
+	if i > 0 && r.mapped[i-1].end == addr && r.mapped[i-1].stream == stream {
+		r.mapped[i-1].end = r.mapped[i].end
+		r.mapped = append(r.mapped[:i], r.mapped[i+1:]...)
+	}
+	return nil
+}
+
+// unmapRange takes [addr, addr+size), which must be mapped, out of the
+// mapped ranges, and returns the stream of the range it starts in.
+func (r *Recorder) unmapRange(addr, size uint64) (uint64, error) {
+	end := addr + size
+	i := sort.Search(len(r.mapped), func(i int) bool { return r.mapped[i].end > addr })
+	// The range must be covered without a gap.
+	pos := addr
+	for j := i; j < len(r.mapped) && pos < end; j++ {
+		if r.mapped[j].start > pos {
+			break
+		}
+		pos = r.mapped[j].end
+	}
+	if size == 0 || pos < end {
+		return 0, fmt.Errorf("[%#x, %#x) is not mapped", addr, end)
+	}
+	stream := r.mapped[i].stream
+	var out []span
+	out = append(out, r.mapped[:i]...)
+	for j := i; j < len(r.mapped); j++ {
+		sp := r.mapped[j]
+		if sp.start >= end {
+			out = append(out, r.mapped[j:]...)
+			break
+		}
+		if sp.start < addr {
+			out = append(out, span{sp.start, addr, sp.stream})
+		}
+		if sp.end > end {
+			out = append(out, span{end, sp.end, sp.stream})
+		}
+	}
+	r.mapped = out
+	return stream, nil
 }
 
 func (r *Recorder) fail(a sim.Action, format string, args ...any) {
@@ -151,24 +233,32 @@ func (r *Recorder) Close() error {
 func (r *Recorder) Segments() ([]pytorch.Segment, error) { return r.segments() }
 
 func (r *Recorder) segments() ([]pytorch.Segment, error) {
-	saddrs := make([]uint64, 0, len(r.segs))
-	for a := range r.segs {
-		saddrs = append(saddrs, a)
+	// Segments and runs of mapped bytes, by address.
+	type piece struct {
+		addr, size, stream uint64
+		expandable         bool
 	}
-	sort.Slice(saddrs, func(i, j int) bool { return saddrs[i] < saddrs[j] })
+	pieces := make([]piece, 0, len(r.segs)+len(r.mapped))
+	for a, s := range r.segs {
+		pieces = append(pieces, piece{a, s.size, s.stream, false})
+	}
+	for _, sp := range r.mapped {
+		pieces = append(pieces, piece{sp.start, sp.end - sp.start, sp.stream, true})
+	}
+	sort.Slice(pieces, func(i, j int) bool { return pieces[i].addr < pieces[j].addr })
 	baddrs := make([]uint64, 0, len(r.blocks))
 	for a := range r.blocks {
 		baddrs = append(baddrs, a)
 	}
 	sort.Slice(baddrs, func(i, j int) bool { return baddrs[i] < baddrs[j] })
 
-	out := make([]pytorch.Segment, 0, len(saddrs))
+	out := make([]pytorch.Segment, 0, len(pieces))
 	k := 0
-	for _, sa := range saddrs {
-		s := r.segs[sa]
-		end := sa + s.size
-		seg := pytorch.Segment{Address: sa, TotalSize: s.size, Stream: s.stream, SegmentType: "large"}
-		if s.size <= smallSegment {
+	for _, pc := range pieces {
+		sa := pc.addr
+		end := sa + pc.size
+		seg := pytorch.Segment{Address: sa, TotalSize: pc.size, Stream: pc.stream, SegmentType: "large", IsExpandable: pc.expandable}
+		if pc.size <= smallSegment {
 			seg.SegmentType = "small"
 		}
 		if k < len(baddrs) && baddrs[k] < sa {
@@ -185,7 +275,7 @@ func (r *Recorder) segments() ([]pytorch.Segment, error) {
 				return nil, fmt.Errorf("viz: block %#x overlaps the block before it", ba)
 			}
 			if ba+b.size > end {
-				return nil, fmt.Errorf("viz: block %#x of %d bytes runs past the end of segment %#x of %d bytes", ba, b.size, sa, s.size)
+				return nil, fmt.Errorf("viz: block %#x of %d bytes runs past the end of segment %#x of %d bytes", ba, b.size, sa, pc.size)
 			}
 			if ba > at {
 				seg.Blocks = append(seg.Blocks, pytorch.Block{Size: ba - at, State: pytorch.StateInactive})

@@ -93,9 +93,9 @@ free id=1 t=4000
 	}
 }
 
-// TestRecordReal records the small real traces on every policy and checks
-// that each snapshot holds together as memory_viz walks it, and that
-// replaying it again gives the same figures.
+// TestRecordReal records the small real traces on every policy, as
+// recorded and not, and checks that each snapshot holds together as
+// memory_viz walks it, and that replaying it again gives the same figures.
 func TestRecordReal(t *testing.T) {
 	paths, _ := filepath.Glob("../../testdata/pytorch/*.pickle.gz")
 	if len(paths) == 0 {
@@ -112,6 +112,12 @@ func TestRecordReal(t *testing.T) {
 		}
 		for _, name := range policies.Names() {
 			t.Run(filepath.Base(path)+"/"+name, func(t *testing.T) {
+				// As recorded: the pytorch policy maps expandable
+				// segments where the recording did.
+				_, snap, _ := record(t, importSnapshot(t, orig, path), sim.Config{Policy: name, AsRecorded: true})
+				if err := snap.walkBack(); err != nil {
+					t.Fatalf("as recorded: %v", err)
+				}
 				r1, snap, data := record(t, importSnapshot(t, orig, path), sim.Config{Policy: name})
 				if err := snap.walkBack(); err != nil {
 					t.Fatal(err)
@@ -237,6 +243,7 @@ type entry struct {
 var actionOf = map[trace.Op]string{
 	trace.OpMalloc: "alloc", trace.OpFreeRequested: "free_requested", trace.OpFree: "free_completed",
 	trace.OpMallocFailed: "oom", trace.OpSegmentAlloc: "segment_alloc", trace.OpSegmentFree: "segment_free",
+	trace.OpSegmentMap: "segment_map", trace.OpSegmentUnmap: "segment_unmap",
 }
 
 func decode(t *testing.T, data []byte, segs []pytorch.Segment) snapshot {
@@ -265,9 +272,14 @@ func decode(t *testing.T, data []byte, segs []pytorch.Segment) snapshot {
 // point, and every segment it takes away must be live.
 func (s snapshot) walkBack() error {
 	segs := map[uint64]uint64{}
+	mapped := map[uint64]uint64{} // start -> end
 	blocks := map[uint64]uint64{}
 	for _, sg := range s.segments {
-		segs[sg.Address] = sg.TotalSize
+		if sg.IsExpandable {
+			mapped[sg.Address] = sg.Address + sg.TotalSize
+		} else {
+			segs[sg.Address] = sg.TotalSize
+		}
 		at := sg.Address
 		for _, b := range sg.Blocks {
 			if b.State != pytorch.StateInactive {
@@ -282,6 +294,11 @@ func (s snapshot) walkBack() error {
 	inside := func(addr uint64) bool {
 		for a, n := range segs {
 			if addr >= a && addr < a+n {
+				return true
+			}
+		}
+		for a, end := range mapped {
+			if addr >= a && addr < end {
 				return true
 			}
 		}
@@ -312,10 +329,36 @@ func (s snapshot) walkBack() error {
 				}
 			}
 			delete(segs, e.addr)
+		case "segment_unmap":
+			mapped[e.addr] = e.addr + e.size
+		case "segment_map":
+			// Take [addr, addr+size) out of the mapped ranges, which
+			// must hold it, with no block in it.
+			end, covered := e.addr+e.size, uint64(0)
+			for a, b := range mapped {
+				if a < end && e.addr < b {
+					delete(mapped, a)
+					covered += min(b, end) - max(a, e.addr)
+					if a < e.addr {
+						mapped[a] = e.addr
+					}
+					if end < b {
+						mapped[end] = b
+					}
+				}
+			}
+			if covered != e.size {
+				return fmt.Errorf("entry %d: segment_map of [%#x, %#x), not all mapped after it", i, e.addr, end)
+			}
+			for b := range blocks {
+				if b >= e.addr && b < end {
+					return fmt.Errorf("entry %d: range %#x unmapped under block %#x", i, e.addr, b)
+				}
+			}
 		}
 	}
-	if len(segs) != 0 || len(blocks) != 0 {
-		return fmt.Errorf("before the first entry: %d segments and %d blocks live", len(segs), len(blocks))
+	if len(segs) != 0 || len(mapped) != 0 || len(blocks) != 0 {
+		return fmt.Errorf("before the first entry: %d segments, %d mapped ranges and %d blocks live", len(segs), len(mapped), len(blocks))
 	}
 	return nil
 }

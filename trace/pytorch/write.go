@@ -30,14 +30,16 @@ type TraceEntry struct {
 
 // Segment is one segment of a snapshot's final allocator state: a device
 // allocation of TotalSize bytes at Address, made on Stream, whose Blocks
-// tile it from its first byte to its last in address order.
+// tile it from its first byte to its last in address order. An expandable
+// segment (IsExpandable) is a run of mapped pages of a reserved range.
 type Segment struct {
-	Device      int
-	Address     uint64
-	TotalSize   uint64
-	Stream      uint64
-	SegmentType string // "small" or "large"
-	Blocks      []Block
+	Device       int
+	Address      uint64
+	TotalSize    uint64
+	Stream       uint64
+	SegmentType  string // "small" or "large"
+	IsExpandable bool
+	Blocks       []Block
 }
 
 // Block is a block of a Segment: Size bytes, of which RequestedSize were
@@ -244,7 +246,11 @@ func writeSegment(p *pickler, seg Segment) error {
 	p.str("segment_type")
 	p.str(segType)
 	p.str("is_expandable")
-	p.op(opNewFalse)
+	if seg.IsExpandable {
+		p.op(opNewTrue)
+	} else {
+		p.op(opNewFalse)
+	}
 	p.str("frames")
 	p.op(opEmptyList)
 	p.str("blocks")
@@ -289,6 +295,7 @@ const (
 	opSetItem         = 's'
 	opSetItems        = 'u'
 	opProto           = 0x80
+	opNewTrue         = 0x88
 	opNewFalse        = 0x89
 	opLong1           = 0x8a
 	opShortBinUnicode = 0x8c
