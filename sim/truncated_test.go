@@ -57,6 +57,14 @@ func TestTruncatedSnapshot(t *testing.T) {
 	}{
 		{name: "pytorch/train_gpt", cuts: []float64{0.25, 0.5, 0.77}},
 		{name: "pytorch/kv_decode", big: true, cuts: []float64{0.3, 0.9}},
+		{name: "pytorch/multistream", cuts: []float64{0.2, 0.5, 0.8}},
+		{name: "pytorch/infer_dynbatch", cuts: []float64{0.2, 0.5, 0.8}},
+		{name: "pytorch_cases/token_lengths", cuts: []float64{0.3, 0.6}},
+		// Not hf_llama_train: at its cuts a block that the trace frees,
+		// followed by a free range, had taken a remainder of 1 MiB that
+		// the allocator did not split off, which nothing in the snapshot
+		// records (reconstruct.go); the rebuilt state then has 1 MiB more
+		// free, and the replays part.
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.big && testing.Short() {

@@ -47,6 +47,15 @@ import (
 // the remainder the allocator did not split off), which is what places
 // them, so their requested bytes count a little high; a free range's
 // malloc has the address of its first byte, which no live block has.
+//
+// What the snapshot cannot say: a block the trace frees is known by its
+// requested size only. Rounded up, and with a remainder the allocator does
+// not split off (under 512 bytes in the small pool, up to 1 MiB in the
+// large) when the next block follows closely, it is its block size; but
+// when a free range follows, the block may have taken up to 1 MiB of it
+// when it was allocated (before the range was freed), and is rebuilt
+// without (so on hf_llama_train a cut can start with 1 MiB more free than
+// the source had).
 // Segments of expandable_segments are not laid out: their blocks are
 // plain mallocs.
 
