@@ -57,6 +57,7 @@ type Checker struct {
 	segments ordMap[uint64]    // live segments: address -> size in bytes
 	reserved uint64            // bytes in segments
 	live     uint64            // bytes in live blocks
+	mapped   map[uint64]bool   // segments that are runs of mapped pages (check_map.go)
 	err      *CheckError
 }
 

@@ -2,12 +2,15 @@ package sim_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/pytorch"
 )
 
 // recording is a hand-written PyTorch recording under a 48 MiB cap, with
@@ -162,5 +165,28 @@ free id=4
 		r.PeakAllocated != 2048 || r.Anomalies != 0 {
 		t.Errorf("pinned %d, managed %d, mallocs %d, frees %d, device allocs %d, peak allocated %d, anomalies %d",
 			r.PeakPinned, r.PeakManaged, r.Mallocs, r.Frees, r.DeviceAllocs, r.PeakAllocated, r.Anomalies)
+	}
+}
+
+// TestPyTorchSnapshotsChecked replays the small snapshots (testdata) as
+// recorded under the invariant checker, expandable segments included: runs
+// of mapped pages count as segments.
+func TestPyTorchSnapshotsChecked(t *testing.T) {
+	snaps, _ := filepath.Glob(filepath.Join("..", "testdata", "pytorch", "*.pickle.gz"))
+	for _, snap := range snaps {
+		t.Run(filepath.Base(snap), func(t *testing.T) {
+			f, err := os.Open(snap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			src, err := pytorch.Import(f, snap, pytorch.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sim.Run(src, sim.Config{Policy: "pytorch", AsRecorded: true, Check: true}); err != nil {
+				t.Error(err)
+			}
+		})
 	}
 }
