@@ -93,6 +93,13 @@ func TestSweep(t *testing.T) {
 			got = r
 		}
 	}
+	if got != nil && want.SimAllocTimeNS == 0 && want.Latency == nil {
+		// replay sim leaves the cost to the engine, which leaves it
+		// empty; the sweep fills it (TestSweepCost).
+		g := *got
+		g.SimAllocTimeNS, g.Latency = 0, nil
+		got = &g
+	}
 	if got == nil || !reflect.DeepEqual(*got, want) {
 		t.Errorf("sweep cell %+v\nwant (replay sim) %+v", got, want)
 	}
@@ -257,5 +264,29 @@ func TestSplitList(t *testing.T) {
 	got := splitList(" a, [1,2],b ,, {x,y}")
 	if want := []string{"a", "[1,2]", "b", "{x,y}"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("%q, want %q", got, want)
+	}
+}
+
+// TestSweepCost checks the simulated allocator time and latency summary a
+// sweep gives each cell against those of replay gpu --sim-only, which
+// charges the engine's own device to the same cost model.
+func TestSweepCost(t *testing.T) {
+	dir := t.TempDir()
+	out, gpuJSON := filepath.Join(dir, "sweep"), filepath.Join(dir, "gpu.json")
+	if _, _, err := runCmd(t, "sweep", "--traces", tokenLengths, "--policy", "cuda,best-fit", "--progress", "none", "-o", out); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCmd(t, "gpu", "--sim-only", "--policy", "cuda,best-fit", "--json", gpuJSON, tokenLengths); err != nil {
+		t.Fatal(err)
+	}
+	got, want := readResults(t, filepath.Join(out, "results.json")), readResults(t, gpuJSON)
+	if len(got) != 2 || len(want) != 2 {
+		t.Fatalf("%d and %d results", len(got), len(want))
+	}
+	for i := range got {
+		if got[i].SimAllocTimeNS == 0 || got[i].SimAllocTimeNS != want[i].SimAllocTimeNS || !reflect.DeepEqual(got[i].Latency, want[i].Latency) {
+			t.Errorf("%s: %d ns, %d latency rows; replay gpu --sim-only: %d ns, %d rows",
+				got[i].Policy, got[i].SimAllocTimeNS, len(got[i].Latency), want[i].SimAllocTimeNS, len(want[i].Latency))
+		}
 	}
 }
