@@ -4,10 +4,13 @@
 // policy against the lower bound, and device calls per policy.
 //
 // Each chart has a builder that returns a *plot.Plot (Memory,
-// Fragmentation, Peaks, Calls), so that callers may restyle it or render it
-// elsewhere; Render writes a plot as PNG or SVG at slide size, and WriteAll
-// groups results by trace and writes every chart of every trace, each file
-// atomically.
+// Fragmentation, Peaks, Calls; LatencyCDF, Overview of every policy on
+// every trace, Fit of the smallest capacities), so that callers may
+// restyle it or render it elsewhere; Render writes a plot as PNG or SVG at
+// slide size, and WriteAll groups results by trace and writes every chart
+// of every trace, each file atomically. A Report puts the charts, with the
+// tables of a design review, on one self-contained HTML page
+// (WriteReport).
 //
 // Byte figures are drawn in MiB or GiB, chosen from the largest value drawn
 // (ChooseUnit); policies keep the same colour in every chart of a trace,
