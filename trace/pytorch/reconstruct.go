@@ -48,23 +48,26 @@ import (
 // them, so their requested bytes count a little high; a free range's
 // malloc has the address of its first byte, which no live block has.
 //
-// What the snapshot cannot say: a block the trace frees is known by its
-// requested size only. Rounded up, and with a remainder the allocator does
-// not split off (under 512 bytes in the small pool, up to 1 MiB in the
-// large) when the next block follows closely, it is its block size; but
-// when a free range follows, the block may have taken up to 1 MiB of it
-// when it was allocated (before the range was freed), and is rebuilt
-// without (so on hf_llama_train a cut can start with 1 MiB more free than
-// the source had).
+// A block the trace frees is known by its requested size only. Rounded
+// up, with a remainder the allocator does not split off (under 512 bytes
+// in the small pool, up to 1 MiB in the large) when the next block
+// follows closely, it is its block size. When a free range follows, the
+// block may have taken up to 1 MiB of it when it was allocated (the range
+// was freed later): blocks are split from their start, so the first malloc
+// into the range while the block was live took the range's start, and the
+// lowest address the trace touches there before it frees the block is
+// where the block ended. With no such malloc the block is taken to have
+// no remainder, which the snapshot cannot contradict.
 // Segments of expandable_segments are not laid out: their blocks are
 // plain mallocs.
 
 // history follows a device trace in order and keeps what must have existed
 // before its first entry.
 type history struct {
-	// blocks holds the state of every block address the trace touches:
-	// allocated, free requested or freed.
-	blocks  map[uint64]blockSeen
+	// blocks holds the state of every block address the trace touches
+	// (allocated, free requested or freed) and the event that touched it
+	// first.
+	blocks  map[uint64]addrSeen
 	pre     map[uint64]preBlock
 	segs    map[uint64]bool // every segment address the trace touches: true while live
 	preSegs map[uint64]preSegment
@@ -72,9 +75,16 @@ type history struct {
 	t0      int64
 	started bool
 	first   trace.Event // the first event
+	n       uint32      // events so far
+	sorted  []uint64    // the addresses in blocks, sorted, once needed
 }
 
 type blockSeen uint8
+
+type addrSeen struct {
+	state blockSeen
+	first uint32 // index of the event that touched the address first
+}
 
 const (
 	seenFreed blockSeen = iota
@@ -87,13 +97,14 @@ const (
 type preBlock struct {
 	size, stream uint64
 	pending      bool
+	first        uint32 // the event that frees it (its first)
 }
 
 type preSegment struct{ size, stream uint64 }
 
 func newHistory() *history {
 	return &history{
-		blocks:  map[uint64]blockSeen{},
+		blocks:  map[uint64]addrSeen{},
 		pre:     map[uint64]preBlock{},
 		segs:    map[uint64]bool{},
 		preSegs: map[uint64]preSegment{},
@@ -106,25 +117,34 @@ func (h *history) observe(ev *trace.Event) {
 		h.started, h.t0, h.first = true, ev.Time, *ev
 	}
 	a := ev.Addr
+	i := h.n
+	h.n++
 	switch ev.Op {
 	case trace.OpMalloc:
-		h.blocks[a] = seenAllocated
+		s, ok := h.blocks[a]
+		if !ok {
+			s.first = i
+		}
+		s.state = seenAllocated
+		h.blocks[a] = s
 	case trace.OpFreeRequested:
 		if s, ok := h.blocks[a]; ok {
-			if s == seenAllocated {
-				h.blocks[a] = seenFreeRequested
+			if s.state == seenAllocated {
+				s.state = seenFreeRequested
+				h.blocks[a] = s
 			}
 			return
 		}
-		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream}
-		h.blocks[a] = seenFreeRequested
+		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, first: i}
+		h.blocks[a] = addrSeen{seenFreeRequested, i}
 	case trace.OpFree:
-		if _, ok := h.blocks[a]; ok {
-			h.blocks[a] = seenFreed
+		if s, ok := h.blocks[a]; ok {
+			s.state = seenFreed
+			h.blocks[a] = s
 			return
 		}
-		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, pending: true}
-		h.blocks[a] = seenFreed
+		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, pending: true, first: i}
+		h.blocks[a] = addrSeen{seenFreed, i}
 	case trace.OpSegmentAlloc:
 		h.segs[a] = true
 	case trace.OpSegmentFree:
@@ -147,6 +167,7 @@ type startBlock struct {
 	requested uint64
 	stream    uint64
 	pending   bool
+	freedAt   uint32 // for a block known from the trace only: the event that frees it
 }
 
 // startSegment is a segment that existed when the history began.
@@ -174,7 +195,7 @@ func reconstruct(h *history, final []snapSegment, device int) []trace.Event {
 		segs = append(segs, startSegment{addr: addr, size: s.size, stream: s.stream, small: s.size <= smallBuffer})
 	}
 	for addr, b := range h.pre {
-		blocks = append(blocks, startBlock{addr: addr, requested: b.size, stream: b.stream, pending: b.pending})
+		blocks = append(blocks, startBlock{addr: addr, requested: b.size, stream: b.stream, pending: b.pending, freedAt: b.first})
 	}
 	for _, s := range final {
 		if s.bad != "" || (s.device >= 0 && s.device != int64(device)) {
@@ -215,7 +236,7 @@ func reconstruct(h *history, final []snapSegment, device int) []trace.Event {
 		segs[i].blocks = append(segs[i].blocks, b)
 	}
 
-	l := layout{t: h.t0}
+	l := layout{t: h.t0, h: h}
 	l.add(trace.Event{Op: trace.OpMarker}) // its label once the count is known
 	for k := range segs {
 		orphans = l.segment(&segs[k], orphans)
@@ -248,8 +269,27 @@ func (h *history) freedFirst(addr uint64) bool {
 	return h.first.Op == trace.OpFree && h.first.Addr == addr
 }
 
+// touchedBefore returns the lowest block address in [lo, hi] that the
+// trace touched before event i.
+func (h *history) touchedBefore(lo, hi uint64, i uint32) (uint64, bool) {
+	if h.sorted == nil {
+		h.sorted = make([]uint64, 0, len(h.blocks))
+		for a := range h.blocks {
+			h.sorted = append(h.sorted, a)
+		}
+		sort.Slice(h.sorted, func(i, j int) bool { return h.sorted[i] < h.sorted[j] })
+	}
+	for k := sort.Search(len(h.sorted), func(k int) bool { return h.sorted[k] >= lo }); k < len(h.sorted) && h.sorted[k] <= hi; k++ {
+		if h.blocks[h.sorted[k]].first < i {
+			return h.sorted[k], true
+		}
+	}
+	return 0, false
+}
+
 // layout writes the events that lay segments out.
 type layout struct {
+	h       *history
 	t       int64
 	evs     []trace.Event
 	fillers []startBlock // mallocs of free ranges, freed at the end
@@ -289,8 +329,19 @@ func (l *layout) segment(s *startSegment, orphans []startBlock) []startBlock {
 			// remainder too small to have been split off.
 			size = max((b.requested+minBlockSize-1)/minBlockSize*minBlockSize, minBlockSize)
 			if b.addr+size <= next {
-				if gap := next - b.addr - size; (s.small && gap < minBlockSize) || (!s.small && gap <= smallSize) {
+				gap := next - b.addr - size
+				switch {
+				case (s.small && gap < minBlockSize) || (!s.small && gap <= smallSize):
 					size += gap
+				case !s.small:
+					// A free range follows, which the block may have
+					// taken up to 1 MiB of. The first malloc into the
+					// range while the block was live took the range's
+					// start: the lowest address the trace touched
+					// there before it freed the block.
+					if a, ok := l.h.touchedBefore(b.addr+size, b.addr+size+smallSize, b.freedAt); ok {
+						size = a - b.addr
+					}
 				}
 			}
 		}

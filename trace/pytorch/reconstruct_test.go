@@ -85,6 +85,29 @@ func TestReconstruct(t *testing.T) {
 			),
 		},
 		{
+			name: "remainder",
+			// A 4 MiB block (requested 4 MiB) freed by the trace, after
+			// which the trace mallocs 256 KiB further on: the block had
+			// taken those 256 KiB, which the allocator did not split off.
+			segments: []any{segDict(S, 20*M, "large", [3]any{20 * M, 0, "inactive"})},
+			entries: []any{
+				entry("alloc", S+4*M+M/4, 3*M/2),
+				entry("free_requested", S+4*M+M/4, 3*M/2),
+				entry("free_completed", S+4*M+M/4, 3*M/2),
+				entry("free_requested", S, 4*M),
+				entry("free_completed", S, 4*M),
+			},
+			prefix: at(
+				trace.Event{Op: trace.OpMarker, Label: "reconstructed 7"},
+				trace.Event{Op: trace.OpSegmentAlloc, Addr: S, Size: 20 * M},
+				trace.Event{Op: trace.OpMalloc, Addr: S, Size: 20 * M},
+				trace.Event{Op: trace.OpFree, Addr: S},
+				trace.Event{Op: trace.OpMalloc, Addr: S, Size: 4*M + M/4},
+				trace.Event{Op: trace.OpMalloc, Addr: S + 4*M + M/4, Size: 16*M - M/4},
+				trace.Event{Op: trace.OpFree, Addr: S + 4*M + M/4},
+			),
+		},
+		{
 			name: "small segment freed, orphan",
 			// A small segment that the trace frees (so not in the final
 			// segments), with two blocks the trace frees: 1 KiB at 512,
