@@ -31,6 +31,16 @@ type Config struct {
 	// Check runs the invariant checker (see Checker) after each event: a
 	// violation stops the replay with a *CheckError.
 	Check bool
+	// CostModel charges the device's calls to a cost model of the GPU's
+	// call latencies; nil means the embedded H200 model.
+	CostModel *CostModel
+	// Strict stops Run at the trace's first semantic problem (see
+	// trace.Validator) with an error, instead of counting it and going on.
+	Strict bool
+	// PeakRequestedHint is the trace's peak of live requested bytes when
+	// known before the replay; Run computes it for policies that size
+	// themselves from it (policies.Hinter).
+	PeakRequestedHint uint64
 }
 
 // liveAlloc is a malloc of the trace that is live in the replay.
@@ -79,10 +89,23 @@ func NewReplay(cfg Config) (*Replay, error) {
 		chk = NewChecker(dev)
 		pdev = chk.Wrap()
 	}
+	if cfg.CostModel != nil {
+		dev.SetCostModel(cfg.CostModel)
+	}
 	obs := newObserving(cfg.Observer, dev)
 	p, err := policies.New(cfg.Policy, obs.wrap(pdev), cfg.Settings)
+	var buildErr string
+	if errors.Is(err, policies.ErrOutOfMemory) {
+		// A policy that takes memory up front (a preallocated pool) and
+		// finds no room: every malloc of the replay is an OOM.
+		buildErr = err.Error()
+		p, err = unbuilt{name: cfg.Policy}, nil
+	}
 	if err != nil {
 		return nil, err
+	}
+	if h, ok := p.(policies.Hinter); ok && cfg.PeakRequestedHint > 0 {
+		h.Hint(cfg.PeakRequestedHint)
 	}
 	if chk != nil {
 		chk.SetPolicy(p)
@@ -103,8 +126,23 @@ func NewReplay(cfg Config) (*Replay, error) {
 		Settings:      cfg.Settings,
 		Capacity:      cfg.Capacity,
 		FirstOOMEvent: -1,
+		BuildError:    buildErr,
 	}
 	return r, nil
+}
+
+// unbuilt stands for a policy whose construction the device refused: it
+// fails every malloc with an OOM.
+type unbuilt struct{ name string }
+
+func (u unbuilt) Name() string { return u.name }
+
+func (u unbuilt) Malloc(size, stream uint64) (policies.Block, error) {
+	return policies.Block{}, fmt.Errorf("policy %s could not be built: %w", u.name, policies.ErrOutOfMemory)
+}
+
+func (u unbuilt) Free(addr, stream uint64) error {
+	return fmt.Errorf("policy %s could not be built: no block at %#x", u.name, addr)
 }
 
 // Policy returns the policy being replayed.
@@ -140,6 +178,12 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 		r.rec.requested(i, ev.Addr)
 	case trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap:
 		r.followed(ev)
+	case trace.OpMarker:
+		if m, ok := r.policy.(policies.Marker); ok {
+			if err := m.Mark(ev.Label); err != nil {
+				return fmt.Errorf("event %d: marker %q: %w", i, ev.Label, err)
+			}
+		}
 	case trace.OpStreamSync:
 		if s, ok := r.policy.(policies.Syncer); ok {
 			s.StreamSync(ev.Stream)
@@ -382,6 +426,7 @@ func (r *Replay) Finish() *Result {
 	}
 	res.DeviceAllocs = r.dev.Allocs()
 	res.DeviceFrees = r.dev.Frees()
+	r.dev.FillCost(&res)
 	if c, ok := r.policy.(policies.Counter); ok {
 		res.AllocRetries = c.Retries()
 	}
@@ -396,7 +441,12 @@ func (r *Replay) Finish() *Result {
 // bytes. Errors name the event index; a read error from src is returned
 // as is.
 func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
+	src, cfgs, err := hint(src, cfgs)
+	if err != nil {
+		return nil, err
+	}
 	reps := make([]*Replay, len(cfgs))
+	strict := false
 	for k, c := range cfgs {
 		c, err := c.withRecorded(src.Header())
 		if err != nil {
@@ -408,11 +458,16 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		}
 		rep.Reconstructed(ReconstructedEvents(src.Header()))
 		reps[k] = rep
+		strict = strict || c.Strict
 	}
-	src, err := plan(src, reps)
+	src, err = plan(src, reps)
 	if err != nil {
 		return nil, err
 	}
+	// The trace's semantic problems are counted once, for all policies.
+	v := trace.NewValidator()
+	var anomalies int64
+	var first string
 	for i := int64(0); ; i++ {
 		ev, err := src.Next()
 		if err == io.EOF {
@@ -420,6 +475,15 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		}
 		if err != nil {
 			return nil, err
+		}
+		if verr := v.Check(i, ev); verr != nil {
+			if strict {
+				return nil, fmt.Errorf("%w (--strict)", verr)
+			}
+			anomalies++
+			if first == "" {
+				first = verr.Error()
+			}
 		}
 		for _, rep := range reps {
 			if err := rep.Step(i, ev); err != nil {
@@ -435,6 +499,7 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	out := make([]*Result, len(reps))
 	for k, rep := range reps {
 		out[k] = rep.Finish()
+		out[k].Anomalies, out[k].FirstAnomaly = anomalies, first
 	}
 	for _, r := range out {
 		if r.Policy == policies.OfflineName && r.OOMs == 0 {
@@ -445,6 +510,88 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		}
 	}
 	return out, nil
+}
+
+// Reopener is implemented by sources that can start over from their first
+// event, such as a trace file opened again; Run uses it for a first pass
+// when a policy needs a figure of the whole trace.
+type Reopener interface {
+	Reopen() (trace.Source, error)
+}
+
+// hint gives the configs whose policy is a policies.Hinter the trace's peak
+// of live requested bytes, from a first pass over src: read again through
+// Reopener when src has it, else from the events held in memory. It returns
+// the source to replay from.
+func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
+	need := false
+	for _, c := range cfgs {
+		if c.PeakRequestedHint == 0 && isHinter(c.Policy) {
+			need = true
+		}
+	}
+	if !need {
+		return src, cfgs, nil
+	}
+	var evs []trace.Event
+	pass := src
+	ro, reopen := src.(Reopener)
+	var peak, live uint64
+	sizes := map[uint64]uint64{}
+	for {
+		ev, err := pass.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		if !reopen {
+			evs = append(evs, ev)
+		}
+		switch ev.Op {
+		case trace.OpMalloc:
+			if ev.Kind.OnDevice() {
+				if _, dup := sizes[ev.Addr]; !dup {
+					sizes[ev.Addr] = ev.Size
+					live += ev.Size
+					peak = max(peak, live)
+				}
+			}
+		case trace.OpFreeRequested, trace.OpFree:
+			if n, ok := sizes[ev.Addr]; ok {
+				delete(sizes, ev.Addr)
+				live -= n
+			}
+		}
+	}
+	if reopen {
+		again, err := ro.Reopen()
+		if err != nil {
+			return nil, nil, err
+		}
+		src = again
+	} else {
+		src = trace.NewSliceSource(src.Header(), evs)
+	}
+	out := make([]Config, len(cfgs))
+	for k, c := range cfgs {
+		if c.PeakRequestedHint == 0 {
+			c.PeakRequestedHint = peak
+		}
+		out[k] = c
+	}
+	return src, out, nil
+}
+
+// isHinter reports whether the policy called name is a policies.Hinter.
+func isHinter(name string) bool {
+	p, err := policies.New(name, NewDevice(0), nil)
+	if err != nil {
+		return false
+	}
+	_, ok := p.(policies.Hinter)
+	return ok
 }
 
 // plan hands the whole trace to the policies that must see it before the

@@ -47,7 +47,7 @@ func TestReplayEngine(t *testing.T) {
 	check("first oom size", r.FirstOOMSize, uint64(1))
 	check("source ooms", r.SourceOOMs, int64(2))
 	check("anomalies", r.Anomalies, int64(1))
-	check("first anomaly", r.FirstAnomaly, "event 7: free of 0x9, which is not live")
+	check("first anomaly", r.FirstAnomaly, "event 7: free of unknown address 0x9")
 	check("peak pinned", r.PeakPinned, uint64(4096))
 	check("peak managed", r.PeakManaged, uint64(1))
 	check("fragmentation at peak", r.FragmentationAtPeak, 0.0)
@@ -129,11 +129,45 @@ free_requested id=9
 	r := rs[0]
 	// requested: 1000, 3048, 2048 (request), 6144 (peak), 6144.
 	// reserved: 1024, 3072, 3072, 7168 (peak: block 1 is still held), 6144.
-	if r.PeakRequested != 6144 || r.PeakAllocated != 6144 || r.PeakReserved != 7168 || r.DeviceFrees != 1 || r.Anomalies != 0 {
+	// The free request of 0x9, never allocated, is the one anomaly.
+	if r.PeakRequested != 6144 || r.PeakAllocated != 6144 || r.PeakReserved != 7168 || r.DeviceFrees != 1 || r.Anomalies != 1 {
 		t.Errorf("requested %d allocated %d reserved %d device frees %d anomalies %d",
 			r.PeakRequested, r.PeakAllocated, r.PeakReserved, r.DeviceFrees, r.Anomalies)
 	}
 	if p := r.Series[4]; p.Requested != 6144 || p.Reserved != 6144 {
 		t.Errorf("after the free: %+v", p)
+	}
+}
+
+// TestStrictAndHooks checks --strict (the first semantic problem stops the
+// run), the workspace policy's hint (its region is 1.2 x the peak requested,
+// rounded up to 2 MiB, from a first pass) and the simulated allocator time.
+func TestStrictAndHooks(t *testing.T) {
+	const text = `
+malloc id=1 size=1MiB
+malloc id=2 size=3MiB
+free id=1
+free id=1
+free id=2
+`
+	_, evs, err := trace.ParseText("s.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Run(trace.NewSliceSource(trace.Header{}, evs), Config{Policy: "cuda", Strict: true})
+	if err == nil || err.Error() != "event 3: double free of 0x1: freed at event 2 (--strict)" {
+		t.Errorf("strict: %v", err)
+	}
+	rs, err := Run(trace.NewSliceSource(trace.Header{}, evs), Config{Policy: "workspace"}, Config{Policy: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Peak requested 4 MiB; 1.2 x 4 MiB = 4.8 MiB, rounded up to 6 MiB:
+	// one device alloc holds both mallocs.
+	if w := rs[0]; w.PeakReserved != 6<<20 || w.DeviceAllocs != 1 || w.Anomalies != 1 {
+		t.Errorf("workspace: reserved %d, device allocs %d, anomalies %d", w.PeakReserved, w.DeviceAllocs, w.Anomalies)
+	}
+	if c := rs[1]; c.SimAllocTimeNS <= 0 || len(c.Latency) == 0 {
+		t.Errorf("cuda: simulated allocator time %d ns, %d latency rows", c.SimAllocTimeNS, len(c.Latency))
 	}
 }

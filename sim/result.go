@@ -55,8 +55,14 @@ type Result struct {
 	// (malloc_failed events), replayed as attempts.
 	SourceOOMs int64 `json:"source_ooms"`
 
-	// Anomalies counts events that could not be replayed as recorded (a
-	// free of an address that is not live, a malloc of a live address);
+	// BuildError says why the policy could not be built (the device
+	// refused the memory it takes up front); every malloc was then an OOM.
+	BuildError string `json:"build_error,omitempty"`
+
+	// Anomalies counts the trace's semantic problems (trace.Validator: a
+	// free of an address that is not live, a double free, a malloc of a
+	// live address, of 0 bytes or of more than 1 PiB, time going
+	// backwards), which the replay skips or takes as they come;
 	// FirstAnomaly describes the first, with its event index.
 	Anomalies    int64  `json:"anomalies"`
 	FirstAnomaly string `json:"first_anomaly,omitempty"`

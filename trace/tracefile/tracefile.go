@@ -36,10 +36,24 @@ type File struct {
 	// Format is the format the file was read as.
 	Format string
 	f      *os.File
+	path   string
+	opts   Options
 }
 
 // Close closes the underlying file.
 func (f *File) Close() error { return f.f.Close() }
+
+// Reopen starts the trace over from its first event: it opens the file
+// again, closes the old one, and returns f, whose Next reads from the start.
+func (f *File) Reopen() (trace.Source, error) {
+	again, err := Open(f.path, f.opts)
+	if err != nil {
+		return nil, err
+	}
+	f.f.Close()
+	f.Source, f.f = again.Source, again.f
+	return f, nil
+}
 
 // Open opens the trace at path. The format is detected from the first
 // bytes unless opts.From names one: the native format by its magic, a
@@ -56,7 +70,7 @@ func Open(path string, opts Options) (*File, error) {
 		f.Close()
 		return nil, err
 	}
-	return &File{Source: src, Format: format, f: f}, nil
+	return &File{Source: src, Format: format, f: f, path: path, opts: opts}, nil
 }
 
 func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
