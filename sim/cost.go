@@ -279,7 +279,25 @@ type costMeter struct {
 	pages  []*driverPage        // mapped pages of small allocations, in creation order
 	placed map[uint64]placement // small segment address -> its place
 	freed  map[uint64]int       // large sizes freed and not taken again -> how many
+
+	cache [costCacheSize]costCacheEntry // recent latencies, by size
 }
+
+// costCacheSize is the number of latencies a costMeter keeps, so that the
+// sizes a trace repeats are not interpolated again at every call.
+const costCacheSize = 256
+
+type costCacheEntry struct {
+	row  string
+	size uint64
+	ns   int64
+	ok   bool
+}
+
+// maxFreedSizes bounds the freed sizes a costMeter remembers for the
+// driver's reuse of a mapping, so that its memory does not grow with the
+// trace (a trace of random sizes rarely takes a size again).
+const maxFreedSizes = 1 << 14
 
 // driverPage is a 2 MiB page of the driver's sub-allocator: its free holes
 // by offset, and its live allocations.
@@ -300,12 +318,23 @@ func newCostMeter(m *CostModel) *costMeter {
 }
 
 func (c *costMeter) charge(call, row string, size uint64) {
-	ns, ok := c.m.Latency(row, size)
+	ns, ok := c.latency(row, size)
 	if !ok {
-		ns, _ = c.m.Latency(call, size)
+		ns, _ = c.latency(call, size)
 	}
 	c.total += ns
 	c.lat.Add(call, size, ns)
+}
+
+// latency is the model's Latency, through the cache.
+func (c *costMeter) latency(row string, size uint64) (int64, bool) {
+	e := &c.cache[(size*0x9e3779b97f4a7c15+uint64(len(row)))>>56]
+	if e.size == size && e.row == row && e.row != "" {
+		return e.ns, e.ok
+	}
+	ns, ok := c.m.Latency(row, size)
+	*e = costCacheEntry{row: row, size: size, ns: ns, ok: ok}
+	return ns, ok
 }
 
 // alloc charges a cudaMalloc of size bytes that returned addr.
@@ -363,7 +392,9 @@ func (c *costMeter) free(addr, size uint64) {
 	}
 	pl, ok := c.placed[addr]
 	if !ok {
-		c.freed[size]++
+		if c.freed[size] > 0 || len(c.freed) < maxFreedSizes {
+			c.freed[size]++
+		}
 		c.charge(CostFree, CostFree, size)
 		return
 	}

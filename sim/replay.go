@@ -54,6 +54,8 @@ type liveAlloc struct {
 	// failed is set when the malloc failed in the replay: there is no
 	// block to give back at the free.
 	failed bool
+	// event is the index of the malloc's event.
+	event int64
 }
 
 // Replay replays the events of one trace against one policy on a simulated
@@ -64,7 +66,7 @@ type Replay struct {
 	dev    *Device
 	res    Result
 
-	live *liveTable // live allocations by trace address
+	live trace.AddrMap[liveAlloc] // live allocations by trace address
 
 	requested, allocated uint64 // live device bytes
 	pinned, managed      uint64 // live host-side bytes
@@ -73,6 +75,13 @@ type Replay struct {
 	obs    *observing // nil unless cfg.Observer
 	rec    recorded   // replaying as recorded (recorded.go)
 	check  *Checker   // nil unless cfg.Check
+
+	// The trace's semantic problems (as trace.Validator finds them, with
+	// the replay's own table of live allocations): the one of the current
+	// event, counted at its end.
+	clock   trace.Clock
+	frees   trace.FreeLog
+	problem *trace.ValidationError
 
 	// history is the number of events that rebuild the state before a
 	// truncated trace's history (see truncated.go), 0 if none.
@@ -114,7 +123,6 @@ func NewReplay(cfg Config) (*Replay, error) {
 		cfg:    cfg,
 		policy: p,
 		dev:    dev,
-		live:   newLiveTable(),
 		series: seriesBuilder{width: 1},
 		obs:    obs,
 		check:  chk,
@@ -156,6 +164,7 @@ func (r *Replay) Device() *Device { return r.dev }
 // that cannot be replayed at all; OOMs are counted and the replay goes on.
 func (r *Replay) Step(i int64, ev trace.Event) error {
 	r.res.Events++
+	r.problem = r.clock.Check(i, ev)
 	r.obs.at(i, ev)
 	if r.check != nil {
 		r.check.Begin(i)
@@ -174,7 +183,7 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 			return err
 		}
 	case trace.OpFreeRequested:
-		r.freeRequested(ev)
+		r.freeRequested(i, ev)
 		r.rec.requested(i, ev.Addr)
 	case trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap:
 		r.followed(ev)
@@ -216,6 +225,15 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 			return err
 		}
 	}
+	if r.problem != nil {
+		if r.cfg.Strict {
+			return fmt.Errorf("%w (--strict)", r.problem)
+		}
+		r.res.Anomalies++
+		if r.res.FirstAnomaly == "" {
+			r.res.FirstAnomaly = r.problem.Error()
+		}
+	}
 	r.observe(i, ev.Time)
 	if i+1 == r.history {
 		r.historyBegins()
@@ -224,20 +242,23 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 }
 
 func (r *Replay) malloc(i int64, ev trace.Event) error {
-	if _, dup := r.live.get(ev.Addr); dup {
-		r.anomaly(i, fmt.Sprintf("malloc of %#x, which is already live", ev.Addr))
+	if err := trace.CheckSize(i, ev); err != nil {
+		r.problem = err // replayed all the same: the policy decides
+	}
+	if a, dup := r.live.Get(ev.Addr); dup {
+		r.problem = trace.LiveMalloc(i, ev, a.event)
 		return nil
 	}
 	switch ev.Kind {
 	case trace.KindPinned:
 		r.pinned += ev.Size
 		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
-		r.live.put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind})
+		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, event: i})
 		return nil
 	case trace.KindManaged:
 		r.managed += ev.Size
 		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
-		r.live.put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind})
+		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, event: i})
 		return nil
 	}
 	r.res.Mallocs++
@@ -251,7 +272,7 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 		}
 		r.oom(i, ev.Size)
 		// The requested bytes stay counted: the source had them live.
-		r.live.put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true})
+		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true, event: i})
 		return nil
 	}
 	if r.check != nil {
@@ -261,7 +282,7 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 	}
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	r.live.put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind})
+	r.live.Put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind, event: i})
 	r.obs.tell(ActionAlloc, b, ev.Size)
 	return nil
 }
@@ -306,13 +327,17 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 // requested and allocated figures, as PyTorch's allocator does when the
 // program frees a block still in use on another stream; the block goes back
 // to the policy only at the matching free (free_completed).
-func (r *Replay) freeRequested(ev trace.Event) {
-	a, ok := r.live.get(ev.Addr)
-	if !ok || a.released {
+func (r *Replay) freeRequested(i int64, ev trace.Event) {
+	a, ok := r.live.Get(ev.Addr)
+	if !ok {
+		r.problem = r.frees.NotLive(i, ev)
+		return
+	}
+	if a.released {
 		return
 	}
 	a.released = true
-	r.live.put(ev.Addr, a)
+	r.live.Put(ev.Addr, a)
 	r.release(a)
 	if a.kind.OnDevice() && !a.failed {
 		r.obs.tell(ActionFreeRequested, a.block, a.requested)
@@ -333,12 +358,12 @@ func (r *Replay) release(a liveAlloc) {
 }
 
 func (r *Replay) free(i int64, ev trace.Event) error {
-	a, ok := r.live.get(ev.Addr)
+	a, ok := r.live.Take(ev.Addr)
 	if !ok {
-		r.anomaly(i, fmt.Sprintf("free of %#x, which is not live", ev.Addr))
+		r.problem = r.frees.NotLive(i, ev)
 		return nil
 	}
-	r.live.remove(ev.Addr)
+	r.frees.Add(ev.Addr, i)
 	if !a.released {
 		r.release(a)
 	}
@@ -371,13 +396,6 @@ func (r *Replay) oom(i int64, size uint64) {
 	if r.res.FirstOOMEvent < 0 {
 		r.res.FirstOOMEvent = i
 		r.res.FirstOOMSize = size
-	}
-}
-
-func (r *Replay) anomaly(i int64, msg string) {
-	r.res.Anomalies++
-	if r.res.FirstAnomaly == "" {
-		r.res.FirstAnomaly = fmt.Sprintf("event %d: %s", i, msg)
 	}
 }
 
@@ -446,7 +464,6 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		return nil, err
 	}
 	reps := make([]*Replay, len(cfgs))
-	strict := false
 	for k, c := range cfgs {
 		c, err := c.withRecorded(src.Header())
 		if err != nil {
@@ -458,16 +475,11 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		}
 		rep.Reconstructed(ReconstructedEvents(src.Header()))
 		reps[k] = rep
-		strict = strict || c.Strict
 	}
 	src, err = plan(src, reps)
 	if err != nil {
 		return nil, err
 	}
-	// The trace's semantic problems are counted once, for all policies.
-	v := trace.NewValidator()
-	var anomalies int64
-	var first string
 	for i := int64(0); ; i++ {
 		ev, err := src.Next()
 		if err == io.EOF {
@@ -476,17 +488,11 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		if verr := v.Check(i, ev); verr != nil {
-			if strict {
-				return nil, fmt.Errorf("%w (--strict)", verr)
-			}
-			anomalies++
-			if first == "" {
-				first = verr.Error()
-			}
-		}
 		for _, rep := range reps {
 			if err := rep.Step(i, ev); err != nil {
+				if rep.cfg.Strict && errors.As(err, new(*trace.ValidationError)) {
+					return nil, err // the trace's problem, not the policy's
+				}
 				return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
 			}
 		}
@@ -499,7 +505,6 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	out := make([]*Result, len(reps))
 	for k, rep := range reps {
 		out[k] = rep.Finish()
-		out[k].Anomalies, out[k].FirstAnomaly = anomalies, first
 	}
 	for _, r := range out {
 		if r.Policy == policies.OfflineName && r.OOMs == 0 {

@@ -19,14 +19,104 @@ func (e *ValidationError) Error() string { return fmt.Sprintf("event %d: %s", e.
 // live, naming the event that freed it when it is a double free (among the
 // last RecentFrees frees), a malloc of 0 bytes or of more than MaxSize
 // bytes, and time going backwards. Its memory grows with the live
-// allocations, not with the trace's length.
+// allocations, not with the trace's length. A replay engine that keeps its
+// own table of live allocations makes the same checks with Clock, FreeLog,
+// CheckSize and LiveMalloc.
 type Validator struct {
-	live     map[uint64]int64 // address -> event index of its malloc
-	freed    map[uint64]int64 // address -> event index of a recent free
-	ring     []recentFree     // the frees in freed, oldest first from next
-	next     int
-	lastTime int64
-	lastIdx  int64
+	live  AddrMap[int64] // address -> event index of its malloc
+	frees FreeLog
+	clock Clock
+}
+
+// RecentFrees is how many of the latest frees a FreeLog remembers to tell
+// a double free from a free of an address never allocated.
+const RecentFrees = 1 << 12
+
+// MaxSize is the largest malloc in bytes that is accepted: 1 PiB, far
+// beyond any device; a larger size is a corrupt or misread trace.
+const MaxSize = 1 << 50
+
+// NewValidator returns a Validator expecting event 0 next.
+func NewValidator() *Validator { return &Validator{} }
+
+// Check checks the next event, whose index is i. It returns a
+// *ValidationError for a problem, nil otherwise; checking goes on either way.
+// Of two problems with one event, the one with its allocation wins over
+// time going backwards.
+func (v *Validator) Check(i int64, ev Event) error {
+	timeErr := v.clock.Check(i, ev)
+	if err := v.checkOp(i, ev); err != nil {
+		return err
+	}
+	if timeErr != nil {
+		return timeErr
+	}
+	return nil
+}
+
+func (v *Validator) checkOp(i int64, ev Event) error {
+	switch ev.Op {
+	case OpMalloc:
+		if err := CheckSize(i, ev); err != nil {
+			return err
+		}
+		if j, dup := v.live.Insert(ev.Addr, i); dup {
+			return LiveMalloc(i, ev, j)
+		}
+	case OpFreeRequested:
+		if _, ok := v.live.Get(ev.Addr); !ok {
+			return v.frees.NotLive(i, ev)
+		}
+	case OpFree:
+		if _, ok := v.live.Take(ev.Addr); !ok {
+			return v.frees.NotLive(i, ev)
+		}
+		v.frees.Add(ev.Addr, i)
+	}
+	return nil
+}
+
+// Clock checks that time never goes backwards. The zero value expects the
+// first event.
+type Clock struct {
+	lastTime, lastIdx int64
+	started           bool
+}
+
+// Check takes event i's time and returns a problem if it is earlier than
+// the previous event's.
+func (c *Clock) Check(i int64, ev Event) *ValidationError {
+	var err *ValidationError
+	if c.started && ev.Time < c.lastTime {
+		err = &ValidationError{i, ev.Addr, fmt.Sprintf("time goes backwards: %d ns after %d ns at event %d", ev.Time, c.lastTime, c.lastIdx)}
+	}
+	c.lastTime, c.lastIdx, c.started = ev.Time, i, true
+	return err
+}
+
+// CheckSize returns a problem for a malloc of 0 bytes or of more than
+// MaxSize bytes.
+func CheckSize(i int64, ev Event) *ValidationError {
+	switch {
+	case ev.Size == 0:
+		return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc of 0 bytes at %#x", ev.Addr)}
+	case ev.Size > MaxSize:
+		return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc of %d bytes at %#x: more than any device holds", ev.Size, ev.Addr)}
+	}
+	return nil
+}
+
+// LiveMalloc is the problem of a malloc at event i of an address that the
+// malloc at event since made live.
+func LiveMalloc(i int64, ev Event, since int64) *ValidationError {
+	return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc at %#x, which is live since the malloc at event %d", ev.Addr, since)}
+}
+
+// FreeLog remembers the latest RecentFrees frees, to tell a double free
+// from a free of an unknown address. The zero value is empty.
+type FreeLog struct {
+	ring []recentFree // oldest first from next
+	next int
 }
 
 type recentFree struct {
@@ -34,81 +124,34 @@ type recentFree struct {
 	event int64
 }
 
-// RecentFrees is how many of the latest frees a Validator remembers to tell
-// a double free from a free of an address never allocated.
-const RecentFrees = 1 << 16
-
-// MaxSize is the largest malloc in bytes that a Validator accepts: 1 PiB,
-// far beyond any device; a larger size is a corrupt or misread trace.
-const MaxSize = 1 << 50
-
-// NewValidator returns a Validator expecting event 0 next.
-func NewValidator() *Validator {
-	return &Validator{live: map[uint64]int64{}, freed: map[uint64]int64{}, lastIdx: -1}
+// NotLive is the problem of a free (or free request) at event i of an
+// address that is not live: a double free when a recent free took it, else
+// a free of an unknown address. Its search runs only on this rare path.
+func (l *FreeLog) NotLive(i int64, ev Event) *ValidationError {
+	n := len(l.ring)
+	for k := 1; k <= n; k++ {
+		f := l.ring[(l.next-k+n)%n]
+		if f.addr == ev.Addr {
+			return &ValidationError{i, ev.Addr, fmt.Sprintf("double free of %#x: freed at event %d", ev.Addr, f.event)}
+		}
+	}
+	return &ValidationError{i, ev.Addr, fmt.Sprintf("%s of unknown address %#x", ev.Op, ev.Addr)}
 }
 
-// Check checks the next event, whose index is i. It returns a
-// *ValidationError for a problem, nil otherwise; checking goes on either way.
-func (v *Validator) Check(i int64, ev Event) error {
-	var timeErr error
-	if v.lastIdx >= 0 && ev.Time < v.lastTime {
-		timeErr = &ValidationError{i, ev.Addr, fmt.Sprintf("time goes backwards: %d ns after %d ns at event %d", ev.Time, v.lastTime, v.lastIdx)}
+// Add records the free of addr at event i, forgetting the oldest free once
+// RecentFrees are held.
+func (l *FreeLog) Add(addr uint64, i int64) {
+	if len(l.ring) < RecentFrees {
+		l.ring = append(l.ring, recentFree{addr, i})
+		l.next = len(l.ring) % RecentFrees
+		return
 	}
-	v.lastTime, v.lastIdx = ev.Time, i
-	if err := v.checkOp(i, ev); err != nil {
-		return err
-	}
-	return timeErr
-}
-
-func (v *Validator) checkOp(i int64, ev Event) error {
-	switch ev.Op {
-	case OpMalloc:
-		if ev.Size == 0 {
-			return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc of 0 bytes at %#x", ev.Addr)}
-		}
-		if ev.Size > MaxSize {
-			return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc of %d bytes at %#x: more than any device holds", ev.Size, ev.Addr)}
-		}
-		if j, ok := v.live[ev.Addr]; ok {
-			return &ValidationError{i, ev.Addr, fmt.Sprintf("malloc at %#x, which is live since the malloc at event %d", ev.Addr, j)}
-		}
-		v.live[ev.Addr] = i
-		delete(v.freed, ev.Addr)
-	case OpFree, OpFreeRequested:
-		if _, ok := v.live[ev.Addr]; ok {
-			if ev.Op == OpFree {
-				delete(v.live, ev.Addr)
-				v.remember(ev.Addr, i)
-			}
-			return nil
-		}
-		if j, ok := v.freed[ev.Addr]; ok {
-			return &ValidationError{i, ev.Addr, fmt.Sprintf("double free of %#x: freed at event %d", ev.Addr, j)}
-		}
-		return &ValidationError{i, ev.Addr, fmt.Sprintf("%s of unknown address %#x", ev.Op, ev.Addr)}
-	}
-	return nil
-}
-
-// remember records the free of addr at event i, forgetting the oldest
-// free once RecentFrees are held.
-func (v *Validator) remember(addr uint64, i int64) {
-	if len(v.ring) < RecentFrees {
-		v.ring = append(v.ring, recentFree{addr, i})
-	} else {
-		old := v.ring[v.next]
-		if j, ok := v.freed[old.addr]; ok && j == old.event {
-			delete(v.freed, old.addr)
-		}
-		v.ring[v.next] = recentFree{addr, i}
-		v.next = (v.next + 1) % RecentFrees
-	}
-	v.freed[addr] = i
+	l.ring[l.next] = recentFree{addr, i}
+	l.next = (l.next + 1) % RecentFrees
 }
 
 // Live returns the number of allocations live after the events checked.
-func (v *Validator) Live() int { return len(v.live) }
+func (v *Validator) Live() int { return v.live.Len() }
 
 // Validate reads src to the end and returns its semantic problems in event
 // order, at most limit of them (all if limit <= 0). A read error from src is

@@ -57,8 +57,8 @@ func TestValidateBounded(t *testing.T) {
 		v.Check(i+1, Event{Op: OpFree, Addr: a})
 		i += 2
 	}
-	if len(v.freed) != RecentFrees || len(v.ring) != RecentFrees {
-		t.Errorf("remembers %d frees in a ring of %d, want %d", len(v.freed), len(v.ring), RecentFrees)
+	if len(v.frees.ring) != RecentFrees || v.live.Len() != 0 {
+		t.Errorf("remembers %d frees, %d live, want %d and 0", len(v.frees.ring), v.live.Len(), RecentFrees)
 	}
 	last := uint64(3 * RecentFrees)
 	if err := v.Check(i, Event{Op: OpFree, Addr: last}); err == nil || !strings.Contains(err.Error(), "double free") {

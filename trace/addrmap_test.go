@@ -1,39 +1,39 @@
-package sim
+package trace
 
 import (
 	"math/rand/v2"
 	"testing"
 )
 
-// TestLiveTable compares the table with a Go map over random operations on
+// TestAddrMap compares the table with a Go map over random operations on
 // clustered, aligned addresses (long probe runs, wrap-around, growth).
-func TestLiveTable(t *testing.T) {
+func TestAddrMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	tab := newLiveTable()
-	ref := map[uint64]liveAlloc{}
+	var tab AddrMap[int]
+	ref := map[uint64]int{}
 	for i := 0; i < 200000; i++ {
 		addr := uint64(rng.IntN(5000)) << 9
 		switch rng.IntN(3) {
 		case 0, 1:
-			v := liveAlloc{requested: uint64(i)}
-			tab.put(addr, v)
+			v := i
+			tab.Put(addr, v)
 			ref[addr] = v
 		case 2:
-			tab.remove(addr)
+			tab.Delete(addr)
 			delete(ref, addr)
 		}
 		if i%1000 == 0 {
 			for a, want := range ref {
-				if got, ok := tab.get(a); !ok || got != want {
+				if got, ok := tab.Get(a); !ok || got != want {
 					t.Fatalf("op %d: get(%#x) = %v %v, want %v", i, a, got, ok, want)
 				}
 			}
-			if tab.len() != len(ref) {
-				t.Fatalf("op %d: len %d, want %d", i, tab.len(), len(ref))
+			if tab.Len() != len(ref) {
+				t.Fatalf("op %d: len %d, want %d", i, tab.Len(), len(ref))
 			}
 		}
 		probe := uint64(rng.IntN(5000)) << 9
-		_, ok1 := tab.get(probe)
+		_, ok1 := tab.Get(probe)
 		_, ok2 := ref[probe]
 		if ok1 != ok2 {
 			t.Fatalf("op %d: presence of %#x: %v, want %v", i, probe, ok1, ok2)

@@ -1,0 +1,147 @@
+package trace
+
+// AddrMap is a hash table keyed by addresses, with open addressing, linear
+// probing and backward-shift deletion: about twice as fast as a Go map for
+// the per-event lookups of a replay or a validation. The zero value is
+// ready to use. It is not safe for concurrent use.
+type AddrMap[V any] struct {
+	slots []addrSlot[V]
+	n     int
+	shift uint // 64 - log2(len(slots))
+}
+
+type addrSlot[V any] struct {
+	addr uint64
+	val  V
+	used bool
+}
+
+func (m *AddrMap[V]) init(size int) {
+	m.slots = make([]addrSlot[V], size)
+	m.shift = 64
+	for s := size; s > 1; s >>= 1 {
+		m.shift--
+	}
+	m.n = 0
+}
+
+func (m *AddrMap[V]) home(addr uint64) int {
+	return int((addr * 0x9e3779b97f4a7c15) >> m.shift)
+}
+
+// Get returns the value at addr and whether there is one.
+func (m *AddrMap[V]) Get(addr uint64) (V, bool) {
+	if m.n == 0 {
+		var zero V
+		return zero, false
+	}
+	mask := len(m.slots) - 1
+	for i := m.home(addr); ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if !s.used {
+			var zero V
+			return zero, false
+		}
+		if s.addr == addr {
+			return s.val, true
+		}
+	}
+}
+
+// Insert sets the value at addr unless addr is present, in which case it
+// leaves it and returns the value there and true.
+func (m *AddrMap[V]) Insert(addr uint64, v V) (V, bool) {
+	if len(m.slots) == 0 {
+		m.init(64)
+	} else if 4*(m.n+1) > 3*len(m.slots) {
+		m.grow()
+	}
+	mask := len(m.slots) - 1
+	for i := m.home(addr); ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if !s.used {
+			*s = addrSlot[V]{addr: addr, val: v, used: true}
+			m.n++
+			var zero V
+			return zero, false
+		}
+		if s.addr == addr {
+			return s.val, true
+		}
+	}
+}
+
+// Put sets the value at addr.
+func (m *AddrMap[V]) Put(addr uint64, v V) {
+	if len(m.slots) == 0 {
+		m.init(64)
+	} else if 4*(m.n+1) > 3*len(m.slots) {
+		m.grow()
+	}
+	mask := len(m.slots) - 1
+	for i := m.home(addr); ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if !s.used {
+			*s = addrSlot[V]{addr: addr, val: v, used: true}
+			m.n++
+			return
+		}
+		if s.addr == addr {
+			s.val = v
+			return
+		}
+	}
+}
+
+// Delete removes addr, if present.
+func (m *AddrMap[V]) Delete(addr uint64) { m.Take(addr) }
+
+// Take removes addr and returns its value, if present, shifting the later
+// slots of its probe run back so that lookups stay correct without
+// tombstones.
+func (m *AddrMap[V]) Take(addr uint64) (V, bool) {
+	var zero V
+	if m.n == 0 {
+		return zero, false
+	}
+	mask := len(m.slots) - 1
+	i := m.home(addr)
+	for ; ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if !s.used {
+			return zero, false
+		}
+		if s.addr == addr {
+			break
+		}
+	}
+	v := m.slots[i].val
+	m.n--
+	for j := (i + 1) & mask; ; j = (j + 1) & mask {
+		s := &m.slots[j]
+		if !s.used {
+			break
+		}
+		h := m.home(s.addr)
+		// s may move to i when its home is outside the cyclic range (i, j].
+		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			m.slots[i] = *s
+			i = j
+		}
+	}
+	m.slots[i] = addrSlot[V]{}
+	return v, true
+}
+
+func (m *AddrMap[V]) grow() {
+	old := m.slots
+	m.init(2 * len(old))
+	for k := range old {
+		if old[k].used {
+			m.Put(old[k].addr, old[k].val)
+		}
+	}
+}
+
+// Len returns the number of addresses held.
+func (m *AddrMap[V]) Len() int { return m.n }
