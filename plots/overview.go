@@ -109,6 +109,13 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 			}
 		}
 	}
+	// Values on bars too narrow for them are left out.
+	barW := (overviewWidth(len(bars.Bars)) - vg.Inch - leg.width()) / vg.Length(max(len(groups), 1)) * 0.84 / vg.Length(max(len(order), 1))
+	for i, b := range bars.Bars {
+		if bars.Label.Rectangle(b.Label).Size().X > barW*1.6 {
+			bars.Bars[i].Label = ""
+		}
+	}
 	p.Add(bars)
 	p.Add(hline{Y: 1, Style: requestedStyle})
 	if len(ooms) > 0 {
@@ -132,6 +139,12 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 	p.Y.Max = 1 + math.Max(math.Ceil((top-1)/step-1e-6), 1)*step
 	p.Y.Tick.Marker = roundTicker{Step: step, Format: formatFixed}
 	return p, nil
+}
+
+// overviewWidth is the width at which to draw an Overview of n bars: the
+// charts' Width up to about 60 bars, wider beyond, up to three times.
+func overviewWidth(n int) vg.Length {
+	return min(max(Width, 2.5*vg.Inch+vg.Length(n)*0.09*vg.Inch), 3*Width)
 }
 
 // formatBytes prints a capacity in GiB, MiB or bytes, as short as exact
@@ -286,16 +299,22 @@ func (l namedLine) Plot(c draw.Canvas, p *plot.Plot) {
 }
 
 // variantLabels returns the label of each result across traces: its
-// policy name, with its settings where results of one policy name differ
-// in settings, shortened to maxPolicyLabel characters. Results of the same
-// policy and settings share a label.
+// policy name, with its settings where one trace has results of that
+// policy under different settings, shortened to maxPolicyLabel characters.
+// Results of the same policy and settings share a label.
 func variantLabels(results []sim.Result) []string {
-	variants := map[string]map[string]bool{}
+	// A policy is told apart by its settings only where it is replayed
+	// more than once on one trace and capacity (a sweep's grid); its
+	// settings may otherwise differ between traces only because each
+	// trace records its own.
+	repeated := map[string]bool{}
+	seen := map[string]bool{}
 	for _, r := range results {
-		if variants[r.Policy] == nil {
-			variants[r.Policy] = map[string]bool{}
+		k := fmt.Sprintf("%s\x00%d\x00%s", r.Trace, r.Capacity, r.Policy)
+		if seen[k] {
+			repeated[r.Policy] = true
 		}
-		variants[r.Policy][formatSettingsText(r.Settings)] = true
+		seen[k] = true
 	}
 	labels := make([]string, len(results))
 	for i, r := range results {
@@ -303,7 +322,7 @@ func variantLabels(results []sim.Result) []string {
 		if l == "" {
 			l = "(unnamed)"
 		}
-		if set := formatSettingsText(r.Settings); len(variants[r.Policy]) > 1 && set != "" {
+		if set := formatSettingsText(r.Settings); repeated[r.Policy] && set != "" {
 			l += " " + set
 		}
 		labels[i] = shorten(l, maxPolicyLabel)

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/vg"
 
 	"github.com/gpualloc/allocsim/sim"
 )
@@ -58,12 +59,22 @@ type Report struct {
 
 // ReportChart is one chart of a report: ID is unique in the report and
 // safe in a file name, Section the ID of its section, Caption what it
-// shows.
+// shows; Width is its width when drawn, 0 for the charts' Width.
 type ReportChart struct {
 	ID      string
 	Section string
 	Caption string
 	Plot    *plot.Plot
+	Width   vg.Length
+}
+
+// render draws c as format at its width.
+func (c ReportChart) render(w io.Writer, format string) error {
+	width := c.Width
+	if width == 0 {
+		width = Width
+	}
+	return renderSize(w, c.Plot, format, width, Height)
 }
 
 // reportGroup is the results of one section: one trace on one capacity.
@@ -181,7 +192,7 @@ func (r *Report) Charts() ([]ReportChart, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, ReportChart{ID: "overview", Section: "overview", Caption: "Peak reserved bytes of every policy on every trace, as a multiple of the trace's lower bound (its peak requested bytes).", Plot: p})
+		out = append(out, ReportChart{ID: "overview", Section: "overview", Caption: "Peak reserved bytes of every policy on every trace, as a multiple of the trace's lower bound (its peak requested bytes).", Plot: p, Width: overviewWidth(len(all))})
 	}
 	for _, g := range groups {
 		if len(g.results) > 0 {
@@ -271,7 +282,7 @@ func WriteReportCharts(dir string, charts []ReportChart) ([]string, error) {
 	for _, c := range charts {
 		for _, format := range Formats {
 			path := filepath.Join(dir, c.ID+"."+format)
-			if err := writeAtomic(path, func(w io.Writer) error { return Render(w, c.Plot, format) }); err != nil {
+			if err := writeAtomic(path, func(w io.Writer) error { return c.render(w, format) }); err != nil {
 				return written, err
 			}
 			written = append(written, path)
@@ -309,7 +320,7 @@ func renderPNGs(charts []ReportChart) ([][]byte, error) {
 			sem <- struct{}{}
 			defer func() { <-sem }()
 			var buf bytes.Buffer
-			errs[i] = Render(&buf, c.Plot, "png")
+			errs[i] = c.render(&buf, "png")
 			out[i] = buf.Bytes()
 		}()
 	}
@@ -347,12 +358,18 @@ type (
 		Fit             *fitTable
 		Notes           []string
 	}
-	fact  struct{ Name, Value string }
-	row   struct{ Cells []cell }
-	cell  struct{ Text, Class, Title string }
+	fact struct{ Name, Value string }
+	row  struct{ Cells []cell }
+	cell struct {
+		Text, Class, Title string
+		Style              template.CSS
+	}
 	image struct {
 		ID, Caption string
 		Src         template.URL
+		// Style sets the width of a chart wider than the others (100 CSS
+		// pixels an inch); empty for the others.
+		Style template.CSS
 	}
 	fitTable struct {
 		Head  []string
@@ -364,11 +381,15 @@ type (
 func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 	imgOf := map[string][]image{}
 	for i, c := range charts {
-		imgOf[c.Section] = append(imgOf[c.Section], image{
+		img := image{
 			ID:      "chart-" + c.ID,
 			Caption: c.Caption,
 			Src:     template.URL("data:image/png;base64," + base64.StdEncoding.EncodeToString(pngs[i])),
-		})
+		}
+		if c.Width > Width {
+			img.Style = template.CSS(fmt.Sprintf("width: %dpx; max-width: none", int(c.Width/vg.Inch*100)))
+		}
+		imgOf[c.Section] = append(imgOf[c.Section], img)
 	}
 	groups := r.groups()
 	pg := page{Title: r.Title, Inputs: r.Inputs}
@@ -563,6 +584,28 @@ func fitRows(fits []ReportFit) *fitTable {
 	return t
 }
 
+// heat returns the background of a matrix cell of ratio: light green at
+// 1 (the lower bound), through light yellow at 1.5, to light red at 3 and
+// above, in steps of the ratio's logarithm.
+func heat(ratio float64) template.CSS {
+	type stop struct {
+		at      float64
+		r, g, b float64
+	}
+	stops := []stop{{1, 0xdf, 0xf3, 0xe4}, {1.5, 0xff, 0xf3, 0xc4}, {3, 0xf6, 0xc9, 0xc2}}
+	x := math.Max(ratio, 1)
+	c := stops[len(stops)-1]
+	for i := 1; i < len(stops); i++ {
+		if x <= stops[i].at {
+			a, b := stops[i-1], stops[i]
+			f := math.Log(x/a.at) / math.Log(b.at/a.at)
+			c = stop{0, a.r + (b.r-a.r)*f, a.g + (b.g-a.g)*f, a.b + (b.b-a.b)*f}
+			break
+		}
+	}
+	return template.CSS(fmt.Sprintf("background: #%02x%02x%02x", int(c.r+0.5), int(c.g+0.5), int(c.b+0.5)))
+}
+
 // overviewTable is the matrix of peak reserved ÷ lower bound, a row per
 // section with results and a column per policy.
 func overviewTable(groups []*reportGroup) *overview {
@@ -608,7 +651,11 @@ func overviewTable(groups []*reportGroup) *overview {
 			} else {
 				best = math.Min(best, ratio)
 			}
-			cells[col[l]+1] = cell{Text: text, Class: class}
+			c := cell{Text: text, Class: class}
+			if r.OOMs == 0 {
+				c.Style = heat(ratio)
+			}
+			cells[col[l]+1] = c
 		}
 		for i, ratio := range ratios {
 			if ratio == best && cells[i+1].Class == "num" {
@@ -643,6 +690,7 @@ th { background: #f0f0f0; font-weight: 600; text-align: left; vertical-align: bo
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.set { color: #555; font-size: 12px; }
 td.best { background: #dff3e4; font-weight: 600; }
+table.matrix td.best { outline: 2px solid #17693a; outline-offset: -2px; }
 td.bad { background: #fbe1de; }
 td.yn { text-align: center; }
 td.yes { color: #17693a; }
@@ -651,6 +699,7 @@ table.facts th { background: none; border: none; font-weight: normal; color: #55
 table.facts td { border: none; }
 .charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(600px, 1fr)); gap: 14px; }
 .wide { max-width: 1200px; }
+.scroll { overflow-x: auto; }
 figure { margin: 0; }
 figure img { width: 100%; height: auto; border: 1px solid #e2e2e2; }
 figcaption { font-size: 12px; color: #444; margin-top: 3px; }
@@ -663,12 +712,12 @@ figcaption { font-size: 12px; color: #444; margin-top: 3px; }
 <nav><ul>{{range .Nav}}<li><a href="#{{.ID}}">{{.Name}}</a></li>{{end}}</ul></nav>
 {{with .Overview}}<section id="overview">
 <h2>Overview: every policy on every trace</h2>
-<p>Peak reserved bytes as a multiple of each trace's lower bound, its peak requested bytes (1.00 is the best any allocator can do). The best policy of each trace without an OOM is marked.</p>
-<div class="wide">{{with .Chart}}<figure><img id="{{.ID}}" src="{{.Src}}" alt="{{.Caption}}"/><figcaption>{{.Caption}}</figcaption></figure>{{end}}</div>
-<table class="matrix">
+<p>Peak reserved bytes as a multiple of each trace's lower bound, its peak requested bytes (1.00 is the best any allocator can do): green near the bound, red at three times it and more. The best policy of each trace without an OOM is in bold; OOM marks a policy that ran out of memory.</p>
+<div class="wide">{{with .Chart}}<figure><div class="scroll"><img id="{{.ID}}" src="{{.Src}}" alt="{{.Caption}}"{{with .Style}} style="{{.}}"{{end}}/></div><figcaption>{{.Caption}}</figcaption></figure>{{end}}</div>
+<div class="scroll"><table class="matrix">
 <tr><th>trace</th>{{range .Policies}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range $i, $c := .Cells}}{{if $i}}<td class="{{$c.Class}}">{{$c.Text}}</td>{{else}}<th>{{$c.Text}}</th>{{end}}{{end}}</tr>
-{{end}}</table>
+{{range .Rows}}<tr>{{range $i, $c := .Cells}}{{if $i}}<td class="{{$c.Class}}"{{with $c.Style}} style="{{.}}"{{end}}>{{$c.Text}}</td>{{else}}<th>{{$c.Text}}</th>{{end}}{{end}}</tr>
+{{end}}</table></div>
 </section>
 {{end}}{{range .Sections}}<section id="{{.ID}}">
 <h2>{{.Name}}</h2>
@@ -677,15 +726,15 @@ figcaption { font-size: 12px; color: #444; margin-top: 3px; }
 {{end}}</table>
 {{end}}{{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{if .Rows}}<h3>Policies compared</h3>
-<table class="cmp">
+<div class="scroll"><table class="cmp">
 <tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
 {{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}{{if .Title}} title="{{.Title}}"{{end}}>{{.Text}}</td>{{end}}</tr>
-{{end}}</table>
+{{end}}</table></div>
 {{end}}{{with .Fit}}<h3>Smallest device that fits</h3>
-<table class="fit">
+<div class="scroll"><table class="fit">
 <tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
 {{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>
-{{end}}</table>
+{{end}}</table></div>
 {{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{end}}{{if .Charts}}<div class="charts">
 {{range .Charts}}<figure><img id="{{.ID}}" src="{{.Src}}" alt="{{.Caption}}"/><figcaption>{{.Caption}}</figcaption></figure>

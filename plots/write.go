@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
@@ -25,14 +26,19 @@ var Formats = []string{"png", "svg"}
 // compatible fallbacks). It returns an error for any other format and any
 // error of w.
 func Render(w io.Writer, p *plot.Plot, format string) error {
+	return renderSize(w, p, format, Width, Height)
+}
+
+// renderSize is Render at width x height.
+func renderSize(w io.Writer, p *plot.Plot, format string, width, height vg.Length) error {
 	switch format {
 	case "png":
-		c := vgimg.NewWith(vgimg.UseWH(Width, Height), vgimg.UseDPI(DPI))
+		c := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(DPI))
 		p.Draw(draw.New(c))
 		_, err := vgimg.PngCanvas{Canvas: c}.WriteTo(w)
 		return err
 	case "svg":
-		c := vgsvg.New(Width, Height)
+		c := vgsvg.New(width, height)
 		p.Draw(draw.New(c))
 		var buf bytes.Buffer
 		if _, err := c.WriteTo(&buf); err != nil {
