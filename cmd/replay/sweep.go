@@ -726,20 +726,13 @@ func (s *sweeper) runJob(j sweepJob) jobResult {
 	}
 	defer f.Close()
 	cfgs := make([]sim.Config, len(j.cells))
-	costs := make([]*costMirror, len(j.cells))
 	for k, i := range j.cells {
 		c := s.plan.Cells[i]
-		costs[k] = newCostMirror()
-		cfgs[k] = sim.Config{Trace: c.Trace, Policy: c.Policy, Settings: c.Settings, Capacity: c.Capacity, AsRecorded: c.AsRecorded, Observer: costs[k]}
+		cfgs[k] = sim.Config{Trace: c.Trace, Policy: c.Policy, Settings: c.Settings, Capacity: c.Capacity, AsRecorded: c.AsRecorded}
 	}
 	jr.results, jr.err = sim.Run(f, cfgs...)
 	if jr.err != nil && !strings.HasPrefix(jr.err.Error(), j.trace+":") {
 		jr.err = fmt.Errorf("%s: %w", j.trace, jr.err)
-	}
-	if jr.err == nil {
-		for k, r := range jr.results {
-			costs[k].fill(r)
-		}
 	}
 	jr.elapsed = time.Since(start)
 	return jr
