@@ -449,6 +449,13 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 		{"device capacity", formatBytes(g.capacity)},
 		{"mallocs that failed in the recording", strconv.FormatInt(sourceOOMs, 10)},
 	}
+	var offline uint64
+	for _, r := range g.results {
+		offline = max(offline, r.PeakOffline)
+	}
+	if offline > 0 {
+		facts = append(facts, fact{"offline placement, the achievable baseline", mibText(offline) + " MiB (" + strconv.FormatFloat(float64(offline)/float64(max(lower, 1)), 'f', 3, 64) + " × lower bound)"})
+	}
 	if r0.PeakPinned > 0 || r0.PeakManaged > 0 {
 		facts = append(facts, fact{"peak pinned / managed host memory", mibText(r0.PeakPinned) + " / " + mibText(r0.PeakManaged) + " MiB"})
 	}
@@ -460,6 +467,9 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 		notes = append(notes, fmt.Sprintf("The recorded history starts mid-run: its first %d events rebuild the state before it, and the peaks count from there.", r0.ReconstructedEvents))
 	}
 	for _, r := range g.results {
+		if r.BuildError != "" {
+			notes = append(notes, fmt.Sprintf("%s could not be built on this device (%s): every malloc counts as an OOM.", r.Policy, r.BuildError))
+		}
 		if r.Measured {
 			notes = append(notes, fmt.Sprintf("%s (gpu) ran on %s: its figures are the device's.", r.Policy, r.Device))
 		}

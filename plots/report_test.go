@@ -45,6 +45,10 @@ func reportResults() []sim.Result {
 		more[i].PeakReserved = uint64(float64(more[i].PeakRequested) * (1.1 + 2*float64(i)))
 	}
 	more[2].OOMs, more[2].FirstOOMEvent, more[2].FirstOOMSize = 3, 9000, 1<<30
+	more[1].BuildError = "device alloc of 80 GiB refused"
+	for i := range more {
+		more[i].PeakOffline = more[i].PeakRequested + more[i].PeakRequested/20
+	}
 	return append(rs, more...)
 }
 
@@ -155,6 +159,8 @@ func TestReportHTML(t *testing.T) {
 		"measured on the GPU for the (gpu) policies", // the latency caption
 		"not monotone in capacity: it runs out of memory at 18432.0 MiB although 17408.0 MiB fits",
 		`<td class="yn no">OOM</td>`, "never",
+		"offline placement, the achievable baseline</th><td>", "1.050 × lower bound",
+		"best_fit could not be built on this device (device alloc of 80 GiB refused)",
 	} {
 		if !strings.Contains(html, s) {
 			t.Errorf("the page lacks %q", s)
