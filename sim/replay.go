@@ -303,8 +303,14 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 		r.oom(i, ev.Size)
 		return nil
 	}
+	// The block lives for an instant: count it in the peaks before the
+	// free, as the program would have held it had the malloc succeeded.
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	if reserved := r.dev.Reserved(); reserved > r.res.PeakReserved {
+		r.res.PeakReserved = reserved
+		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
+	}
 	r.allocated -= b.Size
 	if r.check != nil {
 		if err := r.check.Malloc(b, ev.Size); err != nil {
