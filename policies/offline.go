@@ -43,8 +43,9 @@ const OfflineName = "offline"
 // the next successful arena allocation is an OOM.
 //
 // Settings (defaults in brackets):
-//   - alignment [512]: sizes, and so offsets, are rounded up to a multiple
-//     of it (bytes, a power of two up to 2 MiB).
+//   - alignment [256]: sizes, and so offsets, are rounded up to a multiple
+//     of it (bytes, a power of two up to 2 MiB; 256 B is the alignment
+//     cudaMalloc guarantees, the finest a real allocator can keep).
 //   - nodes [200000]: the search's node budget (0: greedy portfolio only).
 type Offline struct {
 	name      string
@@ -130,7 +131,7 @@ func NewOffline(dev Device, s Settings) (*Offline, error) {
 // order of decreasing size (longer lifetime first among equals), each at
 // the smallest gap that fits among the blocks already placed that are live
 // at the same time, else above them all. Its one setting is alignment
-// [512], as for Offline.
+// [256], as for Offline.
 func NewGreedyBySize(dev Device, s Settings) (*Offline, error) {
 	return newGreedy("greedy-by-size", orderBySize, dev, s)
 }
@@ -154,7 +155,7 @@ func newGreedy(name string, o greedyOrder, dev Device, s Settings) (*Offline, er
 }
 
 func offlineAlignment(name string, s Settings) (uint64, error) {
-	align, err := s.Bytes(name, "alignment", 512)
+	align, err := s.Bytes(name, "alignment", 256)
 	if err != nil {
 		return 0, err
 	}

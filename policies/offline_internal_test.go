@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"pgregory.net/rapid"
+
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/minimalloc"
 )
@@ -96,4 +98,54 @@ func TestMiniMallocBenchmarks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPackingProperty checks the placements of the greedy orders and of
+// the search on random problems: blocks live at the same time never
+// overlap, the height is the highest end, and it is at least the lower
+// bound. (The replay's checker sees only the placement a trace ends up
+// with; this sees the search's own on problems where it beats the greedy
+// orders.)
+func TestPackingProperty(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 40).Draw(t, "blocks")
+		horizon := rapid.IntRange(2, 60).Draw(t, "horizon")
+		bufs := make([]packBuf, n)
+		for i := range bufs {
+			start := rapid.IntRange(0, horizon-1).Draw(t, "start")
+			end := rapid.IntRange(start+1, horizon).Draw(t, "end")
+			size := uint64(rapid.IntRange(1, 16).Draw(t, "size")) * 256
+			bufs[i] = packBuf{start: int64(start), end: int64(end), size: size, call: i}
+		}
+		check := func(what string, offs []uint64, height uint64, lb uint64) {
+			var top uint64
+			for i, a := range bufs {
+				top = max(top, offs[i]+a.size)
+				for j := i + 1; j < len(bufs); j++ {
+					b := bufs[j]
+					if a.start < b.end && b.start < a.end && offs[i] < offs[j]+b.size && offs[j] < offs[i]+a.size {
+						t.Fatalf("%s: blocks %d [%d, %d) at %d+%d and %d [%d, %d) at %d+%d overlap", what, i, a.start, a.end, offs[i], a.size, j, b.start, b.end, offs[j], b.size)
+					}
+				}
+			}
+			if top != height || height < lb {
+				t.Fatalf("%s: height %d, highest end %d, lower bound %d", what, height, top, lb)
+			}
+		}
+		pp := newPackProblem(bufs)
+		for _, o := range greedyOrders {
+			offs, h := pp.greedy(pp.sortedBy(o))
+			check("greedy by "+o.name, offs, h, pp.lb)
+		}
+		res := solvePacking(bufs, greedyOrders, 5000)
+		check("offline", res.offsets, res.height, pp.lb)
+		if res.height > res.stats.Greedy {
+			t.Fatalf("offline %d above the best greedy %d", res.height, res.stats.Greedy)
+		}
+		// The search alone, from a height above the lower bound.
+		s := newSearch(pp)
+		if offs, h, _ := s.minimize(res.stats.Greedy+256, 5000); offs != nil {
+			check("search", offs, h, pp.lb)
+		}
+	})
 }
