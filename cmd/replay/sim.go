@@ -32,6 +32,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -63,7 +64,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		}
 		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
-			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, AsRecorded: *asRecorded}
+			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, AsRecorded: *asRecorded, Check: *check}
 		}
 		vr, err := vd.start(path, cfgs)
 		if err != nil {
@@ -191,6 +192,7 @@ var csvColumns = []string{
 	"peak_fragmentation", "fragmentation_at_peak", "device_allocs", "device_frees",
 	"alloc_retries", "ooms", "first_oom_event", "first_oom_size", "source_ooms",
 	"anomalies", "peak_pinned_bytes", "peak_managed_bytes", "truncated", "reconstructed_events",
+	"offline_peak_reserved_bytes",
 }
 
 func writeCSV(w io.Writer, results []*sim.Result) error {
@@ -206,6 +208,7 @@ func writeCSV(w io.Writer, results []*sim.Result) error {
 			f(r.PeakFragmentation), f(r.FragmentationAtPeak), i(r.DeviceAllocs), i(r.DeviceFrees),
 			i(r.AllocRetries), i(r.OOMs), i(r.FirstOOMEvent), u(r.FirstOOMSize), i(r.SourceOOMs),
 			i(r.Anomalies), u(r.PeakPinned), u(r.PeakManaged), strconv.FormatBool(r.Truncated), i(r.ReconstructedEvents),
+			u(r.PeakOffline),
 		})
 	}
 	cw.Flush()
@@ -230,21 +233,32 @@ func mib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 
 
 func writeTable(w io.Writer, results []*sim.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\treserved/requested\tfrag@peak\tdevice allocs\tdevice frees\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\treserved/requested\treserved/offline\tfrag@peak\tdevice allocs\tdevice frees\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	for _, r := range results {
 		ratio := "-"
 		if r.PeakRequested > 0 {
 			ratio = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakRequested), 'f', 3, 64)
 		}
+		vsOffline := "-"
+		if r.PeakOffline > 0 {
+			vsOffline = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakOffline), 'f', 3, 64)
+		}
 		first := "-"
 		if r.OOMs > 0 {
 			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%d\t%d\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%d\t%d\t%s\t\n",
 			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved),
-			ratio, 100*r.FragmentationAtPeak, r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, first)
+			ratio, vsOffline, 100*r.FragmentationAtPeak, r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
+	bounds := map[string]bool{}
+	for _, r := range results {
+		if r.PeakOffline > 0 && !bounds[r.Trace] {
+			bounds[r.Trace] = true
+			fmt.Fprintf(w, "%s: hard lower bound (peak requested) %d bytes; achievable baseline (offline peak reserved) %d bytes\n", r.Trace, r.PeakRequested, r.PeakOffline)
+		}
+	}
 	truncated := map[string]bool{}
 	for _, r := range results {
 		if r.Truncated && !truncated[r.Trace] {
