@@ -2,13 +2,33 @@ package sim
 
 import (
 	"errors"
+	"flag"
 	"fmt"
+	"os"
 
 	"github.com/gpualloc/allocsim/policies"
 )
 
 // ErrInvariant is the error a CheckError wraps: match it with errors.Is.
 var ErrInvariant = errors.New("invariant violated")
+
+// checkByDefault reports whether replays run the checker even when their
+// Config does not ask: in a test binary (one with the testing package's
+// flags) that runs no benchmarks, so that every test replaying a trace
+// checks the invariants and benchmarks measure the replay alone. The
+// environment variable ALLOCSIM_CHECK=1 or =0 forces it on or off.
+func checkByDefault() bool {
+	if v := os.Getenv("ALLOCSIM_CHECK"); v != "" {
+		return v != "0"
+	}
+	if flag.Lookup("test.v") == nil {
+		return false
+	}
+	if b := flag.Lookup("test.bench"); b != nil && b.Value.String() != "" {
+		return false
+	}
+	return true
+}
 
 // CheckError is a violation of the placement invariants found by a Checker:
 // what went wrong, at which event, and the blocks involved.

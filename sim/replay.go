@@ -29,7 +29,8 @@ type Config struct {
 	// the recorded addresses.
 	AsRecorded bool
 	// Check runs the invariant checker (see Checker) after each event: a
-	// violation stops the replay with a *CheckError.
+	// violation stops the replay with a *CheckError. In tests it is on
+	// whatever Check says (see checkByDefault).
 	Check bool
 	// CostModel charges the device's calls to a cost model of the GPU's
 	// call latencies; nil means the embedded H200 model.
@@ -94,7 +95,7 @@ func NewReplay(cfg Config) (*Replay, error) {
 	dev := NewDevice(cfg.Capacity)
 	var pdev policies.Device = dev
 	var chk *Checker
-	if cfg.Check {
+	if cfg.Check || checkByDefault() {
 		chk = NewChecker(dev)
 		pdev = chk.Wrap()
 	}
