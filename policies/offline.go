@@ -81,7 +81,8 @@ type PlanStats struct {
 	// is lower. Height is the plan's height, the arena size in bytes.
 	LowerBound, Height uint64
 	// Greedy is the height of the best greedy placement and GreedyBy its
-	// order's name; Heights has each greedy order's height by name.
+	// order's name; Heights has each greedy order's height by name (the
+	// orders tried: they stop at one that reaches the lower bound).
 	Greedy   uint64
 	GreedyBy string
 	Heights  map[string]uint64

@@ -44,7 +44,7 @@ type packProblem struct {
 // maxPairs bounds the overlapping pairs listed in packProblem.adj (and so
 // the memory and time of the greedy placements); above it the greedy
 // placements find the overlapping blocks by sweeping the sections instead.
-const maxPairs = 40 << 20
+const maxPairs = 4 << 20
 
 // maxSearchBlocks bounds the blocks of a problem the search is tried on.
 const maxSearchBlocks = 4000
@@ -239,7 +239,7 @@ var (
 )
 
 // greedyOrders is the greedy portfolio of Offline.
-var greedyOrders = []greedyOrder{orderBySize, orderByLifetime, orderByArea, orderByLoad, orderByStart}
+var greedyOrders = []greedyOrder{orderBySize, orderByLoad, orderByStart, orderByLifetime, orderByArea}
 
 func cmpChain(cs ...int) int {
 	for _, c := range cs {
@@ -321,38 +321,69 @@ func bestFit(ivs []interval, size uint64) uint64 {
 }
 
 // sectionIndex finds the placed blocks that overlap a block in time
-// without a list of pairs: the placed blocks of each section, found through
-// the sections a block spans. A long-lived block meets the many short ones
-// once per section, so each placed block is reported once per query by a
-// stamp.
+// without a list of pairs: a segment tree over the sections, each placed
+// block stored at the O(log n) nodes that cover its sections exactly. A
+// block overlaps every block stored at a node whose range meets its own
+// sections; a node with nothing stored below it is skipped. A block stored
+// at several such nodes is reported once per query, by a stamp.
 type sectionIndex struct {
-	pp     *packProblem
-	placed [][]int32 // placed blocks by section
-	stamp  []int32
-	query  int32
+	pp    *packProblem
+	size  int       // leaves: a power of two >= the number of sections
+	here  [][]int32 // blocks stored at each node (1 is the root)
+	below []int32   // blocks stored in each node's subtree
+	stamp []int32
+	query int32
 }
 
 func newSectionIndex(pp *packProblem) *sectionIndex {
-	return &sectionIndex{pp: pp, placed: make([][]int32, len(pp.secLoad)), stamp: make([]int32, len(pp.bufs))}
+	size := 1
+	for size < len(pp.secLoad) {
+		size *= 2
+	}
+	return &sectionIndex{pp: pp, size: size, here: make([][]int32, 2*size), below: make([]int32, 2*size), stamp: make([]int32, len(pp.bufs))}
 }
 
 func (x *sectionIndex) overlapping(b int32, offsets []uint64, ivs []interval) []interval {
 	x.query++
-	for s := x.pp.secLo[b]; s < x.pp.secHi[b]; s++ {
-		for _, o := range x.placed[s] {
+	lo, hi := int(x.pp.secLo[b]), int(x.pp.secHi[b])
+	var visit func(node, nl, nr int)
+	visit = func(node, nl, nr int) {
+		if nr <= lo || hi <= nl || x.below[node] == 0 {
+			return
+		}
+		for _, o := range x.here[node] {
 			if x.stamp[o] != x.query {
 				x.stamp[o] = x.query
 				ivs = append(ivs, interval{offsets[o], offsets[o] + x.pp.bufs[o].size})
 			}
 		}
+		if nr-nl > 1 && x.below[node] > int32(len(x.here[node])) {
+			m := (nl + nr) / 2
+			visit(2*node, nl, m)
+			visit(2*node+1, m, nr)
+		}
 	}
+	visit(1, 0, x.size)
 	return ivs
 }
 
 func (x *sectionIndex) add(b int32) {
-	for s := x.pp.secLo[b]; s < x.pp.secHi[b]; s++ {
-		x.placed[s] = append(x.placed[s], b)
+	lo, hi := int(x.pp.secLo[b]), int(x.pp.secHi[b])
+	var put func(node, nl, nr int)
+	put = func(node, nl, nr int) {
+		if nr <= lo || hi <= nl {
+			return
+		}
+		x.below[node]++
+		if lo <= nl && nr <= hi {
+			x.here[node] = append(x.here[node], b)
+			return
+		}
+		m := (nl + nr) / 2
+		put(2*node, nl, m)
+		put(2*node+1, m, nr)
 	}
+	put(1, 0, x.size)
 }
 
 // solvePacking places bufs: the best of the greedy orders, then, with a
@@ -366,6 +397,9 @@ func solvePacking(bufs []packBuf, orders []greedyOrder, nodes int64) packResult 
 	}
 	first := true
 	for _, o := range orders {
+		if !first && res.height == pp.lb {
+			break // optimal already
+		}
 		offs, h := pp.greedy(pp.sortedBy(o))
 		res.stats.Heights[o.name] = h
 		if first || h < res.height {
