@@ -192,16 +192,13 @@ func (s *search) minimize(ub uint64, budget int64) ([]uint64, uint64, int64) {
 	var best []uint64
 	left := budget
 	for lo < hi && left > 0 {
-		// The lower bound first; then halve the gap.
+		// The lower bound first, with half the budget; then halve the
+		// gap, each probe with half the budget left.
 		c := lo
 		if best != nil || c != s.pp.lb {
 			c = lo + (hi-lo)/2/align*align
 		}
-		share := left / 2
-		if c == s.pp.lb {
-			share = left / 2
-		}
-		share = max(share, min(left, int64(4*s.n)))
+		share := max(left/2, min(left, int64(4*s.n)))
 		offs, outcome, used := s.probe(parts, c, share)
 		left -= used
 		switch outcome {
