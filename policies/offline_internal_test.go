@@ -41,6 +41,8 @@ func miniMallocEvents(t testing.TB, path string) []trace.Event {
 // benchmarks A..K with offline and the two greedy baselines: offline must
 // be at least as low as every greedy placement on every benchmark, and
 // within 1.30x of 1048576 bytes, the height MiniMalloc proved feasible.
+// $OFFLINE_NODES sets offline's search budget (to see what a longer search
+// reaches); the bounds are checked at the default.
 func TestMiniMallocBenchmarks(t *testing.T) {
 	paths, _ := filepath.Glob(filepath.Join(miniMallocDir(), "[A-K].1048576.csv"))
 	if len(paths) == 0 {
