@@ -149,3 +149,29 @@ func TestSimTable(t *testing.T) {
 		t.Errorf("table:\n%s", out)
 	}
 }
+
+// TestSimStrictAndCostModel: --strict stops at the trace's first semantic
+// problem; --cost-model charges the device calls to the given model.
+func TestSimStrictAndCostModel(t *testing.T) {
+	_, _, err := runCmd(t, "sim", "--strict", "--policy", "cuda", "../../sim/testdata/engine.txt")
+	if err == nil || err.Error() != "../../sim/testdata/engine.txt: event 7: free of unknown address 0x9 (--strict)" {
+		t.Errorf("--strict: %v", err)
+	}
+	dir := t.TempDir()
+	model := filepath.Join(dir, "flat.csv")
+	// Every call costs 1000 ns: the cuda policy's 4 allocs and 3 frees on
+	// engine.txt (its malloc that fails in the source but fits here
+	// included) cost 7000 ns.
+	os.WriteFile(model, []byte("api,size_bytes,n,first_us,median_us,p90_us,min_us\n" +
+		"cudaMalloc,512,1,1,1,1,1\ncudaFree,512,1,1,1,1,1\ncudaMalloc_suballoc,512,1,1,1,1,1\ncudaFree_suballoc,512,1,1,1,1,1\n"), 0o644)
+	js := filepath.Join(dir, "r.json")
+	if _, _, err := runCmd(t, "sim", "--policy", "cuda", "--capacity", "8192", "--cost-model", model, "--json", js, "../../sim/testdata/engine.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if r := readResults(t, js)[0]; r.SimAllocTimeNS != 7000 || r.Anomalies != 1 {
+		t.Errorf("sim_alloc_time_ns %d, anomalies %d; want 7000 and 1", r.SimAllocTimeNS, r.Anomalies)
+	}
+	if _, _, err := runCmd(t, "sim", "--cost-model", filepath.Join(dir, "none.csv"), splitFragOOM); err == nil || !strings.HasPrefix(err.Error(), "--cost-model: ") {
+		t.Errorf("missing cost model: %v", err)
+	}
+}

@@ -33,6 +33,8 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
+	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it")
+	costModel := fs.String("cost-model", "", "charge the device calls to the cost model in `FILE` (from replay calibrate) instead of the embedded H200 one")
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -55,6 +57,12 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	var model *sim.CostModel
+	if *costModel != "" {
+		if model, err = sim.LoadCostModel(*costModel); err != nil {
+			return fmt.Errorf("--cost-model: %w", err)
+		}
+	}
 	var results []*sim.Result
 	vd := newVizDir(*vizOut)
 	for _, path := range fs.Args() {
@@ -64,7 +72,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		}
 		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
-			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, AsRecorded: *asRecorded, Check: *check}
+			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
 		}
 		vr, err := vd.start(path, cfgs)
 		if err != nil {
@@ -192,7 +200,7 @@ var csvColumns = []string{
 	"peak_fragmentation", "fragmentation_at_peak", "device_allocs", "device_frees",
 	"alloc_retries", "ooms", "first_oom_event", "first_oom_size", "source_ooms",
 	"anomalies", "peak_pinned_bytes", "peak_managed_bytes", "truncated", "reconstructed_events",
-	"offline_peak_reserved_bytes",
+	"offline_peak_reserved_bytes", "sim_alloc_time_ns", "build_error",
 }
 
 func writeCSV(w io.Writer, results []*sim.Result) error {
@@ -208,7 +216,7 @@ func writeCSV(w io.Writer, results []*sim.Result) error {
 			f(r.PeakFragmentation), f(r.FragmentationAtPeak), i(r.DeviceAllocs), i(r.DeviceFrees),
 			i(r.AllocRetries), i(r.OOMs), i(r.FirstOOMEvent), u(r.FirstOOMSize), i(r.SourceOOMs),
 			i(r.Anomalies), u(r.PeakPinned), u(r.PeakManaged), strconv.FormatBool(r.Truncated), i(r.ReconstructedEvents),
-			u(r.PeakOffline),
+			u(r.PeakOffline), i(r.SimAllocTimeNS), r.BuildError,
 		})
 	}
 	cw.Flush()
@@ -233,7 +241,7 @@ func mib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 
 
 func writeTable(w io.Writer, results []*sim.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\treserved/requested\treserved/offline\tfrag@peak\tdevice allocs\tdevice frees\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\treserved/requested\treserved/offline\t1-allocated/reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	for _, r := range results {
 		ratio := "-"
 		if r.PeakRequested > 0 {
@@ -247,9 +255,14 @@ func writeTable(w io.Writer, results []*sim.Result) {
 		if r.OOMs > 0 {
 			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%d\t%d\t%s\t\n",
+		// GMLake's fragmentation: 1 - peak allocated / peak reserved.
+		frag := 0.0
+		if r.PeakReserved > 0 && r.PeakAllocated < r.PeakReserved {
+			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
 			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved),
-			ratio, vsOffline, 100*r.FragmentationAtPeak, r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, first)
+			ratio, vsOffline, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
 	bounds := map[string]bool{}
