@@ -42,8 +42,9 @@ func TestWriteAtomic(t *testing.T) {
 	if len(entries) != 1 {
 		t.Errorf("directory holds %d entries, want only the chart (no temporary files)", len(entries))
 	}
-	if err := writeAtomic(filepath.Join(dir, "missing", "x.png"), func(io.Writer) error { return nil }); err == nil {
-		t.Errorf("writeAtomic into a missing directory succeeded")
+	// The chart is a file, so no directory can be made under it.
+	if err := writeAtomic(filepath.Join(path, "x.png"), func(io.Writer) error { return nil }); err == nil {
+		t.Errorf("writeAtomic under a regular file succeeded")
 	}
 }
 

@@ -1,6 +1,8 @@
 package plots
 
 import (
+	"github.com/gpualloc/allocsim/trace/tracefile"
+
 	"bytes"
 	"fmt"
 	"io"
@@ -156,36 +158,11 @@ func WriteAll(dir string, results []sim.Result) ([]string, error) {
 	return written, nil
 }
 
-// writeAtomic writes a file at path through write: into a temporary file in
-// the same directory, renamed to path once complete and closed. On error
-// the temporary file is removed and path left as it was.
-func writeAtomic(path string, write func(io.Writer) error) (err error) {
-	dir, base := filepath.Split(path)
-	if dir == "" {
-		dir = "."
-	}
-	f, err := os.CreateTemp(dir, "."+base+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("plots: %w", err)
-	}
-	tmp := f.Name()
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-		}
-	}()
-	if err := write(f); err != nil {
+// writeAtomic writes a file at path through write, atomically (see
+// tracefile.WriteFile): on error path is left as it was.
+func writeAtomic(path string, write func(io.Writer) error) error {
+	if err := tracefile.WriteFile(path, write); err != nil {
 		return fmt.Errorf("plots: writing %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("plots: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("plots: writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("plots: %w", err)
 	}
 	return nil
 }

@@ -19,6 +19,10 @@ import (
 )
 
 func main() {
+	// record run leaves Ctrl-C to the program it records.
+	if len(os.Args) > 1 && os.Args[1] != "run" {
+		tracefile.RemoveOnInterrupt()
+	}
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "record: %v\n", err)
 		// record run passes the program's exit status through.

@@ -12,12 +12,18 @@
 package main
 
 import (
+	"github.com/gpualloc/allocsim/trace/tracefile"
+
 	"fmt"
 	"io"
 	"os"
 )
 
 func main() {
+	// gpu and calibrate free the device's memory on Ctrl-C themselves.
+	if len(os.Args) > 1 && os.Args[1] != "gpu" && os.Args[1] != "calibrate" {
+		tracefile.RemoveOnInterrupt()
+	}
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "replay: %v\n", err)
 		os.Exit(1)

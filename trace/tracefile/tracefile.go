@@ -3,6 +3,10 @@
 package tracefile
 
 import (
+	"os/signal"
+	"sync"
+	"syscall"
+
 	"bufio"
 	"bytes"
 	"fmt"
@@ -170,6 +174,35 @@ func abbreviate(b []byte) []byte {
 	return b
 }
 
+// pending holds the temporary files of the AtomicFiles being written, so
+// that RemoveOnInterrupt can delete them.
+var pending = struct {
+	sync.Mutex
+	names map[string]bool
+}{names: map[string]bool{}}
+
+// RemoveOnInterrupt makes SIGINT and SIGTERM delete the temporary files of
+// the outputs being written, then exit with status 130 (SIGINT) or 143
+// (SIGTERM), so an interrupted command leaves no partial output behind. A
+// main calls it once at its start.
+func RemoveOnInterrupt() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-c
+		pending.Lock()
+		for name := range pending.names {
+			os.Remove(name)
+		}
+		code := 130
+		if sig == syscall.SIGTERM {
+			code = 143
+		}
+		fmt.Fprintf(os.Stderr, "interrupted (%v): no output written\n", sig)
+		os.Exit(code) // with the lock held: no new file is committed
+	}()
+}
+
 // AtomicFile is an output file that appears at its path only when Commit
 // succeeds: it is written to a temporary file in the same directory and
 // renamed. A path that exists and is not a regular file (a pipe,
@@ -193,10 +226,13 @@ func Create(path string) (*AtomicFile, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
+	pending.Lock()
+	defer pending.Unlock()
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return nil, err
 	}
+	pending.names[f.Name()] = true
 	return &AtomicFile{f: f, path: path}, nil
 }
 
@@ -212,6 +248,9 @@ func (a *AtomicFile) Commit() error {
 	if a.direct {
 		return a.f.Close()
 	}
+	pending.Lock()
+	defer pending.Unlock()
+	delete(pending.names, a.f.Name())
 	if err := a.f.Close(); err != nil {
 		os.Remove(a.f.Name())
 		return err
@@ -236,6 +275,9 @@ func (a *AtomicFile) Abort() {
 	a.done = true
 	a.f.Close()
 	if !a.direct {
+		pending.Lock()
+		delete(pending.names, a.f.Name())
+		pending.Unlock()
 		os.Remove(a.f.Name())
 	}
 }
