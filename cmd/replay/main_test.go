@@ -162,7 +162,7 @@ func TestSimStrictAndCostModel(t *testing.T) {
 	// Every call costs 1000 ns: the cuda policy's 4 allocs and 3 frees on
 	// engine.txt (its malloc that fails in the source but fits here
 	// included) cost 7000 ns.
-	os.WriteFile(model, []byte("api,size_bytes,n,first_us,median_us,p90_us,min_us\n" +
+	os.WriteFile(model, []byte("api,size_bytes,n,first_us,median_us,p90_us,min_us\n"+
 		"cudaMalloc,512,1,1,1,1,1\ncudaFree,512,1,1,1,1,1\ncudaMalloc_suballoc,512,1,1,1,1,1\ncudaFree_suballoc,512,1,1,1,1,1\n"), 0o644)
 	js := filepath.Join(dir, "r.json")
 	if _, _, err := runCmd(t, "sim", "--policy", "cuda", "--capacity", "8192", "--cost-model", model, "--json", js, "../../sim/testdata/engine.txt"); err != nil {
