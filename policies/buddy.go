@@ -1,7 +1,6 @@
 package policies
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 )
@@ -251,19 +250,7 @@ func (p *Buddy) freeChunk(b *buddyNode) error {
 // deviceAlloc allocates n bytes from the device; when the device refuses,
 // it returns the wholly free chunks and, if there were any, tries once more.
 func (p *Buddy) deviceAlloc(n uint64) (uint64, error) {
-	addr, err := p.dev.Alloc(n)
-	if err == nil || !errors.Is(err, ErrOutOfMemory) {
-		return addr, err
-	}
-	released, rerr := p.releaseFree()
-	if rerr != nil {
-		return 0, rerr
-	}
-	if released == 0 {
-		return 0, err
-	}
-	p.retries++
-	return p.dev.Alloc(n)
+	return allocRetry(p.dev, n, p.releaseFree, &p.retries)
 }
 
 func (p *Buddy) push(b *buddyNode) {

@@ -25,6 +25,27 @@ func ceilToMultiple(n, m uint64) uint64 {
 }
 
 // isPowerOfTwo reports whether n is a power of two (n > 0).
+// allocRetry allocates size bytes from dev. When the device refuses, it
+// calls release to return the policy's wholly free segments and, if that
+// returned any, counts a retry in *retries and tries once more; when
+// nothing was released the refusal stands. This is the retry rule of the
+// caching policies that copy no particular allocator's.
+func allocRetry(dev Device, size uint64, release func() (int, error), retries *int64) (uint64, error) {
+	addr, err := dev.Alloc(size)
+	if err == nil || !errors.Is(err, ErrOutOfMemory) {
+		return addr, err
+	}
+	released, rerr := release()
+	if rerr != nil {
+		return 0, rerr
+	}
+	if released == 0 {
+		return 0, err
+	}
+	*retries++
+	return dev.Alloc(size)
+}
+
 func isPowerOfTwo(n uint64) bool { return n != 0 && n&(n-1) == 0 }
 
 // invalidSettingf returns the error for a setting that parsed but is out of
@@ -279,22 +300,9 @@ func (c *coalescing) freeSegment(s *flSegment) error {
 // free block, in the treap.
 func (c *coalescing) grow(n uint64) (*flBlock, error) {
 	size := ceilToMultiple(max(c.segmentSize, n), deviceGranularity)
-	addr, err := c.dev.Alloc(size)
+	addr, err := allocRetry(c.dev, size, c.releaseFree, &c.retries)
 	if err != nil {
-		if !errors.Is(err, ErrOutOfMemory) {
-			return nil, err
-		}
-		released, rerr := c.releaseFree()
-		if rerr != nil {
-			return nil, rerr
-		}
-		if released == 0 {
-			return nil, err
-		}
-		c.retries++
-		if addr, err = c.dev.Alloc(size); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
 	s := &flSegment{addr: addr, size: size, index: len(c.segments)}
 	b := c.newBlock(addr, size, s)

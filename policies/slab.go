@@ -1,7 +1,6 @@
 package policies
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -290,19 +289,7 @@ func (p *Slab) freeSegment(g *slabSegment) error {
 // deviceAlloc allocates n bytes from the device; when the device refuses,
 // it returns the empty slabs and, if there were any, tries once more.
 func (p *Slab) deviceAlloc(n uint64) (uint64, error) {
-	addr, err := p.dev.Alloc(n)
-	if err == nil || !errors.Is(err, ErrOutOfMemory) {
-		return addr, err
-	}
-	released, rerr := p.releaseFree()
-	if rerr != nil {
-		return 0, rerr
-	}
-	if released == 0 {
-		return 0, err
-	}
-	p.retries++
-	return p.dev.Alloc(n)
+	return allocRetry(p.dev, n, p.releaseFree, &p.retries)
 }
 
 func (p *Slab) newSegment(addr, objSize uint64, class int, objs uint32) *slabSegment {

@@ -1,7 +1,6 @@
 package policies
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 )
@@ -366,22 +365,9 @@ func (p *TLSF) freeSegment(s *tlsfSegment) error {
 // free block, in no list.
 func (p *TLSF) grow(n uint64) (*tlsfBlock, error) {
 	size := ceilToMultiple(max(p.segmentSize, n), deviceGranularity)
-	addr, err := p.dev.Alloc(size)
+	addr, err := allocRetry(p.dev, size, p.releaseFree, &p.retries)
 	if err != nil {
-		if !errors.Is(err, ErrOutOfMemory) {
-			return nil, err
-		}
-		released, rerr := p.releaseFree()
-		if rerr != nil {
-			return nil, rerr
-		}
-		if released == 0 {
-			return nil, err
-		}
-		p.retries++
-		if addr, err = p.dev.Alloc(size); err != nil {
-			return nil, err
-		}
+		return nil, err
 	}
 	s := &tlsfSegment{addr: addr, size: size, index: len(p.segments)}
 	b := p.newBlock(addr, size, s)
