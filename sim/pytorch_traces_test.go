@@ -69,6 +69,9 @@ type ptTruth struct {
 		DeviceFrees  int64 `json:"num_device_free"`
 		Retries      int64 `json:"num_alloc_retries"`
 		OOMs         int64 `json:"num_ooms"`
+		// Requested is the peak of requested_bytes: PyTorch counts a
+		// block's requested bytes until its free completes.
+		Requested uint64 `json:"requested_bytes.all.peak"`
 	} `json:"memory_stats"`
 }
 
@@ -130,6 +133,7 @@ func TestPyTorchSnapshots(t *testing.T) {
 			}{
 				{"peak reserved", got.PeakReserved, want.Reserved},
 				{"peak allocated", got.PeakAllocated, want.Allocated},
+				{"peak requested", got.PeakRequested, want.MemoryStats.Requested},
 				{"device allocs", got.DeviceAllocs, want.MemoryStats.DeviceAllocs},
 				{"device frees", got.DeviceFrees, want.MemoryStats.DeviceFrees},
 				{"retries", got.AllocRetries, want.MemoryStats.Retries},

@@ -331,9 +331,10 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 }
 
 // freeRequested takes the bytes of the allocation at ev.Addr out of the
-// requested and allocated figures, as PyTorch's allocator does when the
-// program frees a block still in use on another stream; the block goes back
-// to the policy only at the matching free (free_completed).
+// allocated figure, as PyTorch's allocator does (allocated_bytes) when the
+// program frees a block still in use on another stream; its requested bytes
+// stay live (PyTorch's requested_bytes) and the block goes back to the
+// policy only at the matching free (free_completed).
 func (r *Replay) freeRequested(i int64, ev trace.Event) {
 	a, ok := r.live.Get(ev.Addr)
 	if !ok {
@@ -351,7 +352,8 @@ func (r *Replay) freeRequested(i int64, ev trace.Event) {
 	}
 }
 
-// release takes a live allocation's bytes out of the live figures.
+// release takes a live allocation's bytes out of the live figures at its
+// free request: its allocated bytes, or a host kind's bytes.
 func (r *Replay) release(a liveAlloc) {
 	switch a.kind {
 	case trace.KindPinned:
@@ -359,7 +361,6 @@ func (r *Replay) release(a liveAlloc) {
 	case trace.KindManaged:
 		r.managed -= a.requested
 	default:
-		r.requested -= a.requested
 		r.allocated -= a.block.Size
 	}
 }
@@ -377,6 +378,9 @@ func (r *Replay) free(i int64, ev trace.Event) error {
 	if !a.kind.OnDevice() {
 		return nil
 	}
+	// The requested bytes stay live until the free completes: the block
+	// cannot be reused before, so this is the bound any policy must hold.
+	r.requested -= a.requested
 	r.res.Frees++
 	if a.failed {
 		// The malloc failed in the replay: nothing to give back.
