@@ -53,12 +53,18 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: *policy, Capacity: capBytes})
 		f.Close()
 		if err != nil {
+			if strings.HasPrefix(err.Error(), path+":") {
+				return err // a read error, which names the file already
+			}
 			return fmt.Errorf("%s: %w", path, err)
 		}
 		name := filepath.Base(path)
 		if d := rep.Divergence; d != nil {
 			diverged++
 			fmt.Fprintf(stdout, "%s: diverges at %v\n", name, d)
+			if hint := capacityHint(rep.Result); hint != "" {
+				fmt.Fprintf(stdout, "%s: %s\n", name, hint)
+			}
 			continue
 		}
 		fmt.Fprintf(stdout, "%s: identical (%d device calls, %d mallocs; settings %s)\n",
@@ -76,4 +82,14 @@ func settingsText(s map[string]string) string {
 		return "default"
 	}
 	return strings.ReplaceAll(formatSettings(s), ";", " ")
+}
+
+// capacityHint returns advice for a replay without a capacity of a
+// recording whose mallocs failed: the job ran under a memory cap, which
+// a snapshot does not record, and replays as recorded only under it.
+func capacityHint(r *sim.Result) string {
+	if r == nil || r.Capacity != 0 || r.SourceOOMs == 0 {
+		return ""
+	}
+	return fmt.Sprintf("the recording has %d failed malloc(s), so the job probably ran under a memory cap, which a snapshot does not record; replay with --capacity set to that cap (e.g. torch.cuda.set_per_process_memory_fraction times the device memory)", r.SourceOOMs)
 }

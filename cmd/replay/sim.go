@@ -272,6 +272,13 @@ func writeTable(w io.Writer, results []*sim.Result) {
 			fmt.Fprintf(w, "%s: hard lower bound (peak requested) %d bytes; achievable baseline (offline peak reserved) %d bytes\n", r.Trace, r.PeakRequested, r.PeakOffline)
 		}
 	}
+	hinted := map[string]bool{}
+	for _, r := range results {
+		if hint := capacityHint(r); hint != "" && !hinted[r.Trace] {
+			hinted[r.Trace] = true
+			fmt.Fprintf(w, "%s: note: %s\n", r.Trace, hint)
+		}
+	}
 	truncated := map[string]bool{}
 	for _, r := range results {
 		if r.Truncated && !truncated[r.Trace] {
