@@ -322,6 +322,11 @@ func (p *PyTorch) gcActive() bool {
 // error wrapping ErrOutOfMemory when the retry fails too, and any other
 // error of the device as it is.
 func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
+	if size == 0 {
+		// PyTorch hands out a null pointer for 0 bytes and allocates
+		// nothing (NativeCachingAllocator::allocate).
+		return Block{}, nil
+	}
 	rsize := p.roundSize(size)
 	pool := &p.large
 	if rsize <= ptSmallSize {
@@ -643,6 +648,9 @@ func (p *PyTorch) releaseBlock(b *ptBlock) error {
 // allocated on (stream, the stream of the free, plays no part). It returns
 // an error if addr is not an allocated block.
 func (p *PyTorch) Free(addr, stream uint64) error {
+	if addr == 0 {
+		return nil // the null pointer of a 0-byte malloc
+	}
 	if len(p.staged) > 0 || p.releasesSeen > 0 {
 		if err := p.settle(); err != nil {
 			return err

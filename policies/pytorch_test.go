@@ -566,6 +566,9 @@ type ptModelBlock struct {
 }
 
 func (m *ptModel) malloc(req, stream uint64) (policies.Block, error) {
+	if req == 0 {
+		return policies.Block{}, nil // a null pointer, nothing allocated
+	}
 	size := max((req+511)/512*512, 512)
 	small := size <= ptMiB
 	// Best fit: smallest, then lowest address, same pool and stream.
@@ -619,6 +622,9 @@ func (m *ptModel) malloc(req, stream uint64) (policies.Block, error) {
 }
 
 func (m *ptModel) free(addr uint64) {
+	if addr == 0 {
+		return // the null pointer of a 0-byte malloc
+	}
 	for _, s := range m.segs {
 		for i := range s.blocks {
 			if s.blocks[i].addr != addr || !s.blocks[i].used {

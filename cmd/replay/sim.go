@@ -1,6 +1,8 @@
 package main
 
 import (
+	"slices"
+
 	"encoding/csv"
 	"encoding/json"
 	"errors"
@@ -173,6 +175,9 @@ func parseSets(sets []string, names []string) (map[string]policies.Settings, err
 		}
 		if !known[name] {
 			return nil, fmt.Errorf("--set %q: unknown policy %q", s, name)
+		}
+		if !slices.Contains(names, name) {
+			return nil, fmt.Errorf("--set %q: policy %s is not among those replayed (--policy)", s, name)
 		}
 		if out[name] == nil {
 			out[name] = policies.Settings{}

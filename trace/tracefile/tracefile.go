@@ -3,6 +3,8 @@
 package tracefile
 
 import (
+	"errors"
+
 	"os/signal"
 	"sync"
 	"syscall"
@@ -198,7 +200,7 @@ func RemoveOnInterrupt() {
 		if sig == syscall.SIGTERM {
 			code = 143
 		}
-		fmt.Fprintf(os.Stderr, "interrupted (%v): no output written\n", sig)
+		fmt.Fprintf(os.Stderr, "%s: interrupted (%v): no output written\n", filepath.Base(os.Args[0]), sig)
 		os.Exit(code) // with the lock held: no new file is committed
 	}()
 }
@@ -230,7 +232,11 @@ func Create(path string) (*AtomicFile, error) {
 	defer pending.Unlock()
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return nil, err
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the temporary name means nothing to the user
+		}
+		return nil, fmt.Errorf("cannot write %s: %w", path, err)
 	}
 	pending.names[f.Name()] = true
 	return &AtomicFile{f: f, path: path}, nil
