@@ -144,9 +144,16 @@ func TestSimTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Two rows, then the note that the recording's failed malloc asks for
+	// the cap it ran under.
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 3 || !strings.Contains(lines[0], "reserved MiB") || !strings.Contains(lines[1], "split_frag_oom.pickle.gz") || !strings.Contains(lines[1], "pytorch") {
+	if len(lines) != 4 || !strings.Contains(lines[0], "reserved MiB") || !strings.Contains(lines[1], "split_frag_oom.pickle.gz") ||
+		!strings.Contains(lines[1], "pytorch") || !strings.Contains(lines[3], "note: the recording has 1 failed malloc(s)") {
 		t.Errorf("table:\n%s", out)
+	}
+	out, _, err = runCmd(t, "sim", "--policy", "pytorch", "--capacity", "4194304000", splitFragOOM)
+	if err != nil || strings.Contains(out, "note:") {
+		t.Errorf("with the cap: %v\n%s", err, out)
 	}
 }
 
