@@ -241,3 +241,26 @@ func isPlanner(name string) bool {
 	_, ok := p.(policies.Planner)
 	return ok
 }
+
+// BenchmarkReplayMallocFree replays only the malloc and free events of
+// kv_decode against the pytorch policy: the 482006 events that a port
+// of the allocator replaying a list of malloc/free calls loops over, for a
+// comparison loop against loop (trace=kv_decode-mallocfree).
+func BenchmarkReplayMallocFree(b *testing.B) {
+	bt := benchTraces(b)[0]
+	var evs []trace.Event
+	for _, ev := range bt.evs {
+		if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
+			evs = append(evs, ev)
+		}
+	}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := sim.Run(trace.NewSliceSource(bt.h, evs), sim.Config{Trace: bt.name, Policy: "pytorch"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	benchReport("kv_decode-mallocfree 3replay pytorch", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=replay policy=pytorch seconds=%.4f events=%d", sec, len(evs)))
+	b.ReportMetric(float64(len(evs))/sec, "events/s")
+}

@@ -246,20 +246,23 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 	if err := trace.CheckSize(i, ev); err != nil {
 		r.problem = err // replayed all the same: the policy decides
 	}
-	if a, dup := r.live.Get(ev.Addr); dup {
-		r.problem = trace.LiveMalloc(i, ev, a.event)
+	// One probe finds a duplicate or makes the slot, filled below; the
+	// policy does not touch the table meanwhile.
+	slot, dup := r.live.Ref(ev.Addr)
+	if dup {
+		r.problem = trace.LiveMalloc(i, ev, slot.event)
 		return nil
 	}
 	switch ev.Kind {
 	case trace.KindPinned:
 		r.pinned += ev.Size
 		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
-		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, event: i})
+		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, event: i}
 		return nil
 	case trace.KindManaged:
 		r.managed += ev.Size
 		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
-		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, event: i})
+		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, event: i}
 		return nil
 	}
 	r.res.Mallocs++
@@ -273,9 +276,10 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 		}
 		r.oom(i, ev.Size)
 		// The requested bytes stay counted: the source had them live.
-		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true, event: i})
+		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true, event: i}
 		return nil
 	}
+	*slot = liveAlloc{block: b, requested: ev.Size, kind: ev.Kind, event: i}
 	if r.check != nil {
 		if err := r.check.Malloc(b, ev.Size); err != nil {
 			return err
@@ -283,7 +287,6 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 	}
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	r.live.Put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind, event: i})
 	r.obs.tell(ActionAlloc, b, ev.Size)
 	return nil
 }
@@ -336,16 +339,16 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 // stay live (PyTorch's requested_bytes) and the block goes back to the
 // policy only at the matching free (free_completed).
 func (r *Replay) freeRequested(i int64, ev trace.Event) {
-	a, ok := r.live.Get(ev.Addr)
-	if !ok {
+	p := r.live.Ptr(ev.Addr)
+	if p == nil {
 		r.problem = r.frees.NotLive(i, ev)
 		return
 	}
-	if a.released {
+	if p.released {
 		return
 	}
-	a.released = true
-	r.live.Put(ev.Addr, a)
+	p.released = true
+	a := *p
 	r.release(a)
 	if a.kind.OnDevice() && !a.failed {
 		r.obs.tell(ActionFreeRequested, a.block, a.requested)

@@ -71,6 +71,47 @@ func (m *AddrMap[V]) Insert(addr uint64, v V) (V, bool) {
 	}
 }
 
+// Ref returns a pointer to the value at addr, inserting the zero value
+// when addr is absent, and whether it was present. The pointer is valid
+// until the next Insert, Put, Ref or Delete.
+func (m *AddrMap[V]) Ref(addr uint64) (*V, bool) {
+	if len(m.slots) == 0 {
+		m.init(64)
+	} else if 4*(m.n+1) > 3*len(m.slots) {
+		m.grow()
+	}
+	mask := len(m.slots) - 1
+	for i := m.home(addr); ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if !s.used {
+			s.addr, s.used = addr, true
+			m.n++
+			return &s.val, false
+		}
+		if s.addr == addr {
+			return &s.val, true
+		}
+	}
+}
+
+// Ptr returns a pointer to the value at addr, nil when absent. The pointer
+// is valid until the next Insert, Put, Ref or Delete.
+func (m *AddrMap[V]) Ptr(addr uint64) *V {
+	if m.n == 0 {
+		return nil
+	}
+	mask := len(m.slots) - 1
+	for i := m.home(addr); ; i = (i + 1) & mask {
+		s := &m.slots[i]
+		if !s.used {
+			return nil
+		}
+		if s.addr == addr {
+			return &s.val
+		}
+	}
+}
+
 // Put sets the value at addr.
 func (m *AddrMap[V]) Put(addr uint64, v V) {
 	if len(m.slots) == 0 {

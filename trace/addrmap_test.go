@@ -14,10 +14,20 @@ func TestAddrMap(t *testing.T) {
 	for i := 0; i < 200000; i++ {
 		addr := uint64(rng.IntN(5000)) << 9
 		switch rng.IntN(3) {
-		case 0, 1:
+		case 0:
 			v := i
 			tab.Put(addr, v)
 			ref[addr] = v
+		case 1:
+			p, had := tab.Ref(addr)
+			if _, want := ref[addr]; had != want {
+				t.Fatalf("op %d: Ref(%#x) found %v, want %v", i, addr, had, want)
+			}
+			*p = i
+			ref[addr] = i
+			if q := tab.Ptr(addr); q == nil || *q != i {
+				t.Fatalf("op %d: Ptr(%#x) after Ref", i, addr)
+			}
 		case 2:
 			tab.Delete(addr)
 			delete(ref, addr)
