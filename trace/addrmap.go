@@ -53,7 +53,7 @@ func (m *AddrMap[V]) Get(addr uint64) (V, bool) {
 func (m *AddrMap[V]) Insert(addr uint64, v V) (V, bool) {
 	if len(m.slots) == 0 {
 		m.init(64)
-	} else if 4*(m.n+1) > 3*len(m.slots) {
+	} else if 2*(m.n+1) > len(m.slots) {
 		m.grow()
 	}
 	mask := len(m.slots) - 1
@@ -77,7 +77,7 @@ func (m *AddrMap[V]) Insert(addr uint64, v V) (V, bool) {
 func (m *AddrMap[V]) Ref(addr uint64) (*V, bool) {
 	if len(m.slots) == 0 {
 		m.init(64)
-	} else if 4*(m.n+1) > 3*len(m.slots) {
+	} else if 2*(m.n+1) > len(m.slots) {
 		m.grow()
 	}
 	mask := len(m.slots) - 1
@@ -116,7 +116,7 @@ func (m *AddrMap[V]) Ptr(addr uint64) *V {
 func (m *AddrMap[V]) Put(addr uint64, v V) {
 	if len(m.slots) == 0 {
 		m.init(64)
-	} else if 4*(m.n+1) > 3*len(m.slots) {
+	} else if 2*(m.n+1) > len(m.slots) {
 		m.grow()
 	}
 	mask := len(m.slots) - 1
