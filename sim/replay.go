@@ -494,20 +494,35 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	for i := int64(0); ; i++ {
-		ev, err := src.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
+	step := func(i int64, ev *trace.Event) error {
 		for _, rep := range reps {
-			if err := rep.Step(i, ev); err != nil {
+			if err := rep.Step(i, *ev); err != nil {
 				if rep.cfg.Strict && errors.As(err, new(*trace.ValidationError)) {
-					return nil, err // the trace's problem, not the policy's
+					return err // the trace's problem, not the policy's
 				}
-				return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
+				return fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
+			}
+		}
+		return nil
+	}
+	if ss, ok := src.(*trace.SliceSource); ok {
+		// Events already in memory: no call per event to fetch them.
+		for k, evs := 0, ss.Rest(); k < len(evs); k++ {
+			if err := step(int64(k), &evs[k]); err != nil {
+				return nil, err
+			}
+		}
+	} else {
+		for i := int64(0); ; i++ {
+			ev, err := src.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			if err := step(i, &ev); err != nil {
+				return nil, err
 			}
 		}
 	}

@@ -330,6 +330,14 @@ func (s *SliceSource) Header() Header { return s.h }
 // second pass that copies nothing.
 func (s *SliceSource) Reopen() (Source, error) { return NewSliceSource(s.h, s.evs), nil }
 
+// Rest returns the events not yet read, which count as read from now on.
+// The slice is the source's own.
+func (s *SliceSource) Rest() []Event {
+	rest := s.evs[s.i:]
+	s.i = len(s.evs)
+	return rest
+}
+
 // Next returns the next event, or io.EOF after the last.
 func (s *SliceSource) Next() (Event, error) {
 	if s.i >= len(s.evs) {
