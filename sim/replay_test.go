@@ -173,3 +173,21 @@ free id=2
 		t.Errorf("cuda: simulated allocator time %d ns, %d latency rows", c.SimAllocTimeNS, len(c.Latency))
 	}
 }
+
+// TestExpandableCost: the pages that expandable segments map are charged to
+// the cost model, one cudaMalloc of the mapped size per map call.
+func TestExpandableCost(t *testing.T) {
+	_, evs, err := trace.ParseText("x.txt", strings.NewReader("malloc id=1 size=30MiB\nfree id=1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := Run(trace.NewSliceSource(trace.Header{}, evs), Config{Policy: "pytorch", Settings: map[string]string{"conf": "expandable_segments:True"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	want, _ := DefaultCostModel().Latency(CostMallocBatch, 40<<20) // two 20 MiB pages, fresh memory
+	if r.DeviceAllocs != 1 || r.SimAllocTimeNS != want {
+		t.Errorf("device allocs %d, allocator time %d ns; want 1 and %d", r.DeviceAllocs, r.SimAllocTimeNS, want)
+	}
+}
