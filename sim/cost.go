@@ -78,6 +78,14 @@ type CostModel struct {
 type costPoint struct {
 	size float64 // bytes
 	ns   float64 // median latency
+	// logSize and logNS are the natural logarithms of size and ns, kept
+	// so that an interpolation takes one Log and one Exp.
+	logSize, logNS float64
+}
+
+// newCostPoint returns the point of size bytes and ns nanoseconds.
+func newCostPoint(size, ns float64) costPoint {
+	return costPoint{size: size, ns: ns, logSize: math.Log(size), logNS: math.Log(ns)}
 }
 
 // CostError is an error in a cost model file, with its line (from 1).
@@ -170,7 +178,7 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 		if err != nil || us < 0 || math.IsInf(us, 0) || math.IsNaN(us) {
 			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("median_us %q: not a latency", med)}
 		}
-		m.curves[api] = append(m.curves[api], costPoint{size: float64(max(size, 1)), ns: max(us*1000, 1)})
+		m.curves[api] = append(m.curves[api], newCostPoint(float64(max(size, 1)), max(us*1000, 1)))
 	}
 	for api, pts := range m.curves {
 		sort.SliceStable(pts, func(i, j int) bool { return pts[i].size < pts[j].size })
@@ -247,8 +255,8 @@ func interpolate(pts []costPoint, x float64) float64 {
 }
 
 func loglog(a, b costPoint, x float64) float64 {
-	t := (math.Log(x) - math.Log(a.size)) / (math.Log(b.size) - math.Log(a.size))
-	return math.Exp(math.Log(a.ns) + t*(math.Log(b.ns)-math.Log(a.ns)))
+	t := (math.Log(x) - a.logSize) / (b.logSize - a.logSize)
+	return math.Exp(a.logNS + t*(b.logNS-a.logNS))
 }
 
 // costMeter charges the device calls of a simulated device to a cost
