@@ -310,7 +310,8 @@ const maxFreedSizes = 1 << 14
 // driverPage is a 2 MiB page of the driver's sub-allocator: its free holes
 // by offset, and its live allocations.
 type driverPage struct {
-	holes []hole
+	holes   []hole
+	maxHole uint64 // the longest hole's length, to pass over full pages
 	live  int
 }
 
@@ -366,6 +367,9 @@ func (c *costMeter) alloc(addr, size uint64) {
 	var best *driverPage
 	bi := -1
 	for _, p := range c.pages {
+		if p.maxHole < n {
+			continue // no hole of this page fits
+		}
 		for i, h := range p.holes {
 			if h.len >= n && (best == nil || h.len < best.holes[bi].len) {
 				best, bi = p, i
@@ -380,6 +384,7 @@ func (c *costMeter) alloc(addr, size uint64) {
 		if h.len == 0 {
 			best.holes = append(best.holes[:bi], best.holes[bi+1:]...)
 		}
+		best.updateMax()
 		best.live++
 		c.charge(CostMalloc, CostMallocSuballoc, size)
 		return
@@ -388,6 +393,7 @@ func (c *costMeter) alloc(addr, size uint64) {
 	if n < driverPageSize {
 		p.holes = []hole{{n, driverPageSize - n}}
 	}
+	p.updateMax()
 	c.pages = append(c.pages, p)
 	c.placed[addr] = placement{p, 0, n}
 	c.charge(CostMalloc, CostMallocNewPage, size)
@@ -423,9 +429,18 @@ func (c *costMeter) free(addr, size uint64) {
 	c.charge(CostFree, CostFreeLastInPage, size)
 }
 
+// updateMax sets maxHole from the holes.
+func (p *driverPage) updateMax() {
+	p.maxHole = 0
+	for _, h := range p.holes {
+		p.maxHole = max(p.maxHole, h.len)
+	}
+}
+
 // release returns [off, off+n) to the page's holes, merged with its
 // neighbours.
 func (p *driverPage) release(off, n uint64) {
+	defer p.updateMax()
 	i := sort.Search(len(p.holes), func(i int) bool { return p.holes[i].off > off })
 	if i > 0 && p.holes[i-1].off+p.holes[i-1].len == off {
 		p.holes[i-1].len += n
