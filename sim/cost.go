@@ -312,7 +312,7 @@ const maxFreedSizes = 1 << 14
 type driverPage struct {
 	holes   []hole
 	maxHole uint64 // the longest hole's length, to pass over full pages
-	live  int
+	live    int
 }
 
 type hole struct{ off, len uint64 }
