@@ -181,7 +181,7 @@ type replayer struct {
 	requested, allocated uint64
 	pinned, managed      uint64
 
-	series series
+	series sim.SeriesBuilder
 }
 
 // Replay replays src on the GPU through rt against the policy cfg names,
@@ -214,7 +214,6 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	r := &replayer{
 		cfg: cfg, rt: rt, dev: NewDevice(rt, limit),
 		live: map[uint64]liveAlloc{}, streams: map[uint64]uint64{}, events: map[uint64]uint64{},
-		series: series{width: 1},
 	}
 	r.res = Result{
 		Result: sim.Result{
@@ -666,7 +665,7 @@ func (r *replayer) observe(i, t int64) {
 		r.res.PeakReserved = reserved
 		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
 	}
-	if r.series.add(i, t, r.requested, r.allocated, reserved) {
+	if r.series.Add(i, t, r.requested, r.allocated, reserved) {
 		r.closePoint()
 	}
 }
@@ -678,7 +677,7 @@ func (r *replayer) closePoint() {
 			ext = 1 - float64(largest)/float64(total)
 		}
 	}
-	r.series.close(fragmentation(r.allocated, r.reserved()), ext)
+	r.series.Close(fragmentation(r.allocated, r.reserved()), ext)
 }
 
 func fragmentation(allocated, reserved uint64) float64 {
@@ -691,10 +690,10 @@ func fragmentation(allocated, reserved uint64) float64 {
 // finish completes the result from the device's and the policy's
 // counters.
 func (r *replayer) finish() {
-	if r.series.n > 0 {
+	if r.series.Open() {
 		r.closePoint()
 	}
-	r.res.Series = r.series.pts
+	r.res.Series = r.series.Points()
 	for _, p := range r.res.Series {
 		r.res.PeakFragmentation = max(r.res.PeakFragmentation, p.Fragmentation)
 	}
@@ -749,44 +748,6 @@ func (r *replayer) cleanup() error {
 		delete(r.streams, id)
 	}
 	return first
-}
-
-// series downsamples a per-event series to at most sim.MaxSeriesPoints
-// points, as package sim does: each point covers width events; when the
-// points run out, neighbours are merged and width doubles.
-type series struct {
-	pts   []sim.Point
-	width int64
-	cur   sim.Point
-	n     int64
-}
-
-func (s *series) add(i, t int64, req, alloc, res uint64) bool {
-	s.cur.Event, s.cur.Time = i, t
-	s.cur.Requested = max(s.cur.Requested, req)
-	s.cur.Allocated = max(s.cur.Allocated, alloc)
-	s.cur.Reserved = max(s.cur.Reserved, res)
-	s.n++
-	return s.n >= s.width
-}
-
-func (s *series) close(frag, ext float64) {
-	s.cur.Fragmentation, s.cur.External = frag, ext
-	s.pts = append(s.pts, s.cur)
-	s.cur, s.n = sim.Point{}, 0
-	if len(s.pts) < sim.MaxSeriesPoints {
-		return
-	}
-	half := s.pts[:0]
-	for k := 0; k+1 < len(s.pts); k += 2 {
-		a, b := s.pts[k], s.pts[k+1]
-		b.Requested = max(a.Requested, b.Requested)
-		b.Allocated = max(a.Allocated, b.Allocated)
-		b.Reserved = max(a.Reserved, b.Reserved)
-		half = append(half, b)
-	}
-	s.pts = half
-	s.width *= 2
 }
 
 // Repeat replays a trace n times (at least once) on rt, each time on a

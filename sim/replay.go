@@ -72,7 +72,7 @@ type Replay struct {
 	requested, allocated uint64 // live device bytes
 	pinned, managed      uint64 // live host-side bytes
 
-	series seriesBuilder
+	series SeriesBuilder
 	obs    *observing // nil unless cfg.Observer
 	rec    recorded   // replaying as recorded (recorded.go)
 	check  *Checker   // nil unless cfg.Check
@@ -124,7 +124,6 @@ func NewReplay(cfg Config) (*Replay, error) {
 		cfg:    cfg,
 		policy: p,
 		dev:    dev,
-		series: seriesBuilder{width: 1},
 		obs:    obs,
 		check:  chk,
 	}
@@ -420,7 +419,7 @@ func (r *Replay) observe(i, t int64) {
 		r.res.PeakReserved = reserved
 		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
 	}
-	if r.series.add(i, t, r.requested, r.allocated, reserved) {
+	if r.series.Add(i, t, r.requested, r.allocated, reserved) {
 		r.closePoint()
 	}
 }
@@ -435,7 +434,7 @@ func (r *Replay) closePoint() {
 			ext = 1 - float64(largest)/float64(total)
 		}
 	}
-	r.series.close(frag, ext)
+	r.series.Close(frag, ext)
 }
 
 func fragmentation(allocated, reserved uint64) float64 {
@@ -448,11 +447,11 @@ func fragmentation(allocated, reserved uint64) float64 {
 // Finish returns the result of the replay so far, with the device's and the
 // policy's counters.
 func (r *Replay) Finish() *Result {
-	if r.series.n > 0 {
+	if r.series.Open() {
 		r.closePoint()
 	}
 	res := r.res
-	res.Series = r.series.pts
+	res.Series = r.series.Points()
 	for _, p := range res.Series {
 		res.PeakFragmentation = max(res.PeakFragmentation, p.Fragmentation)
 	}
@@ -661,28 +660,35 @@ func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
 	return trace.NewSliceSource(src.Header(), evs), nil
 }
 
-// seriesBuilder downsamples a per-event series to at most MaxSeriesPoints
-// points without knowing the trace's length: each point covers width
-// events; when the points run out, neighbours are merged and width doubles.
-type seriesBuilder struct {
+// SeriesBuilder downsamples a per-event series to at most MaxSeriesPoints
+// points without knowing the trace's length: each point covers a run of
+// events; when the points run out, neighbours are merged and the runs
+// double. The zero value is ready to use. Package gpu shares it.
+type SeriesBuilder struct {
 	pts   []Point
-	width int64
+	width int64 // events per point; 0 means 1
 	cur   Point
 	n     int64 // events in cur
 }
 
-// add folds one event into the current point and reports whether the point
-// is full and must be closed.
-func (s *seriesBuilder) add(i, t int64, req, alloc, res uint64) bool {
+// Add folds event i, at time t (ns), with its requested, allocated and
+// reserved bytes into the current point, and reports whether the point is
+// full and must be closed with Close.
+func (s *SeriesBuilder) Add(i, t int64, req, alloc, res uint64) bool {
 	s.cur.Event, s.cur.Time = i, t
 	s.cur.Requested = max(s.cur.Requested, req)
 	s.cur.Allocated = max(s.cur.Allocated, alloc)
 	s.cur.Reserved = max(s.cur.Reserved, res)
 	s.n++
-	return s.n >= s.width
+	return s.n >= max(s.width, 1)
 }
 
-func (s *seriesBuilder) close(frag, ext float64) {
+// Open reports whether the current point holds events not yet closed.
+func (s *SeriesBuilder) Open() bool { return s.n > 0 }
+
+// Close ends the current point with the fragmentation (1 - allocated /
+// reserved) and external fragmentation at its last event.
+func (s *SeriesBuilder) Close(frag, ext float64) {
 	s.cur.Fragmentation, s.cur.External = frag, ext
 	s.pts = append(s.pts, s.cur)
 	s.cur, s.n = Point{}, 0
@@ -698,5 +704,8 @@ func (s *seriesBuilder) close(frag, ext float64) {
 		half = append(half, b)
 	}
 	s.pts = half
-	s.width *= 2
+	s.width = 2 * max(s.width, 1)
 }
+
+// Points returns the closed points. The slice is the builder's own.
+func (s *SeriesBuilder) Points() []Point { return s.pts }

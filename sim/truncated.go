@@ -42,7 +42,7 @@ func (r *Replay) Reconstructed(n int64) {
 // historyBegins restarts the peaks and the series from the current state,
 // after the last reconstructed event.
 func (r *Replay) historyBegins() {
-	r.series = seriesBuilder{width: 1}
+	r.series = SeriesBuilder{}
 	reserved := r.dev.Reserved()
 	r.res.PeakRequested = r.requested
 	r.res.PeakAllocated = r.allocated
