@@ -114,36 +114,41 @@ func runSimpleCases(t *testing.T, cases []simpleCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := driveSimple(t, tc.policy, tc.settings, tc.capacity, tc.trace)
-			if !slices.Equal(r.blocks, tc.blocks) {
-				t.Errorf("blocks:\n got %s\nwant %s", fmtBlocks(r.blocks), fmtBlocks(tc.blocks))
-			}
-			if !slices.Equal(r.ooms, tc.ooms) {
-				t.Errorf("OOMs at events %v, want %v", r.ooms, tc.ooms)
-			}
-			if got := r.dev.PeakReserved(); got != tc.peak {
-				t.Errorf("peak reserved = %d, want %d", got, tc.peak)
-			}
-			if got := r.dev.Allocs(); got != tc.allocs {
-				t.Errorf("device allocs = %d, want %d", got, tc.allocs)
-			}
-			if got := r.dev.Frees(); got != tc.frees {
-				t.Errorf("device frees = %d, want %d", got, tc.frees)
-			}
-			var retries int64
-			if c, ok := r.policy.(policies.Counter); ok {
-				retries = c.Retries()
-			}
-			if retries != tc.retries {
-				t.Errorf("retries = %d, want %d", retries, tc.retries)
-			}
-			if tc.checkFree {
-				total, largest := r.policy.(policies.FreeSpacer).FreeSpace()
-				if total != tc.freeTotal || largest != tc.freeLargest {
-					t.Errorf("FreeSpace() = %d, %d; want %d, %d", total, largest, tc.freeTotal, tc.freeLargest)
-				}
-			}
+			checkSimpleRun(t, driveSimple(t, tc.policy, tc.settings, tc.capacity, tc.trace), tc)
 		})
+	}
+}
+
+// checkSimpleRun compares the figures of a replay with those of its case.
+func checkSimpleRun(t *testing.T, r simpleRun, tc simpleCase) {
+	t.Helper()
+	if !slices.Equal(r.blocks, tc.blocks) {
+		t.Errorf("blocks:\n got %s\nwant %s", fmtBlocks(r.blocks), fmtBlocks(tc.blocks))
+	}
+	if !slices.Equal(r.ooms, tc.ooms) {
+		t.Errorf("OOMs at events %v, want %v", r.ooms, tc.ooms)
+	}
+	if got := r.dev.PeakReserved(); got != tc.peak {
+		t.Errorf("peak reserved = %d, want %d", got, tc.peak)
+	}
+	if got := r.dev.Allocs(); got != tc.allocs {
+		t.Errorf("device allocs = %d, want %d", got, tc.allocs)
+	}
+	if got := r.dev.Frees(); got != tc.frees {
+		t.Errorf("device frees = %d, want %d", got, tc.frees)
+	}
+	var retries int64
+	if c, ok := r.policy.(policies.Counter); ok {
+		retries = c.Retries()
+	}
+	if retries != tc.retries {
+		t.Errorf("retries = %d, want %d", retries, tc.retries)
+	}
+	if tc.checkFree {
+		total, largest := r.policy.(policies.FreeSpacer).FreeSpace()
+		if total != tc.freeTotal || largest != tc.freeLargest {
+			t.Errorf("FreeSpace() = %d, %d; want %d, %d", total, largest, tc.freeTotal, tc.freeLargest)
+		}
 	}
 }
 
