@@ -1,9 +1,10 @@
 package policies
 
 import (
+	"github.com/gpualloc/allocsim/trace"
+
 	"errors"
 	"fmt"
-	"math/bits"
 )
 
 // BFC is TensorFlow's GPU allocator, best-fit with coalescing, as in
@@ -61,7 +62,7 @@ type BFC struct {
 	backpedaled bool
 
 	free    fitTree // free chunks by (size, address)
-	live    blockTable
+	live    trace.AddrMap[*fitBlock]
 	regions []*bfcRegion
 	retries int64
 	nodes   fitNodes
@@ -197,7 +198,7 @@ func (p *BFC) Malloc(size, stream uint64) (Block, error) {
 		c.size = n
 		p.free.insert(r)
 	}
-	p.live.put(c)
+	p.live.Put(c.addr, c)
 	return Block{Addr: c.addr, Size: c.size}, nil
 }
 
@@ -208,7 +209,7 @@ func (p *BFC) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	c := p.live.take(addr)
+	c, _ := p.live.Take(addr)
 	if c == nil {
 		return fmt.Errorf("policy bfc: free of %#x: not a live block", addr)
 	}
@@ -587,76 +588,4 @@ func fitSubtreeMax(x *fitBlock) uint64 {
 		m = x.right.maxSize
 	}
 	return m
-}
-
-// blockTable maps the addresses of live blocks to their fitBlocks: an
-// open-addressing hash table with linear probing, kept at most half full,
-// cheaper than a Go map on the malloc and free paths.
-type blockTable struct {
-	slots []*fitBlock
-	n     int
-	shift uint // 64 - log2(len(slots))
-}
-
-func (t *blockTable) home(addr uint64) int {
-	return int((addr >> 8) * 0x9e3779b97f4a7c15 >> t.shift)
-}
-
-// put adds live block b, whose address is not in the table.
-func (t *blockTable) put(b *fitBlock) {
-	if 2*(t.n+1) > len(t.slots) {
-		t.grow()
-	}
-	mask := len(t.slots) - 1
-	i := t.home(b.addr)
-	for t.slots[i] != nil {
-		i = (i + 1) & mask
-	}
-	t.slots[i] = b
-	t.n++
-}
-
-// take removes and returns the block at addr, nil if none.
-func (t *blockTable) take(addr uint64) *fitBlock {
-	if t.n == 0 {
-		return nil
-	}
-	mask := len(t.slots) - 1
-	i := t.home(addr)
-	for {
-		b := t.slots[i]
-		if b == nil {
-			return nil
-		}
-		if b.addr == addr {
-			break
-		}
-		i = (i + 1) & mask
-	}
-	b := t.slots[i]
-	// Backward-shift deletion: move later entries of the run into the
-	// hole when their home is not between the hole and them.
-	for j := (i + 1) & mask; t.slots[j] != nil; j = (j + 1) & mask {
-		h := t.home(t.slots[j].addr)
-		if (j-h)&mask >= (j-i)&mask {
-			t.slots[i] = t.slots[j]
-			i = j
-		}
-	}
-	t.slots[i] = nil
-	t.n--
-	return b
-}
-
-func (t *blockTable) grow() {
-	old := t.slots
-	size := max(64, 2*len(old))
-	t.slots = make([]*fitBlock, size)
-	t.shift = uint(64 - bits.TrailingZeros(uint(size)))
-	t.n = 0
-	for _, b := range old {
-		if b != nil {
-			t.put(b)
-		}
-	}
 }

@@ -1,6 +1,8 @@
 package policies
 
 import (
+	"github.com/gpualloc/allocsim/trace"
+
 	"errors"
 	"fmt"
 	"math"
@@ -97,7 +99,7 @@ type PyTorch struct {
 	cfg      pytorchConfig
 
 	large, small ptPool
-	active       ptAddrMap // allocated blocks by address
+	active       trace.AddrMap[*ptBlock] // allocated blocks by address
 
 	reserved  uint64 // bytes in live segments and mapped pages (total_allocated_memory)
 	freeBytes uint64 // bytes in cached free blocks
@@ -363,7 +365,7 @@ func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
 		p.insertFree(rest)
 	}
 	b.allocated = true
-	p.active.put(b)
+	p.active.Put(b.addr, b)
 	return Block{Addr: b.addr, Size: b.size}, nil
 }
 
@@ -656,7 +658,7 @@ func (p *PyTorch) Free(addr, stream uint64) error {
 			return err
 		}
 	}
-	b := p.active.remove(addr)
+	b, _ := p.active.Take(addr)
 	if b == nil {
 		return fmt.Errorf("pytorch: free of %#x on stream %#x: not an allocated block", addr, stream)
 	}

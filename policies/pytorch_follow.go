@@ -47,7 +47,7 @@ func (p *PyTorch) FreeLate(addr, stream uint64) error {
 			return err
 		}
 	}
-	b := p.active.remove(addr)
+	b, _ := p.active.Take(addr)
 	if b == nil {
 		return fmt.Errorf("pytorch: free of %#x on stream %#x: not an allocated block", addr, stream)
 	}

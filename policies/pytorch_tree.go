@@ -2,83 +2,10 @@ package policies
 
 import (
 	"fmt"
-	"math/bits"
 )
 
 // The pytorch policy's data structures: blocks by address, and free blocks
 // ordered by (size, address).
-
-// ptAddrMap is a hash table of blocks by address: open addressing with
-// linear probing, at most half full, deletion by backward shift. It does
-// what a map[uint64]*ptBlock does, at a third of the cost.
-type ptAddrMap struct {
-	slots []*ptBlock // nil = empty; len is a power of two
-	n     int
-	shift uint // 64 - log2(len(slots))
-}
-
-func (m *ptAddrMap) home(addr uint64) int {
-	// Fibonacci hashing of the address without its low bits, which
-	// are zero in every block address (multiples of 512).
-	return int(((addr >> 9) * 0x9e3779b97f4a7c15) >> m.shift)
-}
-
-// put adds b, whose address must not be in m.
-func (m *ptAddrMap) put(b *ptBlock) {
-	if 2*(m.n+1) > len(m.slots) {
-		m.grow()
-	}
-	mask := len(m.slots) - 1
-	i := m.home(b.addr)
-	for m.slots[i] != nil {
-		i = (i + 1) & mask
-	}
-	m.slots[i] = b
-	m.n++
-}
-
-// remove takes the block at addr out of m and returns it, or nil.
-func (m *ptAddrMap) remove(addr uint64) *ptBlock {
-	if m.n == 0 {
-		return nil
-	}
-	mask := len(m.slots) - 1
-	i := m.home(addr)
-	for {
-		b := m.slots[i]
-		if b == nil {
-			return nil
-		}
-		if b.addr == addr {
-			break
-		}
-		i = (i + 1) & mask
-	}
-	b := m.slots[i]
-	// Shift back the entries after i that would no longer be found.
-	for j := (i + 1) & mask; m.slots[j] != nil; j = (j + 1) & mask {
-		if h := m.home(m.slots[j].addr); (j-h)&mask >= (j-i)&mask {
-			m.slots[i] = m.slots[j]
-			i = j
-		}
-	}
-	m.slots[i] = nil
-	m.n--
-	return b
-}
-
-func (m *ptAddrMap) grow() {
-	old := m.slots
-	size := max(2*len(old), 1024)
-	m.slots = make([]*ptBlock, size)
-	m.shift = uint(64 - bits.Len(uint(size-1)))
-	m.n = 0
-	for _, b := range old {
-		if b != nil {
-			m.put(b)
-		}
-	}
-}
 
 // ptTree is a B-tree of free blocks ordered by (size, address). Nodes of
 // deleted levels are kept for reuse, so that a steady state allocates

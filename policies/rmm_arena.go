@@ -1,6 +1,8 @@
 package policies
 
 import (
+	"github.com/gpualloc/allocsim/trace"
+
 	"errors"
 	"fmt"
 )
@@ -57,7 +59,7 @@ type RMMArena struct {
 	global  arenaOwner
 	arenas  rmmStreams[arenaOwner]
 	segs    []*arenaSuperblock // the first superblock of each device segment
-	live    blockTable
+	live    trace.AddrMap[*fitBlock]
 	retries int64
 	nodes   fitNodes
 	spare   []*arenaSuperblock
@@ -195,7 +197,7 @@ func (p *RMMArena) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	b := p.live.take(addr)
+	b, _ := p.live.Take(addr)
 	if b == nil {
 		return fmt.Errorf("policy rmm-arena: free of %#x: not a live block", addr)
 	}
@@ -286,7 +288,7 @@ func (p *RMMArena) take(t *fitTree, b *fitBlock, n uint64) *fitBlock {
 		t.resize(b, b.addr+n, b.size-n)
 	}
 	a.sb.used += n
-	p.live.put(a)
+	p.live.Put(a.addr, a)
 	return a
 }
 

@@ -1,6 +1,8 @@
 package policies
 
 import (
+	"github.com/gpualloc/allocsim/trace"
+
 	"errors"
 	"fmt"
 )
@@ -44,7 +46,7 @@ type RMMPool struct {
 	maxSize  uint64 // maximum pool size; 0 if none
 	poolSize uint64 // bytes taken from the device
 	streams  rmmStreams[rmmPoolList]
-	live     blockTable
+	live     trace.AddrMap[*fitBlock]
 	retries  int64
 	nodes    fitNodes
 }
@@ -174,7 +176,7 @@ func (p *RMMPool) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	b := p.live.take(addr)
+	b, _ := p.live.Take(addr)
 	if b == nil {
 		return fmt.Errorf("policy %s: free of %#x: not a live block", p.name, addr)
 	}
@@ -192,7 +194,7 @@ func (p *RMMPool) take(t *fitTree, b *fitBlock, n uint64) Block {
 		b.size = n
 		p.insert(t, r)
 	}
-	p.live.put(b)
+	p.live.Put(b.addr, b)
 	return Block{Addr: b.addr, Size: n}
 }
 
