@@ -86,7 +86,7 @@ type AsyncPool struct {
 	internalDeps bool
 
 	// ready holds the free blocks whose frees are complete, reusable by
-	// every stream, as an address-ordered treap; it also owns the blocks'
+	// every stream, as an address-ordered tree; it also owns the blocks'
 	// spares and the live map of allocated blocks.
 	ready    coalescing
 	streams  []*apStream
@@ -110,7 +110,7 @@ type apStream struct {
 	seq  uint64
 	seen apClock
 	// pend holds the blocks freed on this stream whose frees are not known
-	// complete, as an address-ordered treap (its root only is used).
+	// complete, as an address-ordered tree (only its free tree is used).
 	pend  coalescing
 	npend int
 }
@@ -192,7 +192,7 @@ func NewAsyncPool(dev Device, s Settings) (*AsyncPool, error) {
 		threshold:    threshold,
 		followEvents: follow,
 		internalDeps: internal,
-		ready:        coalescing{name: name, dev: dev, alignment: align, live: map[uint64]*flBlock{}, rng: 0x9e3779b97f4a7c15},
+		ready:        coalescing{name: name, dev: dev, alignment: align, free: freeTree[*flBlock]{byAddr: true}},
 		pending:      map[*flBlock]apFree{},
 		events:       map[uint64]apClock{},
 		host:         apClock{},
@@ -209,13 +209,9 @@ func (p *AsyncPool) Retries() int64 { return p.retries }
 // FreeSpace returns the free bytes in the pool, whether their frees are
 // complete or not, and the size in bytes of the largest free block.
 func (p *AsyncPool) FreeSpace() (total, largest uint64) {
-	if r := p.ready.root; r != nil {
-		largest = r.maxSize
-	}
+	largest = p.ready.free.largest()
 	for _, st := range p.streams {
-		if r := st.pend.root; r != nil {
-			largest = max(largest, r.maxSize)
-		}
+		largest = max(largest, st.pend.free.largest())
 	}
 	return p.freeBytes, largest
 }
@@ -231,7 +227,7 @@ func (p *AsyncPool) stream(id uint64) *apStream {
 			return st
 		}
 	}
-	st := &apStream{id: id, seen: apClock{}, pend: coalescing{name: "async-pool"}}
+	st := &apStream{id: id, seen: apClock{}, pend: coalescing{name: "async-pool", free: freeTree[*flBlock]{byAddr: true}}}
 	p.streams = append(p.streams, st)
 	p.last = st
 	return st
@@ -281,21 +277,19 @@ func (p *AsyncPool) Malloc(size, stream uint64) (Block, error) {
 		tree.remove(b)
 		p.untag(b, tree)
 	} else {
-		// Cut from the front; the rest keeps b's place in its treap.
+		// Cut from the front; the rest keeps b's place in its tree.
 		a := p.ready.newBlock(b.addr, n, b.seg)
 		p.ready.linkBefore(b, a)
-		b.addr += n
-		b.size -= n
-		tree.resized(b)
+		tree.resize(b, b.addr+n, b.size-n)
 		b = a
 	}
 	b.free = false
 	p.freeBytes -= n
-	p.ready.live[b.addr] = b
+	p.ready.live.Put(b.addr, b)
 	return Block{Addr: b.addr, Size: n}, nil
 }
 
-// untag forgets b's pending free, if b was in a stream's pending treap.
+// untag forgets b's pending free, if b was in a stream's pending tree.
 func (p *AsyncPool) untag(b *flBlock, tree *coalescing) {
 	if tree != &p.ready {
 		p.pending[b].s.npend--
@@ -304,7 +298,7 @@ func (p *AsyncPool) untag(b *flBlock, tree *coalescing) {
 }
 
 // find returns the free block with the lowest address of at least n bytes
-// that stream st may reuse, and the treap it is in; nil if there is none.
+// that stream st may reuse, and the tree it is in; nil if there is none.
 func (p *AsyncPool) find(st *apStream, n uint64) (*flBlock, *coalescing) {
 	b, tree := p.ready.find(n), &p.ready
 	if st.npend > 0 {
@@ -327,7 +321,7 @@ func (p *AsyncPool) find(st *apStream, n uint64) (*flBlock, *coalescing) {
 		if v >= o.seq {
 			c = o.pend.find(n) // every pending free of o is visible
 		} else {
-			c = p.findVisible(o.pend.root, n, v)
+			c = p.findVisible(&o.pend, n, v)
 		}
 		if c != nil && (b == nil || c.addr < b.addr) {
 			b, tree = c, &o.pend
@@ -337,25 +331,17 @@ func (p *AsyncPool) find(st *apStream, n uint64) (*flBlock, *coalescing) {
 }
 
 // findVisible returns the lowest-addressed block of at least n bytes in
-// treap x whose free is at most the v-th of its stream.
-func (p *AsyncPool) findVisible(x *flBlock, n, v uint64) *flBlock {
-	if x == nil || x.maxSize < n {
-		return nil
-	}
-	if b := p.findVisible(x.left, n, v); b != nil {
-		return b
-	}
-	if x.size >= n && p.pending[x].seq <= v {
-		return x
-	}
-	return p.findVisible(x.right, n, v)
+// pending list c whose free is at most the v-th of its stream.
+func (p *AsyncPool) findVisible(c *coalescing, n, v uint64) *flBlock {
+	b, _ := c.free.firstWhere(n, func(x *flBlock) bool { return p.pending[x].seq <= v })
+	return b
 }
 
 // grow makes room for n bytes for stream st when no free block it may
 // reuse fits: a new segment of n rounded up to the granularity; if the
 // device refuses, another stream's pending block that st then waits for;
 // else the pool's unused memory is given back and the device tried once
-// more. It returns the free block to place n bytes in and its treap.
+// more. It returns the free block to place n bytes in and its tree.
 func (p *AsyncPool) grow(st *apStream, n uint64) (*flBlock, *coalescing, error) {
 	size := ceilToMultiple(n, p.granularity)
 	addr, err := p.dev.Alloc(size)
@@ -412,11 +398,10 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	b, ok := p.ready.live[addr]
+	b, ok := p.ready.live.Take(addr)
 	if !ok {
 		return fmt.Errorf("policy async-pool: free of %#x: not a live block", addr)
 	}
-	delete(p.ready.live, addr)
 	p.freeBytes += b.size
 	st := p.stream(stream)
 	st.seq++
@@ -424,26 +409,24 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 	sameStream := func(x *flBlock) bool { return x != nil && x.free && p.pending[x].s == st }
 	switch pv, nx := b.prev, b.next; {
 	case sameStream(pv):
-		// The free neighbour before grows in place (its treap key, the
-		// address, stays).
+		// The free neighbour before grows in place (its key, the address,
+		// stays).
+		size := pv.size + b.size
 		if sameStream(nx) {
 			st.pend.remove(nx)
 			delete(p.pending, nx)
 			st.npend--
-			pv.size += nx.size
+			size += nx.size
 			p.ready.unlink(nx)
 		}
-		pv.size += b.size
 		p.ready.unlink(b)
-		st.pend.resized(pv)
+		st.pend.resize(pv, pv.addr, size)
 		p.pending[pv] = tag
 	case sameStream(nx):
 		// The free neighbour after takes b's address: no other block of
-		// the treap lies between them, so its place stays.
-		nx.addr = b.addr
-		nx.size += b.size
+		// the tree lies between them, so its place stays.
+		st.pend.resize(nx, b.addr, nx.size+b.size)
 		p.ready.unlink(b)
-		st.pend.resized(nx)
 		p.pending[nx] = tag
 	default:
 		b.free = true
@@ -505,7 +488,7 @@ func (p *AsyncPool) complete() {
 		if st.npend == 0 || h == 0 {
 			continue
 		}
-		done = p.collect(st.pend.root, h, done[:0])
+		done = p.collect(&st.pend, h, done[:0])
 		for _, b := range done {
 			st.pend.remove(b)
 			delete(p.pending, b)
@@ -518,20 +501,20 @@ func (p *AsyncPool) complete() {
 	}
 }
 
-// collect appends to bs the blocks of treap x whose frees are at most the
-// h-th of their stream.
-func (p *AsyncPool) collect(x *flBlock, h uint64, bs []*flBlock) []*flBlock {
-	if x == nil {
-		return bs
+// collect appends to bs the blocks of pending list c whose frees are at
+// most the h-th of their stream, in address order.
+func (p *AsyncPool) collect(c *coalescing, h uint64, bs []*flBlock) []*flBlock {
+	all := c.free.appendAll(bs)
+	bs = all[:len(bs)]
+	for _, x := range all[len(bs):] {
+		if p.pending[x].seq <= h {
+			bs = append(bs, x)
+		}
 	}
-	bs = p.collect(x.left, h, bs)
-	if p.pending[x].seq <= h {
-		bs = append(bs, x)
-	}
-	return p.collect(x.right, h, bs)
+	return bs
 }
 
-// insertReady puts free block b, in no treap, into the ready treap, merged
+// insertReady puts free block b, in no tree, into the ready tree, merged
 // with its ready neighbours.
 func (p *AsyncPool) insertReady(b *flBlock) {
 	isReady := func(x *flBlock) bool {

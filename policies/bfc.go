@@ -124,7 +124,6 @@ func NewBFC(dev Device, s Settings) (*BFC, error) {
 		allowGrowth: growth,
 		gc:          gc,
 		limit:       limit,
-		free:        fitTree{byAddr: false},
 	}
 	if growth {
 		p.curRegion = ceilToMultiple(min(limit, 2<<20), bfcMinAllocation)
@@ -309,34 +308,23 @@ func (p *BFC) deallocateFreeRegions(n uint64) (bool, error) {
 	return true, err
 }
 
-// The policies bfc, rmm-pool and rmm-arena keep their free blocks in
-// treaps (binary search trees by key, heaps by random priority) with
-// parent links. A best fit tree is keyed by (size, address) and answers
-// the smallest block that fits. A first fit tree is keyed by address, each
-// node carrying the largest size in its subtree, and answers the lowest
-// block that fits; a block of it may change its address and size in place
-// (resize) as long as its place in address order stays.
-
 // fitBlock is a run of bytes of a segment, free or allocated, linked to its
 // address neighbours (within its segment, or its superblock for
-// rmm-arena). A free block is a node of one fitTree.
+// rmm-arena). A free block is in one fitTree.
 type fitBlock struct {
 	addr, size uint64
 	prev, next *fitBlock
 	tree       *fitTree         // the tree holding the block while free; nil while allocated
 	sb         *arenaSuperblock // rmm-arena: the superblock holding the block
-
-	left, right, parent *fitBlock
-	prio                uint64
-	maxSize             uint64 // first fit trees: the largest size in the subtree
 }
 
-// fitTree is a treap of free blocks.
+// fitTree is the free list of the policies bfc, rmm-pool and rmm-arena: a
+// freeTree of blocks keyed by (size, address) for best fit, or by address
+// (blocks.byAddr) for first fit, that marks its blocks as in it and counts
+// their bytes.
 type fitTree struct {
-	root   *fitBlock
-	byAddr bool   // keyed by address (first fit), else by (size, address)
+	blocks freeTree[*fitBlock]
 	bytes  uint64 // free bytes in the tree
-	rng    uint64
 }
 
 // linkAfter puts new block r after b among b's neighbours, in b's
@@ -392,200 +380,41 @@ func (f *fitNodes) put(b *fitBlock) {
 }
 
 // largest returns the size of the largest free block, 0 if none.
-func (t *fitTree) largest() uint64 {
-	x := t.root
-	switch {
-	case x == nil:
-		return 0
-	case t.byAddr:
-		return x.maxSize
-	}
-	for x.right != nil {
-		x = x.right
-	}
-	return x.size
-}
+func (t *fitTree) largest() uint64 { return t.blocks.largest() }
 
 // best returns the smallest block of at least n bytes, the lowest address
 // among equals, or nil; t is keyed by (size, address).
 func (t *fitTree) best(n uint64) *fitBlock {
-	var best *fitBlock
-	for x := t.root; x != nil; {
-		if x.size >= n {
-			best, x = x, x.left
-		} else {
-			x = x.right
-		}
-	}
-	return best
+	b, _ := t.blocks.best(n)
+	return b
 }
 
 // first returns the lowest block of at least n bytes, or nil; t is keyed
 // by address.
 func (t *fitTree) first(n uint64) *fitBlock {
-	x := t.root
-	if x == nil || x.maxSize < n {
-		return nil
-	}
-	for {
-		if l := x.left; l != nil && l.maxSize >= n {
-			x = l
-		} else if x.size >= n {
-			return x
-		} else {
-			x = x.right
-		}
-	}
+	b, _ := t.blocks.first(n)
+	return b
 }
 
 // insert puts free block b into t.
 func (t *fitTree) insert(b *fitBlock) {
-	// xorshift64 for the priorities.
-	if t.rng == 0 {
-		t.rng = 0x9e3779b97f4a7c15
-	}
-	t.rng ^= t.rng << 13
-	t.rng ^= t.rng >> 7
-	t.rng ^= t.rng << 17
-	b.prio = t.rng
-	b.left, b.right, b.maxSize, b.tree = nil, nil, b.size, t
+	b.tree = t
 	t.bytes += b.size
-	// Top-down: descend while the nodes outrank b, put b there, and split
-	// the subtree below by b's key into b's children. The two orders have
-	// a loop each: the comparison is the inner loop's cost.
-	x := t.root
-	var parent *fitBlock
-	link := &t.root
-	lp, rp := &b.left, &b.right
-	lpar, rpar := b, b
-	if !t.byAddr {
-		for x != nil && x.prio >= b.prio {
-			parent = x
-			if b.size < x.size || b.size == x.size && b.addr < x.addr {
-				link = &x.left
-			} else {
-				link = &x.right
-			}
-			x = *link
-		}
-		*link, b.parent = b, parent
-		for x != nil {
-			if x.size < b.size || x.size == b.size && x.addr < b.addr {
-				*lp, x.parent = x, lpar
-				lpar, lp = x, &x.right
-				x = x.right
-			} else {
-				*rp, x.parent = x, rpar
-				rpar, rp = x, &x.left
-				x = x.left
-			}
-		}
-		*lp, *rp = nil, nil
-		return
-	}
-	for x != nil && x.prio >= b.prio {
-		if x.maxSize < b.size {
-			x.maxSize = b.size
-		}
-		parent = x
-		if b.addr < x.addr {
-			link = &x.left
-		} else {
-			link = &x.right
-		}
-		x = *link
-	}
-	*link, b.parent = b, parent
-	for x != nil {
-		if x.addr < b.addr {
-			*lp, x.parent = x, lpar
-			lpar, lp = x, &x.right
-			x = x.right
-		} else {
-			*rp, x.parent = x, rpar
-			rpar, rp = x, &x.left
-			x = x.left
-		}
-	}
-	*lp, *rp = nil, nil
-	// The nodes on the two split paths lost part of a subtree.
-	for y := lpar; y != b; y = y.parent {
-		y.maxSize = fitSubtreeMax(y)
-	}
-	for y := rpar; y != b; y = y.parent {
-		y.maxSize = fitSubtreeMax(y)
-	}
-	b.maxSize = fitSubtreeMax(b)
+	t.blocks.insert(b.size, b.addr, b)
 }
 
-// remove takes free block b out of t.
+// remove takes free block b, whose address and size are those it has in
+// t, out of t.
 func (t *fitTree) remove(b *fitBlock) {
-	// Join b's subtrees in its place, taking the higher priority of the
-	// two spines at each step.
-	p := b.parent
-	link := &t.root
-	switch {
-	case p == nil:
-	case p.left == b:
-		link = &p.left
-	default:
-		link = &p.right
-	}
-	l, r, par := b.left, b.right, p
-	for l != nil && r != nil {
-		if l.prio > r.prio {
-			*link, l.parent = l, par
-			par, link, l = l, &l.right, l.right
-		} else {
-			*link, r.parent = r, par
-			par, link, r = r, &r.left, r.left
-		}
-	}
-	if l == nil {
-		l = r
-	}
-	*link = l
-	if l != nil {
-		l.parent = par
-	}
-	b.left, b.right, b.parent, b.tree = nil, nil, nil, nil
+	t.blocks.delete(b.size, b.addr)
+	b.tree = nil
 	t.bytes -= b.size
-	if t.byAddr {
-		// Every node of the joined spines has a new subtree.
-		for y := par; y != p; y = y.parent {
-			y.maxSize = fitSubtreeMax(y)
-		}
-		fitFixUp(p)
-	}
 }
 
 // resize sets the address and size of free block b in place, in a tree
 // keyed by address (only); its place in address order must not change.
 func (t *fitTree) resize(b *fitBlock, addr, size uint64) {
 	t.bytes += size - b.size
+	t.blocks.resize(b.addr, addr, size)
 	b.addr, b.size = addr, size
-	fitFixUp(b)
-}
-
-// fitFixUp brings the subtree sizes from x up to the root up to date.
-func fitFixUp(x *fitBlock) {
-	for ; x != nil; x = x.parent {
-		m := fitSubtreeMax(x)
-		if m == x.maxSize {
-			break
-		}
-		x.maxSize = m
-	}
-}
-
-// fitSubtreeMax returns the largest size in x's subtree from its children's.
-func fitSubtreeMax(x *fitBlock) uint64 {
-	m := x.size
-	if x.left != nil && x.left.maxSize > m {
-		m = x.left.maxSize
-	}
-	if x.right != nil && x.right.maxSize > m {
-		m = x.right.maxSize
-	}
-	return m
 }

@@ -5,15 +5,16 @@ import (
 	"testing"
 )
 
-// TestFitTree drives the treap of bfc, rmm-pool and rmm-arena with random
+// TestFitTree drives the free tree of bfc, rmm-pool and rmm-arena with random
 // inserts, removes and (for first fit) resizes, and checks after each that
 // its answers match a brute-force search over the same blocks and that it
-// is a binary search tree by key, a heap by priority, with parent links,
-// subtree sizes and byte count right.
+// holds its blocks in order, marked as in it, with the byte count and the
+// largest size right.
 func TestFitTree(t *testing.T) {
 	for _, byAddr := range []bool{false, true} {
 		rng := rand.New(rand.NewSource(5))
-		tr := &fitTree{byAddr: byAddr}
+		tr := &fitTree{}
+		tr.blocks.byAddr = byAddr
 		var in []*fitBlock
 		used := map[uint64]bool{}
 		for op := range 20000 {
@@ -34,8 +35,8 @@ func TestFitTree(t *testing.T) {
 				in = in[:len(in)-1]
 				delete(used, b.addr)
 				tr.remove(b)
-				if b.tree != nil || b.parent != nil || b.left != nil || b.right != nil {
-					t.Fatalf("op %d: a removed block keeps its links", op)
+				if b.tree != nil {
+					t.Fatalf("op %d: a removed block is still marked as in the tree", op)
 				}
 			case byAddr:
 				// Grow or shrink in place, keeping the address.
@@ -82,50 +83,16 @@ func checkFitTree(t *testing.T, op int, tr *fitTree, in []*fitBlock) {
 	if tr.bytes != bytes || tr.largest() != largest {
 		t.Fatalf("op %d: bytes, largest = %d, %d; want %d, %d", op, tr.bytes, tr.largest(), bytes, largest)
 	}
-	if tr.root != nil && tr.root.parent != nil {
-		t.Fatalf("op %d: the root has a parent", op)
+	// The tree's own shape is TestFreeTree's; here its blocks, in order.
+	got := tr.blocks.appendAll(nil)
+	if len(got) != len(in) {
+		t.Fatalf("op %d: %d blocks in the tree, want %d", op, len(got), len(in))
 	}
-	var walk func(x *fitBlock) (int, uint64)
-	walk = func(x *fitBlock) (int, uint64) {
-		if x == nil {
-			return 0, 0
+	for i := 1; i < len(got); i++ {
+		if !fitBefore(tr.blocks.byAddr, got[i-1], got[i]) {
+			t.Fatalf("op %d: %#x+%d before %#x+%d out of order", op, got[i-1].addr, got[i-1].size, got[i].addr, got[i].size)
 		}
-		m := x.size
-		n := 1
-		for _, c := range []*fitBlock{x.left, x.right} {
-			if c == nil {
-				continue
-			}
-			if c.parent != x || c.prio > x.prio {
-				t.Fatalf("op %d: bad parent link or heap order under %#x", op, x.addr)
-			}
-			k, cm := walk(c)
-			n += k
-			m = max(m, cm)
-		}
-		if tr.byAddr && x.maxSize != m {
-			t.Fatalf("op %d: subtree size at %#x = %d, want %d", op, x.addr, x.maxSize, m)
-		}
-		return n, m
 	}
-	if n, _ := walk(tr.root); n != len(in) {
-		t.Fatalf("op %d: %d nodes in the tree, want %d", op, n, len(in))
-	}
-	// In order, the keys ascend.
-	var prev *fitBlock
-	var inorder func(x *fitBlock)
-	inorder = func(x *fitBlock) {
-		if x == nil {
-			return
-		}
-		inorder(x.left)
-		if prev != nil && !fitBefore(tr.byAddr, prev, x) {
-			t.Fatalf("op %d: %#x+%d before %#x+%d out of order", op, prev.addr, prev.size, x.addr, x.size)
-		}
-		prev = x
-		inorder(x.right)
-	}
-	inorder(tr.root)
 }
 
 // fitBefore reports whether a comes before b in a tree keyed by address or

@@ -3,6 +3,8 @@ package policies
 import (
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // deviceGranularity is the granularity in bytes of the segments the
@@ -61,17 +63,12 @@ func errRequestTooLarge(policy string, size uint64) error {
 
 // flBlock is a block of a coalescing free list: a run of bytes of one
 // segment, free or allocated, linked to its address neighbours in the
-// segment. A free block is also a node of the policy's free-block treap.
+// segment. A free block is also in the policy's free tree.
 type flBlock struct {
 	addr, size uint64
 	seg        *flSegment
 	prev, next *flBlock // address neighbours in the segment, nil at its ends
 	free       bool
-
-	// Treap links, for free blocks only.
-	left, right, parent *flBlock
-	prio                uint64
-	maxSize             uint64 // largest size in this node's subtree
 }
 
 // flSegment is a device segment of a coalescing free list.
@@ -90,12 +87,11 @@ type coalescing struct {
 	segmentSize uint64
 	release     bool
 
-	root      *flBlock // treap of free blocks, by (size, addr) for best fit, by addr for first fit
-	live      map[uint64]*flBlock
+	free      freeTree[*flBlock] // by (size, addr) for best fit, by addr for first fit
+	live      trace.AddrMap[*flBlock]
 	segments  []*flSegment
 	freeBytes uint64
 	retries   int64
-	rng       uint64
 	spare     []*flBlock
 }
 
@@ -128,8 +124,7 @@ func (c *coalescing) init(name string, bestFit bool, dev Device, s Settings) err
 		alignment:   align,
 		segmentSize: ceilToMultiple(seg, deviceGranularity),
 		release:     rel,
-		live:        map[uint64]*flBlock{},
-		rng:         0x9e3779b97f4a7c15,
+		free:        freeTree[*flBlock]{byAddr: !bestFit},
 	}
 	return nil
 }
@@ -144,10 +139,7 @@ func (c *coalescing) Retries() int64 { return c.retries }
 // FreeSpace returns the free bytes inside the cached segments and the size
 // in bytes of the largest free block.
 func (c *coalescing) FreeSpace() (total, largest uint64) {
-	if c.root != nil {
-		largest = c.root.maxSize
-	}
-	return c.freeBytes, largest
+	return c.freeBytes, c.free.largest()
 }
 
 // Malloc places size bytes (rounded up to the alignment) in a free block,
@@ -182,17 +174,15 @@ func (c *coalescing) Malloc(size, stream uint64) (Block, error) {
 		c.insert(r)
 	default:
 		// By address, the remainder takes the free block's place in the
-		// treap: a new block is cut from the front of it.
+		// tree: a new block is cut from the front of it.
 		a := c.newBlock(b.addr, n, b.seg)
 		c.linkBefore(b, a)
-		b.addr += n
-		b.size -= n
-		c.resized(b)
+		c.resize(b, b.addr+n, b.size-n)
 		b = a
 	}
 	b.free = false
 	c.freeBytes -= n
-	c.live[b.addr] = b
+	c.live.Put(b.addr, b)
 	return Block{Addr: b.addr, Size: n}, nil
 }
 
@@ -204,11 +194,10 @@ func (c *coalescing) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	b, ok := c.live[addr]
+	b, ok := c.live.Take(addr)
 	if !ok {
 		return fmt.Errorf("policy %s: free of %#x: not a live block", c.name, addr)
 	}
-	delete(c.live, addr)
 	c.freeBytes += b.size
 	p, nx := b.prev, b.next
 	pFree, nxFree := p != nil && p.free, nx != nil && nx.free
@@ -230,21 +219,19 @@ func (c *coalescing) Free(addr, stream uint64) error {
 		c.insert(b)
 	case pFree:
 		// By address, a free neighbour grows in place.
+		size := p.size + b.size
 		if nxFree {
 			c.remove(nx)
-			p.size += nx.size
+			size += nx.size
 			c.unlink(nx)
 		}
-		p.size += b.size
 		c.unlink(b)
+		c.resize(p, p.addr, size)
 		b = p
-		c.resized(b)
 	case nxFree:
-		nx.addr = b.addr
-		nx.size += b.size
+		c.resize(nx, b.addr, nx.size+b.size)
 		c.unlink(b)
 		b = nx
-		c.resized(b)
 	default:
 		b.free = true
 		c.insert(b)
@@ -282,7 +269,7 @@ func (c *coalescing) releaseFree() (int, error) {
 }
 
 // freeSegment returns segment s, whose single block is free and out of the
-// treap, to the device.
+// free tree, to the device.
 func (c *coalescing) freeSegment(s *flSegment) error {
 	last := c.segments[len(c.segments)-1]
 	c.segments[s.index] = last
@@ -297,7 +284,7 @@ func (c *coalescing) freeSegment(s *flSegment) error {
 }
 
 // grow allocates a segment large enough for n bytes and returns its single
-// free block, in the treap.
+// free block, in the free tree.
 func (c *coalescing) grow(n uint64) (*flBlock, error) {
 	size := ceilToMultiple(max(c.segmentSize, n), deviceGranularity)
 	addr, err := allocRetry(c.dev, size, c.releaseFree, &c.retries)
@@ -322,11 +309,7 @@ func (c *coalescing) newBlock(addr, size uint64, s *flSegment) *flBlock {
 	} else {
 		b = new(flBlock)
 	}
-	// xorshift64: the treap's priorities.
-	c.rng ^= c.rng << 13
-	c.rng ^= c.rng >> 7
-	c.rng ^= c.rng << 17
-	*b = flBlock{addr: addr, size: size, seg: s, free: true, prio: c.rng}
+	*b = flBlock{addr: addr, size: size, seg: s, free: true}
 	return b
 }
 
@@ -355,7 +338,7 @@ func (c *coalescing) linkAfter(b, r *flBlock) {
 	b.next = r
 }
 
-// unlink takes block b, merged into a neighbour and out of the treap, out
+// unlink takes block b, merged into a neighbour and out of the free tree, out
 // of its segment and recycles it.
 func (c *coalescing) unlink(b *flBlock) {
 	if b.prev != nil {
@@ -369,168 +352,29 @@ func (c *coalescing) unlink(b *flBlock) {
 	c.recycle(b)
 }
 
-// The free blocks are a treap (a binary search tree by key, a heap by
-// random priority) with parent links, each node carrying the largest size
-// in its subtree. First fit keys it by address and descends to the
-// leftmost node whose subtree holds a large enough block; best fit keys it
-// by (size, address) and takes the lower bound of the request. Under first
-// fit a split or a coalesce changes a free block's address and size without
-// changing its place in address order, so the node stays where it is and
-// only the sizes on its path to the root are brought up to date (resized).
-
-func (c *coalescing) less(a, b *flBlock) bool {
-	if c.bestFit && a.size != b.size {
-		return a.size < b.size
-	}
-	return a.addr < b.addr
-}
-
 // find returns the free block the policy places n bytes in, nil if none
 // is large enough.
 func (c *coalescing) find(n uint64) *flBlock {
-	x := c.root
-	if x == nil || x.maxSize < n {
-		return nil
-	}
+	var b *flBlock
 	if c.bestFit {
-		var best *flBlock
-		for x != nil {
-			if x.size >= n {
-				best, x = x, x.left
-			} else {
-				x = x.right
-			}
-		}
-		return best
-	}
-	for {
-		if l := x.left; l != nil && l.maxSize >= n {
-			x = l
-		} else if x.size >= n {
-			return x
-		} else {
-			x = x.right
-		}
-	}
-}
-
-// insert puts free block b into the treap.
-func (c *coalescing) insert(b *flBlock) {
-	b.left, b.right, b.maxSize = nil, nil, b.size
-	x := c.root
-	if x == nil {
-		b.parent = nil
-		c.root = b
-		return
-	}
-	for {
-		if x.maxSize < b.size {
-			x.maxSize = b.size
-		}
-		if c.less(b, x) {
-			if x.left == nil {
-				x.left = b
-				break
-			}
-			x = x.left
-		} else {
-			if x.right == nil {
-				x.right = b
-				break
-			}
-			x = x.right
-		}
-	}
-	b.parent = x
-	for b.parent != nil && b.prio > b.parent.prio {
-		c.rotateUp(b)
-	}
-}
-
-// remove takes free block b out of the treap.
-func (c *coalescing) remove(b *flBlock) {
-	for b.left != nil && b.right != nil {
-		if b.left.prio > b.right.prio {
-			c.rotateUp(b.left)
-		} else {
-			c.rotateUp(b.right)
-		}
-	}
-	child := b.left
-	if child == nil {
-		child = b.right
-	}
-	p := b.parent
-	c.replaceChild(p, b, child)
-	if child != nil {
-		child.parent = p
-	}
-	b.left, b.right, b.parent = nil, nil, nil
-	for x := p; x != nil; x = x.parent {
-		m := flSubtreeMax(x)
-		if m == x.maxSize {
-			break
-		}
-		x.maxSize = m
-	}
-}
-
-// resized brings the subtree sizes up to date after b's size changed in
-// place.
-func (c *coalescing) resized(b *flBlock) {
-	for x := b; x != nil; x = x.parent {
-		m := flSubtreeMax(x)
-		if m == x.maxSize {
-			break
-		}
-		x.maxSize = m
-	}
-}
-
-// rotateUp rotates x above its parent.
-func (c *coalescing) rotateUp(x *flBlock) {
-	p := x.parent
-	g := p.parent
-	if x == p.left {
-		p.left = x.right
-		if x.right != nil {
-			x.right.parent = p
-		}
-		x.right = p
+		b, _ = c.free.best(n)
 	} else {
-		p.right = x.left
-		if x.left != nil {
-			x.left.parent = p
-		}
-		x.left = p
+		b, _ = c.free.first(n)
 	}
-	p.parent, x.parent = x, g
-	c.replaceChild(g, p, x)
-	// x now spans what p spanned.
-	x.maxSize = p.maxSize
-	p.maxSize = flSubtreeMax(p)
+	return b
 }
 
-// replaceChild puts y where x was under parent p (the root if p is nil).
-func (c *coalescing) replaceChild(p, x, y *flBlock) {
-	switch {
-	case p == nil:
-		c.root = y
-	case p.left == x:
-		p.left = y
-	default:
-		p.right = y
-	}
-}
+// insert puts free block b into the free tree.
+func (c *coalescing) insert(b *flBlock) { c.free.insert(b.size, b.addr, b) }
 
-// flSubtreeMax returns the largest size in t's subtree from its children's.
-func flSubtreeMax(t *flBlock) uint64 {
-	m := t.size
-	if t.left != nil && t.left.maxSize > m {
-		m = t.left.maxSize
-	}
-	if t.right != nil && t.right.maxSize > m {
-		m = t.right.maxSize
-	}
-	return m
+// remove takes free block b, with the address and size it has in the free
+// tree, out of it.
+func (c *coalescing) remove(b *flBlock) { c.free.delete(b.size, b.addr) }
+
+// resize sets the address and size of free block b in place, in a tree by
+// address; b's place in address order must not change. Under first fit a
+// split or a coalesce changes a free block this way.
+func (c *coalescing) resize(b *flBlock, addr, size uint64) {
+	c.free.resize(b.addr, addr, size)
+	b.addr, b.size = addr, size
 }

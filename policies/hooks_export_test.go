@@ -10,40 +10,65 @@ import (
 // gains bytes leaves no two live blocks overlapping, but it breaks the
 // tiling of a segment by its blocks.
 
-// checkTreap checks treap c (order by c.less, heap order of priorities,
-// parent links, subtree sizes) and returns its nodes.
+// checkTreap checks the free tree of c (order, the items' keys against
+// their blocks, the children's largest sizes, every block free and in it
+// once) and returns its blocks.
 func checkTreap(c *coalescing) (map[*flBlock]bool, error) {
 	nodes := map[*flBlock]bool{}
-	var walk func(x, parent *flBlock) error
-	walk = func(x, parent *flBlock) error {
-		if x == nil {
-			return nil
+	var prev *flBlock
+	var walk func(x *ftNode[*flBlock]) (uint64, error)
+	walk = func(x *ftNode[*flBlock]) (uint64, error) {
+		var m uint64
+		for i := 0; i <= x.n; i++ {
+			if !x.leaf {
+				km, err := walk(x.kids[i])
+				if err != nil {
+					return 0, err
+				}
+				if c.free.byAddr && km != x.kmax[i] {
+					return 0, fmt.Errorf("child %d: largest %d, recorded %d", i, km, x.kmax[i])
+				}
+				m = max(m, km)
+			}
+			if i == x.n {
+				break
+			}
+			it := &x.items[i]
+			b := it.b
+			switch {
+			case it.addr != b.addr || it.size != b.size:
+				return 0, fmt.Errorf("block %#x+%d in the tree as %#x+%d", b.addr, b.size, it.addr, it.size)
+			case nodes[b]:
+				return 0, fmt.Errorf("block %#x+%d twice in the tree", b.addr, b.size)
+			case !b.free:
+				return 0, fmt.Errorf("block %#x+%d: allocated, in a free tree", b.addr, b.size)
+			case prev != nil && !c.less(prev, b):
+				return 0, fmt.Errorf("blocks %#x+%d and %#x+%d out of order", prev.addr, prev.size, b.addr, b.size)
+			}
+			nodes[b] = true
+			prev = b
+			m = max(m, b.size)
 		}
-		if nodes[x] {
-			return fmt.Errorf("block %#x+%d twice in the treap", x.addr, x.size)
-		}
-		nodes[x] = true
-		if x.parent != parent {
-			return fmt.Errorf("block %#x+%d: wrong parent link", x.addr, x.size)
-		}
-		if parent != nil && x.prio > parent.prio {
-			return fmt.Errorf("block %#x+%d: priority above its parent's", x.addr, x.size)
-		}
-		if x.left != nil && !c.less(x.left, x) || x.right != nil && c.less(x.right, x) {
-			return fmt.Errorf("block %#x+%d: children out of order", x.addr, x.size)
-		}
-		if m := flSubtreeMax(x); m != x.maxSize {
-			return fmt.Errorf("block %#x+%d: subtree largest %d, recorded %d", x.addr, x.size, m, x.maxSize)
-		}
-		if !x.free {
-			return fmt.Errorf("block %#x+%d: allocated, in a free treap", x.addr, x.size)
-		}
-		if err := walk(x.left, x); err != nil {
-			return err
-		}
-		return walk(x.right, x)
+		return m, nil
 	}
-	return nodes, walk(c.root, nil)
+	if c.free.root == nil {
+		return nodes, nil
+	}
+	if _, err := walk(c.free.root); err != nil {
+		return nil, err
+	}
+	if len(nodes) != c.free.len {
+		return nil, fmt.Errorf("%d blocks in the tree, counted %d", len(nodes), c.free.len)
+	}
+	return nodes, nil
+}
+
+// less reports whether a comes before b in c's free tree.
+func (c *coalescing) less(a, b *flBlock) bool {
+	if !c.free.byAddr && a.size != b.size {
+		return a.size < b.size
+	}
+	return a.addr < b.addr
 }
 
 // checkSegmentTiling checks that the blocks of segment s, from first,
@@ -111,7 +136,7 @@ func (p *AsyncPool) CheckTiling() error {
 		err := checkSegmentTiling(s.addr, s.size, s.first, s, func(b *flBlock) error {
 			if !b.free {
 				allocated++
-				if p.ready.live[b.addr] != b {
+				if v, _ := p.ready.live.Get(b.addr); v != b {
 					return fmt.Errorf("allocated block %#x not live", b.addr)
 				}
 				return nil
@@ -130,8 +155,8 @@ func (p *AsyncPool) CheckTiling() error {
 	switch {
 	case len(inTree) > 0:
 		return fmt.Errorf("%d treap blocks in no segment", len(inTree))
-	case allocated != len(p.ready.live):
-		return fmt.Errorf("%d allocated blocks, %d live", allocated, len(p.ready.live))
+	case allocated != p.ready.live.Len():
+		return fmt.Errorf("%d allocated blocks, %d live", allocated, p.ready.live.Len())
 	case reserved != p.reserved || free != p.freeBytes:
 		return fmt.Errorf("reserved %d, free %d; counted %d, %d", reserved, free, p.reserved, p.freeBytes)
 	}
@@ -165,7 +190,7 @@ func (c *coalescing) checkTiling() error {
 		err := checkSegmentTiling(s.addr, s.size, s.first, s, func(b *flBlock) error {
 			if !b.free {
 				allocated++
-				if c.live[b.addr] != b {
+				if v, _ := c.live.Get(b.addr); v != b {
 					return fmt.Errorf("allocated block %#x not live", b.addr)
 				}
 				return nil
@@ -184,8 +209,8 @@ func (c *coalescing) checkTiling() error {
 	switch {
 	case len(nodes) > 0:
 		return fmt.Errorf("%d treap blocks in no segment", len(nodes))
-	case allocated != len(c.live):
-		return fmt.Errorf("%d allocated blocks, %d live", allocated, len(c.live))
+	case allocated != c.live.Len():
+		return fmt.Errorf("%d allocated blocks, %d live", allocated, c.live.Len())
 	case free != c.freeBytes:
 		return fmt.Errorf("free %d, counted %d", free, c.freeBytes)
 	}

@@ -166,8 +166,6 @@ func (p *Paddle) pool(stream uint64, create bool) *paddlePool {
 		bestFit:   true,
 		alignment: p.alignment,
 		release:   p.freeIdleChunk && p.allowFreeIdle,
-		live:      map[uint64]*flBlock{},
-		rng:       0x9e3779b97f4a7c15 ^ stream,
 	}}
 	p.pools = append(p.pools, pl)
 	p.last = pl
@@ -207,7 +205,7 @@ func (p *Paddle) Malloc(size, stream uint64) (Block, error) {
 		c.freeBytes -= n
 	}
 	b.free = false
-	c.live[b.addr] = b
+	c.live.Put(b.addr, b)
 	return Block{Addr: b.addr, Size: n}, nil
 }
 
@@ -290,11 +288,11 @@ func (p *Paddle) Free(addr, stream uint64) error {
 		return nil
 	}
 	pl := p.pool(stream, false)
-	if pl == nil || pl.c.live[addr] == nil {
+	if pl == nil || pl.c.live.Ptr(addr) == nil {
 		// Freed on another stream than its own.
 		pl = nil
 		for _, q := range p.pools {
-			if _, ok := q.c.live[addr]; ok {
+			if q.c.live.Ptr(addr) != nil {
 				pl = q
 				break
 			}

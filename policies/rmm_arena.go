@@ -116,7 +116,7 @@ func NewRMMArena(dev Device, s Settings) (*RMMArena, error) {
 		return nil, invalidSettingf(name, s, "arena_size", "must be 0 (grow) or from 1 MiB to 4 EiB")
 	}
 	p := &RMMArena{dev: dev, grow: size == 0}
-	p.global.free.byAddr = true
+	p.global.free.blocks.byAddr = true
 	if size > 0 {
 		if err := p.addSegment(size); err != nil {
 			return nil, fmt.Errorf("policy %s: arena of %d bytes: %w", name, size, err)
@@ -157,7 +157,7 @@ func (p *RMMArena) Malloc(size, stream uint64) (Block, error) {
 	n := ceilToMultiple(size, rmmAlignment)
 	a := p.arenas.get(stream)
 	if !a.ready {
-		a.free.byAddr, a.ready = true, true
+		a.free.blocks.byAddr, a.ready = true, true
 	}
 	b, err := p.allocate(a, n)
 	if err == nil && b == nil {

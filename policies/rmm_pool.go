@@ -153,7 +153,7 @@ func (p *RMMPool) Malloc(size, stream uint64) (Block, error) {
 		}
 	}
 	for _, o := range p.streams.order {
-		if o == own || o.free.root == nil {
+		if o == own || o.free.blocks.len == 0 {
 			continue
 		}
 		p.merge(&own.free, &o.free)
@@ -219,8 +219,12 @@ func (p *RMMPool) insert(t *fitTree, b *fitBlock) {
 
 // merge moves every block of list src into list dst, coalescing.
 func (p *RMMPool) merge(dst, src *fitTree) {
-	for src.root != nil {
-		b := src.root
+	// Coalescing makes the result the same whatever the order of the moves.
+	for {
+		b, ok := src.blocks.any()
+		if !ok {
+			return
+		}
 		src.remove(b)
 		p.insert(dst, b)
 	}
