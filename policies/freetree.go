@@ -33,19 +33,19 @@ const (
 	ftMaxDepth = 48 // far above the height of any tree of 2^64 items
 )
 
-// ftItem is a free block of a freeTree: its size and address in bytes.
-type ftItem[B any] struct {
-	size, addr uint64
-	b          B
-}
+// ftKey is the key of a free block of a freeTree: its size and address in
+// bytes. The keys of a node are kept apart from its blocks so that a search
+// scans pointer-free memory and shifting them costs no write barriers.
+type ftKey struct{ size, addr uint64 }
 
 type ftNode[B any] struct {
 	n    int
 	leaf bool
 	// kmax[i] is the largest size under kids[i]; first-fit trees only.
-	kmax  [ftMaxItems + 1]uint64
-	items [ftMaxItems]ftItem[B]
-	kids  [ftMaxItems + 1]*ftNode[B]
+	kmax [ftMaxItems + 1]uint64
+	keys [ftMaxItems]ftKey
+	vals [ftMaxItems]B // the block of each key
+	kids [ftMaxItems + 1]*ftNode[B]
 }
 
 // ftStep is one step of a descent: the node and the child taken.
@@ -58,7 +58,7 @@ type ftStep[B any] struct {
 // (size, addr), or addr alone in a first-fit tree. A linear scan: nodes are
 // small and it beats a binary search there.
 func (t *freeTree[B]) search(x *ftNode[B], size, addr uint64) int {
-	items := x.items[:x.n]
+	items := x.keys[:x.n]
 	if t.byAddr {
 		for i := range items {
 			if items[i].addr >= addr {
@@ -76,7 +76,7 @@ func (t *freeTree[B]) search(x *ftNode[B], size, addr uint64) int {
 }
 
 // before reports whether item it comes before the key (size, addr).
-func (t *freeTree[B]) before(it *ftItem[B], size, addr uint64) bool {
+func (t *freeTree[B]) before(it *ftKey, size, addr uint64) bool {
 	if t.byAddr {
 		return it.addr < addr
 	}
@@ -84,7 +84,7 @@ func (t *freeTree[B]) before(it *ftItem[B], size, addr uint64) bool {
 }
 
 // is reports whether item it has the key (size, addr).
-func (t *freeTree[B]) is(it *ftItem[B], size, addr uint64) bool {
+func (t *freeTree[B]) is(it *ftKey, size, addr uint64) bool {
 	return it.addr == addr && (t.byAddr || it.size == size)
 }
 
@@ -92,8 +92,8 @@ func (t *freeTree[B]) is(it *ftItem[B], size, addr uint64) bool {
 // children's recorded maxima.
 func (t *freeTree[B]) nodeMax(x *ftNode[B]) uint64 {
 	var m uint64
-	for i := range x.items[:x.n] {
-		m = max(m, x.items[i].size)
+	for i := range x.keys[:x.n] {
+		m = max(m, x.keys[i].size)
 	}
 	if !x.leaf {
 		for _, k := range x.kmax[:x.n+1] {
@@ -134,13 +134,13 @@ func (t *freeTree[B]) best(n uint64) (B, bool) {
 	var b B
 	found := false
 	for x := t.root; x != nil; {
-		items := x.items[:x.n]
+		items := x.keys[:x.n]
 		i := 0
 		for i < len(items) && items[i].size < n {
 			i++
 		}
 		if i < len(items) {
-			b, found = items[i].b, true
+			b, found = x.vals[i], true
 		}
 		if x.leaf {
 			break
@@ -165,8 +165,8 @@ next:
 				x = x.kids[i]
 				continue next
 			}
-			if x.items[i].size >= n {
-				return x.items[i].b, true
+			if x.keys[i].size >= n {
+				return x.vals[i], true
 			}
 		}
 		if x.kmax[x.n] < n {
@@ -175,9 +175,9 @@ next:
 		}
 		x = x.kids[x.n]
 	}
-	for i := range x.items[:x.n] {
-		if x.items[i].size >= n {
-			return x.items[i].b, true
+	for i := range x.keys[:x.n] {
+		if x.keys[i].size >= n {
+			return x.vals[i], true
 		}
 	}
 	// Only the root can get here: a child is entered only when it holds a
@@ -197,8 +197,8 @@ func (t *freeTree[B]) firstWhere(n uint64, ok func(B) bool) (B, bool) {
 					return b, true
 				}
 			}
-			if i < x.n && x.items[i].size >= n && ok(x.items[i].b) {
-				return x.items[i].b, true
+			if i < x.n && x.keys[i].size >= n && ok(x.vals[i]) {
+				return x.vals[i], true
 			}
 		}
 		var zero B
@@ -219,7 +219,7 @@ func (t *freeTree[B]) appendAll(list []B) []B {
 			if !x.leaf {
 				walk(x.kids[i])
 			}
-			list = append(list, x.items[i].b)
+			list = append(list, x.vals[i])
 		}
 		if !x.leaf {
 			walk(x.kids[x.n])
@@ -237,7 +237,7 @@ func (t *freeTree[B]) any() (B, bool) {
 		var zero B
 		return zero, false
 	}
-	return t.root.items[0].b, true
+	return t.root.vals[0], true
 }
 
 // largest returns the size in bytes of the largest block, 0 if none.
@@ -252,7 +252,7 @@ func (t *freeTree[B]) largest() uint64 {
 	for !x.leaf {
 		x = x.kids[x.n]
 	}
-	return x.items[x.n-1].size
+	return x.keys[x.n-1].size
 }
 
 // insert adds block b of size bytes at addr, whose key must not be in t.
@@ -272,14 +272,15 @@ func (t *freeTree[B]) insert(size, addr uint64, b B) {
 	for {
 		i := t.search(x, size, addr)
 		if x.leaf {
-			copy(x.items[i+1:x.n+1], x.items[i:x.n])
-			x.items[i] = ftItem[B]{size, addr, b}
+			copy(x.keys[i+1:x.n+1], x.keys[i:x.n])
+			copy(x.vals[i+1:x.n+1], x.vals[i:x.n])
+			x.keys[i], x.vals[i] = ftKey{size, addr}, b
 			x.n++
 			break
 		}
 		if x.kids[i].n == ftMaxItems {
 			t.splitChild(x, i)
-			if t.before(&x.items[i], size, addr) {
+			if t.before(&x.keys[i], size, addr) {
 				i++
 			}
 		}
@@ -297,96 +298,87 @@ func (t *freeTree[B]) splitChild(x *ftNode[B], i int) {
 	y := x.kids[i]
 	z := t.newNode(y.leaf)
 	z.n = ftDegree - 1
-	copy(z.items[:ftDegree-1], y.items[ftDegree:])
+	copy(z.keys[:ftDegree-1], y.keys[ftDegree:])
+	copy(z.vals[:ftDegree-1], y.vals[ftDegree:])
 	if !y.leaf {
 		copy(z.kids[:ftDegree], y.kids[ftDegree:])
 		copy(z.kmax[:ftDegree], y.kmax[ftDegree:])
 		clear(y.kids[ftDegree:])
 		clear(y.kmax[ftDegree:])
 	}
-	median := y.items[ftDegree-1]
-	clear(y.items[ftDegree-1:])
+	mk, mv := y.keys[ftDegree-1], y.vals[ftDegree-1]
+	clear(y.vals[ftDegree-1:])
 	y.n = ftDegree - 1
 	copy(x.kids[i+2:x.n+2], x.kids[i+1:x.n+1])
 	copy(x.kmax[i+2:x.n+2], x.kmax[i+1:x.n+1])
 	x.kids[i+1] = z
-	copy(x.items[i+1:x.n+1], x.items[i:x.n])
-	x.items[i] = median
+	copy(x.keys[i+1:x.n+1], x.keys[i:x.n])
+	copy(x.vals[i+1:x.n+1], x.vals[i:x.n])
+	x.keys[i], x.vals[i] = mk, mv
 	x.n++
 	t.fixKid(x, i)
 	t.fixKid(x, i+1)
 }
 
 // delete removes the block with key (size, addr), or addr alone in a
-// first-fit tree, which must be in t. On the way down every node entered
-// has at least ftDegree items, so that the removal never leaves a node
-// short; in a first-fit tree the maxima of the children on the path are
-// recomputed from the bottom up afterwards.
+// first-fit tree, which must be in t. An item of an inner node is first
+// replaced by its predecessor, so that the removal is always from a leaf;
+// then, from the bottom up, a node left short borrows from a sibling or
+// merges with one. Nodes are restructured only where they run short, and
+// in a first-fit tree the children's maxima on the path are recomputed.
 func (t *freeTree[B]) delete(size, addr uint64) {
 	var path [ftMaxDepth]ftStep[B]
 	depth := 0
 	x := t.root
+	var i int
 	for {
-		i := t.search(x, size, addr)
-		found := i < x.n && t.is(&x.items[i], size, addr)
-		if x.leaf {
-			if !found {
-				panic(fmt.Sprintf("policies: free tree: no block of %d bytes at %#x", size, addr))
-			}
-			copy(x.items[i:x.n-1], x.items[i+1:x.n])
-			x.n--
-			x.items[x.n] = ftItem[B]{}
+		i = t.search(x, size, addr)
+		if i < x.n && t.is(&x.keys[i], size, addr) {
 			break
 		}
-		if found {
-			y, z := x.kids[i], x.kids[i+1]
-			switch {
-			case y.n >= ftDegree:
-				// Replace by the predecessor, then delete that from y.
-				w := y
-				for !w.leaf {
-					w = w.kids[w.n]
-				}
-				x.items[i] = w.items[w.n-1]
-				size, addr = w.items[w.n-1].size, w.items[w.n-1].addr
-			case z.n >= ftDegree:
-				// Replace by the successor, then delete that from z.
-				w := z
-				for !w.leaf {
-					w = w.kids[0]
-				}
-				x.items[i] = w.items[0]
-				size, addr = w.items[0].size, w.items[0].addr
-				i++
-			default:
-				// The item moves down into the merged child.
-				t.merge(x, i)
-			}
-			path[depth] = ftStep[B]{x, i}
-			depth++
-			x = x.kids[i]
-			continue
-		}
-		c := x.kids[i]
-		if c.n == ftDegree-1 {
-			switch {
-			case i > 0 && x.kids[i-1].n >= ftDegree:
-				t.rotateRight(x, i-1)
-				t.fixKid(x, i-1)
-			case i < x.n && x.kids[i+1].n >= ftDegree:
-				t.rotateLeft(x, i)
-				t.fixKid(x, i+1)
-			case i < x.n:
-				t.merge(x, i)
-			default:
-				i--
-				c = x.kids[i]
-				t.merge(x, i)
-			}
+		if x.leaf {
+			panic(fmt.Sprintf("policies: free tree: no block of %d bytes at %#x", size, addr))
 		}
 		path[depth] = ftStep[B]{x, i}
 		depth++
-		x = c
+		x = x.kids[i]
+	}
+	if !x.leaf {
+		// The predecessor, the last item of the left subtree, takes the
+		// item's place; it is removed from its leaf instead.
+		path[depth] = ftStep[B]{x, i}
+		depth++
+		w := x.kids[i]
+		for !w.leaf {
+			path[depth] = ftStep[B]{w, w.n}
+			depth++
+			w = w.kids[w.n]
+		}
+		x.keys[i], x.vals[i] = w.keys[w.n-1], w.vals[w.n-1]
+		x, i = w, w.n-1
+	}
+	copy(x.keys[i:x.n-1], x.keys[i+1:x.n])
+	copy(x.vals[i:x.n-1], x.vals[i+1:x.n])
+	x.n--
+	clear(x.vals[x.n : x.n+1])
+	for depth > 0 && x.n < ftDegree-1 {
+		depth--
+		p, j := path[depth].x, path[depth].i // x is child j of p
+		switch {
+		case j > 0 && p.kids[j-1].n >= ftDegree:
+			t.rotateRight(p, j-1)
+			t.fixKid(p, j-1)
+		case j < p.n && p.kids[j+1].n >= ftDegree:
+			t.rotateLeft(p, j)
+			t.fixKid(p, j+1)
+		case j > 0:
+			j--
+			t.merge(p, j)
+		default:
+			t.merge(p, j)
+		}
+		t.fixKid(p, j)
+		x = p
 	}
 	if t.byAddr {
 		for k := depth - 1; k >= 0; k-- {
@@ -410,8 +402,8 @@ func (t *freeTree[B]) resize(oldAddr, addr, size uint64) {
 	var old uint64
 	for {
 		i := t.search(x, 0, oldAddr)
-		if i < x.n && x.items[i].addr == oldAddr {
-			it := &x.items[i]
+		if i < x.n && x.keys[i].addr == oldAddr {
+			it := &x.keys[i]
 			old = it.size
 			it.addr, it.size = addr, size
 			break
@@ -447,8 +439,9 @@ func (t *freeTree[B]) resize(oldAddr, addr, size uint64) {
 // i down to the front of child i+1 (with the last child of child i).
 func (t *freeTree[B]) rotateRight(x *ftNode[B], i int) {
 	l, c := x.kids[i], x.kids[i+1]
-	copy(c.items[1:c.n+1], c.items[:c.n])
-	c.items[0] = x.items[i]
+	copy(c.keys[1:c.n+1], c.keys[:c.n])
+	copy(c.vals[1:c.n+1], c.vals[:c.n])
+	c.keys[0], c.vals[0] = x.keys[i], x.vals[i]
 	if !c.leaf {
 		copy(c.kids[1:c.n+2], c.kids[:c.n+1])
 		copy(c.kmax[1:c.n+2], c.kmax[:c.n+1])
@@ -456,8 +449,8 @@ func (t *freeTree[B]) rotateRight(x *ftNode[B], i int) {
 		l.kids[l.n], l.kmax[l.n] = nil, 0
 	}
 	c.n++
-	x.items[i] = l.items[l.n-1]
-	l.items[l.n-1] = ftItem[B]{}
+	x.keys[i], x.vals[i] = l.keys[l.n-1], l.vals[l.n-1]
+	clear(l.vals[l.n-1 : l.n])
 	l.n--
 }
 
@@ -465,14 +458,15 @@ func (t *freeTree[B]) rotateRight(x *ftNode[B], i int) {
 // item i down to the end of child i (with the first child of child i+1).
 func (t *freeTree[B]) rotateLeft(x *ftNode[B], i int) {
 	c, r := x.kids[i], x.kids[i+1]
-	c.items[c.n] = x.items[i]
+	c.keys[c.n], c.vals[c.n] = x.keys[i], x.vals[i]
 	if !c.leaf {
 		c.kids[c.n+1], c.kmax[c.n+1] = r.kids[0], r.kmax[0]
 	}
 	c.n++
-	x.items[i] = r.items[0]
-	copy(r.items[:r.n-1], r.items[1:r.n])
-	r.items[r.n-1] = ftItem[B]{}
+	x.keys[i], x.vals[i] = r.keys[0], r.vals[0]
+	copy(r.keys[:r.n-1], r.keys[1:r.n])
+	copy(r.vals[:r.n-1], r.vals[1:r.n])
+	clear(r.vals[r.n-1 : r.n])
 	if !r.leaf {
 		copy(r.kids[:r.n], r.kids[1:r.n+1])
 		copy(r.kmax[:r.n], r.kmax[1:r.n+1])
@@ -485,15 +479,17 @@ func (t *freeTree[B]) rotateLeft(x *ftNode[B], i int) {
 // caller brings child i's maximum up to date.
 func (t *freeTree[B]) merge(x *ftNode[B], i int) {
 	y, z := x.kids[i], x.kids[i+1]
-	y.items[y.n] = x.items[i]
-	copy(y.items[y.n+1:], z.items[:z.n])
+	y.keys[y.n], y.vals[y.n] = x.keys[i], x.vals[i]
+	copy(y.keys[y.n+1:], z.keys[:z.n])
+	copy(y.vals[y.n+1:], z.vals[:z.n])
 	if !y.leaf {
 		copy(y.kids[y.n+1:], z.kids[:z.n+1])
 		copy(y.kmax[y.n+1:], z.kmax[:z.n+1])
 	}
 	y.n += z.n + 1
-	copy(x.items[i:x.n-1], x.items[i+1:x.n])
-	x.items[x.n-1] = ftItem[B]{}
+	copy(x.keys[i:x.n-1], x.keys[i+1:x.n])
+	copy(x.vals[i:x.n-1], x.vals[i+1:x.n])
+	clear(x.vals[x.n-1 : x.n])
 	copy(x.kids[i+1:x.n], x.kids[i+2:x.n+1])
 	copy(x.kmax[i+1:x.n], x.kmax[i+2:x.n+1])
 	x.kids[x.n], x.kmax[x.n] = nil, 0

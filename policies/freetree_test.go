@@ -104,10 +104,10 @@ func checkFreeTree(tr *freeTree[*ftRef], in []*ftRef) error {
 				return 0, fmt.Errorf("node of %d items", x.n)
 			}
 			var m uint64
-			for i := range x.items[:x.n] {
-				it := &x.items[i]
-				if it.size != it.b.size || it.addr != it.b.addr {
-					return 0, fmt.Errorf("item %#x+%d holds block %#x+%d", it.addr, it.size, it.b.addr, it.b.size)
+			for i := range x.keys[:x.n] {
+				it, b := &x.keys[i], x.vals[i]
+				if it.size != b.size || it.addr != b.addr {
+					return 0, fmt.Errorf("key %#x+%d holds block %#x+%d", it.addr, it.size, b.addr, b.size)
 				}
 				m = max(m, it.size)
 			}
@@ -124,7 +124,7 @@ func checkFreeTree(tr *freeTree[*ftRef], in []*ftRef) error {
 					return 0, err
 				}
 				if tr.byAddr && x.kmax[i] != km {
-					return 0, fmt.Errorf("child %d of node at %#x: largest %d, recorded %d", i, x.items[0].addr, km, x.kmax[i])
+					return 0, fmt.Errorf("child %d of node at %#x: largest %d, recorded %d", i, x.keys[0].addr, km, x.kmax[i])
 				}
 				m = max(m, km)
 			}

@@ -33,8 +33,7 @@ func checkTreap(c *coalescing) (map[*flBlock]bool, error) {
 			if i == x.n {
 				break
 			}
-			it := &x.items[i]
-			b := it.b
+			it, b := &x.keys[i], x.vals[i]
 			switch {
 			case it.addr != b.addr || it.size != b.size:
 				return 0, fmt.Errorf("block %#x+%d in the tree as %#x+%d", b.addr, b.size, it.addr, it.size)
