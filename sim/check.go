@@ -256,7 +256,7 @@ func (d *checkedDevice) Alloc(size uint64) (uint64, error) {
 
 // Free frees a segment on the device and records it.
 func (d *checkedDevice) Free(addr uint64) error {
-	size, ok := d.Device.Segments()[addr]
+	size, ok := d.Device.Segment(addr)
 	if err := d.Device.Free(addr); err != nil {
 		return err
 	}

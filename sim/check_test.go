@@ -246,9 +246,9 @@ func TestCheckerInReplay(t *testing.T) {
 						t.Fatalf("event %d: %v", i, err)
 					}
 				}
-				if rep.check.reserved != rep.dev.Reserved() || rep.check.segments.len() != len(rep.dev.Segments()) {
+				if rep.check.reserved != rep.dev.Reserved() || rep.check.segments.len() != rep.dev.live.Len() {
 					t.Errorf("checker holds %d bytes in %d segments, device %d in %d",
-						rep.check.reserved, rep.check.segments.len(), rep.dev.Reserved(), len(rep.dev.Segments()))
+						rep.check.reserved, rep.check.segments.len(), rep.dev.Reserved(), rep.dev.live.Len())
 				}
 			})
 		}

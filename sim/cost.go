@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // defaultCostCSV is a copy of shared/reference/h200_cuda_latency.csv: the
@@ -233,7 +235,13 @@ func (m *CostModel) Latency(call string, size uint64) (int64, bool) {
 	if len(pts) == 0 {
 		return 0, false
 	}
-	return int64(math.Round(interpolate(pts, float64(max(size, 1))))), true
+	return pointLatency(pts, size), true
+}
+
+// pointLatency returns the latency in nanoseconds of size bytes on the
+// curve pts, which must not be empty.
+func pointLatency(pts []costPoint, size uint64) int64 {
+	return int64(math.Round(interpolate(pts, float64(max(size, 1)))))
 }
 
 func interpolate(pts []costPoint, x float64) float64 {
@@ -284,22 +292,69 @@ type costMeter struct {
 	lat   Latencies
 	total int64
 
-	pages  []*driverPage        // mapped pages of small allocations, in creation order
-	placed map[uint64]placement // small segment address -> its place
-	freed  map[uint64]int       // large sizes freed and not taken again -> how many
+	pages  []*driverPage            // mapped pages of small allocations, in creation order
+	placed trace.AddrMap[placement] // small segment address -> its place
+	freed  trace.AddrMap[int]       // large sizes freed and not taken again -> how many
 
-	cache [costCacheSize]costCacheEntry // recent latencies, by size
+	kinds [numCharges]chargeKind        // how each kind of call is charged
+	cache [costCacheSize]costCacheEntry // recent latencies of sizes the memos do not hold
 }
 
-// costCacheSize is the number of latencies a costMeter keeps, so that the
-// sizes a trace repeats are not interpolated again at every call.
+// The kinds of call a costMeter charges: the call it is recorded as, and
+// the model's row it is charged from (the call's own row when the model
+// lacks that one).
+const (
+	chargeMallocReuse    = iota // a large cudaMalloc of a size freed before: CostMalloc
+	chargeMallocFresh           // a large cudaMalloc of fresh memory: CostMallocBatch
+	chargeMallocSuballoc        // a small cudaMalloc in a mapped page: CostMallocSuballoc
+	chargeMallocNewPage         // a small cudaMalloc that maps a page: CostMallocNewPage
+	chargeFree                  // a large cudaFree: CostFree
+	chargeFreeSuballoc          // a small cudaFree that leaves its page mapped: CostFreeSuballoc
+	chargeFreeLastInPage        // the small cudaFree that unmaps its page: CostFreeLastInPage
+	numCharges
+)
+
+// chargeRows are the call and the row of each kind of charge.
+var chargeRows = [numCharges]struct{ call, row string }{
+	chargeMallocReuse:    {CostMalloc, CostMalloc},
+	chargeMallocFresh:    {CostMalloc, CostMallocBatch},
+	chargeMallocSuballoc: {CostMalloc, CostMallocSuballoc},
+	chargeMallocNewPage:  {CostMalloc, CostMallocNewPage},
+	chargeFree:           {CostFree, CostFree},
+	chargeFreeSuballoc:   {CostFree, CostFreeSuballoc},
+	chargeFreeLastInPage: {CostFree, CostFreeLastInPage},
+}
+
+// chargeKind is one kind of charge of a costMeter: the curve it is charged
+// from and the latencies found on it so far, exact values of the model
+// kept so that a size seen again is not interpolated again.
+type chargeKind struct {
+	call string
+	pts  []costPoint // the row's curve, else the call's; nil: charged 0 ns
+	// memo holds at k the latency in nanoseconds of (k+1) *
+	// SubAllocGranularity bytes, 0 when not yet known: the sizes that
+	// policies round to the driver's step, up to memoMaxSize bytes. It
+	// grows as larger sizes come.
+	memo []int64
+	// hists are the meter's histograms of call by size class (noSize
+	// last), once looked up.
+	hists [numSizeClasses + 1]*histogram
+}
+
+// memoMaxSize is the largest size in bytes whose latency a chargeKind's
+// memo holds: 16 MiB, 256 KiB of memo per kind at most.
+const memoMaxSize = 16 << 20
+
+// costCacheSize is the number of latencies a costMeter keeps of sizes not
+// in the memos, so that the sizes a trace repeats are not interpolated
+// again at every call.
 const costCacheSize = 256
 
 type costCacheEntry struct {
-	row  string
 	size uint64
 	ns   int64
-	ok   bool
+	kind uint8
+	used bool
 }
 
 // maxFreedSizes bounds the freed sizes a costMeter remembers for the
@@ -323,27 +378,62 @@ type placement struct {
 }
 
 func newCostMeter(m *CostModel) *costMeter {
-	return &costMeter{m: m, placed: map[uint64]placement{}, freed: map[uint64]int{}}
+	c := &costMeter{m: m}
+	for k, cr := range chargeRows {
+		pts := m.curves[cr.row]
+		if len(pts) == 0 {
+			pts = m.curves[cr.call]
+		}
+		c.kinds[k] = chargeKind{call: cr.call, pts: pts}
+	}
+	return c
 }
 
-func (c *costMeter) charge(call, row string, size uint64) {
-	ns, ok := c.latency(row, size)
-	if !ok {
-		ns, _ = c.latency(call, size)
-	}
+// charge charges one call of kind k on size bytes.
+func (c *costMeter) charge(k int, size uint64) {
+	ck := &c.kinds[k]
+	ns := c.latency(k, ck, size)
 	c.total += ns
-	c.lat.Add(call, size, ns)
+	class := sizeClass(size)
+	if class == noSize {
+		class = numSizeClasses
+	}
+	h := ck.hists[class]
+	if h == nil {
+		h = c.lat.hist(ck.call, class)
+		ck.hists[class] = h
+	}
+	h.add(ns)
 }
 
-// latency is the model's Latency, through the cache.
-func (c *costMeter) latency(row string, size uint64) (int64, bool) {
-	e := &c.cache[(size*0x9e3779b97f4a7c15+uint64(len(row)))>>56]
-	if e.size == size && e.row == row && e.row != "" {
-		return e.ns, e.ok
+// latency returns the model's latency in nanoseconds of a call of kind k
+// (ck) on size bytes: the value CostModel.Latency gives on its curve, kept
+// in the kind's memo or the meter's cache.
+func (c *costMeter) latency(k int, ck *chargeKind, size uint64) int64 {
+	if len(ck.pts) == 0 {
+		return 0
 	}
-	ns, ok := c.m.Latency(row, size)
-	*e = costCacheEntry{row: row, size: size, ns: ns, ok: ok}
-	return ns, ok
+	if size%SubAllocGranularity == 0 && size > 0 && size <= memoMaxSize {
+		i := int(size/SubAllocGranularity) - 1
+		if i < len(ck.memo) {
+			if ns := ck.memo[i]; ns != 0 {
+				return ns
+			}
+		} else {
+			n := min(max(2*len(ck.memo), i+1, 1024), memoMaxSize/SubAllocGranularity)
+			ck.memo = append(ck.memo, make([]int64, n-len(ck.memo))...)
+		}
+		ns := pointLatency(ck.pts, size)
+		ck.memo[i] = ns
+		return ns
+	}
+	e := &c.cache[(size*0x9e3779b97f4a7c15+uint64(k))>>56]
+	if e.used && e.size == size && int(e.kind) == k {
+		return e.ns
+	}
+	ns := pointLatency(ck.pts, size)
+	*e = costCacheEntry{size: size, ns: ns, kind: uint8(k), used: true}
+	return ns
 }
 
 // alloc charges a cudaMalloc of size bytes that returned addr.
@@ -352,15 +442,14 @@ func (c *costMeter) alloc(addr, size uint64) {
 		return
 	}
 	if size > SubAllocMax {
-		if c.freed[size] > 0 {
-			c.freed[size]--
-			if c.freed[size] == 0 {
-				delete(c.freed, size)
+		if n := c.freed.Ptr(size); n != nil {
+			if *n--; *n == 0 {
+				c.freed.Delete(size)
 			}
-			c.charge(CostMalloc, CostMalloc, size)
+			c.charge(chargeMallocReuse, size)
 			return
 		}
-		c.charge(CostMalloc, CostMallocBatch, size)
+		c.charge(chargeMallocFresh, size)
 		return
 	}
 	n := (size + SubAllocGranularity - 1) / SubAllocGranularity * SubAllocGranularity
@@ -378,7 +467,7 @@ func (c *costMeter) alloc(addr, size uint64) {
 	}
 	if best != nil {
 		h := &best.holes[bi]
-		c.placed[addr] = placement{best, h.off, n}
+		c.placed.Put(addr, placement{best, h.off, n})
 		h.off += n
 		h.len -= n
 		if h.len == 0 {
@@ -386,7 +475,7 @@ func (c *costMeter) alloc(addr, size uint64) {
 		}
 		best.updateMax()
 		best.live++
-		c.charge(CostMalloc, CostMallocSuballoc, size)
+		c.charge(chargeMallocSuballoc, size)
 		return
 	}
 	p := &driverPage{live: 1}
@@ -395,8 +484,8 @@ func (c *costMeter) alloc(addr, size uint64) {
 	}
 	p.updateMax()
 	c.pages = append(c.pages, p)
-	c.placed[addr] = placement{p, 0, n}
-	c.charge(CostMalloc, CostMallocNewPage, size)
+	c.placed.Put(addr, placement{p, 0, n})
+	c.charge(chargeMallocNewPage, size)
 }
 
 // free charges a cudaFree of the size-byte segment at addr.
@@ -404,20 +493,21 @@ func (c *costMeter) free(addr, size uint64) {
 	if c == nil {
 		return
 	}
-	pl, ok := c.placed[addr]
+	pl, ok := c.placed.Take(addr)
 	if !ok {
-		if c.freed[size] > 0 || len(c.freed) < maxFreedSizes {
-			c.freed[size]++
+		if n := c.freed.Ptr(size); n != nil {
+			*n++
+		} else if c.freed.Len() < maxFreedSizes {
+			c.freed.Put(size, 1)
 		}
-		c.charge(CostFree, CostFree, size)
+		c.charge(chargeFree, size)
 		return
 	}
-	delete(c.placed, addr)
 	p := pl.page
 	p.live--
 	if p.live > 0 {
 		p.release(pl.off, pl.len)
-		c.charge(CostFree, CostFreeSuballoc, size)
+		c.charge(chargeFreeSuballoc, size)
 		return
 	}
 	for i, q := range c.pages {
@@ -426,7 +516,7 @@ func (c *costMeter) free(addr, size uint64) {
 			break
 		}
 	}
-	c.charge(CostFree, CostFreeLastInPage, size)
+	c.charge(chargeFreeLastInPage, size)
 }
 
 // updateMax sets maxHole from the holes.

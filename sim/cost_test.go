@@ -221,3 +221,63 @@ cudaFree_lastinpage,512,35
 		t.Errorf("%d pages still mapped", n)
 	}
 }
+
+// TestSizeClassBounds compares sizeClass with a search of the bounds, on
+// every bound and its neighbours.
+func TestSizeClassBounds(t *testing.T) {
+	want := func(size uint64) int {
+		if size == 0 {
+			return noSize
+		}
+		for i, b := range sizeClassBounds {
+			if size <= b {
+				return i
+			}
+		}
+		return len(sizeClassBounds)
+	}
+	sizes := []uint64{0, 1, 2, 511, 512, 1<<64 - 1, 1 << 63}
+	for _, b := range sizeClassBounds {
+		sizes = append(sizes, b-1, b, b+1, 2*b, 2*b+1)
+	}
+	for _, s := range sizes {
+		if got := sizeClass(s); got != want(s) {
+			t.Errorf("sizeClass(%d) = %d, want %d", s, got, want(s))
+		}
+	}
+}
+
+// TestCostMeterLatencyMemo checks that the meter's remembered latencies are
+// the model's, for sizes in the memos and out of them, charged first and
+// again, and for a row the model lacks (the call's row is charged).
+func TestCostMeterLatencyMemo(t *testing.T) {
+	m, err := ParseCostModel(strings.NewReader(`api,size_bytes,median_us
+cudaMalloc,512,30
+cudaMalloc,1048576,45.5
+cudaMalloc,67108864,300
+cudaFree,512,20
+cudaFree,1048576,31.7
+cudaMalloc_suballoc,512,1
+cudaMalloc_suballoc,65536,3.3
+cudaFree_suballoc,512,2
+`), "t.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newCostMeter(m)
+	sizes := []uint64{1, 3, 512, 1000, 1024, 4096, 65536, 100000, 1 << 20, 1<<20 + 512, 3 << 20, 5<<20 + 7, memoMaxSize, memoMaxSize + 512, 1 << 30, 5 << 40}
+	for pass := 0; pass < 2; pass++ {
+		for k := range numCharges {
+			cr := chargeRows[k]
+			for _, s := range sizes {
+				want, ok := m.Latency(cr.row, s)
+				if !ok {
+					want, _ = m.Latency(cr.call, s)
+				}
+				if got := c.latency(k, &c.kinds[k], s); got != want {
+					t.Errorf("pass %d: %s/%s of %d bytes: %d ns, want %d", pass, cr.call, cr.row, s, got, want)
+				}
+			}
+		}
+	}
+}

@@ -26,9 +26,9 @@ type Device struct {
 	allocs   int64
 	frees    int64
 	next     uint64
-	live     map[uint64]uint64 // address -> size in bytes
-	cost     *costMeter        // charges the calls to a cost model (cost.go)
-	rec      *recording        // reserved ranges, recorded addresses, call log (device_map.go)
+	live     trace.AddrMap[uint64] // address -> size in bytes
+	cost     *costMeter            // charges the calls to a cost model (cost.go)
+	rec      *recording            // reserved ranges, recorded addresses, call log (device_map.go)
 }
 
 var (
@@ -38,7 +38,7 @@ var (
 
 // NewDevice returns a device of capacity bytes; 0 means unlimited.
 func NewDevice(capacity uint64) *Device {
-	return &Device{capacity: capacity, next: baseAddr, live: map[uint64]uint64{}, cost: newCostMeter(defaultCostModel())}
+	return &Device{capacity: capacity, next: baseAddr, cost: newCostMeter(defaultCostModel())}
 }
 
 // Alloc allocates a segment of size bytes. It returns an error wrapping
@@ -53,7 +53,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 		return 0, fmt.Errorf("device alloc of %d bytes with %d of %d reserved: %w", size, d.reserved, d.capacity, policies.ErrOutOfMemory)
 	}
 	addr := d.place(size)
-	d.live[addr] = size
+	d.live.Put(addr, size)
 	d.reserved += size
 	if d.reserved > d.peak {
 		d.peak = d.reserved
@@ -67,11 +67,10 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 // Free releases the segment at addr. It returns an error if addr is not a
 // live segment.
 func (d *Device) Free(addr uint64) error {
-	size, ok := d.live[addr]
+	size, ok := d.live.Take(addr)
 	if !ok {
 		return fmt.Errorf("device free of %#x: not a live segment", addr)
 	}
-	delete(d.live, addr)
 	d.reserved -= size
 	d.frees++
 	d.cost.free(addr, size)
@@ -94,6 +93,17 @@ func (d *Device) Allocs() int64 { return d.allocs }
 // Frees returns the number of device frees.
 func (d *Device) Frees() int64 { return d.frees }
 
-// Segments returns the live segments' sizes by address. The map is the
-// device's own and valid until the next call.
-func (d *Device) Segments() map[uint64]uint64 { return d.live }
+// Segment returns the size in bytes of the live segment at addr, and false
+// if there is none there.
+func (d *Device) Segment(addr uint64) (size uint64, ok bool) { return d.live.Get(addr) }
+
+// Segments returns the live segments' sizes in bytes by address, in a new
+// map that the caller owns: for tests and reports, not for a call per event
+// (see Segment).
+func (d *Device) Segments() map[uint64]uint64 {
+	out := make(map[uint64]uint64, d.live.Len())
+	for a, n := range d.live.All() {
+		out[a] = n
+	}
+	return out
+}

@@ -142,7 +142,7 @@ func (d *Device) recorded(op trace.Op, size uint64) (uint64, bool) {
 // reserved range.
 func (d *Device) overlaps(addr, size uint64) bool {
 	meets := func(a, n uint64) bool { return addr < a+n && a < addr+size }
-	for a, n := range d.live {
+	for a, n := range d.live.All() {
 		if meets(a, n) {
 			return true
 		}

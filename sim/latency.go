@@ -47,15 +47,15 @@ func SizeClass(size uint64) string {
 }
 
 func sizeClass(size uint64) int {
-	if size == 0 {
+	switch {
+	case size == 0:
 		return noSize
+	case size <= sizeClassBounds[0]:
+		return 0
 	}
-	for i, b := range sizeClassBounds {
-		if size <= b {
-			return i
-		}
-	}
-	return len(sizeClassBounds)
+	// size <= 2^l; the bounds are 2^10, 2^12, ..., 2^32.
+	l := bits.Len64(size - 1)
+	return min((l-9)/2, len(sizeClassBounds))
 }
 
 // Latencies accumulates call latencies by call and size class. The zero
@@ -87,14 +87,19 @@ func (c *callLatencies) hist(class int) *histogram {
 // Add records one call of call on size bytes (0 for a call without a size)
 // that took ns nanoseconds.
 func (l *Latencies) Add(call string, size uint64, ns int64) {
+	l.hist(call, sizeClass(size)).add(ns)
+}
+
+// hist returns the histogram of call in size class class (noSize for
+// calls without a size), made when new. It stays valid as calls are added.
+func (l *Latencies) hist(call string, class int) *histogram {
 	for i := range l.calls {
 		if c := &l.calls[i]; c.call == call {
-			c.hist(sizeClass(size)).add(ns)
-			return
+			return c.hist(class)
 		}
 	}
 	l.calls = append(l.calls, callLatencies{call: call})
-	l.calls[len(l.calls)-1].hist(sizeClass(size)).add(ns)
+	return l.calls[len(l.calls)-1].hist(class)
 }
 
 // each calls f for every histogram of the calls named in calls, or of

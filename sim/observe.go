@@ -142,7 +142,7 @@ func (d *observedDevice) Alloc(size uint64) (uint64, error) {
 }
 
 func (d *observedDevice) Free(addr uint64) error {
-	size := d.Device.Segments()[addr]
+	size, _ := d.Device.Segment(addr)
 	if err := d.next.Free(addr); err != nil {
 		return err
 	}

@@ -1,5 +1,7 @@
 package trace
 
+import "iter"
+
 // AddrMap is a hash table keyed by addresses, with open addressing, linear
 // probing and backward-shift deletion: about twice as fast as a Go map for
 // the per-event lookups of a replay or a validation. The zero value is
@@ -186,3 +188,15 @@ func (m *AddrMap[V]) grow() {
 
 // Len returns the number of addresses held.
 func (m *AddrMap[V]) Len() int { return m.n }
+
+// All returns an iterator over the addresses held and their values, in no
+// particular order. The table must not be changed during the iteration.
+func (m *AddrMap[V]) All() iter.Seq2[uint64, V] {
+	return func(yield func(uint64, V) bool) {
+		for k := range m.slots {
+			if s := &m.slots[k]; s.used && !yield(s.addr, s.val) {
+				return
+			}
+		}
+	}
+}

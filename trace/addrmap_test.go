@@ -41,6 +41,16 @@ func TestAddrMap(t *testing.T) {
 			if tab.Len() != len(ref) {
 				t.Fatalf("op %d: len %d, want %d", i, tab.Len(), len(ref))
 			}
+			seen := 0
+			for a, v := range tab.All() {
+				if want, ok := ref[a]; !ok || v != want {
+					t.Fatalf("op %d: All gave %#x = %v, want %v %v", i, a, v, want, ok)
+				}
+				seen++
+			}
+			if seen != len(ref) {
+				t.Fatalf("op %d: All gave %d addresses, want %d", i, seen, len(ref))
+			}
 		}
 		probe := uint64(rng.IntN(5000)) << 9
 		_, ok1 := tab.Get(probe)
