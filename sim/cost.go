@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"os"
 	"sort"
 	"strconv"
@@ -292,7 +293,9 @@ type costMeter struct {
 	lat   Latencies
 	total int64
 
-	pages  []*driverPage            // mapped pages of small allocations, in creation order
+	pages  int                      // mapped pages of small allocations
+	seq    uint64                   // pages mapped so far, the next page's seq
+	holes  *holeIndex               // the pages' holes by length; nil until a small allocation
 	placed trace.AddrMap[placement] // small segment address -> its place
 	freed  trace.AddrMap[int]       // large sizes freed and not taken again -> how many
 
@@ -365,12 +368,83 @@ const maxFreedSizes = 1 << 14
 // driverPage is a 2 MiB page of the driver's sub-allocator: its free holes
 // by offset, and its live allocations.
 type driverPage struct {
-	holes   []hole
-	maxHole uint64 // the longest hole's length, to pass over full pages
-	live    int
+	holes []hole
+	live  int
+	seq   uint64 // the page's rank in mapping order, older first
 }
 
 type hole struct{ off, len uint64 }
+
+// holeIndex holds the holes of a costMeter's pages by length, so that the
+// best fit is found without a pass over the pages: the shortest hole that
+// holds the request, among those the one of the oldest page, then the one
+// of lowest offset. Hole lengths and offsets are multiples of
+// SubAllocGranularity.
+type holeIndex struct {
+	// buckets holds at k the holes of k * SubAllocGranularity bytes,
+	// sorted by page seq and then offset.
+	buckets [holeBuckets][]holeRef
+	// nonEmpty has bit k set when buckets[k] holds a hole.
+	nonEmpty [(holeBuckets + 63) / 64]uint64
+}
+
+// holeBuckets is the number of hole lengths: 0 to a whole page.
+const holeBuckets = driverPageSize/SubAllocGranularity + 1
+
+// holeRef is a hole of page, at offset off.
+type holeRef struct {
+	seq, off uint64 // page.seq, and the hole's offset in bytes
+	page     *driverPage
+}
+
+func (a holeRef) less(b holeRef) bool { return a.seq < b.seq || a.seq == b.seq && a.off < b.off }
+
+// add adds the hole at off of n bytes of page p.
+func (x *holeIndex) add(p *driverPage, off, n uint64) {
+	k := n / SubAllocGranularity
+	ref := holeRef{p.seq, off, p}
+	b := x.buckets[k]
+	i := sort.Search(len(b), func(i int) bool { return ref.less(b[i]) })
+	b = append(b, holeRef{})
+	copy(b[i+1:], b[i:])
+	b[i] = ref
+	x.buckets[k] = b
+	x.nonEmpty[k/64] |= 1 << (k % 64)
+}
+
+// remove removes the hole at off of n bytes of page p.
+func (x *holeIndex) remove(p *driverPage, off, n uint64) {
+	k := n / SubAllocGranularity
+	ref := holeRef{p.seq, off, p}
+	b := x.buckets[k]
+	i := sort.Search(len(b), func(i int) bool { return !b[i].less(ref) })
+	if i == len(b) || b[i] != ref {
+		panic(fmt.Sprintf("sim: cost meter: no hole of %d bytes at %d of page %d", n, off, p.seq))
+	}
+	b = append(b[:i], b[i+1:]...)
+	x.buckets[k] = b
+	if len(b) == 0 {
+		x.nonEmpty[k/64] &^= 1 << (k % 64)
+	}
+}
+
+// best returns the best-fit hole for n bytes, and false when no hole holds
+// them.
+func (x *holeIndex) best(n uint64) (holeRef, bool) {
+	k := (n + SubAllocGranularity - 1) / SubAllocGranularity
+	if k >= holeBuckets {
+		return holeRef{}, false
+	}
+	w := k / 64
+	bitsLeft := x.nonEmpty[w] &^ (1<<(k%64) - 1)
+	for bitsLeft == 0 {
+		if w++; w == uint64(len(x.nonEmpty)) {
+			return holeRef{}, false
+		}
+		bitsLeft = x.nonEmpty[w]
+	}
+	return x.buckets[w*64+uint64(bits.TrailingZeros64(bitsLeft))][0], true
+}
 
 type placement struct {
 	page     *driverPage
@@ -453,37 +527,33 @@ func (c *costMeter) alloc(addr, size uint64) {
 		return
 	}
 	n := (size + SubAllocGranularity - 1) / SubAllocGranularity * SubAllocGranularity
-	var best *driverPage
-	bi := -1
-	for _, p := range c.pages {
-		if p.maxHole < n {
-			continue // no hole of this page fits
-		}
-		for i, h := range p.holes {
-			if h.len >= n && (best == nil || h.len < best.holes[bi].len) {
-				best, bi = p, i
-			}
-		}
+	if c.holes == nil {
+		c.holes = &holeIndex{}
 	}
-	if best != nil {
-		h := &best.holes[bi]
-		c.placed.Put(addr, placement{best, h.off, n})
+	if ref, ok := c.holes.best(n); ok {
+		p := ref.page
+		i := sort.Search(len(p.holes), func(i int) bool { return p.holes[i].off >= ref.off })
+		h := &p.holes[i]
+		c.holes.remove(p, h.off, h.len)
+		c.placed.Put(addr, placement{p, h.off, n})
 		h.off += n
 		h.len -= n
 		if h.len == 0 {
-			best.holes = append(best.holes[:bi], best.holes[bi+1:]...)
+			p.holes = append(p.holes[:i], p.holes[i+1:]...)
+		} else {
+			c.holes.add(p, h.off, h.len)
 		}
-		best.updateMax()
-		best.live++
+		p.live++
 		c.charge(chargeMallocSuballoc, size)
 		return
 	}
-	p := &driverPage{live: 1}
+	p := &driverPage{live: 1, seq: c.seq}
+	c.seq++
 	if n < driverPageSize {
 		p.holes = []hole{{n, driverPageSize - n}}
+		c.holes.add(p, n, driverPageSize-n)
 	}
-	p.updateMax()
-	c.pages = append(c.pages, p)
+	c.pages++
 	c.placed.Put(addr, placement{p, 0, n})
 	c.charge(chargeMallocNewPage, size)
 }
@@ -506,48 +576,45 @@ func (c *costMeter) free(addr, size uint64) {
 	p := pl.page
 	p.live--
 	if p.live > 0 {
-		p.release(pl.off, pl.len)
+		c.release(p, pl.off, pl.len)
 		c.charge(chargeFreeSuballoc, size)
 		return
 	}
-	for i, q := range c.pages {
-		if q == p {
-			c.pages = append(c.pages[:i], c.pages[i+1:]...)
-			break
-		}
+	for _, h := range p.holes {
+		c.holes.remove(p, h.off, h.len)
 	}
+	c.pages--
 	c.charge(chargeFreeLastInPage, size)
 }
 
-// updateMax sets maxHole from the holes.
-func (p *driverPage) updateMax() {
-	p.maxHole = 0
-	for _, h := range p.holes {
-		p.maxHole = max(p.maxHole, h.len)
-	}
-}
-
-// release returns [off, off+n) to the page's holes, merged with its
+// release returns [off, off+n) to the holes of page p, merged with its
 // neighbours.
-func (p *driverPage) release(off, n uint64) {
-	defer p.updateMax()
+func (c *costMeter) release(p *driverPage, off, n uint64) {
 	i := sort.Search(len(p.holes), func(i int) bool { return p.holes[i].off > off })
 	if i > 0 && p.holes[i-1].off+p.holes[i-1].len == off {
-		p.holes[i-1].len += n
+		prev := &p.holes[i-1]
+		c.holes.remove(p, prev.off, prev.len)
+		prev.len += n
 		if i < len(p.holes) && off+n == p.holes[i].off {
-			p.holes[i-1].len += p.holes[i].len
+			c.holes.remove(p, p.holes[i].off, p.holes[i].len)
+			prev.len += p.holes[i].len
 			p.holes = append(p.holes[:i], p.holes[i+1:]...)
 		}
+		c.holes.add(p, prev.off, prev.len)
 		return
 	}
 	if i < len(p.holes) && off+n == p.holes[i].off {
-		p.holes[i].off = off
-		p.holes[i].len += n
+		next := &p.holes[i]
+		c.holes.remove(p, next.off, next.len)
+		next.off = off
+		next.len += n
+		c.holes.add(p, next.off, next.len)
 		return
 	}
 	p.holes = append(p.holes, hole{})
 	copy(p.holes[i+1:], p.holes[i:])
 	p.holes[i] = hole{off, n}
+	c.holes.add(p, off, n)
 }
 
 // SetCostModel charges the device's calls from now on to m, the embedded

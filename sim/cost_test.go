@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -217,7 +218,7 @@ cudaFree_lastinpage,512,35
 	if got := d.AllocTime(); got != want {
 		t.Errorf("allocator time %d ns, want %d", got, want)
 	}
-	if n := len(d.cost.pages); n != 0 {
+	if n := d.cost.pages; n != 0 {
 		t.Errorf("%d pages still mapped", n)
 	}
 }
@@ -279,5 +280,71 @@ cudaFree_suballoc,512,2
 				}
 			}
 		}
+	}
+}
+
+// TestCostMeterHoleIndex places random small and large requests and checks
+// each small one against a pass over every mapped page: the shortest hole
+// that holds it, of the oldest page, at the lowest offset; or a new page
+// when none does.
+func TestCostMeterHoleIndex(t *testing.T) {
+	c := newCostMeter(DefaultCostModel())
+	rng := rand.New(rand.NewPCG(3, 4))
+	pages := map[*driverPage]bool{}
+	var live []uint64
+	sizes := map[uint64]uint64{}
+	next := uint64(1 << 40)
+	for i := 0; i < 20000; i++ {
+		if len(live) > 0 && rng.IntN(2) == 0 {
+			k := rng.IntN(len(live))
+			addr := live[k]
+			live[k] = live[len(live)-1]
+			live = live[:len(live)-1]
+			if pl, ok := c.placed.Get(addr); ok && pl.page.live == 1 {
+				delete(pages, pl.page)
+			}
+			c.free(addr, sizes[addr])
+			continue
+		}
+		size := uint64(rng.IntN(1<<20)) + 1
+		if rng.IntN(8) == 0 {
+			size = uint64(rng.IntN(8<<20)) + 1
+		}
+		n := (size + SubAllocGranularity - 1) / SubAllocGranularity * SubAllocGranularity
+		var want *driverPage
+		var wantOff, wantLen uint64
+		for p := range pages {
+			for _, h := range p.holes {
+				if h.len < n {
+					continue
+				}
+				if want == nil || h.len < wantLen || h.len == wantLen && (p.seq < want.seq || p.seq == want.seq && h.off < wantOff) {
+					want, wantOff, wantLen = p, h.off, h.len
+				}
+			}
+		}
+		addr := next
+		next += 4 << 20
+		c.alloc(addr, size)
+		live = append(live, addr)
+		sizes[addr] = size
+		if size > SubAllocMax {
+			continue
+		}
+		pl, ok := c.placed.Get(addr)
+		if !ok {
+			t.Fatalf("op %d: %d bytes not placed", i, size)
+		}
+		pages[pl.page] = true
+		if want == nil {
+			if pl.off != 0 || pl.page.live != 1 {
+				t.Fatalf("op %d: %d bytes at %d of page %d, want a new page", i, size, pl.off, pl.page.seq)
+			}
+		} else if pl.page != want || pl.off != wantOff {
+			t.Fatalf("op %d: %d bytes at %d of page %d, want %d of page %d", i, size, pl.off, pl.page.seq, wantOff, want.seq)
+		}
+	}
+	if c.pages != len(pages) {
+		t.Errorf("%d pages counted, %d mapped", c.pages, len(pages))
 	}
 }
