@@ -424,13 +424,18 @@ func (t *freeTree[B]) resize(oldAddr, addr, size uint64) {
 		}
 		return
 	}
-	// A shrunk block lowers them only where it was the largest.
+	// A shrunk block lowers them only where it was the largest: from the
+	// bottom up, while the subtree changed held the maximum recorded.
 	for k := depth - 1; k >= 0; k-- {
 		s := path[k]
+		if s.x.kmax[s.i] > old {
+			break
+		}
 		m := t.nodeMax(s.x.kids[s.i])
 		if m == s.x.kmax[s.i] {
 			break
 		}
+		old = s.x.kmax[s.i]
 		s.x.kmax[s.i] = m
 	}
 }
