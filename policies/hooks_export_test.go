@@ -304,14 +304,20 @@ func (p *Workspace) CheckTiling() error {
 		at = e.end
 		if !e.dead {
 			live++
-			if j, ok := p.index[p.region+e.start]; !ok || j != i {
+			if b, ok := p.blocks.Get(p.region + e.start); !ok || b.overflow || b.index != i {
 				return fmt.Errorf("region block %d at %d not indexed", i, e.start)
 			}
 		}
 	}
+	indexed := 0
+	for _, b := range p.blocks.All() {
+		if !b.overflow {
+			indexed++
+		}
+	}
 	switch {
-	case live != p.nlive || live != len(p.index):
-		return fmt.Errorf("%d live region blocks, counted %d, indexed %d", live, p.nlive, len(p.index))
+	case live != p.nlive || live != indexed:
+		return fmt.Errorf("%d live region blocks, counted %d, indexed %d", live, p.nlive, indexed)
 	case live == 0 && p.top != 0:
 		return fmt.Errorf("no live region block, top %d", p.top)
 	}

@@ -6,6 +6,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // Workspace is the preallocated workspace of inference engines and
@@ -61,10 +63,9 @@ type Workspace struct {
 
 	// stack holds the region's blocks above the last reset in address
 	// order, freed ones marked dead and dropped from the end lazily.
-	stack   []wsEntry
-	index   map[uint64]int // live region blocks: address -> index in stack
-	nlive   int            // live blocks in the region
-	outside map[uint64]wsOverflow
+	stack  []wsEntry
+	blocks trace.AddrMap[wsBlock] // live blocks by address, in the region and outside
+	nlive  int                    // live blocks in the region
 
 	// Warm-up (no size, no hint): live and peak requested bytes, reset
 	// markers seen, and whether it is over.
@@ -79,9 +80,12 @@ type wsEntry struct {
 	dead       bool
 }
 
-// wsOverflow is a block of its own device segment.
-type wsOverflow struct {
+// wsBlock is a live block: of the region, at index of the stack, or an
+// overflow block of its own device segment, for requested bytes.
+type wsBlock struct {
+	index     int
 	requested uint64
+	overflow  bool
 }
 
 var (
@@ -134,8 +138,6 @@ func NewWorkspace(dev Device, s Settings) (*Workspace, error) {
 		factor:      factor,
 		alignment:   align,
 		resetMarker: marker,
-		index:       map[uint64]int{},
-		outside:     map[uint64]wsOverflow{},
 	}, nil
 }
 
@@ -201,7 +203,7 @@ func (p *Workspace) Malloc(size, stream uint64) (Block, error) {
 	}
 	if p.region != 0 && n <= p.capacity-p.top {
 		b := Block{Addr: p.region + p.top, Size: n}
-		p.index[b.Addr] = len(p.stack)
+		p.blocks.Put(b.Addr, wsBlock{index: len(p.stack)})
 		p.stack = append(p.stack, wsEntry{start: p.top, end: p.top + n})
 		p.top += n
 		p.nlive++
@@ -212,7 +214,7 @@ func (p *Workspace) Malloc(size, stream uint64) (Block, error) {
 	if err != nil {
 		return Block{}, fmt.Errorf("policy workspace: malloc of %d bytes: %w", size, err)
 	}
-	p.outside[addr] = wsOverflow{requested: size}
+	p.blocks.Put(addr, wsBlock{requested: size, overflow: true})
 	if !p.warmedUp {
 		p.liveRequested += size
 		p.peakRequested = max(p.peakRequested, p.liveRequested)
@@ -246,9 +248,12 @@ func (p *Workspace) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	if i, ok := p.index[addr]; ok {
-		delete(p.index, addr)
-		p.stack[i].dead = true
+	o, ok := p.blocks.Take(addr)
+	if !ok {
+		return fmt.Errorf("policy workspace: free of %#x: not a live block", addr)
+	}
+	if !o.overflow {
+		p.stack[o.index].dead = true
 		p.nlive--
 		if p.nlive == 0 {
 			p.top = 0
@@ -256,11 +261,6 @@ func (p *Workspace) Free(addr, stream uint64) error {
 		}
 		return nil
 	}
-	o, ok := p.outside[addr]
-	if !ok {
-		return fmt.Errorf("policy workspace: free of %#x: not a live block", addr)
-	}
-	delete(p.outside, addr)
 	if !p.warmedUp {
 		p.liveRequested -= o.requested
 		if p.liveRequested == 0 {
