@@ -92,7 +92,7 @@ func newObserving(o Observer, dev *Device) *observing {
 }
 
 // at starts event i.
-func (s *observing) at(i int64, ev trace.Event) {
+func (s *observing) at(i int64, ev *trace.Event) {
 	if s == nil {
 		return
 	}

@@ -50,20 +50,20 @@ func (s *recorded) requested(i int64, addr uint64) {
 
 // followed shows a recorded device call (event ev) to the device and the
 // policy, when replaying as recorded.
-func (r *Replay) followed(ev trace.Event) {
+func (r *Replay) followed(ev *trace.Event) {
 	if !r.cfg.AsRecorded {
 		return
 	}
-	r.dev.Observe(ev)
+	r.dev.Observe(*ev)
 	if r.rec.follower != nil {
-		r.rec.follower.Follow(ev)
+		r.rec.follower.Follow(*ev)
 	}
 }
 
 // freeBlock gives the block of a back to the policy at event i, the free
 // (free_completed) ev: through FreeLate when the program asked for the free
 // (free_requested) before other events than this one.
-func (r *Replay) freeBlock(i int64, ev trace.Event, a liveAlloc) error {
+func (r *Replay) freeBlock(i int64, ev *trace.Event, a liveAlloc) error {
 	if f := r.rec.follower; f != nil && a.released && !(r.rec.reqEvent == i-1 && r.rec.reqAddr == ev.Addr) {
 		return f.FreeLate(a.block.Addr, ev.Stream)
 	}

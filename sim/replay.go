@@ -80,8 +80,9 @@ type Replay struct {
 	// The trace's semantic problems (as trace.Validator finds them, with
 	// the replay's own table of live allocations): the one of the current
 	// event, counted at its end.
-	clock   trace.Clock
-	frees   trace.FreeLog
+	lastTime, lastIdx int64 // the previous event's time (ns) and index
+	timed             bool  // whether there was a previous event
+	frees             trace.FreeLog
 	problem *trace.ValidationError
 
 	// history is the number of events that rebuild the state before a
@@ -162,9 +163,12 @@ func (r *Replay) Device() *Device { return r.dev }
 // Step replays event ev, the i-th event of the trace (from 0). It returns an
 // error only for a failure of the policy other than an OOM, or for an event
 // that cannot be replayed at all; OOMs are counted and the replay goes on.
-func (r *Replay) Step(i int64, ev trace.Event) error {
+func (r *Replay) Step(i int64, ev trace.Event) error { return r.step(i, &ev) }
+
+// step is Step on an event the caller keeps (Run's events are not copied).
+func (r *Replay) step(i int64, ev *trace.Event) error {
 	r.res.Events++
-	r.problem = r.clock.Check(i, ev)
+	r.checkTime(i, ev)
 	r.obs.at(i, ev)
 	if r.check != nil {
 		r.check.Begin(i)
@@ -241,15 +245,29 @@ func (r *Replay) Step(i int64, ev trace.Event) error {
 	return nil
 }
 
-func (r *Replay) malloc(i int64, ev trace.Event) error {
-	if err := trace.CheckSize(i, ev); err != nil {
-		r.problem = err // replayed all the same: the policy decides
+// checkTime sets the event's problem to time going backwards, as
+// trace.Clock finds it; the clock is called only then, so that the event
+// is not copied into it at every step.
+func (r *Replay) checkTime(i int64, ev *trace.Event) {
+	if r.timed && ev.Time < r.lastTime {
+		var c trace.Clock
+		c.Check(r.lastIdx, trace.Event{Time: r.lastTime})
+		r.problem = c.Check(i, *ev)
+	} else {
+		r.problem = nil
+	}
+	r.lastTime, r.lastIdx, r.timed = ev.Time, i, true
+}
+
+func (r *Replay) malloc(i int64, ev *trace.Event) error {
+	if ev.Size == 0 || ev.Size > trace.MaxSize {
+		r.problem = trace.CheckSize(i, *ev) // replayed all the same: the policy decides
 	}
 	// One probe finds a duplicate or makes the slot, filled below; the
 	// policy does not touch the table meanwhile.
 	slot, dup := r.live.Ref(ev.Addr)
 	if dup {
-		r.problem = trace.LiveMalloc(i, ev, slot.event)
+		r.problem = trace.LiveMalloc(i, *ev, slot.event)
 		return nil
 	}
 	switch ev.Kind {
@@ -293,7 +311,7 @@ func (r *Replay) malloc(i int64, ev trace.Event) error {
 // mallocFailed replays a malloc that failed in the source as an attempt:
 // an OOM if the policy fails too, else the block is freed at once, as the
 // program never got it.
-func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
+func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	r.res.SourceOOMs++
 	if !ev.Kind.OnDevice() {
 		return nil
@@ -337,10 +355,10 @@ func (r *Replay) mallocFailed(i int64, ev trace.Event) error {
 // program frees a block still in use on another stream; its requested bytes
 // stay live (PyTorch's requested_bytes) and the block goes back to the
 // policy only at the matching free (free_completed).
-func (r *Replay) freeRequested(i int64, ev trace.Event) {
+func (r *Replay) freeRequested(i int64, ev *trace.Event) {
 	p := r.live.Ptr(ev.Addr)
 	if p == nil {
-		r.problem = r.frees.NotLive(i, ev)
+		r.problem = r.frees.NotLive(i, *ev)
 		return
 	}
 	if p.released {
@@ -367,10 +385,10 @@ func (r *Replay) release(a liveAlloc) {
 	}
 }
 
-func (r *Replay) free(i int64, ev trace.Event) error {
+func (r *Replay) free(i int64, ev *trace.Event) error {
 	a, ok := r.live.Take(ev.Addr)
 	if !ok {
-		r.problem = r.frees.NotLive(i, ev)
+		r.problem = r.frees.NotLive(i, *ev)
 		return nil
 	}
 	r.frees.Add(ev.Addr, i)
@@ -495,7 +513,7 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	}
 	step := func(i int64, ev *trace.Event) error {
 		for _, rep := range reps {
-			if err := rep.Step(i, *ev); err != nil {
+			if err := rep.step(i, ev); err != nil {
 				if rep.cfg.Strict && errors.As(err, new(*trace.ValidationError)) {
 					return err // the trace's problem, not the policy's
 				}
