@@ -83,7 +83,7 @@ type Replay struct {
 	lastTime, lastIdx int64 // the previous event's time (ns) and index
 	timed             bool  // whether there was a previous event
 	frees             trace.FreeLog
-	problem *trace.ValidationError
+	problem           *trace.ValidationError
 
 	// history is the number of events that rebuild the state before a
 	// truncated trace's history (see truncated.go), 0 if none.
