@@ -30,7 +30,7 @@ type freeTree[B any] struct {
 const (
 	ftDegree   = 8 // minimum degree: nodes hold ftDegree-1 .. 2*ftDegree-1 items
 	ftMaxItems = 2*ftDegree - 1
-	ftMaxDepth = 48 // far above the height of any tree of 2^64 items
+	ftMaxDepth = 24 // above the height of any tree of 2^64 items (at most log8(2^63) = 21)
 )
 
 // ftKey is the key of a free block of a freeTree: its size and address in
@@ -343,6 +343,101 @@ func (t *freeTree[B]) delete(size, addr uint64) {
 		depth++
 		x = x.kids[i]
 	}
+	t.deleteAt(&path, depth, x, i)
+}
+
+// takeBest removes and returns the block best returns for n bytes, and
+// whether there is one, in one descent; t is a best-fit tree.
+func (t *freeTree[B]) takeBest(n uint64) (B, bool) {
+	var path [ftMaxDepth]ftStep[B]
+	depth, at := 0, 0
+	var fx *ftNode[B]
+	fi := 0
+	for x := t.root; x != nil; {
+		items := x.keys[:x.n]
+		i := 0
+		for i < len(items) && items[i].size < n {
+			i++
+		}
+		if i < len(items) {
+			// The deepest item found is the answer; the steps above it
+			// are the steps towards its key.
+			fx, fi, at = x, i, depth
+		}
+		if x.leaf {
+			break
+		}
+		path[depth] = ftStep[B]{x, i}
+		depth++
+		x = x.kids[i]
+	}
+	if fx == nil {
+		var zero B
+		return zero, false
+	}
+	b := fx.vals[fi]
+	t.deleteAt(&path, at, fx, fi)
+	return b, true
+}
+
+// takeFirst finds the block first returns for n bytes and cuts n bytes
+// from its front in one descent: a block of n bytes is removed, a larger
+// one keeps its place with its address n bytes higher and its size n
+// bytes less. It returns the block, its size before the cut, and whether
+// there is one; t is a first-fit tree. The block's own fields are the
+// caller's to update.
+func (t *freeTree[B]) takeFirst(n uint64) (B, uint64, bool) {
+	var path [ftMaxDepth]ftStep[B]
+	depth := 0
+	x := t.root
+	var zero B
+	if x == nil {
+		return zero, 0, false
+	}
+	i := 0
+next:
+	for !x.leaf {
+		for i = 0; i < x.n; i++ {
+			if x.kmax[i] >= n {
+				path[depth] = ftStep[B]{x, i}
+				depth++
+				x = x.kids[i]
+				continue next
+			}
+			if x.keys[i].size >= n {
+				break next
+			}
+		}
+		if x.kmax[x.n] < n {
+			return zero, 0, false
+		}
+		path[depth] = ftStep[B]{x, x.n}
+		depth++
+		x = x.kids[x.n]
+	}
+	if x.leaf {
+		for i = 0; i < x.n && x.keys[i].size < n; i++ {
+		}
+		if i == x.n {
+			// Only the root can get here: a child is entered only when
+			// it holds a block that fits.
+			return zero, 0, false
+		}
+	}
+	b, it := x.vals[i], &x.keys[i]
+	old := it.size
+	if old == n {
+		t.deleteAt(&path, depth, x, i)
+		return b, old, true
+	}
+	it.addr, it.size = it.addr+n, old-n
+	t.shrunk(&path, depth, old)
+	return b, old, true
+}
+
+// deleteAt removes item i of node x, reached by the steps path[:depth]
+// from the root.
+func (t *freeTree[B]) deleteAt(path *[ftMaxDepth]ftStep[B], depth int, x *ftNode[B], i int) {
 	if !x.leaf {
 		// The predecessor, the last item of the left subtree, takes the
 		// item's place; it is removed from its leaf instead.
@@ -424,8 +519,14 @@ func (t *freeTree[B]) resize(oldAddr, addr, size uint64) {
 		}
 		return
 	}
-	// A shrunk block lowers them only where it was the largest: from the
-	// bottom up, while the subtree changed held the maximum recorded.
+	t.shrunk(&path, depth, old)
+}
+
+// shrunk brings the maxima on the steps path[:depth] up to date after a
+// block under them shrank from old bytes: a shrunk block lowers them only
+// where it was the largest, from the bottom up, while the subtree changed
+// held the maximum recorded.
+func (t *freeTree[B]) shrunk(path *[ftMaxDepth]ftStep[B], depth int, old uint64) {
 	for k := depth - 1; k >= 0; k-- {
 		s := path[k]
 		if s.x.kmax[s.i] > old {

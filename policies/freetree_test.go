@@ -11,7 +11,7 @@ import (
 type ftRef struct{ size, addr uint64 }
 
 // TestFreeTree drives both orders of the free tree with random inserts,
-// deletes and (first fit) resizes against a plain slice of blocks, and
+// deletes, takes (takeBest, takeFirst) and (first fit) resizes against a plain slice of blocks, and
 // checks after each step the tree's shape and every answer: best and first
 // fit for every request size, firstWhere, largest and the in-order walk.
 // Small address and size ranges make equal sizes, full nodes, merges and
@@ -43,6 +43,10 @@ func TestFreeTree(t *testing.T) {
 						b := &ftRef{size: uint64(1 + rng.Intn(64)), addr: addr}
 						tr.insert(b.size, b.addr, b)
 						in = append(in, b)
+					case r == 9:
+						if err := ftTake(tr, &in, used, uint64(1+rng.Intn(66))); err != nil {
+							t.Fatalf("op %d: %v", op, err)
+						}
 					case r < 8 || !byAddr:
 						i := rng.Intn(len(in))
 						b := in[i]
@@ -76,6 +80,57 @@ func TestFreeTree(t *testing.T) {
 			})
 		}
 	}
+}
+
+// ftTake takes n bytes from tr with takeBest or takeFirst, checks the
+// block taken against the reference in, and updates in and used: under
+// best fit the block leaves, under first fit n bytes are cut from its
+// front. A cut that would move a block past its neighbour (the random
+// blocks may overlap) is not made.
+func ftTake(tr *freeTree[*ftRef], in *[]*ftRef, used map[uint64]bool, n uint64) error {
+	want := slices.Clone(*in)
+	slices.SortFunc(want, func(a, b *ftRef) int {
+		if !tr.byAddr && a.size != b.size {
+			return cmpUint(a.size, b.size)
+		}
+		return cmpUint(a.addr, b.addr)
+	})
+	var fit *ftRef
+	k := slices.IndexFunc(want, func(b *ftRef) bool { return b.size >= n })
+	if k >= 0 {
+		fit = want[k]
+	}
+	var got *ftRef
+	var ok bool
+	leaves := true
+	if tr.byAddr {
+		if fit != nil && fit.size > n && k+1 < len(want) && fit.addr+n >= want[k+1].addr {
+			return nil
+		}
+		var old uint64
+		got, old, ok = tr.takeFirst(n)
+		if fit != nil && old != fit.size {
+			return fmt.Errorf("takeFirst(%d): size before %d, want %d", n, old, fit.size)
+		}
+		if fit != nil && fit.size > n {
+			leaves = false
+			delete(used, fit.addr)
+			fit.addr, fit.size = fit.addr+n, fit.size-n
+			used[fit.addr] = true
+		}
+	} else {
+		got, ok = tr.takeBest(n)
+	}
+	if got != fit || ok != (fit != nil) {
+		return fmt.Errorf("take of %d = %v, want %v", n, got, fit)
+	}
+	if fit != nil && leaves {
+		i := slices.Index(*in, fit)
+		(*in)[i] = (*in)[len(*in)-1]
+		*in = (*in)[:len(*in)-1]
+		delete(used, fit.addr)
+	}
+	return nil
 }
 
 // checkFreeTree checks tr's shape (every leaf at one depth, node fill,
