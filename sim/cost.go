@@ -297,7 +297,7 @@ type costMeter struct {
 	seq    uint64                   // pages mapped so far, the next page's seq
 	holes  *holeIndex               // the pages' holes by length; nil until a small allocation
 	placed trace.AddrMap[placement] // small segment address -> its place
-	freed  trace.AddrMap[int]       // large sizes freed and not taken again -> how many
+	freed  freedSizes               // large sizes freed and not taken again
 
 	kinds [numCharges]chargeKind        // how each kind of call is charged
 	cache [costCacheSize]costCacheEntry // recent latencies of sizes the memos do not hold
@@ -364,6 +364,78 @@ type costCacheEntry struct {
 // driver's reuse of a mapping, so that its memory does not grow with the
 // trace (a trace of random sizes rarely takes a size again).
 const maxFreedSizes = 1 << 14
+
+// freedSizes counts the frees of each large size not yet taken again by a
+// malloc of that size, remembering at most maxFreedSizes sizes: the sizes
+// that policies round to the driver's step, up to memoMaxSize bytes, in an
+// array, others in a table.
+type freedSizes struct {
+	steps []int32 // at k: the count of (k+1) * SubAllocGranularity bytes; grows as needed
+	other trace.AddrMap[int]
+	sizes int // sizes with a count
+}
+
+// counter returns the count of size, nil when size has none and grow is
+// false. With grow, an absent size gets a counter at 0 in the array.
+func (f *freedSizes) counter(size uint64, grow bool) *int32 {
+	k := int(size/SubAllocGranularity) - 1
+	if k >= len(f.steps) {
+		if !grow {
+			return nil
+		}
+		n := min(max(2*len(f.steps), k+1, 1024), memoMaxSize/SubAllocGranularity)
+		f.steps = append(f.steps, make([]int32, n-len(f.steps))...)
+	}
+	return &f.steps[k]
+}
+
+// inSteps reports whether size is counted in the array.
+func inSteps(size uint64) bool {
+	return size%SubAllocGranularity == 0 && size > 0 && size <= memoMaxSize
+}
+
+// add counts a free of size bytes, unless size has no count and
+// maxFreedSizes sizes have one.
+func (f *freedSizes) add(size uint64) {
+	if inSteps(size) {
+		if n := f.counter(size, false); n != nil && *n > 0 {
+			*n++
+		} else if f.sizes < maxFreedSizes {
+			*f.counter(size, true) = 1
+			f.sizes++
+		}
+		return
+	}
+	if n := f.other.Ptr(size); n != nil {
+		*n++
+	} else if f.sizes < maxFreedSizes {
+		f.other.Put(size, 1)
+		f.sizes++
+	}
+}
+
+// take takes one free of size bytes, and reports whether there was one.
+func (f *freedSizes) take(size uint64) bool {
+	if inSteps(size) {
+		n := f.counter(size, false)
+		if n == nil || *n == 0 {
+			return false
+		}
+		if *n--; *n == 0 {
+			f.sizes--
+		}
+		return true
+	}
+	n := f.other.Ptr(size)
+	if n == nil {
+		return false
+	}
+	if *n--; *n == 0 {
+		f.other.Delete(size)
+		f.sizes--
+	}
+	return true
+}
 
 // driverPage is a 2 MiB page of the driver's sub-allocator: its free holes
 // by offset, and its live allocations.
@@ -516,10 +588,7 @@ func (c *costMeter) alloc(addr, size uint64) {
 		return
 	}
 	if size > SubAllocMax {
-		if n := c.freed.Ptr(size); n != nil {
-			if *n--; *n == 0 {
-				c.freed.Delete(size)
-			}
+		if c.freed.take(size) {
 			c.charge(chargeMallocReuse, size)
 			return
 		}
@@ -565,11 +634,7 @@ func (c *costMeter) free(addr, size uint64) {
 	}
 	pl, ok := c.placed.Take(addr)
 	if !ok {
-		if n := c.freed.Ptr(size); n != nil {
-			*n++
-		} else if c.freed.Len() < maxFreedSizes {
-			c.freed.Put(size, 1)
-		}
+		c.freed.add(size)
 		c.charge(chargeFree, size)
 		return
 	}

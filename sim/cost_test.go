@@ -348,3 +348,43 @@ func TestCostMeterHoleIndex(t *testing.T) {
 		t.Errorf("%d pages counted, %d mapped", c.pages, len(pages))
 	}
 }
+
+// TestFreedSizes compares freedSizes with a Go map bounded as it is, over
+// random frees and mallocs of sizes on the driver's step and off it, past
+// the bound.
+func TestFreedSizes(t *testing.T) {
+	var f freedSizes
+	ref := map[uint64]int{}
+	rng := rand.New(rand.NewPCG(5, 6))
+	size := func() uint64 {
+		switch rng.IntN(3) {
+		case 0:
+			return uint64(rng.IntN(memoMaxSize/SubAllocGranularity)+1) * SubAllocGranularity
+		case 1:
+			return uint64(rng.IntN(1<<16)+1)*SubAllocGranularity + memoMaxSize
+		}
+		return uint64(rng.IntN(1<<24)) | 1
+	}
+	for i := 0; i < 200000; i++ {
+		s := size()
+		if i > 100000 && rng.IntN(2) == 0 {
+			_, want := ref[s]
+			if want {
+				if ref[s]--; ref[s] == 0 {
+					delete(ref, s)
+				}
+			}
+			if got := f.take(s); got != want {
+				t.Fatalf("op %d: take(%d) = %v, want %v", i, s, got, want)
+			}
+			continue
+		}
+		if ref[s] > 0 || len(ref) < maxFreedSizes {
+			ref[s]++
+		}
+		f.add(s)
+		if f.sizes != len(ref) {
+			t.Fatalf("op %d: %d sizes, want %d", i, f.sizes, len(ref))
+		}
+	}
+}

@@ -585,35 +585,26 @@ func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
 		return src, cfgs, nil
 	}
 	var evs []trace.Event
-	pass := src
+	var peak peakLive
 	ro, reopen := src.(Reopener)
-	var peak, live uint64
-	sizes := map[uint64]uint64{}
-	for {
-		ev, err := pass.Next()
-		if err == io.EOF {
-			break
+	if ss, ok := src.(*trace.SliceSource); ok {
+		// Events in memory: passed over in place, then reopened.
+		for k, rest := 0, ss.Rest(); k < len(rest); k++ {
+			peak.add(&rest[k])
 		}
-		if err != nil {
-			return nil, nil, err
-		}
-		if !reopen {
-			evs = append(evs, ev)
-		}
-		switch ev.Op {
-		case trace.OpMalloc:
-			if ev.Kind.OnDevice() {
-				if _, dup := sizes[ev.Addr]; !dup {
-					sizes[ev.Addr] = ev.Size
-					live += ev.Size
-					peak = max(peak, live)
-				}
+	} else {
+		for {
+			ev, err := src.Next()
+			if err == io.EOF {
+				break
 			}
-		case trace.OpFreeRequested, trace.OpFree:
-			if n, ok := sizes[ev.Addr]; ok {
-				delete(sizes, ev.Addr)
-				live -= n
+			if err != nil {
+				return nil, nil, err
 			}
+			if !reopen {
+				evs = append(evs, ev)
+			}
+			peak.add(&ev)
 		}
 	}
 	if reopen {
@@ -628,11 +619,36 @@ func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
 	out := make([]Config, len(cfgs))
 	for k, c := range cfgs {
 		if c.PeakRequestedHint == 0 {
-			c.PeakRequestedHint = peak
+			c.PeakRequestedHint = peak.peak
 		}
 		out[k] = c
 	}
 	return src, out, nil
+}
+
+// peakLive finds a trace's peak of live requested device bytes, as the
+// events go by: a malloc of an address already live and a free of one not
+// live do not count.
+type peakLive struct {
+	sizes      trace.AddrMap[uint64] // live device allocations' requested bytes by address
+	live, peak uint64
+}
+
+func (p *peakLive) add(ev *trace.Event) {
+	switch ev.Op {
+	case trace.OpMalloc:
+		if ev.Kind.OnDevice() {
+			if n, dup := p.sizes.Ref(ev.Addr); !dup {
+				*n = ev.Size
+				p.live += ev.Size
+				p.peak = max(p.peak, p.live)
+			}
+		}
+	case trace.OpFreeRequested, trace.OpFree:
+		if n, ok := p.sizes.Take(ev.Addr); ok {
+			p.live -= n
+		}
+	}
 }
 
 // isHinter reports whether the policy called name is a policies.Hinter.
