@@ -164,7 +164,7 @@ func (p *BFC) Malloc(size, stream uint64) (Block, error) {
 		return Block{}, errRequestTooLarge("bfc", size)
 	}
 	n := ceilToMultiple(size, bfcMinAllocation)
-	c := p.free.best(n)
+	c := p.free.takeBest(n)
 	if c == nil {
 		ok, err := p.extend(n)
 		if err != nil {
@@ -183,14 +183,13 @@ func (p *BFC) Malloc(size, stream uint64) (Block, error) {
 			}
 		}
 		if ok {
-			c = p.free.best(n)
+			c = p.free.takeBest(n)
 		}
 		if c == nil {
 			return Block{}, fmt.Errorf("policy bfc: malloc of %d bytes (%d rounded) with %d of %d in regions, %d free, largest free chunk %d: %w",
 				size, n, p.total, p.limit, p.free.bytes, p.free.largest(), ErrOutOfMemory)
 		}
 	}
-	p.free.remove(c)
 	if c.size >= 2*n || c.size-n >= bfcMaxWaste {
 		r := p.nodes.get(c.addr+n, c.size-n)
 		linkAfter(c, r)
@@ -387,6 +386,36 @@ func (t *fitTree) largest() uint64 { return t.blocks.largest() }
 func (t *fitTree) best(n uint64) *fitBlock {
 	b, _ := t.blocks.best(n)
 	return b
+}
+
+// takeBest removes the block best returns from t and returns it, or nil,
+// in one descent.
+func (t *fitTree) takeBest(n uint64) *fitBlock {
+	b, ok := t.blocks.takeBest(n)
+	if !ok {
+		return nil
+	}
+	b.tree = nil
+	t.bytes -= b.size
+	return b
+}
+
+// takeFirst cuts n bytes from the front of the block first returns, in
+// one descent: a block of n bytes leaves t and is returned with true; a
+// larger one stays, its address n bytes higher and its size n bytes less,
+// and is returned with false. It returns nil if no block fits.
+func (t *fitTree) takeFirst(n uint64) (*fitBlock, bool) {
+	b, old, ok := t.blocks.takeFirst(n)
+	if !ok {
+		return nil, false
+	}
+	t.bytes -= n
+	if old == n {
+		b.tree = nil
+		return b, true
+	}
+	b.addr, b.size = b.addr+n, b.size-n
+	return b, false
 }
 
 // first returns the lowest block of at least n bytes, or nil; t is keyed

@@ -154,31 +154,13 @@ func (c *coalescing) Malloc(size, stream uint64) (Block, error) {
 		return Block{}, errRequestTooLarge(c.name, size)
 	}
 	n := ceilToMultiple(size, c.alignment)
-	b := c.find(n)
+	b := c.take(n)
 	if b == nil {
-		var err error
-		if b, err = c.grow(n); err != nil {
+		g, err := c.grow(n)
+		if err != nil {
 			return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: %w", c.name, size, err)
 		}
-	}
-	switch {
-	case b.size == n:
-		c.remove(b)
-	case c.bestFit:
-		// Every size is a multiple of the alignment, so the remainder is
-		// at least one alignment unit. It goes back by its new size.
-		c.remove(b)
-		r := c.newBlock(b.addr+n, b.size-n, b.seg)
-		c.linkAfter(b, r)
-		b.size = n
-		c.insert(r)
-	default:
-		// By address, the remainder takes the free block's place in the
-		// tree: a new block is cut from the front of it.
-		a := c.newBlock(b.addr, n, b.seg)
-		c.linkBefore(b, a)
-		c.resize(b, b.addr+n, b.size-n)
-		b = a
+		b = c.split(g, n)
 	}
 	b.free = false
 	c.freeBytes -= n
@@ -198,6 +180,11 @@ func (c *coalescing) Free(addr, stream uint64) error {
 	if !ok {
 		return fmt.Errorf("policy %s: free of %#x: not a live block", c.name, addr)
 	}
+	return c.freeBlock(b)
+}
+
+// freeBlock is Free of live block b, already out of the live map.
+func (c *coalescing) freeBlock(b *flBlock) error {
 	c.freeBytes += b.size
 	p, nx := b.prev, b.next
 	pFree, nxFree := p != nil && p.free, nx != nil && nx.free
@@ -350,6 +337,63 @@ func (c *coalescing) unlink(b *flBlock) {
 		b.next.prev = b.prev
 	}
 	c.recycle(b)
+}
+
+// take places n bytes in the free block find would return, in one
+// descent of the free tree, and returns the block of n bytes cut from it,
+// out of the tree; nil if no free block is large enough. As split, best
+// fit takes the front and returns the rest by its new size, first fit
+// cuts the front and the rest keeps its place.
+func (c *coalescing) take(n uint64) *flBlock {
+	if c.bestFit {
+		b, ok := c.free.takeBest(n)
+		if !ok {
+			return nil
+		}
+		if b.size > n {
+			r := c.newBlock(b.addr+n, b.size-n, b.seg)
+			c.linkAfter(b, r)
+			b.size = n
+			c.insert(r)
+		}
+		return b
+	}
+	b, old, ok := c.free.takeFirst(n)
+	if !ok {
+		return nil
+	}
+	if old == n {
+		return b
+	}
+	a := c.newBlock(b.addr, n, b.seg)
+	c.linkBefore(b, a)
+	b.addr, b.size = b.addr+n, b.size-n
+	return a
+}
+
+// split places n bytes in free block b, in the free tree, and returns the
+// block of n bytes cut from it, out of the tree.
+func (c *coalescing) split(b *flBlock, n uint64) *flBlock {
+	switch {
+	case b.size == n:
+		c.remove(b)
+	case c.bestFit:
+		// Every size is a multiple of the alignment, so the remainder is
+		// at least one alignment unit. It goes back by its new size.
+		c.remove(b)
+		r := c.newBlock(b.addr+n, b.size-n, b.seg)
+		c.linkAfter(b, r)
+		b.size = n
+		c.insert(r)
+	default:
+		// By address, the remainder takes the free block's place in the
+		// tree: a new block is cut from the front of it.
+		a := c.newBlock(b.addr, n, b.seg)
+		c.linkBefore(b, a)
+		c.resize(b, b.addr+n, b.size-n)
+		b = a
+	}
+	return b
 }
 
 // find returns the free block the policy places n bytes in, nil if none

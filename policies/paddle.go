@@ -186,14 +186,13 @@ func (p *Paddle) Malloc(size, stream uint64) (Block, error) {
 	n := ceilToMultiple(size, p.alignment)
 	pl := p.pool(stream, true)
 	c := &pl.c
-	b := c.find(n)
-	if b == nil {
+	b, ok := c.free.takeBest(n)
+	if !ok {
 		var err error
 		if b, err = p.grow(pl, n); err != nil {
 			return Block{}, fmt.Errorf("policy paddle: malloc of %d bytes: %w", size, err)
 		}
 	} else {
-		c.remove(b)
 		if b.size > n {
 			// The low part stays free, at its address, with its new size.
 			a := c.newBlock(b.addr+b.size-n, n, b.seg)
@@ -287,21 +286,18 @@ func (p *Paddle) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	pl := p.pool(stream, false)
-	if pl == nil || pl.c.live.Ptr(addr) == nil {
-		// Freed on another stream than its own.
-		pl = nil
-		for _, q := range p.pools {
-			if q.c.live.Ptr(addr) != nil {
-				pl = q
-				break
-			}
-		}
-		if pl == nil {
-			return fmt.Errorf("policy paddle: free of %#x: not a live block", addr)
+	if pl := p.pool(stream, false); pl != nil {
+		if b, ok := pl.c.live.Take(addr); ok {
+			return pl.c.freeBlock(b)
 		}
 	}
-	return pl.c.Free(addr, stream)
+	// Freed on another stream than its own.
+	for _, q := range p.pools {
+		if b, ok := q.c.live.Take(addr); ok {
+			return q.c.freeBlock(b)
+		}
+	}
+	return fmt.Errorf("policy paddle: free of %#x: not a live block", addr)
 }
 
 // EmptyCache gives every idle chunk of every pool back to the device,

@@ -235,17 +235,17 @@ func (p *RMMArena) allocate(a *arenaOwner, n uint64) (*fitBlock, error) {
 		if sb == nil {
 			return nil, err
 		}
-		return p.take(&p.global.free, p.global.free.first(n), n), nil
+		return p.take(&p.global.free, n), nil
 	}
-	if b := a.free.first(n); b != nil {
-		return p.take(&a.free, b, n), nil
+	if b := p.take(&a.free, n); b != nil {
+		return b, nil
 	}
 	sb, err := p.globalFirstFit(n)
 	if sb == nil {
 		return nil, err
 	}
 	p.move(sb, a)
-	return p.take(&a.free, a.free.first(n), n), nil
+	return p.take(&a.free, n), nil
 }
 
 // globalFirstFit returns the global arena's first superblock with a free
@@ -274,18 +274,21 @@ func (p *RMMArena) globalFirstFit(n uint64) (*arenaSuperblock, error) {
 	return sb, nil
 }
 
-// take allocates n bytes from the front of free block b of tree t.
-func (p *RMMArena) take(t *fitTree, b *fitBlock, n uint64) *fitBlock {
+// take allocates n bytes from the front of the first free block of tree
+// t large enough, nil if none is.
+func (p *RMMArena) take(t *fitTree, n uint64) *fitBlock {
+	b, whole := t.takeFirst(n)
+	if b == nil {
+		return nil
+	}
 	a := b
-	if b.size == n {
-		t.remove(b)
-	} else {
-		a = p.nodes.get(b.addr, n)
+	if !whole {
+		// b keeps its place in t, cut down to the rest.
+		a = p.nodes.get(b.addr-n, n)
 		linkBefore(b, a)
 		if a.prev == nil {
 			a.sb.first = a
 		}
-		t.resize(b, b.addr+n, b.size-n)
 	}
 	a.sb.used += n
 	p.live.Put(a.addr, a)

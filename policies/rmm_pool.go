@@ -141,15 +141,15 @@ func (p *RMMPool) Malloc(size, stream uint64) (Block, error) {
 	}
 	n := ceilToMultiple(size, rmmAlignment)
 	own := p.streams.get(stream)
-	if b := own.free.best(n); b != nil {
-		return p.take(&own.free, b, n), nil
+	if b := own.free.takeBest(n); b != nil {
+		return p.place(&own.free, b, n), nil
 	}
 	for _, o := range p.streams.order {
 		if o == own {
 			continue
 		}
-		if b := o.free.best(n); b != nil {
-			return p.take(&o.free, b, n), nil
+		if b := o.free.takeBest(n); b != nil {
+			return p.place(&o.free, b, n), nil
 		}
 	}
 	for _, o := range p.streams.order {
@@ -157,16 +157,15 @@ func (p *RMMPool) Malloc(size, stream uint64) (Block, error) {
 			continue
 		}
 		p.merge(&own.free, &o.free)
-		if b := own.free.best(n); b != nil {
-			return p.take(&own.free, b, n), nil
+		if b := own.free.takeBest(n); b != nil {
+			return p.place(&own.free, b, n), nil
 		}
 	}
 	b, err := p.expand(p.sizeToGrow(n), n)
 	if err != nil {
 		return Block{}, fmt.Errorf("policy %s: malloc of %d bytes on stream %#x: %w", p.name, size, stream, err)
 	}
-	own.free.insert(b)
-	return p.take(&own.free, b, n), nil
+	return p.place(&own.free, b, n), nil
 }
 
 // Free returns the block at addr to the free list of stream, coalesced
@@ -184,10 +183,9 @@ func (p *RMMPool) Free(addr, stream uint64) error {
 	return nil
 }
 
-// take allocates n bytes from the front of free block b of list t; the
-// rest stays in t.
-func (p *RMMPool) take(t *fitTree, b *fitBlock, n uint64) Block {
-	t.remove(b)
+// place allocates n bytes from the front of block b, taken out of list t
+// (or new); the rest goes to t.
+func (p *RMMPool) place(t *fitTree, b *fitBlock, n uint64) Block {
 	if b.size > n {
 		r := p.nodes.get(b.addr+n, b.size-n)
 		linkAfter(b, r)
