@@ -91,9 +91,8 @@ type AsyncPool struct {
 	ready    coalescing
 	streams  []*apStream
 	last     *apStream
-	pending  map[*flBlock]apFree // free blocks whose frees are not known complete
-	events   map[uint64]apClock  // recorded events: what they are ordered after
-	host     apClock             // what the host knows to be complete
+	events   map[uint64]apClock // recorded events: what they are ordered after
+	host     apClock            // what the host knows to be complete
 	segments []*flSegment
 
 	reserved  uint64
@@ -193,7 +192,6 @@ func NewAsyncPool(dev Device, s Settings) (*AsyncPool, error) {
 		followEvents: follow,
 		internalDeps: internal,
 		ready:        coalescing{name: name, dev: dev, alignment: align, free: freeTree[*flBlock]{byAddr: true}},
-		pending:      map[*flBlock]apFree{},
 		events:       map[uint64]apClock{},
 		host:         apClock{},
 	}, nil
@@ -266,17 +264,28 @@ func (p *AsyncPool) Malloc(size, stream uint64) (Block, error) {
 	}
 	n := ceilToMultiple(size, p.alignment)
 	st := p.stream(stream)
-	b, tree := p.find(st, n)
-	if b == nil {
+	// The lowest pending block st may reuse, then the ready tree's first
+	// fit below it, taken in the same descent.
+	b, tree := p.findPending(st, n)
+	below := ^uint64(0)
+	if b != nil {
+		below = b.addr
+	}
+	if r := p.ready.takeFirst(n, below); r != nil {
+		b, tree = r, nil
+	} else if b == nil {
 		var err error
 		if b, tree, err = p.grow(st, n); err != nil {
 			return Block{}, fmt.Errorf("policy async-pool: malloc of %d bytes: %w", size, err)
 		}
 	}
-	if b.size == n {
+	switch {
+	case tree == nil:
+		// Cut already, from the ready tree.
+	case b.size == n:
 		tree.remove(b)
 		p.untag(b, tree)
-	} else {
+	default:
 		// Cut from the front; the rest keeps b's place in its tree.
 		a := p.ready.newBlock(b.addr, n, b.seg)
 		p.ready.linkBefore(b, a)
@@ -292,15 +301,17 @@ func (p *AsyncPool) Malloc(size, stream uint64) (Block, error) {
 // untag forgets b's pending free, if b was in a stream's pending tree.
 func (p *AsyncPool) untag(b *flBlock, tree *coalescing) {
 	if tree != &p.ready {
-		p.pending[b].s.npend--
-		delete(p.pending, b)
+		b.pend.s.npend--
+		b.pend = apFree{}
 	}
 }
 
-// find returns the free block with the lowest address of at least n bytes
-// that stream st may reuse, and the tree it is in; nil if there is none.
-func (p *AsyncPool) find(st *apStream, n uint64) (*flBlock, *coalescing) {
-	b, tree := p.ready.find(n), &p.ready
+// findPending returns the pending free block with the lowest address of
+// at least n bytes that stream st may reuse, and the tree it is in; nil if
+// there is none.
+func (p *AsyncPool) findPending(st *apStream, n uint64) (*flBlock, *coalescing) {
+	var b *flBlock
+	var tree *coalescing
 	if st.npend > 0 {
 		if c := st.pend.find(n); c != nil && (b == nil || c.addr < b.addr) {
 			b, tree = c, &st.pend
@@ -333,7 +344,7 @@ func (p *AsyncPool) find(st *apStream, n uint64) (*flBlock, *coalescing) {
 // findVisible returns the lowest-addressed block of at least n bytes in
 // pending list c whose free is at most the v-th of its stream.
 func (p *AsyncPool) findVisible(c *coalescing, n, v uint64) *flBlock {
-	b, _ := c.free.firstWhere(n, func(x *flBlock) bool { return p.pending[x].seq <= v })
+	b, _ := c.free.firstWhere(n, func(x *flBlock) bool { return x.pend.seq <= v })
 	return b
 }
 
@@ -406,7 +417,7 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 	st := p.stream(stream)
 	st.seq++
 	tag := apFree{st, st.seq}
-	sameStream := func(x *flBlock) bool { return x != nil && x.free && p.pending[x].s == st }
+	sameStream := func(x *flBlock) bool { return x != nil && x.free && x.pend.s == st }
 	switch pv, nx := b.prev, b.next; {
 	case sameStream(pv):
 		// The free neighbour before grows in place (its key, the address,
@@ -414,24 +425,23 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 		size := pv.size + b.size
 		if sameStream(nx) {
 			st.pend.remove(nx)
-			delete(p.pending, nx)
 			st.npend--
 			size += nx.size
 			p.ready.unlink(nx)
 		}
 		p.ready.unlink(b)
 		st.pend.resize(pv, pv.addr, size)
-		p.pending[pv] = tag
+		pv.pend = tag
 	case sameStream(nx):
 		// The free neighbour after takes b's address: no other block of
 		// the tree lies between them, so its place stays.
 		st.pend.resize(nx, b.addr, nx.size+b.size)
 		p.ready.unlink(b)
-		p.pending[nx] = tag
+		nx.pend = tag
 	default:
 		b.free = true
 		st.pend.insert(b)
-		p.pending[b] = tag
+		b.pend = tag
 		st.npend++
 	}
 	return nil
@@ -491,7 +501,7 @@ func (p *AsyncPool) complete() {
 		done = p.collect(&st.pend, h, done[:0])
 		for _, b := range done {
 			st.pend.remove(b)
-			delete(p.pending, b)
+			b.pend = apFree{}
 			st.npend--
 			p.insertReady(b)
 		}
@@ -507,7 +517,7 @@ func (p *AsyncPool) collect(c *coalescing, h uint64, bs []*flBlock) []*flBlock {
 	all := c.free.appendAll(bs)
 	bs = all[:len(bs)]
 	for _, x := range all[len(bs):] {
-		if p.pending[x].seq <= h {
+		if x.pend.seq <= h {
 			bs = append(bs, x)
 		}
 	}
@@ -521,8 +531,7 @@ func (p *AsyncPool) insertReady(b *flBlock) {
 		if x == nil || !x.free {
 			return false
 		}
-		_, pend := p.pending[x]
-		return !pend
+		return x.pend.s == nil
 	}
 	if pv := b.prev; isReady(pv) {
 		p.ready.remove(pv)
@@ -574,8 +583,7 @@ func (p *AsyncPool) trim(limit uint64) (int, error) {
 }
 
 func (p *AsyncPool) isPending(b *flBlock) bool {
-	_, ok := p.pending[b]
-	return ok
+	return b.pend.s != nil
 }
 
 // EmptyCache is a device synchronize followed by cudaMemPoolTrimTo(0):

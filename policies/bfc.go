@@ -405,7 +405,7 @@ func (t *fitTree) takeBest(n uint64) *fitBlock {
 // larger one stays, its address n bytes higher and its size n bytes less,
 // and is returned with false. It returns nil if no block fits.
 func (t *fitTree) takeFirst(n uint64) (*fitBlock, bool) {
-	b, old, ok := t.blocks.takeFirst(n)
+	b, old, ok := t.blocks.takeFirst(n, ^uint64(0))
 	if !ok {
 		return nil, false
 	}

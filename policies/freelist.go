@@ -69,6 +69,9 @@ type flBlock struct {
 	seg        *flSegment
 	prev, next *flBlock // address neighbours in the segment, nil at its ends
 	free       bool
+	// pend is async-pool's pending free of a block in a stream's pending
+	// tree (pend.s nil otherwise): its stream and place in its frees.
+	pend apFree
 }
 
 // flSegment is a device segment of a coalescing free list.
@@ -358,7 +361,13 @@ func (c *coalescing) take(n uint64) *flBlock {
 		}
 		return b
 	}
-	b, old, ok := c.free.takeFirst(n)
+	return c.takeFirst(n, ^uint64(0))
+}
+
+// takeFirst is take under first fit, from a block below the address
+// below only.
+func (c *coalescing) takeFirst(n, below uint64) *flBlock {
+	b, old, ok := c.free.takeFirst(n, below)
 	if !ok {
 		return nil
 	}

@@ -380,13 +380,14 @@ func (t *freeTree[B]) takeBest(n uint64) (B, bool) {
 	return b, true
 }
 
-// takeFirst finds the block first returns for n bytes and cuts n bytes
-// from its front in one descent: a block of n bytes is removed, a larger
-// one keeps its place with its address n bytes higher and its size n
-// bytes less. It returns the block, its size before the cut, and whether
-// there is one; t is a first-fit tree. The block's own fields are the
-// caller's to update.
-func (t *freeTree[B]) takeFirst(n uint64) (B, uint64, bool) {
+// takeFirst finds the block first returns for n bytes and, if its
+// address is below the address below, cuts n bytes from its front in one
+// descent: a block of n bytes is removed, a larger one keeps its place
+// with its address n bytes higher and its size n bytes less. It returns
+// the block, its size before the cut, and whether there is one (below
+// below); t is a first-fit tree. The block's own fields are the caller's
+// to update.
+func (t *freeTree[B]) takeFirst(n, below uint64) (B, uint64, bool) {
 	var path [ftMaxDepth]ftStep[B]
 	depth := 0
 	x := t.root
@@ -425,6 +426,9 @@ next:
 		}
 	}
 	b, it := x.vals[i], &x.keys[i]
+	if it.addr >= below {
+		return zero, 0, false
+	}
 	old := it.size
 	if old == n {
 		t.deleteAt(&path, depth, x, i)

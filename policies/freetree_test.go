@@ -44,7 +44,11 @@ func TestFreeTree(t *testing.T) {
 						tr.insert(b.size, b.addr, b)
 						in = append(in, b)
 					case r == 9:
-						if err := ftTake(tr, &in, used, uint64(1+rng.Intn(66))); err != nil {
+						below := ^uint64(0)
+						if rng.Intn(2) == 0 {
+							below = uint64(rng.Intn(2048 * 16))
+						}
+						if err := ftTake(tr, &in, used, uint64(1+rng.Intn(66)), below); err != nil {
 							t.Fatalf("op %d: %v", op, err)
 						}
 					case r < 8 || !byAddr:
@@ -82,12 +86,12 @@ func TestFreeTree(t *testing.T) {
 	}
 }
 
-// ftTake takes n bytes from tr with takeBest or takeFirst, checks the
-// block taken against the reference in, and updates in and used: under
-// best fit the block leaves, under first fit n bytes are cut from its
-// front. A cut that would move a block past its neighbour (the random
-// blocks may overlap) is not made.
-func ftTake(tr *freeTree[*ftRef], in *[]*ftRef, used map[uint64]bool, n uint64) error {
+// ftTake takes n bytes from tr with takeBest or takeFirst (from a block
+// below address below), checks the block taken against the reference in,
+// and updates in and used: under best fit the block leaves, under first
+// fit n bytes are cut from its front. A cut that would move a block past
+// its neighbour (the random blocks may overlap) is not made.
+func ftTake(tr *freeTree[*ftRef], in *[]*ftRef, used map[uint64]bool, n, below uint64) error {
 	want := slices.Clone(*in)
 	slices.SortFunc(want, func(a, b *ftRef) int {
 		if !tr.byAddr && a.size != b.size {
@@ -104,11 +108,14 @@ func ftTake(tr *freeTree[*ftRef], in *[]*ftRef, used map[uint64]bool, n uint64) 
 	var ok bool
 	leaves := true
 	if tr.byAddr {
+		if fit != nil && fit.addr >= below {
+			fit = nil
+		}
 		if fit != nil && fit.size > n && k+1 < len(want) && fit.addr+n >= want[k+1].addr {
 			return nil
 		}
 		var old uint64
-		got, old, ok = tr.takeFirst(n)
+		got, old, ok = tr.takeFirst(n, below)
 		if fit != nil && old != fit.size {
 			return fmt.Errorf("takeFirst(%d): size before %d, want %d", n, old, fit.size)
 		}

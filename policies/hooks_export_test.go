@@ -105,6 +105,9 @@ func (p *AsyncPool) CheckTiling() error {
 		return fmt.Errorf("ready: %v", err)
 	}
 	for b := range nodes {
+		if b.pend.s != nil {
+			return fmt.Errorf("ready block %#x pending %+v", b.addr, b.pend)
+		}
 		inTree[b] = &p.ready
 	}
 	for _, st := range p.streams {
@@ -120,7 +123,7 @@ func (p *AsyncPool) CheckTiling() error {
 				return fmt.Errorf("block %#x in two treaps", b.addr)
 			}
 			inTree[b] = &st.pend
-			if f, ok := p.pending[b]; !ok || f.s != st || f.seq > st.seq {
+			if f := b.pend; f.s != st || f.seq > st.seq {
 				return fmt.Errorf("block %#x: in stream %d's treap, pending %+v", b.addr, st.id, f)
 			}
 		}
@@ -137,6 +140,9 @@ func (p *AsyncPool) CheckTiling() error {
 				allocated++
 				if v, _ := p.ready.live.Get(b.addr); v != b {
 					return fmt.Errorf("allocated block %#x not live", b.addr)
+				}
+				if b.pend != (apFree{}) {
+					return fmt.Errorf("allocated block %#x pending %+v", b.addr, b.pend)
 				}
 				return nil
 			}
