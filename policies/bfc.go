@@ -403,10 +403,11 @@ func (t *fitTree) takeBest(n uint64) *fitBlock {
 // takeFirst cuts n bytes from the front of the block first returns, in
 // one descent: a block of n bytes leaves t and is returned with true; a
 // larger one stays, its address n bytes higher and its size n bytes less,
-// and is returned with false. It returns nil if no block fits.
-func (t *fitTree) takeFirst(n uint64) (*fitBlock, bool) {
-	b, old, ok := t.blocks.takeFirst(n, ^uint64(0))
-	if !ok {
+// and is returned with false. It returns nil if no block fits, or if ok,
+// when not nil, refuses the block.
+func (t *fitTree) takeFirst(n uint64, ok func(*fitBlock) bool) (*fitBlock, bool) {
+	b, old, found := t.blocks.takeFirst(n, ^uint64(0), ok)
+	if !found {
 		return nil, false
 	}
 	t.bytes -= n

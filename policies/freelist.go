@@ -367,7 +367,7 @@ func (c *coalescing) take(n uint64) *flBlock {
 // takeFirst is take under first fit, from a block below the address
 // below only.
 func (c *coalescing) takeFirst(n, below uint64) *flBlock {
-	b, old, ok := c.free.takeFirst(n, below)
+	b, old, ok := c.free.takeFirst(n, below, nil)
 	if !ok {
 		return nil
 	}

@@ -385,9 +385,10 @@ func (t *freeTree[B]) takeBest(n uint64) (B, bool) {
 // descent: a block of n bytes is removed, a larger one keeps its place
 // with its address n bytes higher and its size n bytes less. It returns
 // the block, its size before the cut, and whether there is one (below
-// below); t is a first-fit tree. The block's own fields are the caller's
-// to update.
-func (t *freeTree[B]) takeFirst(n, below uint64) (B, uint64, bool) {
+// below); t is a first-fit tree. A non-nil ok may refuse the block found:
+// then nothing is cut and takeFirst reports false. The block's own fields
+// are the caller's to update.
+func (t *freeTree[B]) takeFirst(n, below uint64, ok func(B) bool) (B, uint64, bool) {
 	var path [ftMaxDepth]ftStep[B]
 	depth := 0
 	x := t.root
@@ -426,7 +427,7 @@ next:
 		}
 	}
 	b, it := x.vals[i], &x.keys[i]
-	if it.addr >= below {
+	if it.addr >= below || ok != nil && !ok(b) {
 		return zero, 0, false
 	}
 	old := it.size

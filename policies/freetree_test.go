@@ -114,8 +114,16 @@ func ftTake(tr *freeTree[*ftRef], in *[]*ftRef, used map[uint64]bool, n, below u
 		if fit != nil && fit.size > n && k+1 < len(want) && fit.addr+n >= want[k+1].addr {
 			return nil
 		}
+		// Half the time, blocks at odd multiples of 16 are refused.
+		var pick func(*ftRef) bool
+		if n%2 == 0 {
+			pick = func(b *ftRef) bool { return b.addr%32 == 0 }
+			if fit != nil && !pick(fit) {
+				fit = nil
+			}
+		}
 		var old uint64
-		got, old, ok = tr.takeFirst(n, below)
+		got, old, ok = tr.takeFirst(n, below, pick)
 		if fit != nil && old != fit.size {
 			return fmt.Errorf("takeFirst(%d): size before %d, want %d", n, old, fit.size)
 		}

@@ -231,13 +231,20 @@ func (p *RMMArena) Free(addr, stream uint64) error {
 // room; it returns an error only for a device failure other than an OOM.
 func (p *RMMArena) allocate(a *arenaOwner, n uint64) (*fitBlock, error) {
 	if n > arenaMinSuperblock {
+		// In one descent, unless the superblock found is to be cut down
+		// first (globalFirstFit's split) or nothing fits.
+		want := max(n, arenaMinSuperblock)
+		noSplit := func(b *fitBlock) bool { return b.sb.used != 0 || b.sb.size < want+arenaMinSuperblock }
+		if b := p.take(&p.global.free, n, noSplit); b != nil {
+			return b, nil
+		}
 		sb, err := p.globalFirstFit(n)
 		if sb == nil {
 			return nil, err
 		}
-		return p.take(&p.global.free, n), nil
+		return p.take(&p.global.free, n, nil), nil
 	}
-	if b := p.take(&a.free, n); b != nil {
+	if b := p.take(&a.free, n, nil); b != nil {
 		return b, nil
 	}
 	sb, err := p.globalFirstFit(n)
@@ -245,7 +252,7 @@ func (p *RMMArena) allocate(a *arenaOwner, n uint64) (*fitBlock, error) {
 		return nil, err
 	}
 	p.move(sb, a)
-	return p.take(&a.free, n), nil
+	return p.take(&a.free, n, nil), nil
 }
 
 // globalFirstFit returns the global arena's first superblock with a free
@@ -275,9 +282,9 @@ func (p *RMMArena) globalFirstFit(n uint64) (*arenaSuperblock, error) {
 }
 
 // take allocates n bytes from the front of the first free block of tree
-// t large enough, nil if none is.
-func (p *RMMArena) take(t *fitTree, n uint64) *fitBlock {
-	b, whole := t.takeFirst(n)
+// t large enough, nil if none is or ok (if not nil) refuses it.
+func (p *RMMArena) take(t *fitTree, n uint64, ok func(*fitBlock) bool) *fitBlock {
+	b, whole := t.takeFirst(n, ok)
 	if b == nil {
 		return nil
 	}
