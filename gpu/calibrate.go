@@ -195,16 +195,8 @@ func (c *calibration) free(p uint64) (int64, error) {
 	return ns, err
 }
 
-// settle lets the device rest and warms it up before a series, as Repeat
-// does before each replay, so that a series starts in the state a replay
-// starts in: neither behind the driver's deferred work after the large
-// frees of the series before (it slowed the small calls measured after
-// the 4 GiB series by about 40% on an H200), nor idle.
-func (c *calibration) settle() { settle(c.rt) }
-
 func (c *calibration) isolated() error {
 	for _, size := range c.sizes(math.MaxUint64) {
-		c.settle()
 		var m, f []int64
 		for k := 0; k < c.n(size); k++ {
 			if err := c.ctx.Err(); err != nil {
@@ -232,7 +224,6 @@ func (c *calibration) batch() error {
 		if count < 2 {
 			continue
 		}
-		c.settle()
 		var m, f []int64
 		ptrs := make([]uint64, 0, count)
 		for k := 0; k < count; k++ {
@@ -276,7 +267,6 @@ func (c *calibration) suballoc() error {
 		return fmt.Errorf("cudaMalloc of the anchor: %w", err)
 	}
 	for _, size := range c.sizes(sim.SubAllocMax) {
-		c.settle()
 		var m, f []int64
 		for k := 0; k < c.n(size); k++ {
 			if err := c.ctx.Err(); err != nil {
@@ -349,7 +339,6 @@ func (c *calibration) workload(w Workload, point func(uint64) uint64, samples ma
 		return fmt.Errorf("workload %s: %w", name, err)
 	}
 	defer closer.Close()
-	c.settle()
 	live := map[uint64]uint64{}  // trace address -> pointer
 	sizes := map[uint64]uint64{} // pointer -> size
 	pages := map[uint64]int{}    // 2 MiB page -> live small allocations
