@@ -56,6 +56,11 @@ type Config struct {
 	CallLog io.Writer
 	// RecordSeq records the cudaMalloc/cudaFree sequence in Result.Seq.
 	RecordSeq bool
+	// Unbatched makes the cuda target call the runtime from Go one event
+	// at a time; by default the calls of up to 1024 consecutive mallocs
+	// and frees are made back to back in C (batch.go). The results are the
+	// same; only the timings differ.
+	Unbatched bool
 	// SampleEvery is the number of events between cudaMemGetInfo samples of
 	// the driver's view (untimed); 0 means 4096.
 	SampleEvery int
@@ -173,7 +178,8 @@ type liveAlloc struct {
 	block     policies.Block // placement (the host pointer for host kinds)
 	requested uint64
 	kind      trace.Kind
-	failed    bool // the malloc failed in the replay
+	failed    bool  // the malloc failed in the replay
+	batchSlot int32 // 1 + its slot in the cuda target's batches (batch.go), 0 if not batched
 }
 
 // replayer is one replay of one trace on the GPU.
@@ -189,6 +195,8 @@ type replayer struct {
 	live    trace.AddrMap[liveAlloc]
 	streams map[uint64]uint64 // trace stream -> CUDA stream
 	events  map[uint64]uint64 // trace event -> CUDA event
+
+	batch *batch // the cuda target's batches; nil: event by event
 
 	policyCalls int64 // simulated policy's Malloc and Free calls so far
 	policyOwnNS int64 // their sampled time outside the device calls
@@ -259,6 +267,9 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	}
 	r.res.Policy = r.policy.Name()
 	r.direct = cfg.Policy == TargetCUDA || cfg.Policy == TargetCUDAAsync
+	if cfg.Policy == TargetCUDA && !cfg.Unbatched {
+		r.batch = &batch{}
+	}
 	defer func() {
 		ok := err == nil || r.res.Interrupted
 		if ok {
@@ -310,6 +321,21 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		// that its assists and pauses stay out of the timings; the chunk
 		// allocates little. SetGCPercent(-1) waits for a cycle under way.
 		gcPercent := debug.SetGCPercent(-1)
+		if r.batch != nil {
+			err := r.replayBatched(ctx, buf, &i)
+			debug.SetGCPercent(gcPercent)
+			if err != nil {
+				return nil, err
+			}
+			if shadow != nil {
+				for k, ev := range buf {
+					if err := shadow.Step(start+int64(k), ev); err != nil {
+						return nil, fmt.Errorf("simulated %s: %w", r.res.SimPolicy, err)
+					}
+				}
+			}
+			continue
+		}
 		t0 := time.Now()
 		for k, ev := range buf {
 			if err := r.step(i, ev); err != nil {
