@@ -339,3 +339,57 @@ int64_t cr_seq_run(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t
 	*calls_ns = sum;
 	return wall;
 }
+
+int64_t cr_batch(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n, uint64_t *slot_ptr,
+                 uint64_t *slot_size, uint64_t limit, uint64_t *reserved, uint64_t *ptr, int64_t *ns,
+                 int32_t *rc) {
+	uint64_t res = *reserved;
+	int64_t i;
+	for (i = 0; i < n; i++) {
+		int32_t s = slot[i];
+		int c = 0;
+		ns[i] = 0;
+		if (size[i] > 0) {
+			ptr[i] = 0;
+			if (size[i] > limit || res > limit - size[i]) {
+				rc[i] = CR_REFUSED;
+				slot_ptr[s] = 0;
+				continue;
+			}
+			void *p = NULL;
+			int64_t t0 = cr_now();
+			c = l->cudaMalloc(&p, (size_t)size[i]);
+			ns[i] = cr_now() - t0;
+			rc[i] = c;
+			if (c == 0) {
+				slot_ptr[s] = (uint64_t)(uintptr_t)p;
+				slot_size[s] = size[i];
+				res += size[i];
+				ptr[i] = slot_ptr[s];
+			} else {
+				slot_ptr[s] = 0;
+			}
+		} else {
+			ptr[i] = slot_ptr[s];
+			rc[i] = 0;
+			if (ptr[i] == 0)
+				continue; // its malloc failed or was refused: no call
+			int64_t t0 = cr_now();
+			c = l->cudaFree((void *)(uintptr_t)ptr[i]);
+			ns[i] = cr_now() - t0;
+			rc[i] = c;
+			if (c == 0) {
+				slot_ptr[s] = 0;
+				res -= slot_size[s];
+			}
+		}
+		if (c != 0) {
+			if (l->cudaGetLastError)
+				l->cudaGetLastError(); // so that the failure does not show up at a later call
+			if (!(size[i] > 0 && c == 2))
+				break; // only an out-of-memory cudaMalloc lets the batch go on
+		}
+	}
+	*reserved = res;
+	return i < n ? i : n;
+}

@@ -181,6 +181,12 @@ func (rt *Runtime) fail(call string, rc C.int) error {
 
 func (rt *Runtime) clearError() { C.cr_get_last_error(rt.lib) }
 
+// errorOf returns the Error for call's return code rc, whose last error the
+// C side has already cleared.
+func (rt *Runtime) errorOf(call string, rc int) error {
+	return &Error{Call: call, Code: rc, Name: rt.ErrorName(rc)}
+}
+
 // HasAsync reports whether the runtime has the stream-ordered allocator
 // (cudaMallocAsync and memory pools, CUDA 11.2 and later).
 func (rt *Runtime) HasAsync() bool {

@@ -111,6 +111,21 @@ const char *cr_error_string(cr_lib *l, int rc);
 // cr_call_int calls fn, an int (*)(void) found with cr_sym.
 int cr_call_int(void *fn);
 
+// cr_batch makes the calls of n operations back to back, each timed in C:
+// operation i is a cudaMalloc of size[i] bytes into slot[i] when size[i] > 0,
+// else a cudaFree of the pointer in slot[i], with no call when that pointer
+// is NULL (its malloc failed or was refused). slot_ptr and slot_size hold
+// the slots' pointers and sizes from batch to batch. A cudaMalloc that would
+// take *reserved past limit is refused without a call (rc[i] = CR_REFUSED).
+// ptr[i] gets the pointer allocated or freed, ns[i] the call's duration and
+// rc[i] its return code; *reserved is kept up to date. It stops at the
+// first failing call other than a cudaMalloc out of memory (2) and returns
+// its index, else n.
+#define CR_REFUSED (-2)
+int64_t cr_batch(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n, uint64_t *slot_ptr,
+                 uint64_t *slot_size, uint64_t limit, uint64_t *reserved, uint64_t *ptr, int64_t *ns,
+                 int32_t *rc);
+
 // cr_seq_run replays a sequence of n cudaMalloc/cudaFree calls in a plain C
 // loop: for call i, size[i] > 0 is a cudaMalloc of that many bytes whose
 // pointer goes to ptrs[slot[i]], size[i] == 0 a cudaFree of ptrs[slot[i]].

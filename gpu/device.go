@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // Device is the real GPU behind the policies' device interface: Alloc is a
@@ -25,7 +26,7 @@ type Device struct {
 	peak     uint64
 	allocs   int64
 	frees    int64
-	live     map[uint64]segment // cudaMalloc'd segments by pointer
+	live     trace.AddrMap[segment] // cudaMalloc'd segments by pointer
 
 	lat     sim.Latencies
 	allocNS int64 // device-memory allocation calls
@@ -51,7 +52,7 @@ var (
 // NewDevice returns a device on rt that holds at most limit bytes of
 // cudaMalloc'd segments.
 func NewDevice(rt *Runtime, limit uint64) *Device {
-	return &Device{rt: rt, limit: limit, live: map[uint64]segment{}}
+	return &Device{rt: rt, limit: limit}
 }
 
 // LogCalls writes one CSV line per runtime call from now on to w
@@ -194,7 +195,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	if d.seq != nil {
 		seg.slot = d.seq.malloc(size)
 	}
-	d.live[ptr] = seg
+	d.live.Put(ptr, seg)
 	d.reserved += size
 	d.peak = max(d.peak, d.reserved)
 	d.allocs++
@@ -205,7 +206,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 // address that is not a live segment, without calling the runtime, and the
 // runtime's error if cudaFree fails.
 func (d *Device) Free(addr uint64) error {
-	seg, ok := d.live[addr]
+	seg, ok := d.live.Get(addr)
 	if !ok {
 		return fmt.Errorf("device free of %#x: not a live segment", addr)
 	}
@@ -214,7 +215,7 @@ func (d *Device) Free(addr uint64) error {
 	if err != nil {
 		return fmt.Errorf("device free of %#x: %w", addr, err)
 	}
-	delete(d.live, addr)
+	d.live.Delete(addr)
 	d.reserved -= seg.size
 	d.frees++
 	if d.seq != nil && seg.slot >= 0 {
@@ -226,14 +227,15 @@ func (d *Device) Free(addr uint64) error {
 // FreeAll frees every live segment and returns the first error.
 func (d *Device) FreeAll() error {
 	var first error
-	for addr := range d.live {
+	for _, addr := range d.live.AppendAddrs(nil) {
 		if err := d.Free(addr); err != nil {
 			if first == nil {
 				first = err
 			}
 			// Drop it anyway: it cannot be freed twice.
-			d.reserved -= d.live[addr].size
-			delete(d.live, addr)
+			if seg, ok := d.live.Take(addr); ok {
+				d.reserved -= seg.size
+			}
 		}
 	}
 	return first

@@ -24,9 +24,14 @@ const DefaultMargin = 1 << 30
 // when no bound is given.
 const DefaultMaxPinned = 4 << 30
 
-// chunkEvents is the number of events decoded ahead of the device calls,
-// so that decoding stays out of the replay's wall time.
-const chunkEvents = 1 << 14
+// chunkEvents is the number of events decoded ahead of the device calls
+// (64 MiB of events), so that decoding and the simulation alongside stay
+// out of the replay's wall time and out of the gaps between its calls: the
+// driver's calls slow down after it has been idle (on an H200 a 20 MiB
+// cudaMalloc took 46 us after a 0.1 ms gap, 72 us after 1 ms, 156 us after
+// 10 ms), so a pause of the harness between two calls would be charged to
+// the second.
+const chunkEvents = 1 << 20
 
 // Config says how to replay a trace on the GPU.
 type Config struct {
@@ -51,6 +56,11 @@ type Config struct {
 	CallLog io.Writer
 	// RecordSeq records the cudaMalloc/cudaFree sequence in Result.Seq.
 	RecordSeq bool
+	// Unbatched makes the cuda target call the runtime from Go one event
+	// at a time; by default the calls of up to 1024 consecutive mallocs
+	// and frees are made back to back in C (batch.go). The results are the
+	// same; only the timings differ.
+	Unbatched bool
 	// SampleEvery is the number of events between cudaMemGetInfo samples of
 	// the driver's view (untimed); 0 means 4096.
 	SampleEvery int
@@ -82,7 +92,9 @@ type Result struct {
 	// Calls counts the timed runtime calls.
 	Calls int64 `json:"calls"`
 	// PolicyTimeNS is the wall time spent in a simulated policy's Malloc
-	// and Free, its device calls included (0 for the direct targets).
+	// and Free, its device calls included: their time as timed in C, plus
+	// the policy's own time estimated from one call in 16 (for a direct
+	// target, its device calls' time).
 	PolicyTimeNS int64 `json:"policy_time_ns"`
 	// ReplayWallNS is the wall time of the replay of the events, decoding
 	// and sampling left out.
@@ -146,14 +158,19 @@ type CLoop struct {
 	TimedWallNS int64 `json:"timed_wall_ns"`
 	CallsNS     int64 `json:"calls_ns"`
 	// HarnessWallNS is the median of the harness's wall time for the same
-	// calls (Result.ReplayWallNS), and OverheadPerCallNS
-	// (HarnessWallNS - WallNS) / Calls.
+	// calls (Result.ReplayWallNS). OverheadPerCallNS is the median over
+	// the runs of (harness wall - the plain loop's wall right after it) /
+	// Calls: paired run by run, as the driver's own speed drifts between
+	// runs (by 20% or more on an H200) far more than the harness costs.
 	HarnessWallNS     int64   `json:"harness_wall_ns"`
 	OverheadPerCallNS float64 `json:"overhead_per_call_ns"`
 	// OutsideCallsPerCallNS is the median over the runs of the harness's
-	// wall time outside the timed calls, per call: what the harness adds,
-	// whatever state the driver is in.
-	OutsideCallsPerCallNS float64 `json:"outside_calls_per_call_ns"`
+	// wall time outside the timed calls, per call, and
+	// LoopOutsideCallsPerCallNS the same for the timed C loop: their
+	// difference is what the harness adds over the raw calls, whatever
+	// state the driver is in.
+	OutsideCallsPerCallNS     float64 `json:"outside_calls_per_call_ns"`
+	LoopOutsideCallsPerCallNS float64 `json:"loop_outside_calls_per_call_ns"`
 }
 
 // liveAlloc is a malloc of the trace that is live in the replay.
@@ -161,7 +178,8 @@ type liveAlloc struct {
 	block     policies.Block // placement (the host pointer for host kinds)
 	requested uint64
 	kind      trace.Kind
-	failed    bool // the malloc failed in the replay
+	failed    bool  // the malloc failed in the replay
+	batchSlot int32 // 1 + its slot in the cuda target's batches (batch.go), 0 if not batched
 }
 
 // replayer is one replay of one trace on the GPU.
@@ -174,9 +192,14 @@ type replayer struct {
 	direct bool // policy is a direct target: its time is the device's
 	res    Result
 
-	live    map[uint64]liveAlloc
+	live    trace.AddrMap[liveAlloc]
 	streams map[uint64]uint64 // trace stream -> CUDA stream
 	events  map[uint64]uint64 // trace event -> CUDA event
+
+	batch *batch // the cuda target's batches; nil: event by event
+
+	policyCalls int64 // simulated policy's Malloc and Free calls so far
+	policyOwnNS int64 // their sampled time outside the device calls
 
 	requested, allocated uint64
 	pinned, managed      uint64
@@ -213,7 +236,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	}
 	r := &replayer{
 		cfg: cfg, rt: rt, dev: NewDevice(rt, limit),
-		live: map[uint64]liveAlloc{}, streams: map[uint64]uint64{}, events: map[uint64]uint64{},
+		streams: map[uint64]uint64{}, events: map[uint64]uint64{},
 	}
 	r.res = Result{
 		Result: sim.Result{
@@ -244,6 +267,9 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	}
 	r.res.Policy = r.policy.Name()
 	r.direct = cfg.Policy == TargetCUDA || cfg.Policy == TargetCUDAAsync
+	if cfg.Policy == TargetCUDA && !cfg.Unbatched {
+		r.batch = &batch{}
+	}
 	defer func() {
 		ok := err == nil || r.res.Interrupted
 		if ok {
@@ -295,6 +321,21 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		// that its assists and pauses stay out of the timings; the chunk
 		// allocates little. SetGCPercent(-1) waits for a cycle under way.
 		gcPercent := debug.SetGCPercent(-1)
+		if r.batch != nil {
+			err := r.replayBatched(ctx, buf, &i)
+			debug.SetGCPercent(gcPercent)
+			if err != nil {
+				return nil, err
+			}
+			if shadow != nil {
+				for k, ev := range buf {
+					if err := shadow.Step(start+int64(k), ev); err != nil {
+						return nil, fmt.Errorf("simulated %s: %w", r.res.SimPolicy, err)
+					}
+				}
+			}
+			continue
+		}
 		t0 := time.Now()
 		for k, ev := range buf {
 			if err := r.step(i, ev); err != nil {
@@ -492,7 +533,7 @@ func (r *replayer) step(i int64, ev trace.Event) error {
 }
 
 func (r *replayer) malloc(i int64, ev trace.Event) error {
-	if _, dup := r.live[ev.Addr]; dup {
+	if _, dup := r.live.Get(ev.Addr); dup {
 		r.anomaly(i, fmt.Sprintf("malloc of %#x, which is already live", ev.Addr))
 		return nil
 	}
@@ -509,12 +550,12 @@ func (r *replayer) malloc(i int64, ev trace.Event) error {
 			return fmt.Errorf("malloc of %d bytes: %w", ev.Size, err)
 		}
 		r.oom(i, ev.Size)
-		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true}
+		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true})
 		return nil
 	}
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	r.live[ev.Addr] = liveAlloc{block: b, requested: ev.Size, kind: ev.Kind}
+	r.live.Put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind})
 	return nil
 }
 
@@ -545,7 +586,7 @@ func (r *replayer) hostMalloc(i int64, ev trace.Event) error {
 			return fmt.Errorf("%s malloc of %d bytes: %w", ev.Kind, ev.Size, err)
 		}
 		r.oom(i, ev.Size)
-		r.live[ev.Addr] = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true}
+		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true})
 		return nil
 	}
 	if ev.Kind == trace.KindPinned {
@@ -555,7 +596,7 @@ func (r *replayer) hostMalloc(i int64, ev trace.Event) error {
 		r.managed += size
 		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
 	}
-	r.live[ev.Addr] = liveAlloc{block: policies.Block{Addr: ptr, Size: size}, requested: ev.Size, kind: ev.Kind}
+	r.live.Put(ev.Addr, liveAlloc{block: policies.Block{Addr: ptr, Size: size}, requested: ev.Size, kind: ev.Kind})
 	return nil
 }
 
@@ -580,12 +621,11 @@ func (r *replayer) mallocFailed(i int64, ev trace.Event) error {
 }
 
 func (r *replayer) free(i int64, ev trace.Event) error {
-	a, ok := r.live[ev.Addr]
+	a, ok := r.live.Take(ev.Addr)
 	if !ok {
 		r.anomaly(i, fmt.Sprintf("free of %#x, which is not live", ev.Addr))
 		return nil
 	}
-	delete(r.live, ev.Addr)
 	if a.kind == trace.KindPinned || a.kind == trace.KindManaged {
 		if a.failed {
 			return nil
@@ -604,27 +644,44 @@ func (r *replayer) free(i int64, ev trace.Event) error {
 	return nil
 }
 
-// policyMalloc and policyFree call the policy, timing a simulated policy
-// (a direct target's time is its device calls').
+// policyMalloc and policyFree call the policy. A simulated policy's own
+// time is sampled: one call in policyTimeEvery is timed, its device calls'
+// time (timed in C) taken out, and finish scales the sum up, so that the
+// clock reads stay out of the gaps between the device calls (a direct
+// target's time is its device calls').
 func (r *replayer) policyMalloc(size, stream uint64) (policies.Block, error) {
-	if r.direct {
+	if r.direct || r.policyCalls%policyTimeEvery != 0 {
+		r.policyCalls++
 		return r.policy.Malloc(size, stream)
 	}
-	t0 := time.Now()
+	r.policyCalls++
+	t0, d0 := nanotime(), r.dev.AllocTime()
 	b, err := r.policy.Malloc(size, stream)
-	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	r.policyOwnNS += nanotime() - t0 - (r.dev.AllocTime() - d0)
 	return b, err
 }
 
 func (r *replayer) policyFree(addr, stream uint64) error {
-	if r.direct {
+	if r.direct || r.policyCalls%policyTimeEvery != 0 {
+		r.policyCalls++
 		return r.policy.Free(addr, stream)
 	}
-	t0 := time.Now()
+	r.policyCalls++
+	t0, d0 := nanotime(), r.dev.AllocTime()
 	err := r.policy.Free(addr, stream)
-	r.res.PolicyTimeNS += time.Since(t0).Nanoseconds()
+	r.policyOwnNS += nanotime() - t0 - (r.dev.AllocTime() - d0)
 	return err
 }
+
+// policyTimeEvery is the sampling period of a simulated policy's own time.
+const policyTimeEvery = 16
+
+// clockBase is the origin of nanotime.
+var clockBase = time.Now()
+
+// nanotime returns monotonic nanoseconds since clockBase: one clock read,
+// where time.Now takes two.
+func nanotime() int64 { return int64(time.Since(clockBase)) }
 
 func (r *replayer) hostFree(a liveAlloc) error {
 	if a.kind == trace.KindPinned {
@@ -715,6 +772,8 @@ func (r *replayer) finish() {
 	r.res.Calls = r.dev.Calls()
 	if r.direct {
 		r.res.PolicyTimeNS = r.res.AllocTimeNS
+	} else {
+		r.res.PolicyTimeNS = r.policyOwnNS*policyTimeEvery + r.res.AllocTimeNS
 	}
 	r.res.Seq = r.dev.Seq()
 	r.dev.seq = nil
@@ -729,11 +788,10 @@ func (r *replayer) cleanup() error {
 			first = err
 		}
 	}
-	for addr, a := range r.live {
-		if (a.kind == trace.KindPinned || a.kind == trace.KindManaged) && !a.failed {
+	for _, addr := range r.live.AppendAddrs(nil) {
+		if a, _ := r.live.Take(addr); (a.kind == trace.KindPinned || a.kind == trace.KindManaged) && !a.failed {
 			keep(r.hostFree(a))
 		}
-		delete(r.live, addr)
 	}
 	if r.async != nil {
 		keep(r.async.close())
@@ -815,22 +873,23 @@ func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Clos
 	if len(loops) > 0 {
 		c := &CLoop{Calls: loops[0].Calls}
 		var harness, plain []int64
-		var outside []float64
+		var outside, paired []float64
 		for k, l := range loops {
 			harness = append(harness, results[k].ReplayWallNS)
 			plain = append(plain, l.WallNS)
 			outside = append(outside, float64(results[k].ReplayWallNS-results[k].AllocTimeNS)/float64(l.Calls))
+			paired = append(paired, float64(results[k].ReplayWallNS-l.WallNS)/float64(l.Calls))
 		}
 		c.HarnessWallNS, c.WallNS = median(harness), median(plain)
-		c.OverheadPerCallNS = float64(c.HarnessWallNS-c.WallNS) / float64(c.Calls)
-		sort.Float64s(outside)
-		c.OutsideCallsPerCallNS = outside[(len(outside)-1)/2]
+		c.OverheadPerCallNS = medianFloat(paired)
+		c.OutsideCallsPerCallNS = medianFloat(outside)
 		// One more run of the loop, timing each call as the harness does.
 		sr, err := rt.RunSeq(size0, slot0, true)
 		if err != nil {
 			return nil, fmt.Errorf("timed C loop: %w", err)
 		}
 		c.TimedWallNS, c.CallsNS = sr.WallNS, sr.CallsNS
+		c.LoopOutsideCallsPerCallNS = float64(sr.WallNS-sr.CallsNS) / float64(sr.Calls)
 		res.CLoop = c
 	}
 	return res, nil
@@ -841,10 +900,34 @@ const settleTime = 200 * time.Millisecond
 
 // settle waits for the device and then rests, so that work the driver
 // defers after large frees (of the run before) does not fall into the
-// next run's timings.
+// next run's timings. The rest leaves the driver idle, and the first call
+// after an idle spell is slow (on an H200 a 20 MiB cudaMalloc took about
+// 270 us after 200 ms of rest, against 46 us back to back), so settle ends
+// with untimed warm-up calls: a run starts as a program's allocations do
+// in the middle of its work, not after a pause of the harness's own.
 func settle(rt *Runtime) {
 	rt.DeviceSync()
 	time.Sleep(settleTime)
+	warmUp(rt)
+}
+
+// warmUp makes a few untimed cudaMalloc/cudaFree pairs, a small one placed
+// in a driver page and a 2 MiB one mapped on its own; errors are ignored
+// (the replay's own calls report them).
+func warmUp(rt *Runtime) {
+	for k := 0; k < 4; k++ {
+		for _, size := range []uint64{512, 2 << 20} {
+			if p, _, err := rt.Malloc(size); err == nil {
+				rt.Free(p)
+			}
+		}
+	}
+}
+
+// medianFloat returns the lower median of v, which it sorts.
+func medianFloat(v []float64) float64 {
+	sort.Float64s(v)
+	return v[(len(v)-1)/2]
 }
 
 // median returns the lower median of v, which it sorts.

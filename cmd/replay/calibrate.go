@@ -16,6 +16,7 @@ import (
 	"github.com/gpualloc/allocsim/gpu"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -39,7 +40,8 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	maxSize := fs.String("max-size", "4GiB", "largest size measured")
 	maxBytes := fs.String("max-bytes", "0", "device memory held at once, never exceeded (0: free memory at the start minus 1 GiB)")
 	n := fs.Int("n", 100, "calls per size up to 256 MiB (fewer above)")
-	events := fs.Int("workload-events", 50000, "events of each synthetic workload replayed for the sub-allocation costs")
+	events := fs.Int("workload-events", 50000, "events of each workload replayed for the sub-allocation costs")
+	workloads := fs.StringArray("workload", nil, "a `TRACE` replayed for the sub-allocation costs (repeatable; default: the synthetic workloads train, inference, kvcache and service)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -59,6 +61,22 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("--max-bytes: %v", err)
 	}
 	opt.N, opt.WorkloadEvents = *n, *events
+	for _, path := range *workloads {
+		// Opened once here, so that a bad file is reported before the GPU
+		// is touched.
+		f, err := tracefile.Open(path, tracefile.Options{})
+		if err != nil {
+			return fmt.Errorf("--workload: %w", err)
+		}
+		f.Close()
+		opt.Workloads = append(opt.Workloads, gpu.Workload{Name: path, Open: func() (trace.Source, io.Closer, error) {
+			f, err := tracefile.Open(path, tracefile.Options{})
+			if err != nil {
+				return nil, nil, err
+			}
+			return f, f, nil
+		}})
+	}
 	if !*quiet {
 		opt.Progress = stderr
 	}

@@ -138,6 +138,36 @@ func TestGPUReplay(t *testing.T) {
 	}
 }
 
+// TestCalibrateOnTraces calibrates the sub-allocation costs on a given
+// trace instead of the synthetic workloads, and refuses a bad one before
+// touching the GPU.
+func TestCalibrateOnTraces(t *testing.T) {
+	lib := fakeCUDA(t, "FAKECUDA_TOTAL=4294967296", "FAKECUDA_LATENCY_NS=3000")
+	model := filepath.Join(t.TempDir(), "model.csv")
+	_, stderr, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--workload", multistream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "workload "+multistream+": ") || strings.Contains(stderr, "workload synth") {
+		t.Errorf("progress does not show the trace as the only workload:\n%s", stderr)
+	}
+	m, err := sim.LoadCostModel(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns, ok := m.Latency(sim.CostMallocSuballoc, 512); !ok || ns < 3000 {
+		t.Errorf("calibrated %s of 512 B: %d ns (row present: %v)", sim.CostMallocSuballoc, ns, ok)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.trace")
+	if err := os.WriteFile(bad, []byte("not a trace"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--workload", bad)
+	if err == nil || !strings.Contains(err.Error(), "--workload: "+bad) {
+		t.Errorf("bad workload: %v", err)
+	}
+}
+
 // TestCalibrateThenSimulate calibrates on the fake runtime and simulates
 // with the cost model it wrote.
 func TestCalibrateThenSimulate(t *testing.T) {
