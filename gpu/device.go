@@ -227,7 +227,11 @@ func (d *Device) Free(addr uint64) error {
 // FreeAll frees every live segment and returns the first error.
 func (d *Device) FreeAll() error {
 	var first error
-	for _, addr := range d.live.AppendAddrs(nil) {
+	var addrs []uint64 // taken first: the table must not change during All
+	for addr := range d.live.All() {
+		addrs = append(addrs, addr)
+	}
+	for _, addr := range addrs {
 		if err := d.Free(addr); err != nil {
 			if first == nil {
 				first = err

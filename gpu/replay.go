@@ -788,7 +788,11 @@ func (r *replayer) cleanup() error {
 			first = err
 		}
 	}
-	for _, addr := range r.live.AppendAddrs(nil) {
+	var addrs []uint64 // taken first: the table must not change during All
+	for addr := range r.live.All() {
+		addrs = append(addrs, addr)
+	}
+	for _, addr := range addrs {
 		if a, _ := r.live.Take(addr); (a.kind == trace.KindPinned || a.kind == trace.KindManaged) && !a.failed {
 			keep(r.hostFree(a))
 		}

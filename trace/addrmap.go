@@ -186,17 +186,6 @@ func (m *AddrMap[V]) grow() {
 	}
 }
 
-// AppendAddrs appends the addresses held to dst, in no particular order,
-// and returns the extended slice.
-func (m *AddrMap[V]) AppendAddrs(dst []uint64) []uint64 {
-	for k := range m.slots {
-		if m.slots[k].used {
-			dst = append(dst, m.slots[k].addr)
-		}
-	}
-	return dst
-}
-
 // Len returns the number of addresses held.
 func (m *AddrMap[V]) Len() int { return m.n }
 
