@@ -575,7 +575,10 @@ func TestRepeat(t *testing.T) {
 }
 
 // TestH200Calibration reads the calibration made on an NVIDIA H200 (CUDA
-// 13.0, driver 580.159) with `replay calibrate` as a cost model.
+// 13.0, driver 580.159) with `replay calibrate` as a cost model: its
+// sub-allocation rows measured on the real snapshots hf_generate,
+// hf_llama_train and multistream (--workload), not on the traces that
+// `replay gpu` was compared on.
 func TestH200Calibration(t *testing.T) {
 	m, err := sim.LoadCostModel("testdata/h200_calibrated.csv")
 	if err != nil {
