@@ -57,7 +57,7 @@ type Config struct {
 	// RecordSeq records the cudaMalloc/cudaFree sequence in Result.Seq.
 	RecordSeq bool
 	// Unbatched makes the cuda target call the runtime from Go one event
-	// at a time; by default the calls of up to 1024 consecutive mallocs
+	// at a time; by default the calls of up to 256 consecutive mallocs
 	// and frees are made back to back in C (batch.go). The results are the
 	// same; only the timings differ.
 	Unbatched bool
