@@ -33,19 +33,49 @@ const (
 	ftMaxDepth = 24 // above the height of any tree of 2^64 items (at most log8(2^63) = 21)
 )
 
-// ftKey is the key of a free block of a freeTree: its size and address in
-// bytes. The keys of a node are kept apart from its blocks so that a search
-// scans pointer-free memory and shifting them costs no write barriers.
-type ftKey struct{ size, addr uint64 }
-
+// ftNode is a node of a freeTree. The key of item i, the size and address
+// in bytes of its free block, is sizes[i] and addrs[i]: kept apart from the
+// blocks, so that a search scans pointer-free memory, and apart from each
+// other, so that a scan of one order touches half the cache lines.
 type ftNode[B any] struct {
-	n    int
-	leaf bool
+	n     int
+	leaf  bool
+	sizes [ftMaxItems]uint64
+	addrs [ftMaxItems]uint64
+	kids  [ftMaxItems + 1]*ftNode[B]
+	vals  [ftMaxItems]B // the block of each item
 	// kmax[i] is the largest size under kids[i]; first-fit trees only.
 	kmax [ftMaxItems + 1]uint64
-	keys [ftMaxItems]ftKey
-	vals [ftMaxItems]B // the block of each key
-	kids [ftMaxItems + 1]*ftNode[B]
+}
+
+// open makes room for an item at i, moving items i.. one place up; x is
+// not full.
+func (x *ftNode[B]) open(i int) {
+	for j := x.n; j > i; j-- {
+		x.sizes[j], x.addrs[j], x.vals[j] = x.sizes[j-1], x.addrs[j-1], x.vals[j-1]
+	}
+}
+
+// set sets item i of x.
+func (x *ftNode[B]) set(i int, size, addr uint64, b B) {
+	x.sizes[i], x.addrs[i], x.vals[i] = size, addr, b
+}
+
+// setFrom sets item i of x to item j of y.
+func (x *ftNode[B]) setFrom(i int, y *ftNode[B], j int) {
+	x.sizes[i], x.addrs[i], x.vals[i] = y.sizes[j], y.addrs[j], y.vals[j]
+}
+
+// cut removes item i of x, moving the items after it one place down, and
+// clears the slot left free.
+func (x *ftNode[B]) cut(i int) {
+	n := x.n - 1
+	for j := i; j < n; j++ {
+		x.sizes[j], x.addrs[j], x.vals[j] = x.sizes[j+1], x.addrs[j+1], x.vals[j+1]
+	}
+	var zero B
+	x.vals[n] = zero
+	x.n = n
 }
 
 // ftStep is one step of a descent: the node and the child taken.
@@ -58,42 +88,44 @@ type ftStep[B any] struct {
 // (size, addr), or addr alone in a first-fit tree. A linear scan: nodes are
 // small and it beats a binary search there.
 func (t *freeTree[B]) search(x *ftNode[B], size, addr uint64) int {
-	items := x.keys[:x.n]
+	n := x.n
 	if t.byAddr {
-		for i := range items {
-			if items[i].addr >= addr {
+		for i, a := range x.addrs[:n] {
+			if a >= addr {
 				return i
 			}
 		}
-		return len(items)
+		return n
 	}
-	for i := range items {
-		if it := &items[i]; it.size > size || it.size == size && it.addr >= addr {
-			return i
-		}
+	i := 0
+	for i < n && x.sizes[i] < size {
+		i++
 	}
-	return len(items)
+	for i < n && x.sizes[i] == size && x.addrs[i] < addr {
+		i++
+	}
+	return i
 }
 
-// before reports whether item it comes before the key (size, addr).
-func (t *freeTree[B]) before(it *ftKey, size, addr uint64) bool {
+// before reports whether item i of x comes before the key (size, addr).
+func (t *freeTree[B]) before(x *ftNode[B], i int, size, addr uint64) bool {
 	if t.byAddr {
-		return it.addr < addr
+		return x.addrs[i] < addr
 	}
-	return it.size < size || it.size == size && it.addr < addr
+	return x.sizes[i] < size || x.sizes[i] == size && x.addrs[i] < addr
 }
 
-// is reports whether item it has the key (size, addr).
-func (t *freeTree[B]) is(it *ftKey, size, addr uint64) bool {
-	return it.addr == addr && (t.byAddr || it.size == size)
+// is reports whether item i of x has the key (size, addr).
+func (t *freeTree[B]) is(x *ftNode[B], i int, size, addr uint64) bool {
+	return x.addrs[i] == addr && (t.byAddr || x.sizes[i] == size)
 }
 
 // nodeMax returns the largest size under x, from its items and its
 // children's recorded maxima.
 func (t *freeTree[B]) nodeMax(x *ftNode[B]) uint64 {
 	var m uint64
-	for i := range x.keys[:x.n] {
-		m = max(m, x.keys[i].size)
+	for _, s := range x.sizes[:x.n] {
+		m = max(m, s)
 	}
 	if !x.leaf {
 		for _, k := range x.kmax[:x.n+1] {
@@ -134,12 +166,11 @@ func (t *freeTree[B]) best(n uint64) (B, bool) {
 	var b B
 	found := false
 	for x := t.root; x != nil; {
-		items := x.keys[:x.n]
 		i := 0
-		for i < len(items) && items[i].size < n {
+		for i < x.n && x.sizes[i] < n {
 			i++
 		}
-		if i < len(items) {
+		if i < x.n {
 			b, found = x.vals[i], true
 		}
 		if x.leaf {
@@ -165,7 +196,7 @@ next:
 				x = x.kids[i]
 				continue next
 			}
-			if x.keys[i].size >= n {
+			if x.sizes[i] >= n {
 				return x.vals[i], true
 			}
 		}
@@ -175,8 +206,8 @@ next:
 		}
 		x = x.kids[x.n]
 	}
-	for i := range x.keys[:x.n] {
-		if x.keys[i].size >= n {
+	for i, s := range x.sizes[:x.n] {
+		if s >= n {
 			return x.vals[i], true
 		}
 	}
@@ -197,7 +228,7 @@ func (t *freeTree[B]) firstWhere(n uint64, ok func(B) bool) (B, bool) {
 					return b, true
 				}
 			}
-			if i < x.n && x.keys[i].size >= n && ok(x.vals[i]) {
+			if i < x.n && x.sizes[i] >= n && ok(x.vals[i]) {
 				return x.vals[i], true
 			}
 		}
@@ -252,7 +283,7 @@ func (t *freeTree[B]) largest() uint64 {
 	for !x.leaf {
 		x = x.kids[x.n]
 	}
-	return x.keys[x.n-1].size
+	return x.sizes[x.n-1]
 }
 
 // insert adds block b of size bytes at addr, whose key must not be in t.
@@ -272,15 +303,14 @@ func (t *freeTree[B]) insert(size, addr uint64, b B) {
 	for {
 		i := t.search(x, size, addr)
 		if x.leaf {
-			copy(x.keys[i+1:x.n+1], x.keys[i:x.n])
-			copy(x.vals[i+1:x.n+1], x.vals[i:x.n])
-			x.keys[i], x.vals[i] = ftKey{size, addr}, b
+			x.open(i)
+			x.set(i, size, addr, b)
 			x.n++
 			break
 		}
 		if x.kids[i].n == ftMaxItems {
 			t.splitChild(x, i)
-			if t.before(&x.keys[i], size, addr) {
+			if t.before(x, i, size, addr) {
 				i++
 			}
 		}
@@ -298,7 +328,8 @@ func (t *freeTree[B]) splitChild(x *ftNode[B], i int) {
 	y := x.kids[i]
 	z := t.newNode(y.leaf)
 	z.n = ftDegree - 1
-	copy(z.keys[:ftDegree-1], y.keys[ftDegree:])
+	copy(z.sizes[:ftDegree-1], y.sizes[ftDegree:])
+	copy(z.addrs[:ftDegree-1], y.addrs[ftDegree:])
 	copy(z.vals[:ftDegree-1], y.vals[ftDegree:])
 	if !y.leaf {
 		copy(z.kids[:ftDegree], y.kids[ftDegree:])
@@ -306,16 +337,14 @@ func (t *freeTree[B]) splitChild(x *ftNode[B], i int) {
 		clear(y.kids[ftDegree:])
 		clear(y.kmax[ftDegree:])
 	}
-	mk, mv := y.keys[ftDegree-1], y.vals[ftDegree-1]
-	clear(y.vals[ftDegree-1:])
-	y.n = ftDegree - 1
 	copy(x.kids[i+2:x.n+2], x.kids[i+1:x.n+1])
 	copy(x.kmax[i+2:x.n+2], x.kmax[i+1:x.n+1])
 	x.kids[i+1] = z
-	copy(x.keys[i+1:x.n+1], x.keys[i:x.n])
-	copy(x.vals[i+1:x.n+1], x.vals[i:x.n])
-	x.keys[i], x.vals[i] = mk, mv
+	x.open(i)
+	x.setFrom(i, y, ftDegree-1)
 	x.n++
+	clear(y.vals[ftDegree-1:])
+	y.n = ftDegree - 1
 	t.fixKid(x, i)
 	t.fixKid(x, i+1)
 }
@@ -333,7 +362,7 @@ func (t *freeTree[B]) delete(size, addr uint64) {
 	var i int
 	for {
 		i = t.search(x, size, addr)
-		if i < x.n && t.is(&x.keys[i], size, addr) {
+		if i < x.n && t.is(x, i, size, addr) {
 			break
 		}
 		if x.leaf {
@@ -354,12 +383,11 @@ func (t *freeTree[B]) takeBest(n uint64) (B, bool) {
 	var fx *ftNode[B]
 	fi := 0
 	for x := t.root; x != nil; {
-		items := x.keys[:x.n]
 		i := 0
-		for i < len(items) && items[i].size < n {
+		for i < x.n && x.sizes[i] < n {
 			i++
 		}
-		if i < len(items) {
+		if i < x.n {
 			// The deepest item found is the answer; the steps above it
 			// are the steps towards its key.
 			fx, fi, at = x, i, depth
@@ -406,7 +434,7 @@ next:
 				x = x.kids[i]
 				continue next
 			}
-			if x.keys[i].size >= n {
+			if x.sizes[i] >= n {
 				break next
 			}
 		}
@@ -418,7 +446,7 @@ next:
 		x = x.kids[x.n]
 	}
 	if x.leaf {
-		for i = 0; i < x.n && x.keys[i].size < n; i++ {
+		for i = 0; i < x.n && x.sizes[i] < n; i++ {
 		}
 		if i == x.n {
 			// Only the root can get here: a child is entered only when
@@ -426,16 +454,16 @@ next:
 			return zero, 0, false
 		}
 	}
-	b, it := x.vals[i], &x.keys[i]
-	if it.addr >= below || ok != nil && !ok(b) {
+	b := x.vals[i]
+	if x.addrs[i] >= below || ok != nil && !ok(b) {
 		return zero, 0, false
 	}
-	old := it.size
+	old := x.sizes[i]
 	if old == n {
 		t.deleteAt(&path, depth, x, i)
 		return b, old, true
 	}
-	it.addr, it.size = it.addr+n, old-n
+	x.addrs[i], x.sizes[i] = x.addrs[i]+n, old-n
 	t.shrunk(&path, depth, old)
 	return b, old, true
 }
@@ -454,13 +482,10 @@ func (t *freeTree[B]) deleteAt(path *[ftMaxDepth]ftStep[B], depth int, x *ftNode
 			depth++
 			w = w.kids[w.n]
 		}
-		x.keys[i], x.vals[i] = w.keys[w.n-1], w.vals[w.n-1]
+		x.setFrom(i, w, w.n-1)
 		x, i = w, w.n-1
 	}
-	copy(x.keys[i:x.n-1], x.keys[i+1:x.n])
-	copy(x.vals[i:x.n-1], x.vals[i+1:x.n])
-	x.n--
-	clear(x.vals[x.n : x.n+1])
+	x.cut(i)
 	for depth > 0 && x.n < ftDegree-1 {
 		depth--
 		p, j := path[depth].x, path[depth].i // x is child j of p
@@ -502,10 +527,9 @@ func (t *freeTree[B]) resize(oldAddr, addr, size uint64) {
 	var old uint64
 	for {
 		i := t.search(x, 0, oldAddr)
-		if i < x.n && x.keys[i].addr == oldAddr {
-			it := &x.keys[i]
-			old = it.size
-			it.addr, it.size = addr, size
+		if i < x.n && x.addrs[i] == oldAddr {
+			old = x.sizes[i]
+			x.addrs[i], x.sizes[i] = addr, size
 			break
 		}
 		if x.leaf {
@@ -550,9 +574,8 @@ func (t *freeTree[B]) shrunk(path *[ftMaxDepth]ftStep[B], depth int, old uint64)
 // i down to the front of child i+1 (with the last child of child i).
 func (t *freeTree[B]) rotateRight(x *ftNode[B], i int) {
 	l, c := x.kids[i], x.kids[i+1]
-	copy(c.keys[1:c.n+1], c.keys[:c.n])
-	copy(c.vals[1:c.n+1], c.vals[:c.n])
-	c.keys[0], c.vals[0] = x.keys[i], x.vals[i]
+	c.open(0)
+	c.setFrom(0, x, i)
 	if !c.leaf {
 		copy(c.kids[1:c.n+2], c.kids[:c.n+1])
 		copy(c.kmax[1:c.n+2], c.kmax[:c.n+1])
@@ -560,7 +583,7 @@ func (t *freeTree[B]) rotateRight(x *ftNode[B], i int) {
 		l.kids[l.n], l.kmax[l.n] = nil, 0
 	}
 	c.n++
-	x.keys[i], x.vals[i] = l.keys[l.n-1], l.vals[l.n-1]
+	x.setFrom(i, l, l.n-1)
 	clear(l.vals[l.n-1 : l.n])
 	l.n--
 }
@@ -569,41 +592,36 @@ func (t *freeTree[B]) rotateRight(x *ftNode[B], i int) {
 // item i down to the end of child i (with the first child of child i+1).
 func (t *freeTree[B]) rotateLeft(x *ftNode[B], i int) {
 	c, r := x.kids[i], x.kids[i+1]
-	c.keys[c.n], c.vals[c.n] = x.keys[i], x.vals[i]
+	c.setFrom(c.n, x, i)
 	if !c.leaf {
 		c.kids[c.n+1], c.kmax[c.n+1] = r.kids[0], r.kmax[0]
 	}
 	c.n++
-	x.keys[i], x.vals[i] = r.keys[0], r.vals[0]
-	copy(r.keys[:r.n-1], r.keys[1:r.n])
-	copy(r.vals[:r.n-1], r.vals[1:r.n])
-	clear(r.vals[r.n-1 : r.n])
+	x.setFrom(i, r, 0)
 	if !r.leaf {
 		copy(r.kids[:r.n], r.kids[1:r.n+1])
 		copy(r.kmax[:r.n], r.kmax[1:r.n+1])
 		r.kids[r.n], r.kmax[r.n] = nil, 0
 	}
-	r.n--
+	r.cut(0)
 }
 
 // merge joins x's item i and child i+1 of x onto the end of child i; the
 // caller brings child i's maximum up to date.
 func (t *freeTree[B]) merge(x *ftNode[B], i int) {
 	y, z := x.kids[i], x.kids[i+1]
-	y.keys[y.n], y.vals[y.n] = x.keys[i], x.vals[i]
-	copy(y.keys[y.n+1:], z.keys[:z.n])
+	y.setFrom(y.n, x, i)
+	copy(y.sizes[y.n+1:], z.sizes[:z.n])
+	copy(y.addrs[y.n+1:], z.addrs[:z.n])
 	copy(y.vals[y.n+1:], z.vals[:z.n])
 	if !y.leaf {
 		copy(y.kids[y.n+1:], z.kids[:z.n+1])
 		copy(y.kmax[y.n+1:], z.kmax[:z.n+1])
 	}
 	y.n += z.n + 1
-	copy(x.keys[i:x.n-1], x.keys[i+1:x.n])
-	copy(x.vals[i:x.n-1], x.vals[i+1:x.n])
-	clear(x.vals[x.n-1 : x.n])
 	copy(x.kids[i+1:x.n], x.kids[i+2:x.n+1])
 	copy(x.kmax[i+1:x.n], x.kmax[i+2:x.n+1])
 	x.kids[x.n], x.kmax[x.n] = nil, 0
-	x.n--
+	x.cut(i)
 	t.recycle(z)
 }

@@ -174,12 +174,12 @@ func checkFreeTree(tr *freeTree[*ftRef], in []*ftRef) error {
 				return 0, fmt.Errorf("node of %d items", x.n)
 			}
 			var m uint64
-			for i := range x.keys[:x.n] {
-				it, b := &x.keys[i], x.vals[i]
-				if it.size != b.size || it.addr != b.addr {
-					return 0, fmt.Errorf("key %#x+%d holds block %#x+%d", it.addr, it.size, b.addr, b.size)
+			for i := range x.n {
+				size, addr, b := x.sizes[i], x.addrs[i], x.vals[i]
+				if size != b.size || addr != b.addr {
+					return 0, fmt.Errorf("key %#x+%d holds block %#x+%d", addr, size, b.addr, b.size)
 				}
-				m = max(m, it.size)
+				m = max(m, size)
 			}
 			if x.leaf {
 				if leafDepth >= 0 && depth != leafDepth {
@@ -194,7 +194,7 @@ func checkFreeTree(tr *freeTree[*ftRef], in []*ftRef) error {
 					return 0, err
 				}
 				if tr.byAddr && x.kmax[i] != km {
-					return 0, fmt.Errorf("child %d of node at %#x: largest %d, recorded %d", i, x.keys[0].addr, km, x.kmax[i])
+					return 0, fmt.Errorf("child %d of node at %#x: largest %d, recorded %d", i, x.addrs[0], km, x.kmax[i])
 				}
 				m = max(m, km)
 			}

@@ -33,10 +33,10 @@ func checkTreap(c *coalescing) (map[*flBlock]bool, error) {
 			if i == x.n {
 				break
 			}
-			it, b := &x.keys[i], x.vals[i]
+			size, addr, b := x.sizes[i], x.addrs[i], x.vals[i]
 			switch {
-			case it.addr != b.addr || it.size != b.size:
-				return 0, fmt.Errorf("block %#x+%d in the tree as %#x+%d", b.addr, b.size, it.addr, it.size)
+			case addr != b.addr || size != b.size:
+				return 0, fmt.Errorf("block %#x+%d in the tree as %#x+%d", b.addr, b.size, addr, size)
 			case nodes[b]:
 				return 0, fmt.Errorf("block %#x+%d twice in the tree", b.addr, b.size)
 			case !b.free:
