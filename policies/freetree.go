@@ -28,7 +28,7 @@ type freeTree[B any] struct {
 }
 
 const (
-	ftDegree   = 8 // minimum degree: nodes hold ftDegree-1 .. 2*ftDegree-1 items
+	ftDegree   = 12 // minimum degree: nodes hold ftDegree-1 .. 2*ftDegree-1 items
 	ftMaxItems = 2*ftDegree - 1
 	ftMaxDepth = 24 // above the height of any tree of 2^64 items (at most log8(2^63) = 21)
 )
@@ -89,15 +89,16 @@ type ftStep[B any] struct {
 // small and it beats a binary search there.
 func (t *freeTree[B]) search(x *ftNode[B], size, addr uint64) int {
 	n := x.n
-	if t.byAddr {
-		for i, a := range x.addrs[:n] {
-			if a >= addr {
-				return i
-			}
-		}
-		return n
-	}
 	i := 0
+	if t.byAddr {
+		// Branch-free: the place of an address in a node is unpredictable.
+		for _, a := range x.addrs[:n] {
+			i += b2i(a < addr)
+		}
+		return i
+	}
+	// Under best fit an early exit pays: the scan of addresses is short
+	// and reads a second array.
 	for i < n && x.sizes[i] < size {
 		i++
 	}
@@ -105,6 +106,14 @@ func (t *freeTree[B]) search(x *ftNode[B], size, addr uint64) int {
 		i++
 	}
 	return i
+}
+
+// b2i returns 1 for true, 0 for false, without a branch.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // before reports whether item i of x comes before the key (size, addr).
