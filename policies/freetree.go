@@ -30,7 +30,7 @@ type freeTree[B any] struct {
 const (
 	ftDegree   = 12 // minimum degree: nodes hold ftDegree-1 .. 2*ftDegree-1 items
 	ftMaxItems = 2*ftDegree - 1
-	ftMaxDepth = 24 // above the height of any tree of 2^64 items (at most log8(2^63) = 21)
+	ftMaxDepth = 24 // above the height of any tree of 2^64 items (at most log12(2^63), under 18)
 )
 
 // ftNode is a node of a freeTree. The key of item i, the size and address
