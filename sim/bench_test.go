@@ -45,6 +45,9 @@ func benchReport(key, line string) {
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	for _, bt := range benchOnce {
+		os.RemoveAll(filepath.Dir(bt.file)) // the native trace files, ~150 MB for synth10M
+	}
 	keys := make([]string, 0, len(benchLines.m))
 	for k := range benchLines.m {
 		keys = append(keys, k)

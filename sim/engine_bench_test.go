@@ -1,14 +1,11 @@
-package sim
+package sim_test
 
 import (
-	"flag"
 	"fmt"
-	"io"
 	"testing"
 
 	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/trace"
-	"github.com/gpualloc/allocsim/trace/synth"
+	"github.com/gpualloc/allocsim/sim"
 )
 
 // nullPolicy places every malloc at an address of its own and keeps no
@@ -24,45 +21,28 @@ func (p *nullPolicy) Malloc(size, stream uint64) (policies.Block, error) {
 
 func (p *nullPolicy) Free(addr, stream uint64) error { return nil }
 
-// BenchmarkReplayEngine replays the synthetic trace of BenchmarkReplay
-// (its size from -bench.synth) against nullPolicy: the engine's own cost
-// per event, to compare with decoding the same events (BenchmarkDecode).
+// BenchmarkReplayEngine replays the traces of BenchmarkReplay against
+// nullPolicy: the engine's own cost per event, to set against decoding the
+// same events (BenchmarkDecode). Its lines say policy=null.
 func BenchmarkReplayEngine(b *testing.B) {
-	n := 10_000_000
-	if f := flag.Lookup("bench.synth"); f != nil {
-		fmt.Sscan(f.Value.String(), &n)
-	}
-	src, err := synth.New("random", 1, map[string]string{
-		"allocations": fmt.Sprint(n / 2), "max-size": "8MiB", "streams": "2",
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	var evs []trace.Event
-	for {
-		ev, err := src.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		evs = append(evs, ev)
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range b.N {
-		r, err := NewReplay(Config{Policy: "cuda"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		r.policy = &nullPolicy{}
-		for k := range evs {
-			if err := r.step(int64(k), &evs[k]); err != nil {
-				b.Fatal(err)
+	for _, bt := range benchTraces(b) {
+		b.Run(bt.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				r, err := sim.NewReplayOn(sim.Config{Trace: bt.name, Policy: "cuda"}, &nullPolicy{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for k := range bt.evs {
+					if err := r.StepPtr(int64(k), &bt.evs[k]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				r.Finish()
 			}
-		}
-		r.Finish()
+			sec := b.Elapsed().Seconds() / float64(b.N)
+			benchReport(bt.name+" 3replay null", fmt.Sprintf("BENCH trace=%s stage=replay policy=null seconds=%.4f events=%d", bt.name, sec, len(bt.evs)))
+			b.ReportMetric(float64(len(bt.evs))/sec, "events/s")
+		})
 	}
-	b.ReportMetric(float64(len(evs))*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }
