@@ -195,14 +195,7 @@ func (r *replayer) batchMalloc(i int64, j int, ev trace.Event) error {
 		return fmt.Errorf("malloc of %d bytes: device alloc of %d bytes: %w", ev.Size, size, d.rt.errorOf("cudaMalloc", rc))
 	}
 	ptr := b.ptr[j]
-	seg := segment{size: size, slot: -1}
-	if d.seq != nil {
-		seg.slot = d.seq.malloc(size)
-	}
-	d.live.Put(ptr, seg)
-	d.reserved += size
-	d.peak = max(d.peak, d.reserved)
-	d.allocs++
+	d.allocated(ptr, size)
 	if ok {
 		a.block = policies.Block{Addr: ptr, Size: size}
 	}
@@ -225,12 +218,7 @@ func (r *replayer) batchFree(j int, ev trace.Event) error {
 	if rc := int(b.rc[j]); rc != 0 {
 		return fmt.Errorf("free of %#x: device free of %#x: %w", ev.Addr, ptr, d.rt.errorOf("cudaFree", rc))
 	}
-	d.live.Delete(ptr)
-	d.reserved -= seg.size
-	d.frees++
-	if d.seq != nil && seg.slot >= 0 {
-		d.seq.free(seg.slot)
-	}
+	d.freed(ptr, seg)
 	r.allocated -= seg.size
 	return nil
 }

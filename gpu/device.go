@@ -191,6 +191,12 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("device alloc of %d bytes: %w", size, err)
 	}
+	d.allocated(ptr, size)
+	return ptr, nil
+}
+
+// allocated accounts for a successful cudaMalloc of size bytes at ptr.
+func (d *Device) allocated(ptr, size uint64) {
 	seg := segment{size: size, slot: -1}
 	if d.seq != nil {
 		seg.slot = d.seq.malloc(size)
@@ -199,7 +205,16 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	d.reserved += size
 	d.peak = max(d.peak, d.reserved)
 	d.allocs++
-	return ptr, nil
+}
+
+// freed accounts for a successful cudaFree of seg, at ptr.
+func (d *Device) freed(ptr uint64, seg segment) {
+	d.live.Delete(ptr)
+	d.reserved -= seg.size
+	d.frees++
+	if d.seq != nil && seg.slot >= 0 {
+		d.seq.free(seg.slot)
+	}
 }
 
 // Free is a cudaFree of the segment at addr. It returns an error for an
@@ -215,12 +230,7 @@ func (d *Device) Free(addr uint64) error {
 	if err != nil {
 		return fmt.Errorf("device free of %#x: %w", addr, err)
 	}
-	d.live.Delete(addr)
-	d.reserved -= seg.size
-	d.frees++
-	if d.seq != nil && seg.slot >= 0 {
-		d.seq.free(seg.slot)
-	}
+	d.freed(addr, seg)
 	return nil
 }
 
