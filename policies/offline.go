@@ -176,8 +176,9 @@ func (p *Offline) Stats() PlanStats { return p.stats }
 // for which events reach a policy: a malloc of device memory (any kind but
 // pinned and managed) whose address is not live, its free, and a failed
 // malloc (malloc_failed) of device memory, replayed as a malloc freed at
-// once. A malloc never freed lives to the end of the trace. It returns an
-// error for a request too large to place.
+// once. A malloc never freed lives to the end of the trace. A request over
+// 4 EiB is left out of the plan and answered with an OOM at its malloc, as
+// the online policies answer it.
 func (p *Offline) Plan(evs []trace.Event) error {
 	type liveEntry struct {
 		buf    int // index into bufs, -1 for host memory or a size of 0
@@ -187,11 +188,10 @@ func (p *Offline) Plan(evs []trace.Event) error {
 	p.mallocs = p.mallocs[:0]
 	live := map[uint64]liveEntry{}
 	addBuf := func(size uint64, start, end int64) (int, error) {
-		if size > maxRequest {
-			return 0, errRequestTooLarge(p.name, size)
-		}
 		p.mallocs = append(p.mallocs, plannedMalloc{size: size})
-		if size == 0 {
+		if size == 0 || size > maxRequest {
+			// Nothing to place: a null pointer, or an OOM at its malloc
+			// (no device holds it), as the online policies answer.
 			return -1, nil
 		}
 		bufs = append(bufs, packBuf{start: start, end: end, size: ceilToMultiple(size, p.alignment), call: len(p.mallocs) - 1})
@@ -263,6 +263,9 @@ func (p *Offline) Malloc(size, stream uint64) (Block, error) {
 	p.next++
 	if size == 0 {
 		return Block{}, nil
+	}
+	if size > maxRequest {
+		return Block{}, errRequestTooLarge(p.name, size)
 	}
 	if !p.hasArena {
 		addr, err := p.dev.Alloc(p.height)

@@ -329,6 +329,10 @@ func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
 		// nothing (NativeCachingAllocator::allocate).
 		return Block{}, nil
 	}
+	if size > maxRequest {
+		// No device holds it (and its rounding would wrap around).
+		return Block{}, errRequestTooLarge(p.Name(), size)
+	}
 	rsize := p.roundSize(size)
 	pool := &p.large
 	if rsize <= ptSmallSize {
