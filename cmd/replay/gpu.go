@@ -156,13 +156,14 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 
 // replayOne replays the trace at path repeat times (see gpu.Repeat).
 func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string, opts tracefile.Options, calls string, repeat int, cLoop bool) (*gpu.Result, error) {
+	var log *tracefile.AtomicFile
 	if calls != "" {
-		out, err := os.Create(calls)
-		if err != nil {
+		var err error
+		if log, err = tracefile.Create(calls); err != nil {
 			return nil, fmt.Errorf("--calls: %w", err)
 		}
-		defer out.Close()
-		cfg.CallLog = out
+		defer log.Abort() // no partial log after an error or Ctrl-C
+		cfg.CallLog = log
 	}
 	open := func() (trace.Source, io.Closer, error) {
 		f, err := tracefile.Open(path, opts)
@@ -171,7 +172,16 @@ func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string
 		}
 		return f, f, nil
 	}
-	return gpu.Repeat(ctx, rt, open, cfg, repeat, cLoop)
+	res, err := gpu.Repeat(ctx, rt, open, cfg, repeat, cLoop)
+	if err != nil {
+		return res, err
+	}
+	if log != nil {
+		if err := log.Commit(); err != nil {
+			return nil, fmt.Errorf("--calls: %w", err)
+		}
+	}
+	return res, nil
 }
 
 // simulateOnly replays the traces on the simulated device alone, charged to

@@ -126,6 +126,15 @@ func TestGPUReplay(t *testing.T) {
 		}
 	}
 
+	// A failing replay leaves no call log.
+	failedLog := filepath.Join(dir, "failed.csv")
+	if _, _, err := runCmd(t, "gpu", "--cudart", lib, "--calls", failedLog, filepath.Join(dir, "missing.trace")); err == nil {
+		t.Error("replay of a missing trace: no error")
+	}
+	if _, err := os.Stat(failedLog); !os.IsNotExist(err) {
+		t.Errorf("call log of a failed replay: %v", err)
+	}
+
 	// The table form, repeated.
 	out, _, err := runCmd(t, "gpu", "--cudart", lib, "--policy", "cuda", "--c-loop", "--repeat", "3", multistream)
 	if err != nil {
