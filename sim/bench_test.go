@@ -130,22 +130,36 @@ func kvDecodePath(b *testing.B) string {
 	return p
 }
 
+// benchTraces returns kv_decode, when the trace collection is found, and
+// the synthetic trace.
 func benchTraces(b *testing.B) []*benchTrace {
-	kv := kvDecodePath(b)
-	return []*benchTrace{
-		loadBenchTrace(b, "kv_decode", func() (trace.Source, error) {
-			f, err := os.Open(kv) // left to the end of the test binary: Import reads it as it goes
-			if err != nil {
-				return nil, err
-			}
-			return pytorch.Import(f, kv, pytorch.Options{})
-		}),
-		loadBenchTrace(b, "synth10M", func() (trace.Source, error) {
-			return synth.New("random", 1, map[string]string{
-				"allocations": fmt.Sprint(*synthEvents / 2), "max-size": "8MiB", "streams": "2",
-			})
-		}),
+	var out []*benchTrace
+	if kv, _ := ptFind("pytorch/kv_decode"); kv != "" {
+		out = append(out, kvDecodeTrace(b, kv))
 	}
+	return append(out, loadBenchTrace(b, synthName(), func() (trace.Source, error) {
+		return synth.New("random", 1, map[string]string{
+			"allocations": fmt.Sprint(*synthEvents / 2), "max-size": "8MiB", "streams": "2",
+		})
+	}))
+}
+
+// synthName names the synthetic trace by its events: synth10M by default.
+func synthName() string {
+	if n := *synthEvents; n%1_000_000 == 0 {
+		return fmt.Sprintf("synth%dM", n/1_000_000)
+	}
+	return fmt.Sprintf("synth%d", *synthEvents)
+}
+
+func kvDecodeTrace(b *testing.B, kv string) *benchTrace {
+	return loadBenchTrace(b, "kv_decode", func() (trace.Source, error) {
+		f, err := os.Open(kv) // left to the end of the test binary: Import reads it as it goes
+		if err != nil {
+			return nil, err
+		}
+		return pytorch.Import(f, kv, pytorch.Options{})
+	})
 }
 
 // BenchmarkImport measures importing the kv_decode snapshot, pickle to
@@ -214,7 +228,7 @@ func BenchmarkDecode(b *testing.B) {
 func BenchmarkReplay(b *testing.B) {
 	for _, bt := range benchTraces(b) {
 		for _, p := range policies.Names() {
-			if bt.name == "synth10M" && isPlanner(p) {
+			if bt.name != "kv_decode" && isPlanner(p) {
 				// A clairvoyant placement holds the whole trace and searches
 				// over it: not a replay loop to time on 10M events.
 				continue
@@ -250,7 +264,7 @@ func isPlanner(name string) bool {
 // of the allocator replaying a list of malloc/free calls loops over, for a
 // comparison loop against loop (trace=kv_decode-mallocfree).
 func BenchmarkReplayMallocFree(b *testing.B) {
-	bt := benchTraces(b)[0]
+	bt := kvDecodeTrace(b, kvDecodePath(b))
 	var evs []trace.Event
 	for _, ev := range bt.evs {
 		if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
