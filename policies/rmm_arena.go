@@ -50,9 +50,9 @@ import (
 // of an OOM.
 //
 // Settings (defaults in brackets):
-//   - arena_size [half the capacity, or 0 without one]: the bytes of the
-//     global arena, rounded down to 256 B, at least 1 MiB; 0 grows it on
-//     demand.
+//   - arena_size [half the capacity, at least 1 MiB, or 0 without a
+//     capacity]: the bytes of the global arena, rounded down to 256 B, at
+//     least 1 MiB; 0 grows it on demand.
 type RMMArena struct {
 	dev     Device
 	grow    bool
@@ -109,10 +109,12 @@ func NewRMMArena(dev Device, s Settings) (*RMMArena, error) {
 		return nil, err
 	}
 	size = size / rmmAlignment * rmmAlignment
+	if _, set := s["arena_size"]; !set && deviceCapacity(dev) > 0 && size < arenaMinSuperblock {
+		// Half of a device under 2 MiB: the smallest arena, which such a
+		// device may refuse (then every malloc is an OOM).
+		size = arenaMinSuperblock
+	}
 	if size != 0 && (size < arenaMinSuperblock || size > maxRequest) {
-		if _, set := s["arena_size"]; !set {
-			return nil, fmt.Errorf("policy %s: setting arena_size: half the device's capacity, %d bytes, is less than 1 MiB", name, size)
-		}
 		return nil, invalidSettingf(name, s, "arena_size", "must be 0 (grow) or from 1 MiB to 4 EiB")
 	}
 	p := &RMMArena{dev: dev, grow: size == 0}

@@ -2,7 +2,6 @@ package policies_test
 
 import (
 	"errors"
-	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/policies"
@@ -132,10 +131,15 @@ func TestRMMArenaSettings(t *testing.T) {
 		{"rmm-arena", policies.Settings{"arena_size": "1000KiB"}, "arena_size"},
 		{"rmm-arena", policies.Settings{"superblock": "1MiB"}, "superblock"},
 	})
-	// Half of a 1 MiB device is less than a superblock.
-	_, err := policies.New("rmm-arena", sim.NewDevice(sMiB), nil)
-	if err == nil || !strings.Contains(err.Error(), "arena_size") {
-		t.Errorf("New on a 1 MiB device: %v, want an error naming arena_size", err)
+	// Half of a 1 MiB device is less than a superblock: the arena is the
+	// smallest, 1 MiB, all the device holds; on a smaller device the
+	// device refuses it, an OOM (not a setting's error: none was given).
+	dev := sim.NewDevice(sMiB)
+	if _, err := policies.New("rmm-arena", dev, nil); err != nil || dev.Reserved() != sMiB {
+		t.Errorf("New on a 1 MiB device: %v, %d bytes reserved, want a 1 MiB arena", err, dev.Reserved())
+	}
+	if _, err := policies.New("rmm-arena", sim.NewDevice(sMiB/2), nil); !errors.Is(err, policies.ErrOutOfMemory) {
+		t.Errorf("New on a 512 KiB device: %v, want an error wrapping ErrOutOfMemory", err)
 	}
 }
 
