@@ -90,10 +90,15 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 	b := r.batch
 	t0 := time.Now()
 	defer func() { r.res.ReplayWallNS += time.Since(t0).Nanoseconds() }()
-	sampled := *i / int64(r.cfg.SampleEvery)
+	every := int64(r.cfg.SampleEvery)
 	for k := 0; k < len(buf); {
 		b.reset()
-		for ; k < len(buf) && len(b.size) < batchOps && r.batchable(buf[k]); k++ {
+		// A batch ends at the latest where the event-by-event path samples
+		// the driver's free memory, so that both sample after the same
+		// events.
+		room := int(min(batchOps, every-*i%every))
+		before := *i
+		for ; k < len(buf) && len(b.size) < room && r.batchable(buf[k]); k++ {
 			ev := buf[k]
 			b.ev = append(b.ev, int32(k))
 			b.addr = append(b.addr, ev.Addr)
@@ -107,12 +112,13 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 			b.size, b.slot, b.bytes = append(b.size, 0), append(b.slot, a.batchSlot-1), append(b.bytes, a.requested)
 			b.freed = append(b.freed, a.batchSlot-1)
 		}
+		full := len(b.size) == room
 		if len(b.size) > 0 {
 			if err := r.runBatch(buf, i); err != nil {
 				return err
 			}
 		}
-		if k < len(buf) && len(b.size) < batchOps {
+		if !full && k < len(buf) {
 			// An event no batch takes.
 			if err := r.step(*i, buf[k]); err != nil {
 				return err
@@ -120,8 +126,7 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 			*i++
 			k++
 		}
-		if s := *i / int64(r.cfg.SampleEvery); s != sampled {
-			sampled = s
+		if *i != before && *i%every == 0 {
 			r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
 			r.sample()
 			t0 = time.Now()
