@@ -60,6 +60,12 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if opt.MaxBytes, err = policies.ParseSize(*maxBytes); err != nil {
 		return fmt.Errorf("--max-bytes: %v", err)
 	}
+	if *n < 1 {
+		return fmt.Errorf("--n %d: must be at least 1", *n)
+	}
+	if *events < 1 {
+		return fmt.Errorf("--workload-events %d: must be at least 1", *events)
+	}
 	opt.N, opt.WorkloadEvents = *n, *events
 	for _, path := range *workloads {
 		// Opened once here, so that a bad file is reported before the GPU

@@ -69,6 +69,9 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return fmt.Errorf("gpu: no trace given")
 	}
+	if *repeat < 1 {
+		return fmt.Errorf("--repeat %d: must be at least 1", *repeat)
+	}
 	var cfg gpu.Config
 	var err error
 	if cfg.MaxBytes, err = policies.ParseSize(*maxBytes); err != nil {

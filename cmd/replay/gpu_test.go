@@ -65,6 +65,9 @@ func TestGPUFlags(t *testing.T) {
 		{[]string{"gpu", "--max-bytes", "lots", trainGPT}, `--max-bytes`},
 		{[]string{"gpu"}, `no trace given`},
 		{[]string{"calibrate", "extra"}, `unexpected arguments`},
+		{[]string{"gpu", "--repeat", "0", trainGPT}, `--repeat 0: must be at least 1`},
+		{[]string{"calibrate", "--n", "-2"}, `--n -2: must be at least 1`},
+		{[]string{"calibrate", "--workload-events", "0"}, `--workload-events 0: must be at least 1`},
 	} {
 		if _, _, err := runCmd(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: got %v, want %q", tc.args, err, tc.want)
