@@ -450,6 +450,11 @@ func TestInterrupt(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || res == nil || !res.Interrupted || res.Events != 256 {
 		t.Fatalf("got %v, %+v", err, res)
 	}
+	// With the simulation alongside: it is not reported for part of a trace.
+	res, err = Replay(ctx, rt, textTrace(t, b.String()), Config{Policy: "pytorch", MaxBytes: 1 << 20, Sim: sim.DefaultCostModel()})
+	if !errors.Is(err, context.Canceled) || res == nil || !res.Interrupted || res.SimPolicy != "" || res.SimAllocTimeNS != 0 {
+		t.Fatalf("got %v, %+v", err, res)
+	}
 	if n := live(t, rt); n != 0 {
 		t.Errorf("%d objects live at the end", n)
 	}

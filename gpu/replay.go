@@ -275,6 +275,10 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		if ok {
 			r.finish() // before the cleanup, whose calls are not the trace's
 		}
+		if r.res.Interrupted {
+			// The simulation alongside covers the whole trace or nothing.
+			r.res.SimPolicy, r.res.SimCostModel, r.res.SimPeakReserved, r.res.SimAllocTimeNS, r.res.SimLatency = "", "", 0, 0, nil
+		}
 		if cerr := r.cleanup(); cerr != nil && err == nil {
 			err = fmt.Errorf("releasing the replay's memory: %w", cerr)
 			ok = false
