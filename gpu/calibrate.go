@@ -195,22 +195,31 @@ func (c *calibration) free(p uint64) (int64, error) {
 	return ns, err
 }
 
+// pairs times c.n(size) cudaMalloc/cudaFree pairs of size bytes, one
+// allocation live at a time, and returns the latencies in nanoseconds.
+func (c *calibration) pairs(size uint64) (malloc, free []int64, err error) {
+	for k := 0; k < c.n(size); k++ {
+		if err := c.ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		p, ns, err := c.malloc(size)
+		if err != nil {
+			return nil, nil, fmt.Errorf("cudaMalloc of %d bytes: %w", size, err)
+		}
+		malloc = append(malloc, ns)
+		if ns, err = c.free(p); err != nil {
+			return nil, nil, err
+		}
+		free = append(free, ns)
+	}
+	return malloc, free, nil
+}
+
 func (c *calibration) isolated() error {
 	for _, size := range c.sizes(math.MaxUint64) {
-		var m, f []int64
-		for k := 0; k < c.n(size); k++ {
-			if err := c.ctx.Err(); err != nil {
-				return err
-			}
-			p, ns, err := c.malloc(size)
-			if err != nil {
-				return fmt.Errorf("cudaMalloc of %d bytes: %w", size, err)
-			}
-			m = append(m, ns)
-			if ns, err = c.free(p); err != nil {
-				return err
-			}
-			f = append(f, ns)
+		m, f, err := c.pairs(size)
+		if err != nil {
+			return err
 		}
 		c.add(sim.CostMalloc, size, m)
 		c.add(sim.CostFree, size, f)
@@ -267,20 +276,9 @@ func (c *calibration) suballoc() error {
 		return fmt.Errorf("cudaMalloc of the anchor: %w", err)
 	}
 	for _, size := range c.sizes(sim.SubAllocMax) {
-		var m, f []int64
-		for k := 0; k < c.n(size); k++ {
-			if err := c.ctx.Err(); err != nil {
-				return err
-			}
-			p, ns, err := c.malloc(size)
-			if err != nil {
-				return fmt.Errorf("cudaMalloc of %d bytes: %w", size, err)
-			}
-			m = append(m, ns)
-			if ns, err = c.free(p); err != nil {
-				return err
-			}
-			f = append(f, ns)
+		m, f, err := c.pairs(size)
+		if err != nil {
+			return err
 		}
 		c.add(sim.CostMallocSuballoc+"_hot", size, m)
 		c.add(sim.CostFreeSuballoc+"_hot", size, f)
@@ -308,8 +306,7 @@ func (c *calibration) workloads() error {
 		}
 		return best
 	}
-	type key = subKey
-	samples := map[key][]int64{}
+	samples := map[subKey][]int64{}
 	workloads := c.opt.Workloads
 	if len(workloads) == 0 {
 		workloads = syntheticWorkloads()
@@ -322,7 +319,7 @@ func (c *calibration) workloads() error {
 	for _, row := range []string{sim.CostMallocSuballoc, sim.CostFreeSuballoc, sim.CostMallocNewPage, sim.CostFreeLastInPage} {
 		for _, p := range churnPoints {
 			if p <= c.opt.MaxSize {
-				c.add(row, p, samples[key{row, p}])
+				c.add(row, p, samples[subKey{row, p}])
 			}
 		}
 	}
@@ -332,7 +329,6 @@ func (c *calibration) workloads() error {
 // workload replays the first WorkloadEvents events of w through cudaMalloc
 // and cudaFree and appends the latencies of its small calls to samples.
 func (c *calibration) workload(w Workload, point func(uint64) uint64, samples map[subKey][]int64) error {
-	type key = subKey
 	name := w.Name
 	src, closer, err := w.Open()
 	if err != nil {
@@ -375,7 +371,7 @@ func (c *calibration) workload(w Workload, point func(uint64) uint64, samples ma
 					row = sim.CostMallocNewPage
 				}
 				pages[p>>21]++
-				k := key{row, point(ev.Size)}
+				k := subKey{row, point(ev.Size)}
 				samples[k] = append(samples[k], ns)
 				small++
 			}
@@ -398,7 +394,7 @@ func (c *calibration) workload(w Workload, point func(uint64) uint64, samples ma
 				if pages[p>>21] == 0 {
 					row = sim.CostFreeLastInPage
 				}
-				k := key{row, point(size)}
+				k := subKey{row, point(size)}
 				samples[k] = append(samples[k], ns)
 				small++
 			}
