@@ -36,10 +36,9 @@ type batch struct {
 	ptr  []uint64
 	ns   []int64
 	rc   []int32
-	// Per operation, from the event: its index in the chunk, the trace
-	// address, and for a free the allocation's size.
+	// Per operation, from the event: its index in the chunk, and the
+	// requested bytes of the allocation it makes or frees.
 	ev    []int32
-	addr  []uint64
 	bytes []uint64
 
 	slotPtr, slotSize []uint64 // by slot, kept by cr_batch
@@ -48,7 +47,7 @@ type batch struct {
 }
 
 func (b *batch) reset() {
-	b.size, b.slot, b.ev, b.addr, b.bytes = b.size[:0], b.slot[:0], b.ev[:0], b.addr[:0], b.bytes[:0]
+	b.size, b.slot, b.ev, b.bytes = b.size[:0], b.slot[:0], b.ev[:0], b.bytes[:0]
 }
 
 // newSlot returns a slot no operation of this batch has used.
@@ -101,7 +100,6 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 		for ; k < len(buf) && len(b.size) < room && r.batchable(buf[k]); k++ {
 			ev := buf[k]
 			b.ev = append(b.ev, int32(k))
-			b.addr = append(b.addr, ev.Addr)
 			if ev.Op == trace.OpMalloc {
 				s := b.newSlot()
 				b.size, b.slot, b.bytes = append(b.size, ev.Size), append(b.slot, s), append(b.bytes, ev.Size)

@@ -326,42 +326,14 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		// allocates little. SetGCPercent(-1) waits for a cycle under way.
 		gcPercent := debug.SetGCPercent(-1)
 		if r.batch != nil {
-			err := r.replayBatched(ctx, buf, &i)
-			debug.SetGCPercent(gcPercent)
-			if err != nil {
-				return nil, err
-			}
-			if shadow != nil {
-				for k, ev := range buf {
-					if err := shadow.Step(start+int64(k), ev); err != nil {
-						return nil, fmt.Errorf("simulated %s: %w", r.res.SimPolicy, err)
-					}
-				}
-			}
-			continue
+			err = r.replayBatched(ctx, buf, &i)
+		} else {
+			err = r.replayEvents(ctx, buf, &i)
 		}
-		t0 := time.Now()
-		for k, ev := range buf {
-			if err := r.step(i, ev); err != nil {
-				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
-				debug.SetGCPercent(gcPercent)
-				return nil, err
-			}
-			i++
-			if k%256 == 255 && ctx.Err() != nil {
-				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
-				debug.SetGCPercent(gcPercent)
-				r.res.Interrupted = true
-				return nil, ctx.Err()
-			}
-			if i%int64(cfg.SampleEvery) == 0 {
-				r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
-				r.sample()
-				t0 = time.Now()
-			}
-		}
-		r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
 		debug.SetGCPercent(gcPercent)
+		if err != nil {
+			return nil, err
+		}
 		if shadow != nil {
 			for k, ev := range buf {
 				if err := shadow.Step(start+int64(k), ev); err != nil {
@@ -433,6 +405,31 @@ func version(v int) string {
 		return "?"
 	}
 	return fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+}
+
+// replayEvents replays buf, whose first event is event *i of the trace,
+// one event at a time, and adds the replay's wall time (samples left out)
+// to the result. It returns ctx's error, with the result marked
+// interrupted, when ctx is cancelled.
+func (r *replayer) replayEvents(ctx context.Context, buf []trace.Event, i *int64) error {
+	t0 := time.Now()
+	defer func() { r.res.ReplayWallNS += time.Since(t0).Nanoseconds() }()
+	for k, ev := range buf {
+		if err := r.step(*i, ev); err != nil {
+			return err
+		}
+		*i++
+		if k%256 == 255 && ctx.Err() != nil {
+			r.res.Interrupted = true
+			return ctx.Err()
+		}
+		if *i%int64(r.cfg.SampleEvery) == 0 {
+			r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+			r.sample()
+			t0 = time.Now()
+		}
+	}
+	return nil
 }
 
 // sample reads cudaMemGetInfo for the driver's view.
