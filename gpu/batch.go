@@ -148,7 +148,7 @@ func (r *replayer) runBatch(buf []trace.Event, i *int64) error {
 	done := int(C.cr_batch(d.rt.lib, (*C.uint64_t)(unsafe.Pointer(&b.size[0])), (*C.int32_t)(unsafe.Pointer(&b.slot[0])),
 		C.int64_t(n), (*C.uint64_t)(unsafe.Pointer(&b.slotPtr[0])), (*C.uint64_t)(unsafe.Pointer(&b.slotSize[0])),
 		C.uint64_t(d.limit), &reserved, (*C.uint64_t)(unsafe.Pointer(&b.ptr[0])), (*C.int64_t)(unsafe.Pointer(&b.ns[0])),
-		(*C.int32_t)(unsafe.Pointer(&b.rc[0]))))
+		(*C.int32_t)(unsafe.Pointer(&b.rc[0])), nil))
 	b.spare = append(b.spare, b.freed...)
 	b.freed = b.freed[:0]
 	// The calls up to done were made; a batch stops early only at a call

@@ -13,6 +13,24 @@ int64_t cr_now(void) {
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+void cr_wait(int64_t since, int64_t ns) {
+	// Sleep until 200 us before the end (a sleep overshoots by tens of
+	// microseconds), then spin.
+	int64_t left = since + ns - cr_now();
+	if (left > 400000) {
+		int64_t s = left - 200000;
+		struct timespec ts = {s / 1000000000, s % 1000000000};
+		nanosleep(&ts, NULL);
+	}
+	while (cr_now() - since < ns) {
+	}
+}
+
+void cr_pace(cr_lib *l, int64_t ns) {
+	if (ns > 0 && l->last_call_end != 0)
+		cr_wait(l->last_call_end, ns);
+}
+
 #define LOAD(name) l->name = (__typeof__(l->name))dlsym(l->handle, #name)
 
 cr_lib *cr_open(const char *path, char *err, size_t errlen) {
@@ -113,18 +131,21 @@ int cr_call_int(void *fn) { return ((int (*)(void))fn)(); }
 cr_res cr_malloc(cr_lib *l, uint64_t size) {
 	void *p = NULL;
 	TIMED(cudaMalloc, l->cudaMalloc(&p, (size_t)size));
+	l->last_call_end = t0 + r.ns;
 	r.ptr = (uint64_t)(uintptr_t)p;
 	return r;
 }
 
 cr_res cr_free(cr_lib *l, uint64_t ptr) {
 	TIMED(cudaFree, l->cudaFree((void *)(uintptr_t)ptr));
+	l->last_call_end = t0 + r.ns;
 	return r;
 }
 
 cr_res cr_malloc_async(cr_lib *l, uint64_t size, uint64_t stream) {
 	void *p = NULL;
 	TIMED(cudaMallocAsync, l->cudaMallocAsync(&p, (size_t)size, (void *)(uintptr_t)stream));
+	l->last_call_end = t0 + r.ns;
 	r.ptr = (uint64_t)(uintptr_t)p;
 	return r;
 }
@@ -133,12 +154,14 @@ cr_res cr_malloc_from_pool_async(cr_lib *l, uint64_t size, uint64_t pool, uint64
 	void *p = NULL;
 	TIMED(cudaMallocFromPoolAsync,
 	      l->cudaMallocFromPoolAsync(&p, (size_t)size, (void *)(uintptr_t)pool, (void *)(uintptr_t)stream));
+	l->last_call_end = t0 + r.ns;
 	r.ptr = (uint64_t)(uintptr_t)p;
 	return r;
 }
 
 cr_res cr_free_async(cr_lib *l, uint64_t ptr, uint64_t stream) {
 	TIMED(cudaFreeAsync, l->cudaFreeAsync((void *)(uintptr_t)ptr, (void *)(uintptr_t)stream));
+	l->last_call_end = t0 + r.ns;
 	return r;
 }
 
@@ -342,7 +365,7 @@ int64_t cr_seq_run(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t
 
 int64_t cr_batch(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n, uint64_t *slot_ptr,
                  uint64_t *slot_size, uint64_t limit, uint64_t *reserved, uint64_t *ptr, int64_t *ns,
-                 int32_t *rc) {
+                 int32_t *rc, const int64_t *wait) {
 	uint64_t res = *reserved;
 	int64_t i;
 	for (i = 0; i < n; i++) {
@@ -357,9 +380,12 @@ int64_t cr_batch(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n
 				continue;
 			}
 			void *p = NULL;
+			if (wait)
+				cr_pace(l, wait[i]);
 			int64_t t0 = cr_now();
 			c = l->cudaMalloc(&p, (size_t)size[i]);
-			ns[i] = cr_now() - t0;
+			l->last_call_end = cr_now();
+			ns[i] = l->last_call_end - t0;
 			rc[i] = c;
 			if (c == 0) {
 				slot_ptr[s] = (uint64_t)(uintptr_t)p;
@@ -374,9 +400,12 @@ int64_t cr_batch(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n
 			rc[i] = 0;
 			if (ptr[i] == 0)
 				continue; // its malloc failed or was refused: no call
+			if (wait)
+				cr_pace(l, wait[i]);
 			int64_t t0 = cr_now();
 			c = l->cudaFree((void *)(uintptr_t)ptr[i]);
-			ns[i] = cr_now() - t0;
+			l->last_call_end = cr_now();
+			ns[i] = l->last_call_end - t0;
 			rc[i] = c;
 			if (c == 0) {
 				slot_ptr[s] = 0;

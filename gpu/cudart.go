@@ -203,6 +203,16 @@ func (rt *Runtime) res(call string, r C.cr_res) (uint64, int64, error) {
 	return uint64(r.ptr), int64(r.ns), nil
 }
 
+// Pace waits until ns nanoseconds have passed since the runtime's last
+// allocation call (cudaMalloc, cudaFree or an async form) returned; it does
+// not wait before the first. It sleeps through most of a long wait and
+// spins the rest, in C.
+func (rt *Runtime) Pace(ns int64) {
+	if ns > 0 {
+		C.cr_pace(rt.lib, C.int64_t(ns))
+	}
+}
+
 // Malloc is cudaMalloc of size bytes. It returns the device pointer and the
 // call's duration in nanoseconds.
 func (rt *Runtime) Malloc(size uint64) (ptr uint64, ns int64, err error) {

@@ -55,6 +55,9 @@ typedef struct cr_lib {
 	int (*cudaRuntimeGetVersion)(int *);
 	int (*cudaDriverGetVersion)(int *);
 	int (*cudaGetDeviceProperties)(void *, int);
+	// last_call_end is when (cr_now) the last allocation call (cudaMalloc,
+	// cudaFree and their async forms) returned, 0 before the first.
+	int64_t last_call_end;
 } cr_lib;
 
 // cr_res is the outcome of one call: the runtime's return code, the pointer
@@ -74,6 +77,12 @@ const char *cr_missing(const cr_lib *l);
 void cr_close(cr_lib *l);
 void *cr_sym(const cr_lib *l, const char *name);
 int64_t cr_now(void);
+// cr_wait returns once ns nanoseconds have passed since since (a cr_now
+// time): it sleeps through most of a long wait and spins the rest.
+void cr_wait(int64_t since, int64_t ns);
+// cr_pace waits until ns nanoseconds have passed since the last allocation
+// call returned (no wait before the first).
+void cr_pace(cr_lib *l, int64_t ns);
 
 cr_res cr_malloc(cr_lib *l, uint64_t size);
 cr_res cr_free(cr_lib *l, uint64_t ptr);
@@ -118,13 +127,14 @@ int cr_call_int(void *fn);
 // the slots' pointers and sizes from batch to batch. A cudaMalloc that would
 // take *reserved past limit is refused without a call (rc[i] = CR_REFUSED).
 // ptr[i] gets the pointer allocated or freed, ns[i] the call's duration and
-// rc[i] its return code; *reserved is kept up to date. It stops at the
+// rc[i] its return code; *reserved is kept up to date. When wait is not
+// NULL, each call is preceded by cr_pace(l, wait[i]). It stops at the
 // first failing call other than a cudaMalloc out of memory (2) and returns
 // its index, else n.
 #define CR_REFUSED (-2)
 int64_t cr_batch(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n, uint64_t *slot_ptr,
                  uint64_t *slot_size, uint64_t limit, uint64_t *reserved, uint64_t *ptr, int64_t *ns,
-                 int32_t *rc);
+                 int32_t *rc, const int64_t *wait);
 
 // cr_seq_run replays a sequence of n cudaMalloc/cudaFree calls in a plain C
 // loop: for call i, size[i] > 0 is a cudaMalloc of that many bytes whose
