@@ -13,6 +13,11 @@
 //	                     (from 1) of CALL return CODE, N = 0 every call
 //	FAKECUDA_NOMAP       1: device memory is addresses alone, nothing mapped
 //	                     (calls of constant cost, to measure a harness)
+//	FAKECUDA_WAKE        GAP_NS:EXTRA_NS: a planted wake-up, a cudaMalloc,
+//	                     cudaFree or async form that starts at least GAP_NS
+//	                     after the previous one returned busy-waits EXTRA_NS
+//	                     more (on top of FAKECUDA_LATENCY_NS); the first
+//	                     call is not woken
 //
 // Built with -DFAKE_NO_ASYNC it lacks the stream-ordered allocator.
 // fakecuda_live() returns the number of live allocations, streams, events and
@@ -45,6 +50,8 @@ static int inited;
 static uint64_t total = 1ull << 30;
 static uint64_t device_used; // cudaMalloc bytes and pool reservations
 static int64_t latency_ns;
+static int64_t wake_gap_ns = -1, wake_extra_ns; // FAKECUDA_WAKE; gap -1: none
+static int64_t last_end; // when the last cudaMalloc, cudaFree or async form returned, 0 before the first
 static int nomap;
 static int last_error;
 static int live_objects;
@@ -69,6 +76,14 @@ static void init(void) {
 	s = getenv("FAKECUDA_LATENCY_NS");
 	if (s)
 		latency_ns = strtoll(s, NULL, 0);
+	s = getenv("FAKECUDA_WAKE");
+	if (s && *s) {
+		long long gap, extra;
+		if (sscanf(s, "%lld:%lld", &gap, &extra) == 2 && gap >= 0) {
+			wake_gap_ns = gap;
+			wake_extra_ns = extra;
+		}
+	}
 	s = getenv("FAKECUDA_NOMAP");
 	if (s && *s == '1')
 		nomap = 1;
@@ -103,14 +118,33 @@ static int planted(const char *name) {
 	return 0;
 }
 
-static void spin(void) {
-	if (latency_ns <= 0)
+static int64_t now_ns(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+static void busy(int64_t ns) {
+	if (ns <= 0)
 		return;
-	struct timespec a, b;
-	clock_gettime(CLOCK_MONOTONIC, &a);
-	do {
-		clock_gettime(CLOCK_MONOTONIC, &b);
-	} while ((b.tv_sec - a.tv_sec) * 1000000000ll + (b.tv_nsec - a.tv_nsec) < latency_ns);
+	int64_t a = now_ns();
+	while (now_ns() - a < ns) {
+	}
+}
+
+static void spin(void) { busy(latency_ns); }
+
+// wake_begin, at the start of a cudaMalloc, cudaFree or async form, waits
+// out the planted wake-up if the driver has been idle long enough.
+static void wake_begin(void) {
+	if (wake_gap_ns >= 0 && last_end != 0 && now_ns() - last_end >= wake_gap_ns)
+		busy(wake_extra_ns);
+}
+
+// wake_end, at its return, starts the idle time.
+static int wake_end(int rc) {
+	last_end = now_ns();
+	return rc;
 }
 
 static int ret(int rc) {
@@ -238,8 +272,7 @@ int cudaMemGetInfo(size_t *f, size_t *t) {
 	return 0;
 }
 
-int cudaMalloc(void **p, size_t size) {
-	ENTER("cudaMalloc");
+static int do_malloc(void **p, size_t size) {
 	spin();
 	if (!p)
 		return ret(1);
@@ -258,8 +291,13 @@ int cudaMalloc(void **p, size_t size) {
 	return 0;
 }
 
-int cudaFree(void *p) {
-	ENTER("cudaFree");
+int cudaMalloc(void **p, size_t size) {
+	ENTER("cudaMalloc");
+	wake_begin();
+	return wake_end(do_malloc(p, size));
+}
+
+static int do_free(void *p) {
 	spin();
 	if (!p)
 		return 0;
@@ -270,6 +308,12 @@ int cudaFree(void *p) {
 		device_used -= a->size;
 	removea(a);
 	return 0;
+}
+
+int cudaFree(void *p) {
+	ENTER("cudaFree");
+	wake_begin();
+	return wake_end(do_free(p));
 }
 
 int cudaMallocHost(void **p, size_t size) {
@@ -443,18 +487,19 @@ static int pool_alloc(void **p, size_t size, pool *pl, void *s) {
 
 int cudaMallocAsync(void **p, size_t size, void *s) {
 	ENTER("cudaMallocAsync");
-	return pool_alloc(p, size, &default_pool, s);
+	wake_begin();
+	return wake_end(pool_alloc(p, size, &default_pool, s));
 }
 
 int cudaMallocFromPoolAsync(void **p, size_t size, void *pl, void *s) {
 	ENTER("cudaMallocFromPoolAsync");
 	if (!pl)
 		return ret(1);
-	return pool_alloc(p, size, (pool *)pl, s);
+	wake_begin();
+	return wake_end(pool_alloc(p, size, (pool *)pl, s));
 }
 
-int cudaFreeAsync(void *p, void *s) {
-	ENTER("cudaFreeAsync");
+static int do_free_async(void *p, void *s) {
 	spin();
 	if (!valid(s, STREAM_MAGIC))
 		return ret(400);
@@ -466,6 +511,12 @@ int cudaFreeAsync(void *p, void *s) {
 	a->pool->used -= a->size;
 	removea(a);
 	return 0;
+}
+
+int cudaFreeAsync(void *p, void *s) {
+	ENTER("cudaFreeAsync");
+	wake_begin();
+	return wake_end(do_free_async(p, s));
 }
 
 int cudaDeviceGetDefaultMemPool(void **pl, int device) {
