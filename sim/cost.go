@@ -97,6 +97,63 @@ type CostModel struct {
 	// DefaultCostModelName.
 	Source string
 	curves map[string][]costPoint
+	// wake holds the wake-up curves (the CostWake rows) by row, each
+	// sorted by idle time.
+	wake map[string][]wakePoint
+}
+
+// wakePoint is one point of a wake-up curve: after gap nanoseconds idle, a
+// call takes ns nanoseconds more than back to back.
+type wakePoint struct {
+	gap float64 // idle nanoseconds
+	ns  float64 // extra latency in nanoseconds, 0 or more
+}
+
+// isWakeRow reports whether api names a wake-up curve.
+func isWakeRow(api string) bool {
+	switch api {
+	case CostWake, CostWakeNext, CostWakeSuballoc, CostWakeSuballocNext:
+		return true
+	}
+	return false
+}
+
+// wakeExtra returns the extra latency in nanoseconds on the wake-up curve
+// pts after gap nanoseconds idle, and whether the gap wakes the driver at
+// all: 0 and false below the curve's smallest idle time, then linear in
+// log(gap) between points, flat beyond the last.
+func wakeExtra(pts []wakePoint, gap int64) (int64, bool) {
+	if len(pts) == 0 || float64(gap) < pts[0].gap {
+		return 0, false
+	}
+	x := float64(gap)
+	i := sort.Search(len(pts), func(i int) bool { return pts[i].gap >= x })
+	var ns float64
+	switch {
+	case i == len(pts):
+		ns = pts[len(pts)-1].ns
+	case pts[i].gap == x:
+		ns = pts[i].ns
+	default:
+		a, b := pts[i-1], pts[i]
+		t := math.Log(x/a.gap) / math.Log(b.gap/a.gap)
+		ns = a.ns + t*(b.ns-a.ns)
+	}
+	return int64(math.Round(ns)), true
+}
+
+// Wake returns the extra latency in nanoseconds that the wake-up curve row
+// (CostWake, CostWakeNext, CostWakeSuballoc or CostWakeSuballocNext)
+// gives after gap nanoseconds idle, and false when the model lacks the row
+// or the gap is below its smallest idle time.
+func (m *CostModel) Wake(row string, gap int64) (int64, bool) {
+	return wakeExtra(m.wake[row], gap)
+}
+
+// WithoutWake returns a copy of m that charges no wake-up: the model of
+// calls made back to back, whatever the idle time between them.
+func (m *CostModel) WithoutWake() *CostModel {
+	return &CostModel{Source: m.Source, curves: m.curves}
 }
 
 type costPoint struct {
@@ -155,7 +212,9 @@ func LoadCostModel(path string) (*CostModel, error) {
 // ParseCostModel reads a cost model in CSV form: a header naming at least
 // the columns api, size_bytes and median_us, then one row per call and size
 // (other columns, such as n, first_us, p90_us and min_us, are ignored; a
-// row whose median is empty is skipped). name names the source in errors.
+// row whose median is empty is skipped). In the wake-up rows (CostWake and
+// the like) size_bytes is an idle time in nanoseconds and the median the
+// extra latency, which may be 0. name names the source in errors.
 // It returns a *CostError for a malformed file, and one wrapping
 // ErrNoCostRow when cudaMalloc or cudaFree rows are missing.
 func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
@@ -175,7 +234,7 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 			return nil, &CostError{File: name, Line: 1, Msg: fmt.Sprintf("no column %q in the header %q", c, strings.Join(head, ","))}
 		}
 	}
-	m := &CostModel{Source: name, curves: map[string][]costPoint{}}
+	m := &CostModel{Source: name, curves: map[string][]costPoint{}, wake: map[string][]wakePoint{}}
 	for line := 2; ; line++ {
 		rec, err := cr.Read()
 		if err == io.EOF {
@@ -202,7 +261,26 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 		if err != nil || us < 0 || math.IsInf(us, 0) || math.IsNaN(us) {
 			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("median_us %q: not a latency", med)}
 		}
+		if isWakeRow(api) {
+			if size == 0 {
+				return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("%s: idle time 0 (size_bytes holds the idle nanoseconds before the call)", api)}
+			}
+			m.wake[api] = append(m.wake[api], wakePoint{gap: float64(size), ns: us * 1000})
+			continue
+		}
 		m.curves[api] = append(m.curves[api], newCostPoint(float64(max(size, 1)), max(us*1000, 1)))
+	}
+	for api, pts := range m.wake {
+		sort.SliceStable(pts, func(i, j int) bool { return pts[i].gap < pts[j].gap })
+		out := pts[:0]
+		for _, p := range pts {
+			if len(out) > 0 && out[len(out)-1].gap == p.gap {
+				out[len(out)-1] = p
+				continue
+			}
+			out = append(out, p)
+		}
+		m.wake[api] = out
 	}
 	for api, pts := range m.curves {
 		sort.SliceStable(pts, func(i, j int) bool { return pts[i].size < pts[j].size })
@@ -240,10 +318,14 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 	return m, nil
 }
 
-// Calls returns the names of the calls the model has rows for, sorted.
+// Calls returns the names of the calls the model has rows for, sorted; the
+// wake-up curves among them.
 func (m *CostModel) Calls() []string {
-	out := make([]string, 0, len(m.curves))
+	out := make([]string, 0, len(m.curves)+len(m.wake))
 	for k := range m.curves {
+		out = append(out, k)
+	}
+	for k := range m.wake {
 		out = append(out, k)
 	}
 	sort.Strings(out)
@@ -309,10 +391,25 @@ func loglog(a, b costPoint, x float64) float64 {
 //     cudaMalloc/cudaFree pairs); any other maps fresh memory
 //     (CostMallocBatch, measured with many live, when the model has it).
 //     Every free unmaps (CostFree).
+//   - When the model has wake-up curves, a call made after the driver was
+//     idle pays the extra latency of its idle time: the trace time since
+//     the event of the previous call (CostWake for calls that map or
+//     unmap, CostWakeSuballoc for sub-allocations). The call after a woken
+//     one, when it is not woken itself, pays the _next curve of the woken
+//     call's idle time. The first call of a replay pays none.
 type costMeter struct {
 	m     *CostModel
 	lat   Latencies
 	total int64
+	woke  int64 // of total, the nanoseconds of wake-ups
+
+	// The wake-up state: the trace time in nanoseconds of the current
+	// event and of the previous call's, and the idle time of the previous
+	// call when it was woken (-1 if not).
+	now, last, wokenGap int64
+	called             bool
+	wakeCurves         [4][]wakePoint // wake, wake_next, suballoc, suballoc_next; all nil: no wake-ups
+	waking             bool           // whether any curve is set
 
 	pages  int                      // mapped pages of small allocations
 	seq    uint64                   // pages mapped so far, the next page's seq
@@ -545,7 +642,11 @@ type placement struct {
 }
 
 func newCostMeter(m *CostModel) *costMeter {
-	c := &costMeter{m: m}
+	c := &costMeter{m: m, wokenGap: -1}
+	for i, row := range [4]string{CostWake, CostWakeNext, CostWakeSuballoc, CostWakeSuballocNext} {
+		c.wakeCurves[i] = m.wake[row]
+		c.waking = c.waking || len(m.wake[row]) > 0
+	}
 	for k, cr := range chargeRows {
 		pts := m.curves[cr.row]
 		if len(pts) == 0 {
@@ -560,6 +661,11 @@ func newCostMeter(m *CostModel) *costMeter {
 func (c *costMeter) charge(k int, size uint64) {
 	ck := &c.kinds[k]
 	ns := c.latency(k, ck, size)
+	if c.waking {
+		w := c.wake(k == chargeMallocSuballoc || k == chargeFreeSuballoc)
+		c.woke += w
+		ns += w
+	}
 	c.total += ns
 	class := sizeClass(size)
 	if class == noSize {
@@ -571,6 +677,31 @@ func (c *costMeter) charge(k int, size uint64) {
 		ck.hists[class] = h
 	}
 	h.add(ns)
+}
+
+// wake returns the wake-up latency in nanoseconds of a call made at c.now,
+// a sub-allocation or not, and notes the call.
+func (c *costMeter) wake(suballoc bool) int64 {
+	gap, first := c.now-c.last, !c.called
+	c.called, c.last = true, c.now
+	woken := c.wokenGap
+	c.wokenGap = -1
+	if first {
+		return 0
+	}
+	curves := c.wakeCurves[0:2]
+	if suballoc {
+		curves = c.wakeCurves[2:4]
+	}
+	if ns, ok := wakeExtra(curves[0], gap); ok {
+		c.wokenGap = gap
+		return ns
+	}
+	if woken >= 0 {
+		ns, _ := wakeExtra(curves[1], woken)
+		return ns
+	}
+	return 0
 }
 
 // latency returns the model's latency in nanoseconds of a call of kind k
@@ -723,8 +854,27 @@ func (d *Device) CostModel() *CostModel {
 	return d.cost.m
 }
 
+// SetTime tells the device the trace time in nanoseconds of the event being
+// replayed, from which the cost model's wake-up curves find the driver's
+// idle time before a call. A trace without times charges no wake-ups.
+func (d *Device) SetTime(ns int64) {
+	if d.cost != nil {
+		d.cost.now = ns
+	}
+}
+
+// WakeTime returns the part of AllocTime that is wake-up latency: the
+// nanoseconds the calls made after the driver was idle paid over the same
+// calls back to back.
+func (d *Device) WakeTime() int64 {
+	if d.cost == nil {
+		return 0
+	}
+	return d.cost.woke
+}
+
 // AllocTime returns the simulated nanoseconds spent in the device's
-// cudaMalloc and cudaFree calls so far.
+// cudaMalloc and cudaFree calls so far, wake-ups included.
 func (d *Device) AllocTime() int64 {
 	if d.cost == nil {
 		return 0
@@ -746,6 +896,7 @@ func (d *Device) Latencies() *Latencies {
 // device's cost model.
 func (d *Device) FillCost(res *Result) {
 	res.SimAllocTimeNS = d.AllocTime()
+	res.SimWakeTimeNS = d.WakeTime()
 	res.Latency = nil
 	if l := d.Latencies(); l != nil {
 		res.Latency = l.Rows()

@@ -3,8 +3,11 @@ package sim
 import (
 	"errors"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 func TestDefaultCostModel(t *testing.T) {
@@ -386,5 +389,97 @@ func TestFreedSizes(t *testing.T) {
 		if f.sizes != len(ref) {
 			t.Fatalf("op %d: %d sizes, want %d", i, f.sizes, len(ref))
 		}
+	}
+}
+
+// wakeModel is the cost model of sim/testdata/wake.txt.
+const wakeModel = `api,size_bytes,median_us
+cudaMalloc,512,50
+cudaMalloc,67108864,50
+cudaFree,512,40
+cudaFree,67108864,40
+cudaMalloc_suballoc,512,2
+cudaFree_suballoc,512,3
+wake,10000000,200
+wake,1000000,100
+wake_next,1000000,20
+wake_next,10000000,60
+wake_suballoc,1000000,30
+wake_suballoc_next,1000000,5
+`
+
+func TestWake(t *testing.T) {
+	m, err := ParseCostModel(strings.NewReader(wakeModel), "wake.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("testdata/wake.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, evs, err := trace.ParseText("wake.txt", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name        string
+		model       *CostModel
+		evs         []trace.Event
+		total, woke int64
+	}{
+		{"timed", m, evs, 670103, 395103},
+		{"without wake-ups", m.WithoutWake(), evs, 275000, 0},
+		{"untimed", m, untimed(evs), 275000, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Run(trace.NewSliceSource(h, tc.evs), Config{Policy: "cuda", CostModel: tc.model})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := res[0]
+			if r.SimAllocTimeNS != tc.total || r.SimWakeTimeNS != tc.woke {
+				t.Errorf("sim_alloc_time_ns %d, sim_wake_time_ns %d; want %d and %d", r.SimAllocTimeNS, r.SimWakeTimeNS, tc.total, tc.woke)
+			}
+		})
+	}
+}
+
+// untimed returns a copy of evs a nanosecond apart.
+func untimed(evs []trace.Event) []trace.Event {
+	out := append([]trace.Event(nil), evs...)
+	for i := range out {
+		out[i].Time = int64(i)
+	}
+	return out
+}
+
+func TestWakeCurve(t *testing.T) {
+	m, err := ParseCostModel(strings.NewReader(wakeModel), "wake.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		row   string
+		gap   int64
+		want  int64
+		woken bool
+	}{
+		{CostWake, 999999, 0, false},      // below the first idle time
+		{CostWake, 1000000, 100000, true}, // a point
+		{CostWake, 3162278, 150000, true}, // halfway in log(gap)
+		{CostWake, 10000000, 200000, true},
+		{CostWake, 5000000000, 200000, true}, // beyond: flat
+		{CostWakeSuballocNext, 1 << 40, 5000, true},
+		{"cudaMalloc", 1000000, 0, false}, // not a wake-up row
+	} {
+		got, ok := m.Wake(tc.row, tc.gap)
+		if got != tc.want || ok != tc.woken {
+			t.Errorf("Wake(%s, %d) = %d, %v; want %d, %v", tc.row, tc.gap, got, ok, tc.want, tc.woken)
+		}
+	}
+	_, err = ParseCostModel(strings.NewReader(wakeModel+"wake,0,3\n"), "w.csv")
+	if err == nil || !strings.Contains(err.Error(), "w.csv:14: wake: idle time 0") {
+		t.Errorf("a wake-up row at idle time 0: %v", err)
 	}
 }

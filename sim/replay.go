@@ -169,6 +169,7 @@ func (r *Replay) Step(i int64, ev trace.Event) error { return r.step(i, &ev) }
 func (r *Replay) step(i int64, ev *trace.Event) error {
 	r.res.Events++
 	r.checkTime(i, ev)
+	r.dev.SetTime(ev.Time)
 	r.obs.at(i, ev)
 	if r.check != nil {
 		r.check.Begin(i)

@@ -83,6 +83,10 @@ type Result struct {
 	// device's cudaMalloc and cudaFree calls under the cost model (cudaFree's
 	// device synchronization included, as measured on an idle device).
 	SimAllocTimeNS int64 `json:"sim_alloc_time_ns"`
+	// SimWakeTimeNS is the part of SimAllocTimeNS that the calls made
+	// after the driver was idle paid over the same calls back to back, by
+	// the cost model's wake-up curves and the trace's times.
+	SimWakeTimeNS int64 `json:"sim_wake_time_ns"`
 	// Latency summarizes the device calls' latencies by call and size
 	// class: simulated by the cost model in `replay sim`, measured in
 	// `replay gpu`.

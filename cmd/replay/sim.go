@@ -205,7 +205,7 @@ var csvColumns = []string{
 	"peak_fragmentation", "fragmentation_at_peak", "device_allocs", "device_frees",
 	"alloc_retries", "ooms", "first_oom_event", "first_oom_size", "source_ooms",
 	"anomalies", "peak_pinned_bytes", "peak_managed_bytes", "truncated", "reconstructed_events",
-	"offline_peak_reserved_bytes", "sim_alloc_time_ns", "build_error",
+	"offline_peak_reserved_bytes", "sim_alloc_time_ns", "sim_wake_time_ns", "build_error",
 }
 
 func writeCSV(w io.Writer, results []*sim.Result) error {
@@ -221,7 +221,7 @@ func writeCSV(w io.Writer, results []*sim.Result) error {
 			f(r.PeakFragmentation), f(r.FragmentationAtPeak), i(r.DeviceAllocs), i(r.DeviceFrees),
 			i(r.AllocRetries), i(r.OOMs), i(r.FirstOOMEvent), u(r.FirstOOMSize), i(r.SourceOOMs),
 			i(r.Anomalies), u(r.PeakPinned), u(r.PeakManaged), strconv.FormatBool(r.Truncated), i(r.ReconstructedEvents),
-			u(r.PeakOffline), i(r.SimAllocTimeNS), r.BuildError,
+			u(r.PeakOffline), i(r.SimAllocTimeNS), i(r.SimWakeTimeNS), r.BuildError,
 		})
 	}
 	cw.Flush()
