@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 
@@ -20,7 +22,9 @@ import (
 // CostRow is one measured series of a calibration: the latencies of N calls
 // of API on Size bytes, in microseconds (FirstUS is the first call of the
 // series). The rows are those of shared/reference/h200_cuda_latency.csv and
-// what sim.ParseCostModel reads.
+// what sim.ParseCostModel reads. In the wake-up rows (sim.CostWake and the
+// like) Size is the idle time in nanoseconds, the latencies are the extra
+// over the same call made back to back, and FirstUS is -1.
 type CostRow struct {
 	API      string
 	Size     uint64
@@ -50,6 +54,9 @@ type CalibrateOptions struct {
 	// program (measured on an H200), so a model for a kind of job is best
 	// calibrated on traces of that kind.
 	Workloads []Workload
+	// WakeReps is the number of calls timed at each idle time for the
+	// wake-up curves; 0 means 7.
+	WakeReps int
 	// Progress, if not nil, receives one line per series measured.
 	Progress io.Writer
 }
@@ -86,10 +93,20 @@ var CalibrationSizes = []uint64{512, 4 << 10, 64 << 10, 1 << 20, 2 << 20, 8 << 2
 // of its own with release threshold 0 and UINT64_MAX (the _thr0 and _thrmax
 // rows, with the stream synchronization after the free); cudaMallocHost and
 // cudaFreeHost up to 64 MiB; cudaMallocManaged and its cudaFree up to
-// 256 MiB; and idle cudaDeviceSynchronize and cudaStreamSynchronize (size
-// 0). Everything it allocates is freed before it returns, also on error
-// and when ctx is cancelled.
+// 256 MiB; idle cudaDeviceSynchronize and cudaStreamSynchronize (size 0);
+// and last the wake-up curves, the extra latency of a cudaMalloc of 20 MiB
+// and of 4 KiB (sub-allocated) after the driver has been idle for each of
+// sim.WakeGaps, and of the cudaFree right after it (the wake, wake_next,
+// wake_suballoc and wake_suballoc_next rows: see wake). Everything it
+// allocates is freed before it returns, also on error and when ctx is
+// cancelled.
 func Calibrate(ctx context.Context, rt *Runtime, opt CalibrateOptions) (rows []CostRow, err error) {
+	return calibrate(ctx, rt, opt, nil)
+}
+
+// calibrate is Calibrate running only the steps named in only (all if
+// only is empty), for the tests.
+func calibrate(ctx context.Context, rt *Runtime, opt CalibrateOptions, only []string) (rows []CostRow, err error) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	free, _, err := rt.MemGetInfo()
@@ -109,15 +126,25 @@ func Calibrate(ctx context.Context, rt *Runtime, opt CalibrateOptions) (rows []C
 	if opt.WorkloadEvents <= 0 {
 		opt.WorkloadEvents = 50000
 	}
+	if opt.WakeReps <= 0 {
+		opt.WakeReps = 7
+	}
 	c := &calibration{ctx: ctx, rt: rt, opt: opt, limit: limit, dev: map[uint64]bool{}, host: map[uint64]bool{}}
 	defer func() {
 		if cerr := c.release(); cerr != nil && err == nil {
 			err = fmt.Errorf("releasing the calibration's memory: %w", cerr)
 		}
 	}()
-	steps := []func() error{c.isolated, c.batch, c.suballoc, c.async, c.pinned, c.managed, c.syncs}
+	steps := []struct {
+		name string
+		run  func() error
+	}{{"isolated", c.isolated}, {"batch", c.batch}, {"suballoc", c.suballoc}, {"async", c.async},
+		{"pinned", c.pinned}, {"managed", c.managed}, {"syncs", c.syncs}, {"wake", c.wake}}
 	for _, step := range steps {
-		if err := step(); err != nil {
+		if len(only) > 0 && !slices.Contains(only, step.name) {
+			continue
+		}
+		if err := step.run(); err != nil {
 			return nil, err
 		}
 	}
@@ -543,6 +570,132 @@ func (c *calibration) syncs() error {
 	c.add("cudaDeviceSynchronize", 0, d)
 	c.add("cudaStreamSynchronize", 0, s)
 	return nil
+}
+
+// Sizes of the wake-up series: a cudaMalloc that maps memory, and one
+// placed in a 2 MiB page kept mapped by wakeAnchors live allocations of
+// its size.
+const (
+	wakeLarge   = 20 << 20
+	wakeSmall   = 4 << 10
+	wakeAnchors = 8
+)
+
+// wake measures the wake-up curves: WakeReps rounds, each over 0 and the
+// idle times of sim.WakeGaps in an order shuffled anew each round (from a
+// fixed seed, so that runs repeat), of a cudaMalloc started that long after
+// the previous cudaMalloc or cudaFree returned (the woken call) and the
+// cudaFree of its pointer right after it (the next call). First with 20 MiB
+// (rows wake and wake_next; skipped if 20 MiB exceeds the limit), then with
+// 4 KiB while 8 allocations of 4 KiB keep their driver page mapped (rows
+// wake_suballoc and wake_suballoc_next). Each row's latencies are the extra
+// over the same call at idle time 0: its median less the median at 0, its
+// p90 less the p90 at 0, its minimum less the median at 0, none below 0.
+func (c *calibration) wake() error {
+	rng := rand.New(rand.NewPCG(1, 2))
+	if wakeLarge <= c.limit {
+		woken, next, err := c.wakeSeries(wakeLarge, rng)
+		if err != nil {
+			return err
+		}
+		c.addWake(sim.CostWake, woken)
+		c.addWake(sim.CostWakeNext, next)
+	}
+	if (wakeAnchors+1)*wakeSmall > c.limit {
+		return nil
+	}
+	var anchors []uint64
+	for range wakeAnchors {
+		p, _, err := c.malloc(wakeSmall)
+		if err != nil {
+			return fmt.Errorf("cudaMalloc of %d bytes (an anchor of the wake-up series): %w", wakeSmall, err)
+		}
+		anchors = append(anchors, p)
+	}
+	woken, next, err := c.wakeSeries(wakeSmall, rng)
+	if err != nil {
+		return err
+	}
+	for _, p := range anchors {
+		if _, err := c.free(p); err != nil {
+			return err
+		}
+	}
+	c.addWake(sim.CostWakeSuballoc, woken)
+	c.addWake(sim.CostWakeSuballocNext, next)
+	return nil
+}
+
+// wakeSeries times the woken cudaMalloc of size bytes and the cudaFree
+// right after it, WakeReps times at each idle time, and returns their
+// latencies in nanoseconds by idle time.
+func (c *calibration) wakeSeries(size uint64, rng *rand.Rand) (woken, next map[int64][]int64, err error) {
+	pair := func() (m, f int64, err error) {
+		if err := c.ctx.Err(); err != nil {
+			return 0, 0, err
+		}
+		p, m, err := c.malloc(size)
+		if err != nil {
+			return 0, 0, fmt.Errorf("cudaMalloc of %d bytes: %w", size, err)
+		}
+		if err := c.ctx.Err(); err != nil {
+			return 0, 0, err // p is freed by release
+		}
+		f, err = c.free(p)
+		return m, f, err
+	}
+	// A first pair, not counted, so that idle time 0 follows a call of
+	// the series however long ago the previous step's last call was.
+	if _, _, err := pair(); err != nil {
+		return nil, nil, err
+	}
+	woken, next = map[int64][]int64{}, map[int64][]int64{}
+	gaps := append([]int64{0}, sim.WakeGaps...)
+	for range c.opt.WakeReps {
+		rng.Shuffle(len(gaps), func(i, j int) { gaps[i], gaps[j] = gaps[j], gaps[i] })
+		for _, gap := range gaps {
+			if err := c.ctx.Err(); err != nil {
+				return nil, nil, err
+			}
+			c.rt.Pace(gap)
+			m, f, err := pair()
+			if err != nil {
+				return nil, nil, err
+			}
+			woken[gap] = append(woken[gap], m)
+			next[gap] = append(next[gap], f)
+		}
+	}
+	return woken, next, nil
+}
+
+// addWake adds the rows of a wake-up curve from the latencies by idle time
+// (see wake), one per idle time of sim.WakeGaps.
+func (c *calibration) addWake(api string, byGap map[int64][]int64) {
+	sorted := func(ns []int64) []int64 {
+		s := slices.Clone(ns)
+		slices.Sort(s)
+		return s
+	}
+	base := sorted(byGap[0])
+	if len(base) == 0 {
+		return
+	}
+	baseMed, base90 := quantile(base, 0.5), quantile(base, 0.9)
+	extra := func(ns, over int64) float64 { return float64(max(ns-over, 0)) / 1e3 }
+	for _, gap := range sim.WakeGaps {
+		s := sorted(byGap[gap])
+		if len(s) == 0 {
+			continue
+		}
+		row := CostRow{API: api, Size: uint64(gap), N: len(s), FirstUS: -1,
+			MedianUS: extra(quantile(s, 0.5), baseMed), P90US: extra(quantile(s, 0.9), base90), MinUS: extra(s[0], baseMed)}
+		c.rows = append(c.rows, row)
+		if c.opt.Progress != nil {
+			fmt.Fprintf(c.opt.Progress, "%-18s  gap %5s ms  n=%-3d  extra median %8.2f us  p90 %8.2f us\n",
+				api, strconv.FormatFloat(float64(gap)/1e6, 'g', -1, 64), row.N, row.MedianUS, row.P90US)
+		}
+	}
 }
 
 // release frees whatever the calibration still holds.

@@ -107,7 +107,7 @@ func fakePath(t *testing.T, variant string) string {
 		t.Fatal(err)
 	}
 	// The fake's configuration is read at its first call: start from none.
-	for _, k := range []string{"FAKECUDA_TOTAL", "FAKECUDA_LATENCY_NS", "FAKECUDA_FAIL"} {
+	for _, k := range []string{"FAKECUDA_TOTAL", "FAKECUDA_LATENCY_NS", "FAKECUDA_FAIL", "FAKECUDA_WAKE"} {
 		t.Setenv(k, "")
 		os.Unsetenv(k)
 	}
@@ -502,9 +502,23 @@ func TestBadSettings(t *testing.T) {
 func TestCalibrate(t *testing.T) {
 	rt := fakeRuntime(t, "", "FAKECUDA_TOTAL=1073741824", "FAKECUDA_LATENCY_NS=2000")
 	var progress bytes.Buffer
-	rows, err := Calibrate(context.Background(), rt, CalibrateOptions{MaxSize: 2 << 20, MaxBytes: 512 << 20, N: 5, WorkloadEvents: 3000, Progress: &progress})
+	rows, err := Calibrate(context.Background(), rt, CalibrateOptions{MaxSize: 2 << 20, MaxBytes: 512 << 20, N: 5, WorkloadEvents: 3000, WakeReps: 1, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
+	}
+	wake := map[string]int{}
+	for _, r := range rows {
+		if strings.HasPrefix(r.API, "wake") {
+			wake[r.API]++
+			if r.N != 1 || r.FirstUS != -1 || r.MedianUS < 0 || r.P90US < 0 || r.MinUS < 0 {
+				t.Errorf("wake row %+v", r)
+			}
+		}
+	}
+	for _, api := range []string{sim.CostWake, sim.CostWakeNext, sim.CostWakeSuballoc, sim.CostWakeSuballocNext} {
+		if wake[api] != len(sim.WakeGaps) {
+			t.Errorf("%d %s rows, want %d", wake[api], api, len(sim.WakeGaps))
+		}
 	}
 	var csv bytes.Buffer
 	if err := WriteCostModel(&csv, rows); err != nil {
@@ -538,6 +552,95 @@ func TestCalibrate(t *testing.T) {
 	if n := live(t, rt); n != 0 {
 		t.Errorf("%d objects live at the end", n)
 	}
+}
+
+// TestCalibrateWake runs the calibration's wake-up step on a fake runtime
+// with a planted wake-up of 300 us after 1 ms idle.
+func TestCalibrateWake(t *testing.T) {
+	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=1000000:300000")
+	var progress bytes.Buffer
+	rows, err := calibrate(context.Background(), rt, CalibrateOptions{MaxBytes: 512 << 20, WakeReps: 3, Progress: &progress}, []string{"wake"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("progress:\n%s", progress.String())
+	got := map[string]map[uint64]CostRow{}
+	for _, r := range rows {
+		if got[r.API] == nil {
+			got[r.API] = map[uint64]CostRow{}
+		}
+		got[r.API][r.Size] = r
+	}
+	for _, api := range []string{sim.CostWake, sim.CostWakeNext, sim.CostWakeSuballoc, sim.CostWakeSuballocNext} {
+		for _, gap := range sim.WakeGaps {
+			r, ok := got[api][uint64(gap)]
+			if !ok {
+				t.Errorf("no %s row at %d ns", api, gap)
+				continue
+			}
+			if r.N != 3 || r.FirstUS != -1 {
+				t.Errorf("%+v: want n=3, first -1", r)
+			}
+			woken := api == sim.CostWake || api == sim.CostWakeSuballoc
+			switch {
+			case woken && gap >= 1e6:
+				if r.MedianUS < 250 || r.MedianUS > 450 {
+					t.Errorf("%s at %d ns: extra median %.2f us, want about 300", api, gap, r.MedianUS)
+				}
+			case r.MedianUS >= 100:
+				t.Errorf("%s at %d ns: extra median %.2f us, want under 100", api, gap, r.MedianUS)
+			}
+		}
+	}
+	if len(rows) != 4*len(sim.WakeGaps) {
+		t.Errorf("%d rows, want %d", len(rows), 4*len(sim.WakeGaps))
+	}
+	if n := strings.Count(progress.String(), "\n"); n != len(rows) {
+		t.Errorf("%d progress lines for %d rows", n, len(rows))
+	}
+	if n := live(t, rt); n != 0 {
+		t.Errorf("%d objects live at the end", n)
+	}
+
+	// The rows written read back as a cost model (with the rows of
+	// cudaMalloc and cudaFree it needs).
+	var csv bytes.Buffer
+	if err := WriteCostModel(&csv, append([]CostRow{{API: sim.CostMalloc, Size: 1, N: 1, MedianUS: 1}, {API: sim.CostFree, Size: 1, N: 1, MedianUS: 1},
+		{API: sim.CostMallocSuballoc, Size: 1, N: 1, MedianUS: 1}, {API: sim.CostFreeSuballoc, Size: 1, N: 1, MedianUS: 1}}, rows...)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(csv.String(), "\nwake,1000000,3,-1.00,") {
+		t.Errorf("no wake row at 1 ms in\n%s", csv.String())
+	}
+	if _, err := sim.ParseCostModel(&csv, "wake"); err != nil {
+		t.Error(err)
+	}
+
+	// Cancelled in the middle: an error, and nothing left behind.
+	rt = fakeRuntime(t, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	var n int
+	cancelAt := &cancelWriter{after: 15, cancel: cancel, n: &n}
+	if _, err := calibrate(ctx, rt, CalibrateOptions{MaxBytes: 512 << 20, WakeReps: 1, Progress: cancelAt}, []string{"wake"}); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled: got %v", err)
+	}
+	if n := live(t, rt); n != 0 {
+		t.Errorf("cancelled: %d objects live at the end", n)
+	}
+}
+
+// cancelWriter cancels after its after-th write.
+type cancelWriter struct {
+	after  int
+	cancel func()
+	n      *int
+}
+
+func (w *cancelWriter) Write(b []byte) (int, error) {
+	if *w.n++; *w.n == w.after {
+		w.cancel()
+	}
+	return len(b), nil
 }
 
 // sliceSource must satisfy trace.Source for the helpers above.
