@@ -24,9 +24,13 @@ const calibrateUsage = `usage: replay calibrate [-o FILE] [flags]
 
 Measures the latency of each device call by size on this GPU and writes a
 cost model as CSV (the columns of the embedded H200 model), for
-'replay gpu --cost-model FILE'. Progress and a comparison with the embedded
-model go to stderr. Everything allocated is freed at the end, on error and
-on Ctrl-C.
+'replay gpu --cost-model FILE'. Last come the wake-up curves: how much
+slower a cudaMalloc (20 MiB, and 4 KiB placed in a mapped page) and the
+cudaFree after it are when the driver has been idle from 0.1 ms to 200 ms
+(rows wake, wake_next, wake_suballoc and wake_suballoc_next, the idle time
+in nanoseconds in the size column; about 0.8 s per --wake-reps). Progress
+and a comparison with the embedded model go to stderr. Everything allocated
+is freed at the end, on error and on Ctrl-C.
 
 Flags:
 `
@@ -41,6 +45,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	maxBytes := fs.String("max-bytes", "0", "device memory held at once, never exceeded (0: free memory at the start minus 1 GiB)")
 	n := fs.Int("n", 100, "calls per size up to 256 MiB (fewer above)")
 	events := fs.Int("workload-events", 50000, "events of each workload replayed for the sub-allocation costs")
+	wakeReps := fs.Int("wake-reps", 7, "calls timed at each idle time for the wake-up curves")
 	workloads := fs.StringArray("workload", nil, "a `TRACE` replayed for the sub-allocation costs (repeatable; default: the synthetic workloads train, inference, kvcache and service)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	if err := fs.Parse(args); err != nil {
@@ -66,7 +71,10 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if *events < 1 {
 		return fmt.Errorf("--workload-events %d: must be at least 1", *events)
 	}
-	opt.N, opt.WorkloadEvents = *n, *events
+	if *wakeReps < 1 {
+		return fmt.Errorf("--wake-reps %d: must be at least 1", *wakeReps)
+	}
+	opt.N, opt.WorkloadEvents, opt.WakeReps = *n, *events, *wakeReps
 	for _, path := range *workloads {
 		// Opened once here, so that a bad file is reported before the GPU
 		// is touched.
@@ -123,7 +131,8 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 }
 
 // compareModels prints the calibrated and embedded latencies of cudaMalloc
-// and cudaFree side by side.
+// and cudaFree side by side, then the extra latencies of the wake-up curves
+// after 1, 10 and 100 ms idle (- where a model has no such curve).
 func compareModels(w io.Writer, cal, def *sim.CostModel) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "call\tsize\tcalibrated us\t%s us\t\n", def.Source)
@@ -136,6 +145,19 @@ func compareModels(w io.Writer, cal, def *sim.CostModel) {
 			b, _ := def.Latency(call, size)
 			if ok {
 				fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t\n", call, size, float64(a)/1e3, float64(b)/1e3)
+			}
+		}
+	}
+	us := func(m *sim.CostModel, row string, gap int64) string {
+		if ns, ok := m.Wake(row, gap); ok {
+			return fmt.Sprintf("+%.2f", float64(ns)/1e3)
+		}
+		return "-"
+	}
+	for _, row := range []string{sim.CostWake, sim.CostWakeNext, sim.CostWakeSuballoc, sim.CostWakeSuballocNext} {
+		for _, gap := range []int64{1e6, 10e6, 100e6} {
+			if _, ok := cal.Wake(row, gap); ok {
+				fmt.Fprintf(tw, "%s\t%d ms idle\t%s\t%s\t\n", row, gap/1e6, us(cal, row, gap), us(def, row, gap))
 			}
 		}
 	}
