@@ -612,8 +612,12 @@ func TestCalibrateWake(t *testing.T) {
 	if !strings.Contains(csv.String(), "\nwake,1000000,3,-1.00,") {
 		t.Errorf("no wake row at 1 ms in\n%s", csv.String())
 	}
-	if _, err := sim.ParseCostModel(&csv, "wake"); err != nil {
-		t.Error(err)
+	m, err := sim.ParseCostModel(&csv, "wake")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns, ok := m.Wake(sim.CostWake, 10e6); !ok || ns < 250e3 || ns > 450e3 {
+		t.Errorf("model's %s after 10 ms idle: %d ns, %v", sim.CostWake, ns, ok)
 	}
 
 	// Cancelled in the middle: an error, and nothing left behind.
