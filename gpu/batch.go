@@ -36,6 +36,9 @@ type batch struct {
 	ptr  []uint64
 	ns   []int64
 	rc   []int32
+	// wait is the pacing wait before each operation's call in
+	// nanoseconds (Config.Pace), all 0 when not pacing.
+	wait []int64
 	// Per operation, from the event: its index in the chunk, and the
 	// requested bytes of the allocation it makes or frees.
 	ev    []int32
@@ -47,7 +50,7 @@ type batch struct {
 }
 
 func (b *batch) reset() {
-	b.size, b.slot, b.ev, b.bytes = b.size[:0], b.slot[:0], b.ev[:0], b.bytes[:0]
+	b.size, b.slot, b.ev, b.bytes, b.wait = b.size[:0], b.slot[:0], b.ev[:0], b.bytes[:0], b.wait[:0]
 }
 
 // newSlot returns a slot no operation of this batch has used.
@@ -100,6 +103,7 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 		for ; k < len(buf) && len(b.size) < room && r.batchable(buf[k]); k++ {
 			ev := buf[k]
 			b.ev = append(b.ev, int32(k))
+			b.wait = append(b.wait, r.dev.paceWait(ev.Time))
 			if ev.Op == trace.OpMalloc {
 				s := b.newSlot()
 				b.size, b.slot, b.bytes = append(b.size, ev.Size), append(b.slot, s), append(b.bytes, ev.Size)
@@ -118,6 +122,7 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 		}
 		if !full && k < len(buf) {
 			// An event no batch takes.
+			r.dev.SetTime(buf[k].Time)
 			if err := r.step(*i, buf[k]); err != nil {
 				return err
 			}
@@ -145,10 +150,14 @@ func (r *replayer) runBatch(buf []trace.Event, i *int64) error {
 	n := len(b.size)
 	b.ptr, b.ns, b.rc = grow(b.ptr, n), grow(b.ns, n), grow(b.rc, n)
 	reserved := C.uint64_t(d.reserved)
+	var wait *C.int64_t
+	if d.pace {
+		wait = (*C.int64_t)(unsafe.Pointer(&b.wait[0]))
+	}
 	done := int(C.cr_batch(d.rt.lib, (*C.uint64_t)(unsafe.Pointer(&b.size[0])), (*C.int32_t)(unsafe.Pointer(&b.slot[0])),
 		C.int64_t(n), (*C.uint64_t)(unsafe.Pointer(&b.slotPtr[0])), (*C.uint64_t)(unsafe.Pointer(&b.slotSize[0])),
 		C.uint64_t(d.limit), &reserved, (*C.uint64_t)(unsafe.Pointer(&b.ptr[0])), (*C.int64_t)(unsafe.Pointer(&b.ns[0])),
-		(*C.int32_t)(unsafe.Pointer(&b.rc[0])), nil))
+		(*C.int32_t)(unsafe.Pointer(&b.rc[0])), wait))
 	b.spare = append(b.spare, b.freed...)
 	b.freed = b.freed[:0]
 	// The calls up to done were made; a batch stops early only at a call

@@ -35,6 +35,56 @@ type Device struct {
 
 	log *bufio.Writer // per-call log, nil for none
 	seq *Seq          // cudaMalloc/cudaFree sequence being recorded, nil for none
+
+	// Pacing (SetPace): the trace time in nanoseconds of the event being
+	// replayed and of the event of the previous allocation call.
+	pace      bool
+	now, last int64
+	called    bool
+}
+
+// PaceMin and PaceMax bound the idle times a paced replay keeps, in
+// nanoseconds: a shorter gap between two allocation calls of the trace is
+// not kept (it is below the smallest idle time a calibration measures, and
+// a call takes about that long itself), a longer one is cut to PaceMax
+// (the driver's wake-up cost is flat from about 50 ms of idle on, measured
+// on an H200).
+const (
+	PaceMin = 100e3
+	PaceMax = 50e6
+)
+
+// SetPace makes the device keep the trace's idle times: before each
+// allocation call (cudaMalloc, cudaFree and their async forms) it waits
+// until the trace time between the call's event and the previous call's
+// event, within PaceMin and PaceMax, has passed since the previous call
+// returned. SetTime gives it the events' times.
+func (d *Device) SetPace(on bool) { d.pace = on }
+
+// SetTime tells the device the trace time in nanoseconds of the event being
+// replayed.
+func (d *Device) SetTime(ns int64) { d.now = ns }
+
+// paceWait returns how long to wait before an allocation call made for the
+// event at trace time now, in nanoseconds, and notes the call.
+func (d *Device) paceWait(now int64) int64 {
+	if !d.pace {
+		return 0
+	}
+	gap, first := now-d.last, !d.called
+	d.called, d.last = true, now
+	if first || gap < PaceMin {
+		return 0
+	}
+	return min(gap, PaceMax)
+}
+
+// paceCall waits, when pacing, before an allocation call made for the
+// current event.
+func (d *Device) paceCall() {
+	if d.pace {
+		d.rt.Pace(d.paceWait(d.now))
+	}
 }
 
 // segment is a live cudaMalloc'd segment: its size in bytes and its slot in
@@ -186,6 +236,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	if size > d.limit || d.reserved > d.limit-size {
 		return 0, fmt.Errorf("device alloc of %d bytes with %d reserved would pass the limit of %d bytes: %w", size, d.reserved, d.limit, policies.ErrOutOfMemory)
 	}
+	d.paceCall()
 	ptr, ns, err := d.rt.Malloc(size)
 	d.record("cudaMalloc", classAlloc, size, ptr, ns)
 	if err != nil {
@@ -225,6 +276,7 @@ func (d *Device) Free(addr uint64) error {
 	if !ok {
 		return fmt.Errorf("device free of %#x: not a live segment", addr)
 	}
+	d.paceCall()
 	ns, err := d.rt.Free(addr)
 	d.record("cudaFree", classAlloc, seg.size, addr, ns)
 	if err != nil {
@@ -292,6 +344,7 @@ func (d *Device) mallocAsync(size, pool, stream uint64) (uint64, error) {
 	var ns int64
 	var err error
 	call := "cudaMallocAsync"
+	d.paceCall()
 	if pool != 0 {
 		call = "cudaMallocFromPoolAsync"
 		ptr, ns, err = d.rt.MallocFromPoolAsync(size, pool, stream)
@@ -303,6 +356,7 @@ func (d *Device) mallocAsync(size, pool, stream uint64) (uint64, error) {
 }
 
 func (d *Device) freeAsync(ptr, size, stream uint64) error {
+	d.paceCall()
 	ns, err := d.rt.FreeAsync(ptr, stream)
 	d.record("cudaFreeAsync", classAlloc, size, ptr, ns)
 	return err

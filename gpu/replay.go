@@ -61,6 +61,13 @@ type Config struct {
 	// and frees are made back to back in C (batch.go). The results are the
 	// same; only the timings differ.
 	Unbatched bool
+	// Pace keeps the trace's idle times between allocation calls (see
+	// Device.SetPace): the driver's calls are slower after it has been
+	// idle, as in the job the trace was recorded from. Then the simulation
+	// alongside charges the cost model's wake-up curves from the same
+	// idle times; unpaced, it charges none, as the calls come back to
+	// back.
+	Pace bool
 	// SampleEvery is the number of events between cudaMemGetInfo samples of
 	// the driver's view (untimed); 0 means 4096.
 	SampleEvery int
@@ -109,6 +116,9 @@ type Result struct {
 	SimCostModel    string `json:"sim_cost_model,omitempty"`
 	// SimLatency is the simulated latency summary.
 	SimLatency []sim.LatencyRow `json:"sim_latency,omitempty"`
+	// Paced is set when the replay kept the trace's idle times
+	// (Config.Pace).
+	Paced bool `json:"paced,omitempty"`
 	// Interrupted is set when the replay stopped early (Ctrl-C); the
 	// figures cover the events replayed.
 	Interrupted bool `json:"interrupted,omitempty"`
@@ -246,7 +256,9 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		Device:   rt.DeviceName,
 		MaxBytes: limit,
 		Driver:   DriverView{Total: total, FreeAtStart: free, MinFree: free},
+		Paced:    cfg.Pace,
 	}
+	r.dev.SetPace(cfg.Pace)
 	if cfg.CallLog != nil {
 		r.dev.LogCalls(cfg.CallLog)
 	}
@@ -277,7 +289,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		}
 		if r.res.Interrupted {
 			// The simulation alongside covers the whole trace or nothing.
-			r.res.SimPolicy, r.res.SimCostModel, r.res.SimPeakReserved, r.res.SimAllocTimeNS, r.res.SimLatency = "", "", 0, 0, nil
+			r.res.SimPolicy, r.res.SimCostModel, r.res.SimPeakReserved, r.res.SimAllocTimeNS, r.res.SimWakeTimeNS, r.res.SimLatency = "", "", 0, 0, 0, nil
 		}
 		if cerr := r.cleanup(); cerr != nil && err == nil {
 			err = fmt.Errorf("releasing the replay's memory: %w", cerr)
@@ -345,7 +357,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	if shadow != nil {
 		sr := shadow.Finish()
 		shadow.Device().FillCost(sr)
-		r.res.SimAllocTimeNS = sr.SimAllocTimeNS
+		r.res.SimAllocTimeNS, r.res.SimWakeTimeNS = sr.SimAllocTimeNS, sr.SimWakeTimeNS
 		r.res.SimLatency = sr.Latency
 		r.res.SimPeakReserved = sr.PeakReserved
 		r.res.SimCostModel = cfg.Sim.Source
@@ -376,7 +388,11 @@ func (r *replayer) simReplay(limit uint64) (*sim.Replay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("simulated %s: %w", name, err)
 	}
-	rep.Device().SetCostModel(r.cfg.Sim)
+	m := r.cfg.Sim
+	if !r.cfg.Pace {
+		m = m.WithoutWake()
+	}
+	rep.Device().SetCostModel(m)
 	r.res.SimPolicy = name
 	return rep, nil
 }
@@ -415,6 +431,7 @@ func (r *replayer) replayEvents(ctx context.Context, buf []trace.Event, i *int64
 	t0 := time.Now()
 	defer func() { r.res.ReplayWallNS += time.Since(t0).Nanoseconds() }()
 	for k, ev := range buf {
+		r.dev.SetTime(ev.Time)
 		if err := r.step(*i, ev); err != nil {
 			return err
 		}
@@ -870,7 +887,7 @@ func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Clos
 	res := results[byAlloc[(len(results)-1)/2]]
 	if first := results[0]; res != first {
 		res.SimPolicy, res.SimPeakReserved, res.SimCostModel = first.SimPolicy, first.SimPeakReserved, first.SimCostModel
-		res.SimAllocTimeNS, res.SimLatency = first.SimAllocTimeNS, first.SimLatency
+		res.SimAllocTimeNS, res.SimWakeTimeNS, res.SimLatency = first.SimAllocTimeNS, first.SimWakeTimeNS, first.SimLatency
 	}
 	if n > 1 {
 		res.Runs = runs

@@ -407,9 +407,9 @@ type costMeter struct {
 	// event and of the previous call's, and the idle time of the previous
 	// call when it was woken (-1 if not).
 	now, last, wokenGap int64
-	called             bool
-	wakeCurves         [4][]wakePoint // wake, wake_next, suballoc, suballoc_next; all nil: no wake-ups
-	waking             bool           // whether any curve is set
+	called              bool
+	wakeCurves          [4][]wakePoint // wake, wake_next, suballoc, suballoc_next; all nil: no wake-ups
+	waking              bool           // whether any curve is set
 
 	pages  int                      // mapped pages of small allocations
 	seq    uint64                   // pages mapped so far, the next page's seq

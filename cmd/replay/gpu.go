@@ -53,6 +53,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	callsOut := fs.String("calls", "", "write every runtime call as CSV (call,size,ptr,ns) to `FILE`; with several runs, -TRACE-TARGET goes before its extension")
 	cLoop := fs.Bool("c-loop", false, "after each cuda replay, run the same cudaMalloc/cudaFree sequence in a plain C loop and report the harness's overhead per call")
 	unbatched := fs.Bool("unbatched", false, "make the cuda target's calls from Go one event at a time, instead of in batches of consecutive mallocs and frees made back to back in C (same results, other timings)")
+	pace := fs.Bool("pace", false, "keep the trace's idle times between allocation calls (0.1 to 50 ms; shorter ones are not kept, longer ones cut), as the driver's calls are slower after it has been idle; the simulation alongside then charges the cost model's wake-up curves, which it leaves out otherwise")
 	repeat := fs.Int("repeat", 1, "replay each trace and target `N` times and report the run of median allocator time (the call log and the simulation are the first run's)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
@@ -71,6 +72,9 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	}
 	if *repeat < 1 {
 		return fmt.Errorf("--repeat %d: must be at least 1", *repeat)
+	}
+	if *pace && *cLoop {
+		return fmt.Errorf("--pace with --c-loop: the C loop makes the calls back to back, so it cannot measure a paced harness's overhead")
 	}
 	var cfg gpu.Config
 	var err error
@@ -97,6 +101,10 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("--cost-model: %w", err)
 		}
 	}
+	if !*pace {
+		model = model.WithoutWake() // the calls come back to back
+	}
+	cfg.Pace = *pace
 	if *simOnly {
 		return simulateOnly(stdout, fs.Args(), names, settings, model, tracefile.Options{From: *from, Device: *device}, *jsonOut)
 	}

@@ -1,0 +1,86 @@
+package gpu
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// pacedTrace has two idle times the pacing keeps: 100 ms before event 1
+// (cut to PaceMax, 50 ms) and 2.99 ms before event 3 (since event 2); the
+// others are below PaceMin.
+const pacedTrace = `malloc id=1 size=4MiB t=0
+malloc id=2 size=4MiB t=100000000
+free id=1 t=100010000
+free id=2 t=103000000
+malloc id=3 size=1MiB t=103000500
+free id=3 t=103001000
+`
+
+// pacedModel wakes a call after 1 ms idle for 100 us more, after 10 ms for
+// 200 us: in pacedTrace, 200 us at event 1 (flat beyond 10 ms) and
+// 100 + 100*log10(2.99) = 147.567 us at event 3.
+const pacedModel = `api,size_bytes,median_us
+cudaMalloc,512,50
+cudaFree,512,40
+cudaMalloc_suballoc,512,2
+cudaFree_suballoc,512,3
+wake,1000000,100
+wake,10000000,200
+`
+
+func TestPace(t *testing.T) {
+	model, err := sim.ParseCostModel(strings.NewReader(pacedModel), "paced.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fake runtime wakes a call made 2 ms or more after the previous
+	// one returned 1 ms late: the first call of the replay (the runtime
+	// was opened before), and paced, the calls of events 1 and 3.
+	for _, unbatched := range []bool{false, true} {
+		for _, pace := range []bool{false, true} {
+			rt := fakeRuntime(t, "", "FAKECUDA_WAKE=2000000:1000000")
+			res, err := Replay(context.Background(), rt, textTrace(t, pacedTrace), Config{
+				Policy: TargetCUDA, MaxBytes: 64 << 20, Sim: model, Pace: pace, Unbatched: unbatched,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			name := map[bool]string{false: "unpaced", true: "paced"}[pace]
+			if unbatched {
+				name += ", unbatched"
+			}
+			if res.Paced != pace {
+				t.Errorf("%s: paced %v", name, res.Paced)
+			}
+			if pace {
+				// 50 + 2.99 ms kept; three calls woken, 1 ms each.
+				if res.ReplayWallNS < 52.99e6 {
+					t.Errorf("%s: replay wall %d ns, want the 52.99 ms of kept idle time or more", name, res.ReplayWallNS)
+				}
+				if res.AllocTimeNS < 3e6 {
+					t.Errorf("%s: allocator time %d ns, want 3 ms of wake-ups or more", name, res.AllocTimeNS)
+				}
+				if res.SimWakeTimeNS != 347567 {
+					t.Errorf("%s: simulated wake-up time %d ns, want 347567", name, res.SimWakeTimeNS)
+				}
+			} else {
+				// Back to back: only the first call wakes (barring a stall
+				// of the test machine), and the simulation charges none.
+				if res.AllocTimeNS >= 2e6 {
+					t.Errorf("%s: allocator time %d ns, want no wake-ups", name, res.AllocTimeNS)
+				}
+				if res.SimWakeTimeNS != 0 {
+					t.Errorf("%s: simulated wake-up time %d ns, want 0", name, res.SimWakeTimeNS)
+				}
+			}
+			// Without the wake-ups: three cudaMalloc at 50 us, three
+			// cudaFree at 40 us.
+			if got := res.SimAllocTimeNS - res.SimWakeTimeNS; got != 270000 || res.DeviceAllocs != 3 || res.DeviceFrees != 3 {
+				t.Errorf("%s: %d allocs, %d frees, simulated %d ns without wake-ups; want 3, 3, 270000", name, res.DeviceAllocs, res.DeviceFrees, got)
+			}
+		}
+	}
+}
