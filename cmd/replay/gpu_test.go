@@ -68,6 +68,7 @@ func TestGPUFlags(t *testing.T) {
 		{[]string{"gpu", "--repeat", "0", trainGPT}, `--repeat 0: must be at least 1`},
 		{[]string{"calibrate", "--n", "-2"}, `--n -2: must be at least 1`},
 		{[]string{"calibrate", "--workload-events", "0"}, `--workload-events 0: must be at least 1`},
+		{[]string{"calibrate", "--wake-reps", "0"}, `--wake-reps 0: must be at least 1`},
 	} {
 		if _, _, err := runCmd(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: got %v, want %q", tc.args, err, tc.want)
@@ -156,7 +157,7 @@ func TestGPUReplay(t *testing.T) {
 func TestCalibrateOnTraces(t *testing.T) {
 	lib := fakeCUDA(t, "FAKECUDA_TOTAL=4294967296", "FAKECUDA_LATENCY_NS=3000")
 	model := filepath.Join(t.TempDir(), "model.csv")
-	_, stderr, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--workload", multistream)
+	_, stderr, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--wake-reps", "1", "--workload", multistream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestCalibrateOnTraces(t *testing.T) {
 func TestCalibrateThenSimulate(t *testing.T) {
 	lib := fakeCUDA(t, "FAKECUDA_TOTAL=4294967296", "FAKECUDA_LATENCY_NS=3000")
 	model := filepath.Join(t.TempDir(), "model.csv")
-	if _, _, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--workload-events", "2000", "--quiet"); err != nil {
+	if _, _, err := runCmd(t, "calibrate", "--cudart", lib, "-o", model, "--max-size", "64MiB", "--n", "5", "--wake-reps", "1", "--workload-events", "2000", "--quiet"); err != nil {
 		t.Fatal(err)
 	}
 	m, err := sim.LoadCostModel(model)
