@@ -87,7 +87,8 @@ var CalibrationSizes = []uint64{512, 4 << 10, 64 << 10, 1 << 20, 2 << 20, 8 << 2
 
 // Calibrate measures the latency of each device call by size on rt's GPU:
 // cudaMalloc and cudaFree one at a time (rows cudaMalloc, cudaFree), with up
-// to 64 live at once (the _batch rows), small ones in the driver's 2 MiB
+// to 64 live at once (the _batch rows, each cudaMalloc of fresh memory after
+// the CPU's caches were made cold: see coldCaches), small ones in the driver's 2 MiB
 // pages (the _suballoc, _newpage and _lastinpage rows, from synthetic
 // workloads, and the _suballoc_hot rows); the stream-ordered allocator on a pool
 // of its own with release threshold 0 and UINT64_MAX (the _thr0 and _thrmax
@@ -254,6 +255,29 @@ func (c *calibration) isolated() error {
 	return nil
 }
 
+// coldBytes is the host memory coldCaches runs through: enough to evict
+// the driver's data from the CPU's caches, as a job's own work between two
+// cudaMallocs does.
+const coldBytes = 8 << 20
+
+var coldBuf []byte
+
+// coldCaches runs through coldBytes of host memory, so that the next call
+// finds the CPU's caches cold. On an H200 host a cudaMalloc of fresh memory
+// (2 MiB to 64 MiB, 64 live) took 36-40 us back to back and 65-77 us right
+// after this, 130 us against 57 at 256 MiB: the cost of the calls of a job
+// or of a policy's replay, which run between other work, and the cost the
+// reference measurement (shared/reference/h200_cuda_latency.csv, 74-83 us)
+// shows.
+func coldCaches() {
+	if coldBuf == nil {
+		coldBuf = make([]byte, coldBytes)
+	}
+	for i := 0; i < len(coldBuf); i += 64 {
+		coldBuf[i]++
+	}
+}
+
 func (c *calibration) batch() error {
 	for _, size := range c.sizes(math.MaxUint64) {
 		count := int(min(64, c.limit/size))
@@ -266,6 +290,7 @@ func (c *calibration) batch() error {
 			if err := c.ctx.Err(); err != nil {
 				return err
 			}
+			coldCaches()
 			p, ns, err := c.malloc(size)
 			if err != nil {
 				return fmt.Errorf("cudaMalloc of %d bytes (%d live): %w", size, k, err)

@@ -48,7 +48,9 @@ const (
 	CostFreeLastInPage = "cudaFree_lastinpage"
 	// CostMallocBatch and CostFreeBatch are cudaMalloc and cudaFree with
 	// 64 allocations of the size live at once: a cudaMalloc of fresh
-	// memory. A model without them charges CostMalloc instead.
+	// memory, measured (by replay calibrate) with the CPU's caches cold, as
+	// in a job, where other work runs between two such calls. A model
+	// without them charges CostMalloc instead.
 	CostMallocBatch = "cudaMalloc_batch"
 	CostFreeBatch   = "cudaFree_batch"
 	// CostWake and CostWakeSuballoc are the wake-up curves: the latency a
