@@ -24,6 +24,14 @@ import (
 //go:embed h200_cuda_latency.csv
 var defaultCostCSV string
 
+// defaultWakeCSV holds the wake-up curves of the embedded model (the
+// CostWake rows), which the reference measurement lacks: measured by
+// `replay calibrate` on an NVIDIA H200 (CUDA 13.0, driver 580.159), 7
+// rounds at each idle time, on 2026-11-29.
+//
+//go:embed h200_wake.csv
+var defaultWakeCSV string
+
 // DefaultCostModelName names the embedded cost model in results and errors.
 const DefaultCostModelName = "h200 (embedded)"
 
@@ -189,9 +197,11 @@ func (e *CostError) Error() string {
 var ErrNoCostRow = errors.New("cost model lacks a row")
 
 // DefaultCostModel returns the cost model embedded in the binary, measured
-// on an NVIDIA H200 with CUDA 13.0.
+// on an NVIDIA H200 with CUDA 13.0: the reference latencies and the
+// wake-up curves.
 func DefaultCostModel() *CostModel {
-	m, err := ParseCostModel(strings.NewReader(defaultCostCSV), DefaultCostModelName)
+	_, wake, _ := strings.Cut(defaultWakeCSV, "\n") // the rows, after the same header
+	m, err := ParseCostModel(strings.NewReader(defaultCostCSV+wake), DefaultCostModelName)
 	if err != nil {
 		panic("sim: embedded cost model: " + err.Error())
 	}

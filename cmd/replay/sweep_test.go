@@ -261,15 +261,16 @@ func TestSplitList(t *testing.T) {
 }
 
 // TestSweepCost checks the simulated allocator time and latency summary of
-// a sweep's cells against those of replay gpu --sim-only, which charges
-// its own replays to the same cost model.
+// a sweep's cells against those of replay gpu --sim-only --pace, which
+// charges its own replays to the same cost model, wake-ups included (the
+// trace's idle times kept, as in the sweep).
 func TestSweepCost(t *testing.T) {
 	dir := t.TempDir()
 	out, gpuJSON := filepath.Join(dir, "sweep"), filepath.Join(dir, "gpu.json")
 	if _, _, err := runCmd(t, "sweep", "--traces", tokenLengths, "--policy", "cuda,best-fit", "--progress", "none", "-o", out); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := runCmd(t, "gpu", "--sim-only", "--policy", "cuda,best-fit", "--json", gpuJSON, tokenLengths); err != nil {
+	if _, _, err := runCmd(t, "gpu", "--sim-only", "--pace", "--policy", "cuda,best-fit", "--json", gpuJSON, tokenLengths); err != nil {
 		t.Fatal(err)
 	}
 	got, want := readResults(t, filepath.Join(out, "results.json")), readResults(t, gpuJSON)
@@ -280,6 +281,15 @@ func TestSweepCost(t *testing.T) {
 		if got[i].SimAllocTimeNS == 0 || got[i].SimAllocTimeNS != want[i].SimAllocTimeNS || !reflect.DeepEqual(got[i].Latency, want[i].Latency) {
 			t.Errorf("%s: %d ns, %d latency rows; replay gpu --sim-only: %d ns, %d rows",
 				got[i].Policy, got[i].SimAllocTimeNS, len(got[i].Latency), want[i].SimAllocTimeNS, len(want[i].Latency))
+		}
+	}
+	// Unpaced, the calls come back to back: no wake-ups, the rest the same.
+	if _, _, err := runCmd(t, "gpu", "--sim-only", "--policy", "cuda,best-fit", "--json", gpuJSON, tokenLengths); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range readResults(t, gpuJSON) {
+		if got[i].SimWakeTimeNS == 0 || r.SimWakeTimeNS != 0 || r.SimAllocTimeNS != got[i].SimAllocTimeNS-got[i].SimWakeTimeNS {
+			t.Errorf("%s: unpaced %d ns with %d of wake-ups; paced %d with %d", r.Policy, r.SimAllocTimeNS, r.SimWakeTimeNS, got[i].SimAllocTimeNS, got[i].SimWakeTimeNS)
 		}
 	}
 }
