@@ -353,7 +353,7 @@ var gpuCSVColumns = []string{
 	"trace", "policy", "settings", "max_bytes", "events", "mallocs", "frees",
 	"peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes", "sim_peak_reserved_bytes",
 	"device_allocs", "device_frees", "alloc_retries", "ooms", "first_oom_event", "first_oom_size", "anomalies",
-	"alloc_time_ns", "sim_alloc_time_ns", "sync_time_ns", "calls", "policy_time_ns", "replay_wall_ns",
+	"paced", "alloc_time_ns", "sim_alloc_time_ns", "sim_wake_time_ns", "sync_time_ns", "calls", "policy_time_ns", "replay_wall_ns",
 	"driver_free_at_start_bytes", "driver_min_free_bytes", "driver_free_at_end_bytes", "pool_reserved_high_bytes", "pool_used_high_bytes",
 	"c_loop_wall_ns", "c_loop_overhead_per_call_ns",
 }
@@ -372,7 +372,7 @@ func writeGPUCSV(w io.Writer, results []*gpu.Result) error {
 			r.Trace, r.Policy, formatSettings(r.Settings), u(r.MaxBytes), i(r.Events), i(r.Mallocs), i(r.Frees),
 			u(r.PeakRequested), u(r.PeakAllocated), u(r.PeakReserved), u(r.SimPeakReserved),
 			i(r.DeviceAllocs), i(r.DeviceFrees), i(r.AllocRetries), i(r.OOMs), i(r.FirstOOMEvent), u(r.FirstOOMSize), i(r.Anomalies),
-			i(r.AllocTimeNS), i(r.SimAllocTimeNS), i(r.SyncTimeNS), i(r.Calls), i(r.PolicyTimeNS), i(r.ReplayWallNS),
+			strconv.FormatBool(r.Paced), i(r.AllocTimeNS), i(r.SimAllocTimeNS), i(r.SimWakeTimeNS), i(r.SyncTimeNS), i(r.Calls), i(r.PolicyTimeNS), i(r.ReplayWallNS),
 			u(r.Driver.FreeAtStart), u(r.Driver.MinFree), u(r.Driver.FreeAtEnd), u(r.Driver.PoolReservedHigh), u(r.Driver.PoolUsedHigh),
 			loopWall, loopOver,
 		})
@@ -387,18 +387,23 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 	}
 	fmt.Fprintf(w, "%s on %s\n", results[0].Runtime, results[0].Device)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\ttarget\trequested MiB\treserved MiB\tsim reserved MiB\tdevice allocs\tdevice frees\tOOMs\talloc ms\tsim alloc ms\tsim/measured\tsync ms\twall ms\t")
+	fmt.Fprintln(tw, "trace\ttarget\trequested MiB\treserved MiB\tsim reserved MiB\tdevice allocs\tdevice frees\tOOMs\talloc ms\tsim alloc ms\tof it wake-ups\tsim/measured\tsync ms\twall ms\t")
 	for _, r := range results {
-		simRes, simMS, ratio := "-", "-", "-"
+		simRes, simMS, wakeMS, ratio := "-", "-", "-", "-"
 		if r.SimPolicy != "" {
 			simRes, simMS = mib(r.SimPeakReserved), strconv.FormatFloat(ms(r.SimAllocTimeNS), 'f', 3, 64)
+			wakeMS = strconv.FormatFloat(ms(r.SimWakeTimeNS), 'f', 3, 64)
 			if r.AllocTimeNS > 0 {
 				ratio = strconv.FormatFloat(float64(r.SimAllocTimeNS)/float64(r.AllocTimeNS), 'f', 3, 64)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.3f\t%s\t%s\t%.3f\t%.1f\t\n",
-			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakReserved), simRes,
-			r.DeviceAllocs, r.DeviceFrees, r.OOMs, ms(r.AllocTimeNS), simMS, ratio, ms(r.SyncTimeNS), ms(r.ReplayWallNS))
+		target := r.Policy
+		if r.Paced {
+			target += " (paced)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.3f\t%s\t%s\t%s\t%.3f\t%.1f\t\n",
+			filepath.Base(r.Trace), target, mib(r.PeakRequested), mib(r.PeakReserved), simRes,
+			r.DeviceAllocs, r.DeviceFrees, r.OOMs, ms(r.AllocTimeNS), simMS, wakeMS, ratio, ms(r.SyncTimeNS), ms(r.ReplayWallNS))
 	}
 	tw.Flush()
 	for _, r := range results {
