@@ -142,22 +142,38 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 	return nil
 }
 
+// call makes the batch's calls back to back in C (cr_batch), with the
+// pacing waits in b.wait when pace is set, and returns the number of calls
+// made before one failing for a reason other than memory (len(b.size) if
+// none): b.ptr, b.ns and b.rc hold each call's pointer, duration and return
+// code, and *reserved the bytes held after it, never above limit.
+func (b *batch) call(rt *Runtime, limit uint64, reserved *uint64, pace bool) int {
+	n := len(b.size)
+	b.ptr, b.ns, b.rc = grow(b.ptr, n), grow(b.ns, n), grow(b.rc, n)
+	if n == 0 {
+		return 0
+	}
+	res := C.uint64_t(*reserved)
+	var wait *C.int64_t
+	if pace {
+		wait = (*C.int64_t)(unsafe.Pointer(&b.wait[0]))
+	}
+	done := int(C.cr_batch(rt.lib, (*C.uint64_t)(unsafe.Pointer(&b.size[0])), (*C.int32_t)(unsafe.Pointer(&b.slot[0])),
+		C.int64_t(n), (*C.uint64_t)(unsafe.Pointer(&b.slotPtr[0])), (*C.uint64_t)(unsafe.Pointer(&b.slotSize[0])),
+		C.uint64_t(limit), &res, (*C.uint64_t)(unsafe.Pointer(&b.ptr[0])), (*C.int64_t)(unsafe.Pointer(&b.ns[0])),
+		(*C.int32_t)(unsafe.Pointer(&b.rc[0])), wait))
+	*reserved = uint64(res)
+	return done
+}
+
 // runBatch makes the batch's calls and then does, operation by operation
 // in event order, what Device.Alloc and Device.Free and the replayer's
 // malloc and free do for one event.
 func (r *replayer) runBatch(buf []trace.Event, i *int64) error {
 	b, d := r.batch, r.dev
 	n := len(b.size)
-	b.ptr, b.ns, b.rc = grow(b.ptr, n), grow(b.ns, n), grow(b.rc, n)
-	reserved := C.uint64_t(d.reserved)
-	var wait *C.int64_t
-	if d.pace {
-		wait = (*C.int64_t)(unsafe.Pointer(&b.wait[0]))
-	}
-	done := int(C.cr_batch(d.rt.lib, (*C.uint64_t)(unsafe.Pointer(&b.size[0])), (*C.int32_t)(unsafe.Pointer(&b.slot[0])),
-		C.int64_t(n), (*C.uint64_t)(unsafe.Pointer(&b.slotPtr[0])), (*C.uint64_t)(unsafe.Pointer(&b.slotSize[0])),
-		C.uint64_t(d.limit), &reserved, (*C.uint64_t)(unsafe.Pointer(&b.ptr[0])), (*C.int64_t)(unsafe.Pointer(&b.ns[0])),
-		(*C.int32_t)(unsafe.Pointer(&b.rc[0])), wait))
+	reserved := d.reserved
+	done := b.call(d.rt, d.limit, &reserved, d.pace)
 	b.spare = append(b.spare, b.freed...)
 	b.freed = b.freed[:0]
 	// The calls up to done were made; a batch stops early only at a call

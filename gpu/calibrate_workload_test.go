@@ -1,0 +1,85 @@
+package gpu
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// workloadTrace has five small calls to time: the fake runtime puts every
+// allocation on a 2 MiB boundary of its own, so each small cudaMalloc maps
+// a page (ids 1, 2, 4) and each small cudaFree unmaps one (ids 1, 2); the
+// 4 MiB ones are not timed, a free of an unknown address and a second
+// malloc of a live one are skipped, and id 4 is freed at the end, untimed.
+const workloadTrace = `malloc id=1 size=4KiB
+malloc id=2 size=8KiB
+free id=1
+free id=9
+malloc id=2 size=1KiB
+malloc id=3 size=4MiB
+free id=2
+free id=3
+malloc id=4 size=512
+`
+
+func TestCalibrationWorkload(t *testing.T) {
+	for _, tc := range []struct {
+		name, fail string
+		want       map[string]int // samples by row
+		err        string
+	}{
+		{"all", "", map[string]int{sim.CostMallocNewPage: 3, sim.CostFreeLastInPage: 2}, ""},
+		// The second cudaFree (of id 2) fails: the error names it, and
+		// what the workload holds then (id 3) is released.
+		{"failing free", "FAKECUDA_FAIL=cudaFree:2:700", nil, "workload w: cudaFree"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var env []string
+			if tc.fail != "" {
+				env = append(env, tc.fail)
+			}
+			rt := fakeRuntime(t, "", env...)
+			c := &calibration{ctx: context.Background(), rt: rt, opt: CalibrateOptions{WorkloadEvents: 100}, limit: 1 << 30,
+				dev: map[uint64]bool{}, host: map[uint64]bool{}}
+			w := Workload{Name: "w", Open: func() (trace.Source, io.Closer, error) {
+				return textTrace(t, workloadTrace), io.NopCloser(nil), nil
+			}}
+			samples := map[subKey][]int64{}
+			err := c.workload(w, func(s uint64) uint64 { return s }, samples)
+			if tc.err != "" && len(c.dev) != 1 {
+				t.Errorf("%d pointers held at the failure, want 1 (id 3)", len(c.dev))
+			}
+			if rerr := c.release(); rerr != nil {
+				t.Fatal(rerr)
+			}
+			if n := live(t, rt); n != 0 {
+				t.Errorf("%d allocations live after the workload", n)
+			}
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %v, want an error with %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]int{}
+			for k, ns := range samples {
+				got[k.row] += len(ns)
+			}
+			for row, n := range tc.want {
+				if got[row] != n {
+					t.Errorf("%s: %d samples, want %d (all: %v)", row, got[row], n, got)
+				}
+			}
+			if len(got) != len(tc.want) {
+				t.Errorf("samples %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
