@@ -34,7 +34,7 @@ func TestCalibrationWorkload(t *testing.T) {
 	}{
 		{"all", "", map[string]int{sim.CostMallocNewPage: 3, sim.CostFreeLastInPage: 2}, ""},
 		// The second cudaFree (of id 2) fails: the error names it, and
-		// what the workload holds then (id 3) is released.
+		// what the workload holds then (ids 2 and 3) is released.
 		{"failing free", "FAKECUDA_FAIL=cudaFree:2:700", nil, "workload w: cudaFree"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,8 +50,8 @@ func TestCalibrationWorkload(t *testing.T) {
 			}}
 			samples := map[subKey][]int64{}
 			err := c.workload(w, func(s uint64) uint64 { return s }, samples)
-			if tc.err != "" && len(c.dev) != 1 {
-				t.Errorf("%d pointers held at the failure, want 1 (id 3)", len(c.dev))
+			if tc.err != "" && len(c.dev) != 2 {
+				t.Errorf("%d pointers held at the failure, want 2 (ids 2 and 3)", len(c.dev))
 			}
 			if rerr := c.release(); rerr != nil {
 				t.Fatal(rerr)
