@@ -702,4 +702,11 @@ func TestH200Calibration(t *testing.T) {
 			t.Errorf("%s: %d ns, %v", call, ns, ok)
 		}
 	}
+	// The wake-up curves: a call after 50 ms idle costs far more than one
+	// made back to back.
+	for _, row := range []string{sim.CostWake, sim.CostWakeNext, sim.CostWakeSuballoc, sim.CostWakeSuballocNext} {
+		if ns, ok := m.Wake(row, 50e6); !ok || ns < 10e3 {
+			t.Errorf("%s after 50 ms: %d ns, %v", row, ns, ok)
+		}
+	}
 }
