@@ -283,29 +283,10 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 		m.curves[api] = append(m.curves[api], newCostPoint(float64(max(size, 1)), max(us*1000, 1)))
 	}
 	for api, pts := range m.wake {
-		sort.SliceStable(pts, func(i, j int) bool { return pts[i].gap < pts[j].gap })
-		out := pts[:0]
-		for _, p := range pts {
-			if len(out) > 0 && out[len(out)-1].gap == p.gap {
-				out[len(out)-1] = p
-				continue
-			}
-			out = append(out, p)
-		}
-		m.wake[api] = out
+		m.wake[api] = lastPerKey(pts, func(p wakePoint) float64 { return p.gap })
 	}
 	for api, pts := range m.curves {
-		sort.SliceStable(pts, func(i, j int) bool { return pts[i].size < pts[j].size })
-		// Keep one point per size: the last given.
-		out := pts[:0]
-		for _, p := range pts {
-			if len(out) > 0 && out[len(out)-1].size == p.size {
-				out[len(out)-1] = p
-				continue
-			}
-			out = append(out, p)
-		}
-		m.curves[api] = out
+		m.curves[api] = lastPerKey(pts, func(p costPoint) float64 { return p.size })
 	}
 	for _, api := range []string{CostMalloc, CostFree} {
 		if len(m.curves[api]) == 0 {
@@ -328,6 +309,21 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 		m.curves[s[0]] = pts
 	}
 	return m, nil
+}
+
+// lastPerKey sorts pts by key, stably, and keeps one point per key: the
+// last given.
+func lastPerKey[P any](pts []P, key func(P) float64) []P {
+	sort.SliceStable(pts, func(i, j int) bool { return key(pts[i]) < key(pts[j]) })
+	out := pts[:0]
+	for _, p := range pts {
+		if len(out) > 0 && key(out[len(out)-1]) == key(p) {
+			out[len(out)-1] = p
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // Calls returns the names of the calls the model has rows for, sorted; the
