@@ -478,6 +478,14 @@ func TestWakeCurve(t *testing.T) {
 			t.Errorf("Wake(%s, %d) = %d, %v; want %d, %v", tc.row, tc.gap, got, ok, tc.want, tc.woken)
 		}
 	}
+	// A repeated idle time: the last row given counts.
+	m2, err := ParseCostModel(strings.NewReader(wakeModel+"wake,1000000,150\n"), "w.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := m2.Wake(CostWake, 1000000); got != 150000 {
+		t.Errorf("a repeated idle time: %d ns, want the last row's 150000", got)
+	}
 	_, err = ParseCostModel(strings.NewReader(wakeModel+"wake,0,3\n"), "w.csv")
 	if err == nil || !strings.Contains(err.Error(), "w.csv:14: wake: idle time 0") {
 		t.Errorf("a wake-up row at idle time 0: %v", err)
