@@ -2,10 +2,12 @@ package gpu
 
 import (
 	"context"
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // pacedTrace has two idle times the pacing keeps: 100 ms before event 1
@@ -81,6 +83,29 @@ func TestPace(t *testing.T) {
 			// cudaFree at 40 us.
 			if got := res.SimAllocTimeNS - res.SimWakeTimeNS; got != 270000 || res.DeviceAllocs != 3 || res.DeviceFrees != 3 {
 				t.Errorf("%s: %d allocs, %d frees, simulated %d ns without wake-ups; want 3, 3, 270000", name, res.DeviceAllocs, res.DeviceFrees, got)
+			}
+		}
+	}
+}
+
+// TestRepeatWarmsUp checks that each run of Repeat starts with the driver
+// warmed up: the harness's own pause before the first call (its rest, the
+// opening and decoding of the trace, a garbage collection) must not wake
+// the first call up. The fake runtime plants a 2 ms wake-up after 3 ms
+// idle; the trace's calls come back to back.
+func TestRepeatWarmsUp(t *testing.T) {
+	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=3000000:2000000")
+	open := func() (trace.Source, io.Closer, error) {
+		return textTrace(t, pacedTrace), io.NopCloser(nil), nil
+	}
+	for _, policy := range []string{TargetCUDA, "pytorch"} {
+		res, err := Repeat(context.Background(), rt, open, Config{Policy: policy, MaxBytes: 64 << 20, Sim: sim.DefaultCostModel()}, 3, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, r := range res.Runs {
+			if r.AllocTimeNS >= 2e6 {
+				t.Errorf("%s, run %d: allocator time %d ns: a call woke up", policy, k, r.AllocTimeNS)
 			}
 		}
 	}

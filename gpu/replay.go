@@ -71,6 +71,11 @@ type Config struct {
 	// SampleEvery is the number of events between cudaMemGetInfo samples of
 	// the driver's view (untimed); 0 means 4096.
 	SampleEvery int
+	// warm makes the replay warm the driver up with untimed calls right
+	// before the calls of each chunk of events (Repeat sets it), after
+	// the decoding and the garbage collection before them: the driver's
+	// first call after the harness's own pause would be slow.
+	warm bool
 	// Sim, if not nil, replays the same events on the simulated device in
 	// step with the real one, charged to this cost model, for the
 	// comparison in Result.SimAllocTimeNS and Result.SimPeakReserved. A
@@ -337,6 +342,9 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		// that its assists and pauses stay out of the timings; the chunk
 		// allocates little. SetGCPercent(-1) waits for a cycle under way.
 		gcPercent := debug.SetGCPercent(-1)
+		if cfg.warm {
+			warmUp(rt)
+		}
 		if r.batch != nil {
 			err = r.replayBatched(ctx, buf, &i)
 		} else {
@@ -846,6 +854,7 @@ func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Clos
 	var loops []SeqResult
 	var size0 []uint64 // the first run's sequence, for the timed loop
 	var slot0 []int32
+	cfg.warm = true
 	for k := 0; k < n; k++ {
 		settle(rt)
 		src, closer, err := open()
@@ -924,13 +933,13 @@ const settleTime = 200 * time.Millisecond
 // defers after large frees (of the run before) does not fall into the
 // next run's timings. The rest leaves the driver idle, and the first call
 // after an idle spell is slow (on an H200 a 20 MiB cudaMalloc took about
-// 270 us after 200 ms of rest, against 46 us back to back), so settle ends
-// with untimed warm-up calls: a run starts as a program's allocations do
-// in the middle of its work, not after a pause of the harness's own.
+// 270 us after 200 ms of rest, against 46 us back to back), so the replay
+// warms the driver up right before its first call (Config.warm): a run
+// starts as a program's allocations do in the middle of its work, not
+// after a pause of the harness's own.
 func settle(rt *Runtime) {
 	rt.DeviceSync()
 	time.Sleep(settleTime)
-	warmUp(rt)
 }
 
 // warmUp makes a few untimed cudaMalloc/cudaFree pairs, a small one placed
