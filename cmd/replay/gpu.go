@@ -106,7 +106,12 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	}
 	cfg.Pace = *pace
 	if *simOnly {
-		return simulateOnly(stdout, fs.Args(), names, settings, model, tracefile.Options{From: *from, Device: *device}, *jsonOut)
+		for _, f := range []string{"plots", "calls", "repeat", "c-loop", "table", "unbatched", "cudart", "max-bytes", "margin", "max-pinned", "no-sim"} {
+			if fs.Changed(f) {
+				return fmt.Errorf("--sim-only with --%s: a simulation alone writes the table, --json and --csv", f)
+			}
+		}
+		return simulateOnly(stdout, stderr, fs.Args(), names, settings, model, *pace, tracefile.Options{From: *from, Device: *device}, *jsonOut, *csvOut)
 	}
 	if !*noSim {
 		cfg.Sim = model
@@ -197,10 +202,15 @@ func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string
 
 // simulateOnly replays the traces on the simulated device alone, charged to
 // model, and prints the allocator time and latencies per policy.
-func simulateOnly(stdout io.Writer, paths, names []string, settings map[string]policies.Settings, model *sim.CostModel, opts tracefile.Options, jsonOut string) error {
+func simulateOnly(stdout, stderr io.Writer, paths, names []string, settings map[string]policies.Settings, model *sim.CostModel, pace bool, opts tracefile.Options, jsonOut, csvOut string) error {
 	known := map[string]bool{}
 	for _, n := range policies.Names() {
 		known[n] = true
+	}
+	for _, n := range names {
+		if !known[n] {
+			fmt.Fprintf(stderr, "replay gpu --sim-only: %s has no simulated policy; left out\n", n)
+		}
 	}
 	var results []*sim.Result
 	for _, path := range paths {
@@ -250,13 +260,26 @@ func simulateOnly(stdout io.Writer, paths, names []string, settings map[string]p
 			results = append(results, r)
 		}
 	}
-	if jsonOut != "" {
-		return tracefile.WriteFile(jsonOut, func(w io.Writer) error { return writeJSON(w, results) })
+	if jsonOut != "" || csvOut != "" {
+		if jsonOut != "" {
+			if err := tracefile.WriteFile(jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
+				return err
+			}
+		}
+		if csvOut != "" {
+			return tracefile.WriteFile(csvOut, func(w io.Writer) error { return writeCSV(w, results) })
+		}
+		return nil
+	}
+	if pace {
+		fmt.Fprintf(stdout, "paced: the trace's idle times charged as wake-ups (cost model %s)\n", model.Source)
+	} else {
+		fmt.Fprintf(stdout, "unpaced: calls back to back, no wake-ups (cost model %s)\n", model.Source)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "trace\tpolicy\treserved MiB\tdevice allocs\tdevice frees\tsim alloc ms (%s)\t\n", model.Source)
+	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tdevice allocs\tdevice frees\tsim alloc ms\tof it wake-ups\t")
 	for _, r := range results {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%.3f\t\n", filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), r.DeviceAllocs, r.DeviceFrees, ms(r.SimAllocTimeNS))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%.3f\t%.3f\t\n", filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), r.DeviceAllocs, r.DeviceFrees, ms(r.SimAllocTimeNS), ms(r.SimWakeTimeNS))
 	}
 	tw.Flush()
 	for _, r := range results {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/csv"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -69,6 +70,8 @@ func TestGPUFlags(t *testing.T) {
 		{[]string{"calibrate", "--n", "-2"}, `--n -2: must be at least 1`},
 		{[]string{"calibrate", "--workload-events", "0"}, `--workload-events 0: must be at least 1`},
 		{[]string{"calibrate", "--wake-reps", "0"}, `--wake-reps 0: must be at least 1`},
+		{[]string{"gpu", "--sim-only", "--plots", "x", trainGPT}, `--sim-only with --plots: a simulation alone writes the table, --json and --csv`},
+		{[]string{"gpu", "--pace", "--c-loop", trainGPT}, `--pace with --c-loop`},
 	} {
 		if _, _, err := runCmd(t, tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: got %v, want %q", tc.args, err, tc.want)
@@ -200,7 +203,39 @@ func TestCalibrateThenSimulate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out, "sim alloc ms ("+model+")") || !strings.Contains(out, "simulated latency by call") {
+	if !strings.Contains(out, "no wake-ups (cost model "+model+")") || !strings.Contains(out, "simulated latency by call") {
 		t.Errorf("output:\n%s", out)
+	}
+}
+
+func TestSimOnlyCSV(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "sim.csv")
+	_, stderr, err := runCmd(t, "gpu", "--sim-only", "--pace", "--csv", out, "--policy", "cuda,cuda-async", trainGPT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "cuda-async has no simulated policy; left out") {
+		t.Errorf("stderr %q does not say cuda-async is left out", stderr)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 {
+		t.Fatalf("%d CSV rows, want a header and cuda's", len(rows))
+	}
+	col := map[string]string{}
+	for i, h := range rows[0] {
+		col[h] = rows[1][i]
+	}
+	// train_gpt on the cuda policy under the embedded model, paced: the
+	// figures of replay sim.
+	if col["policy"] != "cuda" || col["sim_alloc_time_ns"] != "584042900" || col["sim_wake_time_ns"] != "11620408" {
+		t.Errorf("policy %s, sim_alloc_time_ns %s, sim_wake_time_ns %s; want cuda, 584042900, 11620408", col["policy"], col["sim_alloc_time_ns"], col["sim_wake_time_ns"])
 	}
 }
