@@ -643,10 +643,19 @@ const (
 // (rows wake and wake_next; skipped if 20 MiB exceeds the limit), then with
 // 4 KiB while 8 allocations of 4 KiB keep their driver page mapped (rows
 // wake_suballoc and wake_suballoc_next). Each row's latencies are the extra
-// over the same call at idle time 0: its median less the median at 0, its
-// p90 less the p90 at 0, its minimum less the median at 0, none below 0.
+// over the same call at idle time 0: its median, p90 and minimum less the
+// median at 0, none below 0. A series that does not fit under the limit is
+// left out, and the progress says so.
 func (c *calibration) wake() error {
 	rng := rand.New(rand.NewPCG(1, 2))
+	skipped := func(size uint64) {
+		if c.opt.Progress != nil {
+			fmt.Fprintf(c.opt.Progress, "wake: the %d-byte series left out, over the limit of %d bytes: the model will charge no such wake-ups\n", size, c.limit)
+		}
+	}
+	if wakeLarge > c.limit {
+		skipped(wakeLarge)
+	}
 	if wakeLarge <= c.limit {
 		woken, next, err := c.wakeSeries(wakeLarge, rng)
 		if err != nil {
@@ -656,6 +665,7 @@ func (c *calibration) wake() error {
 		c.addWake(sim.CostWakeNext, next)
 	}
 	if (wakeAnchors+1)*wakeSmall > c.limit {
+		skipped(wakeSmall)
 		return nil
 	}
 	var anchors []uint64
@@ -735,7 +745,7 @@ func (c *calibration) addWake(api string, byGap map[int64][]int64) {
 	if len(base) == 0 {
 		return
 	}
-	baseMed, base90 := quantile(base, 0.5), quantile(base, 0.9)
+	baseMed := quantile(base, 0.5)
 	extra := func(ns, over int64) float64 { return float64(max(ns-over, 0)) / 1e3 }
 	for _, gap := range sim.WakeGaps {
 		s := sorted(byGap[gap])
@@ -743,7 +753,7 @@ func (c *calibration) addWake(api string, byGap map[int64][]int64) {
 			continue
 		}
 		row := CostRow{API: api, Size: uint64(gap), N: len(s), FirstUS: -1,
-			MedianUS: extra(quantile(s, 0.5), baseMed), P90US: extra(quantile(s, 0.9), base90), MinUS: extra(s[0], baseMed)}
+			MedianUS: extra(quantile(s, 0.5), baseMed), P90US: extra(quantile(s, 0.9), baseMed), MinUS: extra(s[0], baseMed)}
 		c.rows = append(c.rows, row)
 		if c.opt.Progress != nil {
 			fmt.Fprintf(c.opt.Progress, "%-18s  gap %5s ms  n=%-3d  extra median %8.2f us  p90 %8.2f us\n",
