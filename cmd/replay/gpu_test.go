@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/csv"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -217,15 +216,7 @@ func TestSimOnlyCSV(t *testing.T) {
 	if !strings.Contains(stderr, "cuda-async has no simulated policy; left out") {
 		t.Errorf("stderr %q does not say cuda-async is left out", stderr)
 	}
-	f, err := os.Open(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rows, err := csv.NewReader(f).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := readCSV(t, out)
 	if len(rows) != 2 {
 		t.Fatalf("%d CSV rows, want a header and cuda's", len(rows))
 	}
