@@ -30,6 +30,9 @@ type ReportResult struct {
 	Measured            bool
 	Device              string
 	MeasuredAllocTimeNS int64
+	// Paced marks a replay on a real GPU that kept the trace's idle
+	// times (replay gpu --pace).
+	Paced bool
 }
 
 // ReportFit is one policy's `replay fit` answer for a trace: the chart's
@@ -505,8 +508,11 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 		switch {
 		case r.Measured && r.MeasuredAllocTimeNS > 0:
 			timeText, timeTitle = msText(r.MeasuredAllocTimeNS), "measured"
+			if r.Paced {
+				timeTitle += ", keeping the trace's idle times"
+			}
 		case r.SimAllocTimeNS > 0:
-			timeText, timeTitle = msText(r.SimAllocTimeNS), "simulated by the cost model"
+			timeText, timeTitle = msText(r.SimAllocTimeNS), "simulated by the cost model, "+msText(r.SimWakeTimeNS)+" of it wake-ups after idle times"
 		}
 		settings := formatSettingsText(r.Settings)
 		rows = append(rows, row{Cells: []cell{

@@ -88,6 +88,7 @@ type gpuFields struct {
 	Runtime     string `json:"runtime"`
 	Device      string `json:"device"`
 	AllocTimeNS int64  `json:"alloc_time_ns"`
+	Paced       bool   `json:"paced"`
 }
 
 // readReportInput adds the results in the file at path (or, for a
@@ -147,7 +148,7 @@ func readReportInput(rep *plots.Report, path string) error {
 			if err := json.Unmarshal(raw, &g); err != nil {
 				return fmt.Errorf("%s: result %d: %w", path, i, err)
 			}
-			rr.Measured, rr.Device, rr.MeasuredAllocTimeNS = true, g.Device, g.AllocTimeNS
+			rr.Measured, rr.Device, rr.MeasuredAllocTimeNS, rr.Paced = true, g.Device, g.AllocTimeNS, g.Paced
 		}
 		rep.Results = append(rep.Results, rr)
 	}
