@@ -245,6 +245,40 @@ func (in *input) more(n int) bool {
 	return in.end-in.pos >= n
 }
 
+// u8, u16, u32 and u64 read a little-endian unsigned integer of 1, 2, 4 or
+// 8 bytes and report whether the input had it.
+func (in *input) u8() (uint64, bool) {
+	if !in.more(1) {
+		return 0, false
+	}
+	in.pos++
+	return uint64(in.buf[in.pos-1]), true
+}
+
+func (in *input) u16() (uint64, bool) {
+	if !in.more(2) {
+		return 0, false
+	}
+	in.pos += 2
+	return uint64(binary.LittleEndian.Uint16(in.buf[in.pos-2:])), true
+}
+
+func (in *input) u32() (uint64, bool) {
+	if !in.more(4) {
+		return 0, false
+	}
+	in.pos += 4
+	return uint64(binary.LittleEndian.Uint32(in.buf[in.pos-4:])), true
+}
+
+func (in *input) u64() (uint64, bool) {
+	if !in.more(8) {
+		return 0, false
+	}
+	in.pos += 8
+	return binary.LittleEndian.Uint64(in.buf[in.pos-8:]), true
+}
+
 // skip steps over n bytes, which need not fit in the buffer. It reports
 // whether the input had them.
 func (in *input) skip(n uint64) bool {
@@ -535,18 +569,14 @@ func (d *decoder) run() error {
 			d.memoize(uint64(d.memo.n), d.stack[len(d.stack)-1])
 		case 'h', 'j': // BINGET LONG_BINGET
 			var idx uint64
+			var ok bool
 			if op == 'h' {
-				if !in.more(1) {
-					return d.eof()
-				}
-				idx = uint64(in.buf[in.pos])
-				in.pos++
+				idx, ok = in.u8()
 			} else {
-				if !in.more(4) {
-					return d.eof()
-				}
-				idx = uint64(binary.LittleEndian.Uint32(in.buf[in.pos:]))
-				in.pos += 4
+				idx, ok = in.u32()
+			}
+			if !ok {
+				return d.eof()
 			}
 			err = d.get(at, op, idx)
 		case 0x8c: // SHORT_BINUNICODE
@@ -560,24 +590,22 @@ func (d *decoder) run() error {
 			id := d.intern(in.buf[in.pos+1 : in.pos+1+n])
 			in.pos += 1 + n
 			d.stack = append(d.stack, value{k: vStr, n: int64(id)})
-		case 'K': // BININT1
-			if !in.more(1) {
+		case 'K', 'M', 'J': // BININT1 BININT2 BININT
+			var x uint64
+			var ok bool
+			switch op {
+			case 'K':
+				x, ok = in.u8()
+			case 'M':
+				x, ok = in.u16()
+			default:
+				x, ok = in.u32()
+				x = uint64(int32(x)) // signed
+			}
+			if !ok {
 				return d.eof()
 			}
-			d.stack = append(d.stack, value{k: vInt, n: int64(in.buf[in.pos])})
-			in.pos++
-		case 'M': // BININT2
-			if !in.more(2) {
-				return d.eof()
-			}
-			d.stack = append(d.stack, value{k: vInt, n: int64(binary.LittleEndian.Uint16(in.buf[in.pos:]))})
-			in.pos += 2
-		case 'J': // BININT
-			if !in.more(4) {
-				return d.eof()
-			}
-			d.stack = append(d.stack, value{k: vInt, n: int64(int32(binary.LittleEndian.Uint32(in.buf[in.pos:])))})
-			in.pos += 4
+			d.stack = append(d.stack, value{k: vInt, n: int64(x)})
 		case 0x8a: // LONG1
 			if !in.more(1) {
 				return d.eof()
@@ -643,18 +671,17 @@ func (d *decoder) run() error {
 		case 'X', 0x8d, 'U', 'T', 'C', 'B', 0x8e, 0x96: // strings and bytes with a length
 			err = d.str(at, op)
 		case 0x95: // FRAME
-			if !in.more(8) {
+			n, ok := in.u64()
+			if !ok {
 				return d.eof()
 			}
-			n := binary.LittleEndian.Uint64(in.buf[in.pos:])
-			in.pos += 8
 			d.frameEnd = in.offset() + int64(min(n, math.MaxInt64/2))
 		case 0x80: // PROTO
-			if !in.more(1) {
+			p, ok := in.u8()
+			if !ok {
 				return d.eof()
 			}
-			d.proto = int(in.buf[in.pos])
-			in.pos++
+			d.proto = int(p)
 			if d.proto > 5 {
 				return d.fail(at, op, "unsupported protocol %d", d.proto)
 			}
@@ -731,18 +758,14 @@ func (d *decoder) run() error {
 			d.stack = append(d.stack, d.stack[len(d.stack)-1])
 		case 'q', 'r': // BINPUT LONG_BINPUT
 			var idx uint64
+			var ok bool
 			if op == 'q' {
-				if !in.more(1) {
-					return d.eof()
-				}
-				idx = uint64(in.buf[in.pos])
-				in.pos++
+				idx, ok = in.u8()
 			} else {
-				if !in.more(4) {
-					return d.eof()
-				}
-				idx = uint64(binary.LittleEndian.Uint32(in.buf[in.pos:]))
-				in.pos += 4
+				idx, ok = in.u32()
+			}
+			if !ok {
+				return d.eof()
 			}
 			if len(d.stack) == 0 {
 				return d.fail(at, op, "empty stack")
@@ -787,11 +810,11 @@ func (d *decoder) run() error {
 			}
 			d.stack = append(d.stack, value{k: vStr, n: int64(d.intern(b))})
 		case 0x8b: // LONG4
-			if !in.more(4) {
+			x, ok := in.u32()
+			if !ok {
 				return d.eof()
 			}
-			n := int32(binary.LittleEndian.Uint32(in.buf[in.pos:]))
-			in.pos += 4
+			n := int32(x)
 			if n < 0 {
 				return d.fail(at, op, "negative length %d", n)
 			}
@@ -848,29 +871,20 @@ func (d *decoder) popMark() (int, bool) {
 func (d *decoder) str(at int64, op byte) error {
 	in := d.in
 	var n uint64
+	var ok bool
 	switch op {
 	case 'U', 'C': // SHORT_BINSTRING SHORT_BINBYTES
-		if !in.more(1) {
-			return d.eof()
-		}
-		n = uint64(in.buf[in.pos])
-		in.pos++
+		n, ok = in.u8()
 	case 'X', 'T', 'B': // BINUNICODE BINSTRING BINBYTES
-		if !in.more(4) {
-			return d.eof()
+		n, ok = in.u32()
+		if ok && op == 'T' && int32(n) < 0 {
+			return d.fail(at, op, "negative length %d", int32(n))
 		}
-		x := binary.LittleEndian.Uint32(in.buf[in.pos:])
-		in.pos += 4
-		if op == 'T' && int32(x) < 0 {
-			return d.fail(at, op, "negative length %d", int32(x))
-		}
-		n = uint64(x)
 	default: // BINUNICODE8 BINBYTES8 BYTEARRAY8
-		if !in.more(8) {
-			return d.eof()
-		}
-		n = binary.LittleEndian.Uint64(in.buf[in.pos:])
-		in.pos += 8
+		n, ok = in.u64()
+	}
+	if !ok {
+		return d.eof()
 	}
 	b, ok := in.bytes(n, &d.scratch)
 	if !ok {
