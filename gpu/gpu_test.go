@@ -555,9 +555,12 @@ func TestCalibrate(t *testing.T) {
 }
 
 // TestCalibrateWake runs the calibration's wake-up step on a fake runtime
-// with a planted wake-up of 300 us after 1 ms idle.
+// with a planted wake-up of 300 us after 2 ms idle. The woken calls show it
+// from 2 ms of idle on; below, only the idle times of 0.2 ms and less are
+// checked for none, as on a loaded test machine a wait of 0.5 or 1 ms can
+// oversleep past 2 ms.
 func TestCalibrateWake(t *testing.T) {
-	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=1000000:300000")
+	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=2000000:300000")
 	var progress bytes.Buffer
 	rows, err := calibrate(context.Background(), rt, CalibrateOptions{MaxBytes: 512 << 20, WakeReps: 3, Progress: &progress}, []string{"wake"})
 	if err != nil {
@@ -583,7 +586,8 @@ func TestCalibrateWake(t *testing.T) {
 			}
 			woken := api == sim.CostWake || api == sim.CostWakeSuballoc
 			switch {
-			case woken && gap >= 1e6:
+			case woken && gap > 200e3 && gap < 2e6:
+			case woken && gap >= 2e6:
 				if r.MedianUS < 250 || r.MedianUS > 450 {
 					t.Errorf("%s at %d ns: extra median %.2f us, want about 300", api, gap, r.MedianUS)
 				}

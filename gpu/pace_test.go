@@ -3,8 +3,10 @@ package gpu
 import (
 	"context"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
@@ -39,13 +41,14 @@ func TestPace(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The fake runtime wakes a call made 2 ms or more after the previous
-	// one returned 1 ms late: paced, the calls of events 1 and 3 (and the
-	// first call, when 2 ms passed after the replay's warm-up calls).
+	// one returned 1 ms late: paced, the calls of events 1 and 3. (The
+	// first call may wake too: the replay was not warmed up.)
 	for _, unbatched := range []bool{false, true} {
 		for _, pace := range []bool{false, true} {
 			rt := fakeRuntime(t, "", "FAKECUDA_WAKE=2000000:1000000")
+			var log strings.Builder
 			res, err := Replay(context.Background(), rt, textTrace(t, pacedTrace), Config{
-				Policy: TargetCUDA, MaxBytes: 64 << 20, Sim: model, Pace: pace, Unbatched: unbatched,
+				Policy: TargetCUDA, MaxBytes: 64 << 20, Sim: model, Pace: pace, Unbatched: unbatched, CallLog: &log,
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -65,15 +68,19 @@ func TestPace(t *testing.T) {
 				if res.AllocTimeNS < 2e6 {
 					t.Errorf("%s: allocator time %d ns, want 2 ms of wake-ups or more", name, res.AllocTimeNS)
 				}
+				if ns := callNS(t, log.String()); ns[1] < 1e6 || ns[3] < 1e6 {
+					t.Errorf("%s: calls %v ns, want those of events 1 and 3 woken (1 ms or more)", name, ns)
+				}
 				if res.SimWakeTimeNS != 347567 {
 					t.Errorf("%s: simulated wake-up time %d ns, want 347567", name, res.SimWakeTimeNS)
 				}
 			} else {
-				// Back to back: at most the first call wakes (barring a
-				// stall of the test machine), and the simulation charges
+				// Back to back: the calls of events 1 and 3 do not wake
+				// (timed one by one, so that a stall of the test machine
+				// elsewhere does not count), and the simulation charges
 				// none.
-				if res.AllocTimeNS >= 2e6 {
-					t.Errorf("%s: allocator time %d ns, want no wake-ups", name, res.AllocTimeNS)
+				if ns := callNS(t, log.String()); ns[1] >= 1e6 || ns[3] >= 1e6 {
+					t.Errorf("%s: calls %v ns, want those of events 1 and 3 back to back (under 1 ms)", name, ns)
 				}
 				if res.SimWakeTimeNS != 0 {
 					t.Errorf("%s: simulated wake-up time %d ns, want 0", name, res.SimWakeTimeNS)
@@ -88,14 +95,35 @@ func TestPace(t *testing.T) {
 	}
 }
 
+// callNS returns the durations in nanoseconds of the calls in a call log
+// (call,size,ptr,ns lines after a header).
+func callNS(t *testing.T, log string) []int64 {
+	t.Helper()
+	var ns []int64
+	for _, line := range strings.Split(strings.TrimSpace(log), "\n")[1:] {
+		f := strings.Split(line, ",")
+		n, err := strconv.ParseInt(f[len(f)-1], 10, 64)
+		if err != nil {
+			t.Fatalf("call log line %q: %v", line, err)
+		}
+		ns = append(ns, n)
+	}
+	if len(ns) < 4 {
+		t.Fatalf("call log %q: %d calls", log, len(ns))
+	}
+	return ns
+}
+
 // TestRepeatWarmsUp checks that each run of Repeat starts with the driver
 // warmed up: the harness's own pause before the first call (its rest, the
 // opening and decoding of the trace, a garbage collection) must not wake
-// the first call up. The fake runtime plants a 2 ms wake-up after 3 ms
-// idle; the trace's calls come back to back.
+// the first call up. Opening the trace takes 30 ms here, as importing a
+// snapshot does; the fake runtime plants a 2 ms wake-up after 10 ms idle,
+// and the trace's calls come back to back.
 func TestRepeatWarmsUp(t *testing.T) {
-	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=3000000:2000000")
+	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=10000000:2000000")
 	open := func() (trace.Source, io.Closer, error) {
+		time.Sleep(30 * time.Millisecond)
 		return textTrace(t, pacedTrace), io.NopCloser(nil), nil
 	}
 	for _, policy := range []string{TargetCUDA, "pytorch"} {
