@@ -33,44 +33,23 @@ func (m *AddrMap[V]) home(addr uint64) int {
 
 // Get returns the value at addr and whether there is one.
 func (m *AddrMap[V]) Get(addr uint64) (V, bool) {
-	if m.n == 0 {
-		var zero V
-		return zero, false
+	if p := m.Ptr(addr); p != nil {
+		return *p, true
 	}
-	mask := len(m.slots) - 1
-	for i := m.home(addr); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if !s.used {
-			var zero V
-			return zero, false
-		}
-		if s.addr == addr {
-			return s.val, true
-		}
-	}
+	var zero V
+	return zero, false
 }
 
 // Insert sets the value at addr unless addr is present, in which case it
 // leaves it and returns the value there and true.
 func (m *AddrMap[V]) Insert(addr uint64, v V) (V, bool) {
-	if len(m.slots) == 0 {
-		m.init(64)
-	} else if 2*(m.n+1) > len(m.slots) {
-		m.grow()
+	p, ok := m.Ref(addr)
+	if ok {
+		return *p, true
 	}
-	mask := len(m.slots) - 1
-	for i := m.home(addr); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if !s.used {
-			*s = addrSlot[V]{addr: addr, val: v, used: true}
-			m.n++
-			var zero V
-			return zero, false
-		}
-		if s.addr == addr {
-			return s.val, true
-		}
-	}
+	*p = v
+	var zero V
+	return zero, false
 }
 
 // Ref returns a pointer to the value at addr, inserting the zero value
@@ -116,24 +95,8 @@ func (m *AddrMap[V]) Ptr(addr uint64) *V {
 
 // Put sets the value at addr.
 func (m *AddrMap[V]) Put(addr uint64, v V) {
-	if len(m.slots) == 0 {
-		m.init(64)
-	} else if 2*(m.n+1) > len(m.slots) {
-		m.grow()
-	}
-	mask := len(m.slots) - 1
-	for i := m.home(addr); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if !s.used {
-			*s = addrSlot[V]{addr: addr, val: v, used: true}
-			m.n++
-			return
-		}
-		if s.addr == addr {
-			s.val = v
-			return
-		}
-	}
+	p, _ := m.Ref(addr)
+	*p = v
 }
 
 // Delete removes addr, if present.
