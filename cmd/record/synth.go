@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/synth"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -71,27 +70,7 @@ func runSynth(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}
-	var n uint64
-	err = tracefile.WriteFile(*out, func(w io.Writer) error {
-		tw, err := trace.NewWriter(w, src.Header())
-		if err != nil {
-			return err
-		}
-		for {
-			ev, err := src.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			if err := tw.Write(ev); err != nil {
-				return err
-			}
-		}
-		n = tw.Events()
-		return tw.Close()
-	})
+	n, err := tracefile.WriteSource(*out, src)
 	if err != nil {
 		return fmt.Errorf("synth: %w", err)
 	}

@@ -239,27 +239,7 @@ func Run(opts Options) (*Result, error) {
 }
 
 func writeTrace(path string, src trace.Source) (Written, error) {
-	var n uint64
-	err := tracefile.WriteFile(path, func(w io.Writer) error {
-		tw, err := trace.NewWriter(w, src.Header())
-		if err != nil {
-			return err
-		}
-		for {
-			ev, err := src.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			if err := tw.Write(ev); err != nil {
-				return err
-			}
-		}
-		n = tw.Events()
-		return tw.Close()
-	})
+	n, err := tracefile.WriteSource(path, src)
 	return Written{Path: path, Events: n}, err
 }
 

@@ -305,16 +305,10 @@ func WriteFile(path string, write func(w io.Writer) error) error {
 	return a.Commit()
 }
 
-// Import converts the trace at in (any format Open reads) to a native trace
-// at out, written atomically. It returns the number of events written and
-// the input's format.
-func Import(in, out string, opts Options) (events uint64, format string, err error) {
-	src, err := Open(in, opts)
-	if err != nil {
-		return 0, "", err
-	}
-	defer src.Close()
-	err = WriteFile(out, func(w io.Writer) error {
+// WriteSource writes the events of src to a native trace at path,
+// atomically (see WriteFile), and returns the number of events written.
+func WriteSource(path string, src trace.Source) (events uint64, err error) {
+	err = WriteFile(path, func(w io.Writer) error {
 		tw, err := trace.NewWriter(w, src.Header())
 		if err != nil {
 			return err
@@ -334,5 +328,18 @@ func Import(in, out string, opts Options) (events uint64, format string, err err
 		events = tw.Events()
 		return tw.Close()
 	})
+	return events, err
+}
+
+// Import converts the trace at in (any format Open reads) to a native trace
+// at out, written atomically. It returns the number of events written and
+// the input's format.
+func Import(in, out string, opts Options) (events uint64, format string, err error) {
+	src, err := Open(in, opts)
+	if err != nil {
+		return 0, "", err
+	}
+	defer src.Close()
+	events, err = WriteSource(out, src)
 	return events, src.Format, err
 }
