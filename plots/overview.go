@@ -11,6 +11,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 )
 
@@ -322,7 +323,7 @@ func variantLabels(results []sim.Result) []string {
 		if l == "" {
 			l = "(unnamed)"
 		}
-		if set := formatSettingsText(r.Settings); repeated[r.Policy] && set != "" {
+		if set := policies.Settings(r.Settings).Join(" "); repeated[r.Policy] && set != "" {
 			l += " " + set
 		}
 		labels[i] = shorten(l, maxPolicyLabel)

@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/vg"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 )
 
@@ -514,7 +514,7 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 		case r.SimAllocTimeNS > 0:
 			timeText, timeTitle = msText(r.SimAllocTimeNS), "simulated by the cost model, "+msText(r.SimWakeTimeNS)+" of it wake-ups after idle times"
 		}
-		settings := formatSettingsText(r.Settings)
+		settings := policies.Settings(r.Settings).Join(" ")
 		rows = append(rows, row{Cells: []cell{
 			{Text: labels[i]}, {Text: settings, Class: "set"},
 			{Text: mibText(r.PeakReserved), Class: reservedClass, Title: strconv.FormatUint(r.PeakReserved, 10) + " bytes"},
@@ -533,22 +533,6 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 }
 
 func msText(ns int64) string { return strconv.FormatFloat(float64(ns)/1e6, 'f', 3, 64) }
-
-func formatSettingsText(s map[string]string) string {
-	if len(s) == 0 {
-		return ""
-	}
-	keys := make([]string, 0, len(s))
-	for k := range s {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + s[k]
-	}
-	return strings.Join(parts, " ")
-}
 
 func fitRows(fits []ReportFit) *fitTable {
 	cards := fitCards(fits)

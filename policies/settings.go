@@ -7,6 +7,21 @@ import (
 	"strings"
 )
 
+// Join returns the settings as key=value pairs sorted by key, joined by
+// sep ("" for none).
+func (s Settings) Join(sep string) string {
+	keys := make([]string, 0, len(s))
+	for k := range s {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + s[k]
+	}
+	return strings.Join(parts, sep)
+}
+
 // Check returns an error naming the first key of s (in sorted order) that is
 // not among known.
 func (s Settings) Check(policy string, known ...string) error {

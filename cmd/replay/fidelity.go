@@ -81,7 +81,7 @@ func settingsText(s map[string]string) string {
 	if len(s) == 0 {
 		return "default"
 	}
-	return strings.ReplaceAll(formatSettings(s), ";", " ")
+	return policies.Settings(s).Join(" ")
 }
 
 // capacityHint returns advice for a replay without a capacity of a

@@ -9,10 +9,10 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -224,7 +224,7 @@ func settingsNote(s map[string]string) string {
 	if len(s) == 0 {
 		return ""
 	}
-	return " " + strings.ReplaceAll(formatSettings(s), ";", " ")
+	return " " + policies.Settings(s).Join(" ")
 }
 
 // ordered returns the results by plan and cell index, then those of

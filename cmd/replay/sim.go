@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -228,18 +227,8 @@ func writeCSV(w io.Writer, results []*sim.Result) error {
 	return cw.Error()
 }
 
-func formatSettings(s map[string]string) string {
-	keys := make([]string, 0, len(s))
-	for k := range s {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + s[k]
-	}
-	return strings.Join(parts, ";")
-}
+// formatSettings returns s as key=value pairs sorted by key, joined by ";".
+func formatSettings(s map[string]string) string { return policies.Settings(s).Join(";") }
 
 // mib formats bytes as MiB with one decimal.
 func mib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
