@@ -743,43 +743,13 @@ func (r *replayer) reserved() uint64 {
 }
 
 func (r *replayer) observe(i, t int64) {
-	reserved := r.reserved()
-	if reserved > r.res.PeakReserved {
-		r.res.PeakReserved = reserved
-		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
-	}
-	if r.series.Add(i, t, r.requested, r.allocated, reserved) {
-		r.closePoint()
-	}
-}
-
-func (r *replayer) closePoint() {
-	var ext float64
-	if fs, ok := r.policy.(policies.FreeSpacer); ok {
-		if total, largest := fs.FreeSpace(); total > 0 {
-			ext = 1 - float64(largest)/float64(total)
-		}
-	}
-	r.series.Close(fragmentation(r.allocated, r.reserved()), ext)
-}
-
-func fragmentation(allocated, reserved uint64) float64 {
-	if reserved == 0 || allocated >= reserved {
-		return 0
-	}
-	return 1 - float64(allocated)/float64(reserved)
+	r.series.Observe(&r.res.Result, r.policy, i, t, r.requested, r.allocated, r.reserved())
 }
 
 // finish completes the result from the device's and the policy's
 // counters.
 func (r *replayer) finish() {
-	if r.series.Open() {
-		r.closePoint()
-	}
-	r.res.Series = r.series.Points()
-	for _, p := range r.res.Series {
-		r.res.PeakFragmentation = max(r.res.PeakFragmentation, p.Fragmentation)
-	}
+	r.series.Finish(&r.res.Result, r.policy, r.allocated, r.reserved())
 	if r.async != nil {
 		r.res.PeakReserved = max(r.res.PeakReserved, r.res.Driver.PoolReservedHigh)
 		l := r.dev.Latencies()

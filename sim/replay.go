@@ -433,27 +433,7 @@ func (r *Replay) oom(i int64, size uint64) {
 
 // observe updates the peaks and the series after event i.
 func (r *Replay) observe(i, t int64) {
-	reserved := r.dev.Reserved()
-	if reserved > r.res.PeakReserved {
-		r.res.PeakReserved = reserved
-		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
-	}
-	if r.series.Add(i, t, r.requested, r.allocated, reserved) {
-		r.closePoint()
-	}
-}
-
-func (r *Replay) closePoint() {
-	reserved := r.dev.Reserved()
-	frag := fragmentation(r.allocated, reserved)
-	var ext float64
-	if fs, ok := r.policy.(policies.FreeSpacer); ok {
-		total, largest := fs.FreeSpace()
-		if total > 0 {
-			ext = 1 - float64(largest)/float64(total)
-		}
-	}
-	r.series.Close(frag, ext)
+	r.series.Observe(&r.res, r.policy, i, t, r.requested, r.allocated, r.dev.Reserved())
 }
 
 func fragmentation(allocated, reserved uint64) float64 {
@@ -466,14 +446,8 @@ func fragmentation(allocated, reserved uint64) float64 {
 // Finish returns the result of the replay so far, with the device's and the
 // policy's counters.
 func (r *Replay) Finish() *Result {
-	if r.series.Open() {
-		r.closePoint()
-	}
 	res := r.res
-	res.Series = r.series.Points()
-	for _, p := range res.Series {
-		res.PeakFragmentation = max(res.PeakFragmentation, p.Fragmentation)
-	}
+	r.series.Finish(&res, r.policy, r.allocated, r.dev.Reserved())
 	res.DeviceAllocs = r.dev.Allocs()
 	res.DeviceFrees = r.dev.Frees()
 	r.dev.FillCost(&res)
@@ -744,3 +718,40 @@ func (s *SeriesBuilder) Close(frag, ext float64) {
 
 // Points returns the closed points. The slice is the builder's own.
 func (s *SeriesBuilder) Points() []Point { return s.pts }
+
+// Observe folds event i, at time t (ns), with the live requested,
+// allocated and reserved bytes after it, into the series and into res's
+// peak reserved bytes and fragmentation at that peak. A point that fills
+// is closed with the fragmentation at the event and the external
+// fragmentation of policy p's free space (0 if p does not report it).
+func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req, alloc, reserved uint64) {
+	if reserved > res.PeakReserved {
+		res.PeakReserved = reserved
+		res.FragmentationAtPeak = fragmentation(alloc, reserved)
+	}
+	if s.Add(i, t, req, alloc, reserved) {
+		s.closeAt(p, alloc, reserved)
+	}
+}
+
+// Finish closes the open point, if any, as Observe does, and sets res's
+// series and peak fragmentation.
+func (s *SeriesBuilder) Finish(res *Result, p policies.Policy, alloc, reserved uint64) {
+	if s.Open() {
+		s.closeAt(p, alloc, reserved)
+	}
+	res.Series = s.Points()
+	for _, pt := range res.Series {
+		res.PeakFragmentation = max(res.PeakFragmentation, pt.Fragmentation)
+	}
+}
+
+func (s *SeriesBuilder) closeAt(p policies.Policy, alloc, reserved uint64) {
+	var ext float64
+	if fs, ok := p.(policies.FreeSpacer); ok {
+		if total, largest := fs.FreeSpace(); total > 0 {
+			ext = 1 - float64(largest)/float64(total)
+		}
+	}
+	s.Close(fragmentation(alloc, reserved), ext)
+}
