@@ -101,9 +101,6 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("--cost-model: %w", err)
 		}
 	}
-	if !*pace {
-		model = model.WithoutWake() // the calls come back to back
-	}
 	cfg.Pace = *pace
 	if *simOnly {
 		for _, f := range []string{"plots", "calls", "repeat", "c-loop", "table", "unbatched", "cudart", "max-bytes", "margin", "max-pinned", "no-sim"} {
@@ -203,6 +200,9 @@ func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string
 // simulateOnly replays the traces on the simulated device alone, charged to
 // model, and prints the allocator time and latencies per policy.
 func simulateOnly(stdout, stderr io.Writer, paths, names []string, settings map[string]policies.Settings, model *sim.CostModel, pace bool, opts tracefile.Options, jsonOut, csvOut string) error {
+	if !pace {
+		model = model.WithoutWake() // the calls come back to back, as gpu.Replay simulates them unpaced
+	}
 	known := map[string]bool{}
 	for _, n := range policies.Names() {
 		known[n] = true
