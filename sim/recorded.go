@@ -38,7 +38,7 @@ type recorded struct {
 func (r *Replay) startRecorded() {
 	r.rec.follower, _ = r.policy.(policies.Follower)
 	r.rec.reqEvent = -1
-	if r.cfg.AsRecorded {
+	if r.cfg.AsRecorded && r.dev != nil {
 		r.dev.FollowRecording()
 	}
 }
@@ -54,7 +54,9 @@ func (r *Replay) followed(ev *trace.Event) {
 	if !r.cfg.AsRecorded {
 		return
 	}
-	r.dev.Observe(*ev)
+	if r.dev != nil {
+		r.dev.Observe(*ev)
+	}
 	if r.rec.follower != nil {
 		r.rec.follower.Follow(*ev)
 	}
@@ -65,9 +67,13 @@ func (r *Replay) followed(ev *trace.Event) {
 // (free_requested) before other events than this one.
 func (r *Replay) freeBlock(i int64, ev *trace.Event, a liveAlloc) error {
 	if f := r.rec.follower; f != nil && a.released && !(r.rec.reqEvent == i-1 && r.rec.reqAddr == ev.Addr) {
+		if r.timer != nil {
+			r.timer.BeginPolicy()
+			defer r.timer.EndPolicy()
+		}
 		return f.FreeLate(a.block.Addr, ev.Stream)
 	}
-	return r.policy.Free(a.block.Addr, ev.Stream)
+	return r.policyFree(a.block.Addr, ev.Stream)
 }
 
 // End completes the replay after the last event: a Follower completes what

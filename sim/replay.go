@@ -42,6 +42,15 @@ type Config struct {
 	// known before the replay; Run computes it for policies that size
 	// themselves from it (policies.Hinter).
 	PeakRequestedHint uint64
+	// Backend, if not nil, is the device the replay runs on instead of a
+	// simulated device of Capacity (package gpu's real GPU). Check,
+	// Observer and CostModel need the simulated device and are refused
+	// with a Backend (Check is left off, even in tests).
+	Backend Backend
+	// NewPolicy, if not nil, builds the policy instead of the registry
+	// entry named Policy: a target of a Backend that is no registered
+	// policy (package gpu's cuda and cuda-async).
+	NewPolicy policies.Factory
 }
 
 // liveAlloc is a malloc of the trace that is live in the replay.
@@ -64,7 +73,9 @@ type liveAlloc struct {
 type Replay struct {
 	cfg    Config
 	policy policies.Policy
-	dev    *Device
+	back   Backend     // the device: dev, or cfg.Backend
+	dev    *Device     // the simulated device, nil on a Backend
+	timer  PolicyTimer // back's, if it times the policy's calls
 	res    Result
 
 	live trace.AddrMap[liveAlloc] // live allocations by trace address
@@ -90,21 +101,43 @@ type Replay struct {
 	history int64
 }
 
-// NewReplay builds the policy named in cfg on a fresh simulated device. It
-// returns an error for an unknown policy or a bad setting.
+// NewReplay builds the policy named in cfg on a fresh simulated device, or
+// on cfg.Backend. It returns an error for an unknown policy or a bad
+// setting, and for an Observer, Check or CostModel with a Backend.
 func NewReplay(cfg Config) (*Replay, error) {
-	dev := NewDevice(cfg.Capacity)
-	var pdev policies.Device = dev
+	var dev *Device
+	var back Backend
+	var pdev policies.Device
 	var chk *Checker
-	if cfg.Check || checkByDefault() {
-		chk = NewChecker(dev)
-		pdev = chk.Wrap()
-	}
-	if cfg.CostModel != nil {
-		dev.SetCostModel(cfg.CostModel)
+	if cfg.Backend != nil {
+		switch {
+		case cfg.Observer != nil:
+			return nil, fmt.Errorf("policy %s: an allocator history (--viz) needs the simulated device", cfg.Policy)
+		case cfg.Check:
+			return nil, fmt.Errorf("policy %s: the invariant checker (--check) needs the simulated device", cfg.Policy)
+		case cfg.CostModel != nil:
+			return nil, fmt.Errorf("policy %s: a cost model charges the simulated device only", cfg.Policy)
+		}
+		back, pdev = cfg.Backend, cfg.Backend
+	} else {
+		dev = NewDevice(cfg.Capacity)
+		back, pdev = dev, dev
+		if cfg.Check || checkByDefault() {
+			chk = NewChecker(dev)
+			pdev = chk.Wrap()
+		}
+		if cfg.CostModel != nil {
+			dev.SetCostModel(cfg.CostModel)
+		}
 	}
 	obs := newObserving(cfg.Observer, dev)
-	p, err := policies.New(cfg.Policy, obs.wrap(pdev), cfg.Settings)
+	build := cfg.NewPolicy
+	if build == nil {
+		build = func(d policies.Device, s policies.Settings) (policies.Policy, error) {
+			return policies.New(cfg.Policy, d, s)
+		}
+	}
+	p, err := build(obs.wrap(pdev), cfg.Settings)
 	var buildErr string
 	if errors.Is(err, policies.ErrOutOfMemory) {
 		// A policy that takes memory up front (a preallocated pool) and
@@ -124,10 +157,12 @@ func NewReplay(cfg Config) (*Replay, error) {
 	r := &Replay{
 		cfg:    cfg,
 		policy: p,
+		back:   back,
 		dev:    dev,
 		obs:    obs,
 		check:  chk,
 	}
+	r.timer, _ = back.(PolicyTimer)
 	r.startRecorded()
 	r.res = Result{
 		Trace:         cfg.Trace,
@@ -157,7 +192,7 @@ func (u unbuilt) Free(addr, stream uint64) error {
 // Policy returns the policy being replayed.
 func (r *Replay) Policy() policies.Policy { return r.policy }
 
-// Device returns the simulated device.
+// Device returns the simulated device, nil for a replay on a Backend.
 func (r *Replay) Device() *Device { return r.dev }
 
 // Step replays event ev, the i-th event of the trace (from 0). It returns an
@@ -169,7 +204,7 @@ func (r *Replay) Step(i int64, ev trace.Event) error { return r.step(i, &ev) }
 func (r *Replay) step(i int64, ev *trace.Event) error {
 	r.res.Events++
 	r.checkTime(i, ev)
-	r.dev.SetTime(ev.Time)
+	r.back.SetTime(ev.Time)
 	r.obs.at(i, ev)
 	if r.check != nil {
 		r.check.Begin(i)
@@ -198,25 +233,9 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 				return fmt.Errorf("event %d: marker %q: %w", i, ev.Label, err)
 			}
 		}
-	case trace.OpStreamSync:
-		if s, ok := r.policy.(policies.Syncer); ok {
-			s.StreamSync(ev.Stream)
-		}
-	case trace.OpDeviceSync:
-		if s, ok := r.policy.(policies.Syncer); ok {
-			s.DeviceSync()
-		}
-	case trace.OpEventRecord:
-		if s, ok := r.policy.(policies.Syncer); ok {
-			s.EventRecord(ev.Addr, ev.Stream)
-		}
-	case trace.OpStreamWaitEvent:
-		if s, ok := r.policy.(policies.Syncer); ok {
-			s.StreamWaitEvent(ev.Stream, ev.Addr)
-		}
-	case trace.OpEventSync:
-		if s, ok := r.policy.(policies.Syncer); ok {
-			s.EventSync(ev.Addr)
+	case trace.OpStreamSync, trace.OpDeviceSync, trace.OpEventRecord, trace.OpStreamWaitEvent, trace.OpEventSync:
+		if err := r.sync(i, ev); err != nil {
+			return err
 		}
 	case trace.OpEmptyCache:
 		if rel, ok := r.policy.(policies.Releaser); ok {
@@ -271,23 +290,14 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 		r.problem = trace.LiveMalloc(i, *ev, slot.event)
 		return nil
 	}
-	switch ev.Kind {
-	case trace.KindPinned:
-		r.pinned += ev.Size
-		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
-		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, event: i}
-		return nil
-	case trace.KindManaged:
-		r.managed += ev.Size
-		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
-		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, event: i}
-		return nil
+	if !ev.Kind.OnDevice() {
+		return r.hostMalloc(i, ev, slot)
 	}
 	r.res.Mallocs++
 	// The trace's own live bytes: the lower bound, whatever the policy does.
 	r.requested += ev.Size
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested)
-	b, err := r.policy.Malloc(ev.Size, ev.Stream)
+	b, err := r.policyMalloc(ev.Size, ev.Stream)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
@@ -309,6 +319,76 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	return nil
 }
 
+// hostMalloc replays a malloc of pinned or managed host memory: the
+// backend allocates it (the simulated device only counts it); a refusal is
+// an OOM.
+func (r *Replay) hostMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
+	addr, err := r.back.HostMalloc(ev.Kind, ev.Size)
+	if err != nil {
+		if !errors.Is(err, policies.ErrOutOfMemory) {
+			return fmt.Errorf("event %d: %s malloc of %d bytes: %w", i, ev.Kind, ev.Size, err)
+		}
+		r.oom(i, ev.Size)
+		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true, event: i}
+		return nil
+	}
+	if ev.Kind == trace.KindPinned {
+		r.pinned += ev.Size
+		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
+	} else {
+		r.managed += ev.Size
+		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
+	}
+	*slot = liveAlloc{block: policies.Block{Addr: addr, Size: ev.Size}, requested: ev.Size, kind: ev.Kind, event: i}
+	return nil
+}
+
+// sync replays a synchronization: on the device, then told to the policy.
+func (r *Replay) sync(i int64, ev *trace.Event) error {
+	if err := r.back.Sync(ev); err != nil {
+		return fmt.Errorf("event %d (%s): %w", i, ev.Op, err)
+	}
+	s, ok := r.policy.(policies.Syncer)
+	if !ok {
+		return nil
+	}
+	switch ev.Op {
+	case trace.OpStreamSync:
+		s.StreamSync(ev.Stream)
+	case trace.OpDeviceSync:
+		s.DeviceSync()
+	case trace.OpEventRecord:
+		s.EventRecord(ev.Addr, ev.Stream)
+	case trace.OpStreamWaitEvent:
+		s.StreamWaitEvent(ev.Stream, ev.Addr)
+	case trace.OpEventSync:
+		s.EventSync(ev.Addr)
+	}
+	return nil
+}
+
+// policyMalloc and policyFree call the policy, timed by the backend when
+// it is a PolicyTimer.
+func (r *Replay) policyMalloc(size, stream uint64) (policies.Block, error) {
+	if r.timer == nil {
+		return r.policy.Malloc(size, stream)
+	}
+	r.timer.BeginPolicy()
+	b, err := r.policy.Malloc(size, stream)
+	r.timer.EndPolicy()
+	return b, err
+}
+
+func (r *Replay) policyFree(addr, stream uint64) error {
+	if r.timer == nil {
+		return r.policy.Free(addr, stream)
+	}
+	r.timer.BeginPolicy()
+	err := r.policy.Free(addr, stream)
+	r.timer.EndPolicy()
+	return err
+}
+
 // mallocFailed replays a malloc that failed in the source as an attempt:
 // an OOM if the policy fails too, else the block is freed at once, as the
 // program never got it.
@@ -317,7 +397,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	if !ev.Kind.OnDevice() {
 		return nil
 	}
-	b, err := r.policy.Malloc(ev.Size, ev.Stream)
+	b, err := r.policyMalloc(ev.Size, ev.Stream)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
@@ -329,7 +409,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	// free, as the program would have held it had the malloc succeeded.
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	if reserved := r.dev.Reserved(); reserved > r.res.PeakReserved {
+	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {
 		r.res.PeakReserved = reserved
 		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
 	}
@@ -345,7 +425,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	r.obs.tell(ActionAlloc, b, ev.Size)
 	r.obs.tell(ActionFreeRequested, b, ev.Size)
 	r.obs.tell(ActionFreeCompleted, b, ev.Size)
-	if err := r.policy.Free(b.Addr, ev.Stream); err != nil {
+	if err := r.policyFree(b.Addr, ev.Stream); err != nil {
 		return fmt.Errorf("event %d: free of the block of a failed malloc: %w", i, err)
 	}
 	return nil
@@ -397,6 +477,12 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 		r.release(a)
 	}
 	if !a.kind.OnDevice() {
+		if a.failed {
+			return nil
+		}
+		if err := r.back.HostFree(a.kind, a.block.Addr, a.block.Size); err != nil {
+			return fmt.Errorf("event %d: %s free of %#x: %w", i, a.kind, ev.Addr, err)
+		}
 		return nil
 	}
 	// The requested bytes stay live until the free completes: the block
@@ -433,7 +519,7 @@ func (r *Replay) oom(i int64, size uint64) {
 
 // observe updates the peaks and the series after event i.
 func (r *Replay) observe(i, t int64) {
-	r.series.Observe(&r.res, r.policy, i, t, r.requested, r.allocated, r.dev.Reserved())
+	r.series.Observe(&r.res, r.policy, i, t, r.requested, r.allocated, r.back.Reserved())
 }
 
 func fragmentation(allocated, reserved uint64) float64 {
@@ -447,10 +533,11 @@ func fragmentation(allocated, reserved uint64) float64 {
 // policy's counters.
 func (r *Replay) Finish() *Result {
 	res := r.res
-	r.series.Finish(&res, r.policy, r.allocated, r.dev.Reserved())
-	res.DeviceAllocs = r.dev.Allocs()
-	res.DeviceFrees = r.dev.Frees()
-	r.dev.FillCost(&res)
+	r.series.Finish(&res, r.policy, r.allocated, r.back.Reserved())
+	res.DeviceAllocs, res.DeviceFrees = r.back.DeviceCalls()
+	if r.dev != nil {
+		r.dev.FillCost(&res)
+	}
 	if c, ok := r.policy.(policies.Counter); ok {
 		res.AllocRetries = c.Retries()
 	}
@@ -465,24 +552,7 @@ func (r *Replay) Finish() *Result {
 // bytes. Errors name the event index; a read error from src is returned
 // as is.
 func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
-	src, cfgs, err := hint(src, cfgs)
-	if err != nil {
-		return nil, err
-	}
-	reps := make([]*Replay, len(cfgs))
-	for k, c := range cfgs {
-		c, err := c.withRecorded(src.Header())
-		if err != nil {
-			return nil, err
-		}
-		rep, err := NewReplay(c)
-		if err != nil {
-			return nil, err
-		}
-		rep.Reconstructed(ReconstructedEvents(src.Header()))
-		reps[k] = rep
-	}
-	src, err = plan(src, reps)
+	reps, src, err := Prepare(src, cfgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -536,6 +606,41 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		}
 	}
 	return out, nil
+}
+
+// Prepare builds one Replay per config for the trace src, in the sequence
+// every replay of a trace takes, on the simulated device or on a config's
+// Backend alike: the recorded settings (Config.AsRecorded), the trace's
+// peak of live requested bytes for a policies.Hinter (a first pass over
+// src), the reconstruction of a truncated history, and the whole trace for
+// a policies.Planner's Plan (read into memory). It returns the replays, in
+// the order of cfgs, and the source to read the events from (src itself
+// when nothing had to read it). The caller steps every event through each
+// replay, then calls End and Finish; Run does all of it. Errors are those
+// of NewReplay, of a Plan and of reading src.
+func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) {
+	src, cfgs, err := hint(src, cfgs)
+	if err != nil {
+		return nil, nil, err
+	}
+	reps := make([]*Replay, len(cfgs))
+	for k, c := range cfgs {
+		c, err := c.withRecorded(src.Header())
+		if err != nil {
+			return nil, nil, err
+		}
+		rep, err := NewReplay(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		rep.Reconstructed(ReconstructedEvents(src.Header()))
+		reps[k] = rep
+	}
+	src, err = plan(src, reps)
+	if err != nil {
+		return nil, nil, err
+	}
+	return reps, src, nil
 }
 
 // Reopener is implemented by sources that can start over from their first
@@ -754,4 +859,11 @@ func (s *SeriesBuilder) closeAt(p policies.Policy, alloc, reserved uint64) {
 		}
 	}
 	s.Close(fragmentation(alloc, reserved), ext)
+}
+
+// Live reports whether the trace's allocation at addr is live in the
+// replay (made and not freed, whether its malloc succeeded or not).
+func (r *Replay) Live(addr uint64) bool {
+	_, ok := r.live.Get(addr)
+	return ok
 }

@@ -43,7 +43,7 @@ func (r *Replay) Reconstructed(n int64) {
 // after the last reconstructed event.
 func (r *Replay) historyBegins() {
 	r.series = SeriesBuilder{}
-	reserved := r.dev.Reserved()
+	reserved := r.back.Reserved()
 	r.res.PeakRequested = r.requested
 	r.res.PeakAllocated = r.allocated
 	r.res.PeakReserved = reserved
