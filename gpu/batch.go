@@ -38,19 +38,14 @@ type batch struct {
 	rc   []int32
 	// wait is the pacing wait before each operation's call in
 	// nanoseconds (Config.Pace), all 0 when not pacing.
-	wait []int64
-	// Per operation, from the event: its index in the chunk, and the
-	// requested bytes of the allocation it makes or frees.
-	ev    []int32
-	bytes []uint64
-
+	wait              []int64
 	slotPtr, slotSize []uint64 // by slot, kept by cr_batch
 	spare             []int32  // free slots
 	freed             []int32  // slots freed in this batch, spare after it
 }
 
 func (b *batch) reset() {
-	b.size, b.slot, b.ev, b.bytes, b.wait = b.size[:0], b.slot[:0], b.ev[:0], b.bytes[:0], b.wait[:0]
+	b.size, b.slot, b.wait = b.size[:0], b.slot[:0], b.wait[:0]
 }
 
 // newSlot returns a slot no operation of this batch has used.
@@ -66,27 +61,33 @@ func (b *batch) newSlot() int32 {
 }
 
 // batchable reports whether ev can go into a batch: a malloc of device
-// memory of at least one byte at an address not live, or the free of one
-// such allocation. Anything else (synchronizations, host memory, zero
-// sizes, anomalies) is replayed by step, between batches.
-func (r *replayer) batchable(ev trace.Event) bool {
+// memory of at least one byte at an address not live, the free of an
+// allocation made in a batch, or a free request (no call). Anything else
+// (synchronizations, host memory, zero sizes, anomalies) ends the batch
+// and is replayed alone.
+func (r *replayer) batchable(ev *trace.Event) bool {
 	switch ev.Op {
 	case trace.OpMalloc:
-		if ev.Size == 0 || ev.Kind == trace.KindPinned || ev.Kind == trace.KindManaged {
+		if ev.Size == 0 || !ev.Kind.OnDevice() || r.rep.Live(ev.Addr) {
 			return false
 		}
-		_, live := r.live.Get(ev.Addr)
+		_, live := r.slots.Get(ev.Addr)
 		return !live
 	case trace.OpFree:
-		a, live := r.live.Get(ev.Addr)
-		return live && a.batchSlot > 0
+		_, live := r.slots.Get(ev.Addr)
+		return live
+	case trace.OpFreeRequested:
+		return true
 	}
 	return false
 }
 
 // replayBatched replays buf, whose first event is event *i of the trace,
 // on the cuda target in batches, and adds the replay's wall time (samples
-// left out) to the result. It returns ctx's error, with the result marked
+// left out) to the result. A batch's calls are made first, back to back in
+// C; then the engine replays the batch's events one by one, and the
+// device hands the cuda target the outcome of each call made (Device.play)
+// instead of calling again. It returns ctx's error, with the result marked
 // interrupted, when ctx is cancelled between two batches.
 func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int64) error {
 	b := r.batch
@@ -98,32 +99,30 @@ func (r *replayer) replayBatched(ctx context.Context, buf []trace.Event, i *int6
 		// A batch ends at the latest where the event-by-event path samples
 		// the driver's free memory, so that both sample after the same
 		// events.
-		room := int(min(batchOps, every-*i%every))
-		before := *i
-		for ; k < len(buf) && len(b.size) < room && r.batchable(buf[k]); k++ {
-			ev := buf[k]
-			b.ev = append(b.ev, int32(k))
-			b.wait = append(b.wait, r.dev.paceWait(ev.Time))
-			if ev.Op == trace.OpMalloc {
+		room := every - *i%every
+		before, first := *i, k
+		for ; k < len(buf) && int64(k-first) < room && len(b.size) < batchOps && r.batchable(&buf[k]); k++ {
+			ev := &buf[k]
+			switch ev.Op {
+			case trace.OpMalloc:
 				s := b.newSlot()
-				b.size, b.slot, b.bytes = append(b.size, ev.Size), append(b.slot, s), append(b.bytes, ev.Size)
-				r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, batchSlot: s + 1})
-				continue
+				b.wait = append(b.wait, r.dev.paceWait(ev.Time))
+				b.size, b.slot = append(b.size, ev.Size), append(b.slot, s)
+				r.slots.Put(ev.Addr, s+1)
+			case trace.OpFree:
+				s, _ := r.slots.Take(ev.Addr)
+				b.wait = append(b.wait, r.dev.paceWait(ev.Time))
+				b.size, b.slot = append(b.size, 0), append(b.slot, s-1)
+				b.freed = append(b.freed, s-1)
 			}
-			a, _ := r.live.Take(ev.Addr)
-			b.size, b.slot, b.bytes = append(b.size, 0), append(b.slot, a.batchSlot-1), append(b.bytes, a.requested)
-			b.freed = append(b.freed, a.batchSlot-1)
 		}
-		full := len(b.size) == room
-		if len(b.size) > 0 {
-			if err := r.runBatch(buf, i); err != nil {
-				return err
-			}
+		full := int64(k-first) == room || len(b.size) == batchOps
+		if err := r.runBatch(buf[first:k], i); err != nil {
+			return err
 		}
 		if !full && k < len(buf) {
 			// An event no batch takes.
-			r.dev.SetTime(buf[k].Time)
-			if err := r.step(*i, buf[k]); err != nil {
+			if err := r.rep.Step(*i, buf[k]); err != nil {
 				return err
 			}
 			*i++
@@ -166,88 +165,90 @@ func (b *batch) call(rt *Runtime, limit uint64, reserved *uint64, pace bool) int
 	return done
 }
 
-// runBatch makes the batch's calls and then does, operation by operation
-// in event order, what Device.Alloc and Device.Free and the replayer's
-// malloc and free do for one event.
-func (r *replayer) runBatch(buf []trace.Event, i *int64) error {
+// runBatch makes the batch's calls, then replays evs, the batch's events
+// (event *i first), through the engine, with the device playing the calls
+// back.
+func (r *replayer) runBatch(evs []trace.Event, i *int64) error {
 	b, d := r.batch, r.dev
-	n := len(b.size)
-	reserved := d.reserved
-	done := b.call(d.rt, d.limit, &reserved, d.pace)
-	b.spare = append(b.spare, b.freed...)
-	b.freed = b.freed[:0]
-	// The calls up to done were made; a batch stops early only at a call
-	// failing for a reason other than memory, which ends the replay with
-	// its error below.
-	for j := 0; j <= done && j < n; j++ {
-		ev := buf[b.ev[j]]
-		r.res.Events++
-		var err error
-		if ev.Op == trace.OpMalloc {
-			err = r.batchMalloc(*i, j, ev)
-		} else {
-			err = r.batchFree(j, ev)
+	if len(b.size) > 0 {
+		reserved := d.reserved
+		done := b.call(d.rt, d.limit, &reserved, d.pace)
+		b.spare = append(b.spare, b.freed...)
+		b.freed = b.freed[:0]
+		// The calls up to done were made; a batch stops early only at a
+		// call failing for a reason other than memory, whose playback
+		// ends the replay with its error.
+		d.play = &playback{b: b, n: min(done+1, len(b.size))}
+	}
+	defer func() { d.play = nil }()
+	for k := range evs {
+		if err := r.rep.Step(*i, evs[k]); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("event %d (%s): %w", *i, ev.Op, err)
-		}
-		r.observe(*i, ev.Time)
 		*i++
 	}
+	if p := d.play; p != nil && p.next() < p.n {
+		return fmt.Errorf("event %d: the cuda target left %d of the batch's %d calls unused", *i-1, p.n-p.j, p.n)
+	}
 	return nil
 }
 
-// batchMalloc accounts for operation j, a malloc.
-func (r *replayer) batchMalloc(i int64, j int, ev trace.Event) error {
-	b, d := r.batch, r.dev
-	size, rc := b.size[j], int(b.rc[j])
-	r.res.Mallocs++
-	r.requested += ev.Size
-	r.res.PeakRequested = max(r.res.PeakRequested, r.requested)
-	if rc != C.CR_REFUSED {
-		d.record("cudaMalloc", classAlloc, size, b.ptr[j], b.ns[j])
+// playback hands out the outcomes of a batch's calls, made in C, in order:
+// the Device's Alloc and Free take them instead of calling the runtime.
+type playback struct {
+	b    *batch
+	j, n int // the next operation, and the operations made
+}
+
+// next skips the frees of allocations whose malloc failed (no call was
+// made for them, and the engine makes none) and returns the next
+// operation's index.
+func (p *playback) next() int {
+	for p.j < p.n && p.b.size[p.j] == 0 && p.b.ptr[p.j] == 0 {
+		p.j++
 	}
-	// The allocation's entry, unless a free later in the batch took it (or
-	// a malloc later in the batch took the address again).
-	a := r.live.Ptr(ev.Addr)
-	ok := a != nil && a.batchSlot == b.slot[j]+1
-	switch rc {
-	case 0:
-	case C.CR_REFUSED, CodeMemoryAllocation:
-		r.oom(i, ev.Size)
-		if ok {
-			a.failed = true
-		}
-		return nil
-	default:
-		return fmt.Errorf("malloc of %d bytes: device alloc of %d bytes: %w", ev.Size, size, d.rt.errorOf("cudaMalloc", rc))
+	return p.j
+}
+
+// playAlloc is Alloc from the batch: the outcome of its next operation, a
+// cudaMalloc of size bytes.
+func (d *Device) playAlloc(size uint64) (uint64, error) {
+	p := d.play
+	j := p.next()
+	if j >= p.n || p.b.size[j] != size {
+		return 0, fmt.Errorf("device alloc of %d bytes: not the batch's next call", size)
 	}
-	ptr := b.ptr[j]
+	p.j++
+	ptr, rc := p.b.ptr[j], int(p.b.rc[j])
+	if rc == C.CR_REFUSED {
+		return 0, fmt.Errorf("device alloc of %d bytes with %d reserved would pass the limit of %d bytes: %w", size, d.reserved, d.limit, policies.ErrOutOfMemory)
+	}
+	d.record("cudaMalloc", classAlloc, size, ptr, p.b.ns[j])
+	if rc != 0 {
+		return 0, fmt.Errorf("device alloc of %d bytes: %w", size, d.rt.errorOf("cudaMalloc", rc))
+	}
 	d.allocated(ptr, size)
-	if ok {
-		a.block = policies.Block{Addr: ptr, Size: size}
-	}
-	r.allocated += size
-	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	return nil
+	return ptr, nil
 }
 
-// batchFree accounts for operation j, a free.
-func (r *replayer) batchFree(j int, ev trace.Event) error {
-	b, d := r.batch, r.dev
-	r.res.Frees++
-	r.requested -= b.bytes[j]
-	ptr := b.ptr[j]
-	if ptr == 0 {
-		return nil // the malloc failed
+// playFree is Free from the batch: the outcome of its next operation, the
+// cudaFree of addr.
+func (d *Device) playFree(addr uint64) error {
+	p := d.play
+	j := p.next()
+	if j >= p.n || p.b.size[j] != 0 || p.b.ptr[j] != addr {
+		return fmt.Errorf("device free of %#x: not the batch's next call", addr)
 	}
-	seg, _ := d.live.Get(ptr)
-	d.record("cudaFree", classAlloc, seg.size, ptr, b.ns[j])
-	if rc := int(b.rc[j]); rc != 0 {
-		return fmt.Errorf("free of %#x: device free of %#x: %w", ev.Addr, ptr, d.rt.errorOf("cudaFree", rc))
+	p.j++
+	seg, ok := d.live.Get(addr)
+	if !ok {
+		return fmt.Errorf("device free of %#x: not a live segment", addr)
 	}
-	d.freed(ptr, seg)
-	r.allocated -= seg.size
+	d.record("cudaFree", classAlloc, seg.size, addr, p.b.ns[j])
+	if rc := int(p.b.rc[j]); rc != 0 {
+		return fmt.Errorf("device free of %#x: %w", addr, d.rt.errorOf("cudaFree", rc))
+	}
+	d.freed(addr, seg)
 	return nil
 }
 

@@ -422,3 +422,151 @@ int64_t cr_batch(cr_lib *l, const uint64_t *size, const int32_t *slot, int64_t n
 	*reserved = res;
 	return i < n ? i : n;
 }
+
+// The driver's virtual memory management. The structs are declared as the
+// driver API lays them out (cuda.h, CUDA 11.2 and later), so that no CUDA
+// header is needed: CUmemAllocationProp and CUmemAccessDesc.
+typedef struct {
+	int type;                 // CU_MEM_ALLOCATION_TYPE_PINNED = 1
+	int requestedHandleTypes; // CU_MEM_HANDLE_TYPE_NONE = 0
+	int locationType;         // CU_MEM_LOCATION_TYPE_DEVICE = 1
+	int locationId;           // device ordinal
+	void *win32HandleMetaData;
+	unsigned char allocFlags[8];
+} cr_mem_prop;
+
+typedef struct {
+	int locationType; // CU_MEM_LOCATION_TYPE_DEVICE = 1
+	int locationId;
+	int flags; // CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+} cr_access_desc;
+
+#define VMM_LOAD(name) l->name = (__typeof__(l->name))vmm_sym(l, #name)
+
+static void *vmm_sym(cr_lib *l, const char *name) {
+	void *f = dlsym(l->handle, name);
+	if (!f && l->vmm_handle)
+		f = dlsym(l->vmm_handle, name);
+	return f;
+}
+
+const char *cr_vmm_missing(cr_lib *l) {
+	if (!l->cuMemCreate) {
+		if (!dlsym(l->handle, "cuMemCreate") && !l->vmm_handle)
+			l->vmm_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+		VMM_LOAD(cuMemGetAllocationGranularity);
+		VMM_LOAD(cuMemAddressReserve);
+		VMM_LOAD(cuMemAddressFree);
+		VMM_LOAD(cuMemCreate);
+		VMM_LOAD(cuMemRelease);
+		VMM_LOAD(cuMemMap);
+		VMM_LOAD(cuMemUnmap);
+		VMM_LOAD(cuMemSetAccess);
+		VMM_LOAD(cuGetErrorName);
+	}
+#define NEED(name) if (!l->name) return #name
+	NEED(cuMemGetAllocationGranularity);
+	NEED(cuMemAddressReserve);
+	NEED(cuMemAddressFree);
+	NEED(cuMemCreate);
+	NEED(cuMemRelease);
+	NEED(cuMemMap);
+	NEED(cuMemUnmap);
+	NEED(cuMemSetAccess);
+#undef NEED
+	return NULL;
+}
+
+static cr_mem_prop vmm_prop(int device) {
+	cr_mem_prop p;
+	memset(&p, 0, sizeof p);
+	p.type = 1;
+	p.locationType = 1;
+	p.locationId = device;
+	return p;
+}
+
+cr_res cr_vmm_granularity(cr_lib *l, int device) {
+	cr_res r = {0, 0, 0};
+	size_t g = 0;
+	cr_mem_prop p = vmm_prop(device);
+	int64_t t0 = cr_now();
+	r.rc = l->cuMemGetAllocationGranularity(&g, &p, 0); // CU_MEM_ALLOC_GRANULARITY_MINIMUM
+	r.ns = cr_now() - t0;
+	r.ptr = g;
+	return r;
+}
+
+cr_res cr_vmm_reserve(cr_lib *l, uint64_t size) {
+	cr_res r = {0, 0, 0};
+	uint64_t p = 0;
+	int64_t t0 = cr_now();
+	r.rc = l->cuMemAddressReserve(&p, (size_t)size, 0, 0, 0);
+	r.ns = cr_now() - t0;
+	r.ptr = p;
+	return r;
+}
+
+cr_res cr_vmm_free_va(cr_lib *l, uint64_t ptr, uint64_t size) {
+	cr_res r = {0, 0, 0};
+	int64_t t0 = cr_now();
+	r.rc = l->cuMemAddressFree(ptr, (size_t)size);
+	r.ns = cr_now() - t0;
+	return r;
+}
+
+cr_res cr_vmm_map(cr_lib *l, int device, uint64_t ptr, uint64_t size, uint64_t page, uint64_t *handles) {
+	cr_res r = {0, 0, 0};
+	cr_mem_prop p = vmm_prop(device);
+	uint64_t n = size / page, done = 0; // pages created and mapped
+	int64_t t0 = cr_now();
+	for (; done < n; done++) {
+		r.rc = l->cuMemCreate(&handles[done], (size_t)page, &p, 0);
+		if (r.rc)
+			break;
+		r.rc = l->cuMemMap(ptr + done * page, (size_t)page, 0, handles[done], 0);
+		if (r.rc) {
+			l->cuMemRelease(handles[done]);
+			break;
+		}
+	}
+	if (!r.rc) {
+		cr_access_desc d = {1, device, 3};
+		r.rc = l->cuMemSetAccess(ptr, (size_t)size, &d, 1);
+	}
+	l->last_call_end = cr_now();
+	r.ns = l->last_call_end - t0;
+	if (r.rc) {
+		// Undo the pages made before the failing call (all of them when
+		// cuMemSetAccess failed).
+		for (uint64_t k = 0; k < done; k++) {
+			l->cuMemUnmap(ptr + k * page, (size_t)page);
+			l->cuMemRelease(handles[k]);
+		}
+	}
+	return r;
+}
+
+cr_res cr_vmm_unmap(cr_lib *l, uint64_t ptr, uint64_t size, uint64_t page, const uint64_t *handles) {
+	cr_res r = {0, 0, 0};
+	uint64_t n = size / page;
+	int64_t t0 = cr_now();
+	for (uint64_t k = 0; k < n; k++) {
+		int c = l->cuMemUnmap(ptr + k * page, (size_t)page);
+		if (c && !r.rc)
+			r.rc = c;
+		c = l->cuMemRelease(handles[k]);
+		if (c && !r.rc)
+			r.rc = c;
+	}
+	l->last_call_end = cr_now();
+	r.ns = l->last_call_end - t0;
+	return r;
+}
+
+const char *cr_vmm_error_name(cr_lib *l, int rc) {
+	const char *s = NULL;
+	if (l->cuGetErrorName && l->cuGetErrorName(rc, &s) == 0)
+		return s;
+	return NULL;
+}

@@ -55,6 +55,19 @@ typedef struct cr_lib {
 	int (*cudaRuntimeGetVersion)(int *);
 	int (*cudaDriverGetVersion)(int *);
 	int (*cudaGetDeviceProperties)(void *, int);
+	// The driver's virtual memory management, for expandable segments:
+	// found in the runtime library when it exports them (the fake one of
+	// the tests), else in the driver library libcuda.so.1 (vmm_handle).
+	void *vmm_handle;
+	int (*cuMemGetAllocationGranularity)(size_t *, const void *, int);
+	int (*cuMemAddressReserve)(uint64_t *, size_t, size_t, uint64_t, unsigned long long);
+	int (*cuMemAddressFree)(uint64_t, size_t);
+	int (*cuMemCreate)(uint64_t *, size_t, const void *, unsigned long long);
+	int (*cuMemRelease)(uint64_t);
+	int (*cuMemMap)(uint64_t, size_t, size_t, uint64_t, unsigned long long);
+	int (*cuMemUnmap)(uint64_t, size_t);
+	int (*cuMemSetAccess)(uint64_t, size_t, const void *, size_t);
+	int (*cuGetErrorName)(int, const char **);
 	// last_call_end is when (cr_now) the last allocation call (cudaMalloc,
 	// cudaFree and their async forms) returned, 0 before the first.
 	int64_t last_call_end;
@@ -119,6 +132,31 @@ const char *cr_error_name(cr_lib *l, int rc);
 const char *cr_error_string(cr_lib *l, int rc);
 // cr_call_int calls fn, an int (*)(void) found with cr_sym.
 int cr_call_int(void *fn);
+
+// The driver's virtual memory calls (cuMem*), for expandable segments.
+// cr_vmm_missing returns the name of the first one neither the runtime
+// library nor libcuda.so.1 exports, or NULL.
+const char *cr_vmm_missing(cr_lib *l);
+// cr_vmm_granularity returns in ptr the minimum granularity of device
+// memory on device (cuMemGetAllocationGranularity).
+cr_res cr_vmm_granularity(cr_lib *l, int device);
+// cr_vmm_reserve reserves size bytes of address space (cuMemAddressReserve)
+// and returns its start in ptr; cr_vmm_free_va gives it back.
+cr_res cr_vmm_reserve(cr_lib *l, uint64_t size);
+cr_res cr_vmm_free_va(cr_lib *l, uint64_t ptr, uint64_t size);
+// cr_vmm_map backs [ptr, ptr+size) with size/page physical allocations of
+// page bytes each (cuMemCreate and cuMemMap per page, then one
+// cuMemSetAccess for read and write from device), storing their handles in
+// handles; on a failing call it undoes what it did and returns that call's
+// code. The duration is the whole map's, and the allocation calls count as
+// one in last_call_end.
+cr_res cr_vmm_map(cr_lib *l, int device, uint64_t ptr, uint64_t size, uint64_t page, uint64_t *handles);
+// cr_vmm_unmap unmaps the pages of [ptr, ptr+size) and releases their
+// handles (cuMemUnmap and cuMemRelease per page); it goes on past a failing
+// call and returns the first failure's code.
+cr_res cr_vmm_unmap(cr_lib *l, uint64_t ptr, uint64_t size, uint64_t page, const uint64_t *handles);
+// cr_vmm_error_name returns the driver's name of CUresult rc, or NULL.
+const char *cr_vmm_error_name(cr_lib *l, int rc);
 
 // cr_batch makes the calls of n operations back to back, each timed in C:
 // operation i is a cudaMalloc of size[i] bytes into slot[i] when size[i] > 0,

@@ -33,6 +33,9 @@ type Device struct {
 	syncNS  int64 // synchronizations
 	calls   int64
 
+	vm   *vmm      // reserved ranges and mapped pages (vmm.go), nil before the first Reserve
+	play *playback // the outcomes of a batch's calls, made in C (batch.go); nil: call the runtime
+
 	log *bufio.Writer // per-call log, nil for none
 	seq *Seq          // cudaMalloc/cudaFree sequence being recorded, nil for none
 
@@ -233,6 +236,9 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	if size == 0 {
 		return 0, fmt.Errorf("device alloc of 0 bytes")
 	}
+	if d.play != nil {
+		return d.playAlloc(size)
+	}
 	if size > d.limit || d.reserved > d.limit-size {
 		return 0, fmt.Errorf("device alloc of %d bytes with %d reserved would pass the limit of %d bytes: %w", size, d.reserved, d.limit, policies.ErrOutOfMemory)
 	}
@@ -272,6 +278,9 @@ func (d *Device) freed(ptr uint64, seg segment) {
 // address that is not a live segment, without calling the runtime, and the
 // runtime's error if cudaFree fails.
 func (d *Device) Free(addr uint64) error {
+	if d.play != nil {
+		return d.playFree(addr)
+	}
 	seg, ok := d.live.Get(addr)
 	if !ok {
 		return fmt.Errorf("device free of %#x: not a live segment", addr)
@@ -286,9 +295,10 @@ func (d *Device) Free(addr uint64) error {
 	return nil
 }
 
-// FreeAll frees every live segment and returns the first error.
+// FreeAll frees every live segment, unmaps every mapped page and gives
+// back every reserved range, and returns the first error.
 func (d *Device) FreeAll() error {
-	var first error
+	first := d.releaseVMM()
 	var addrs []uint64 // taken first: the table must not change during All
 	for addr := range d.live.All() {
 		addrs = append(addrs, addr)

@@ -2,7 +2,6 @@ package gpu
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -188,47 +187,35 @@ type CLoop struct {
 	LoopOutsideCallsPerCallNS float64 `json:"loop_outside_calls_per_call_ns"`
 }
 
-// liveAlloc is a malloc of the trace that is live in the replay.
-type liveAlloc struct {
-	block     policies.Block // placement (the host pointer for host kinds)
-	requested uint64
-	kind      trace.Kind
-	failed    bool  // the malloc failed in the replay
-	batchSlot int32 // 1 + its slot in the cuda target's batches (batch.go), 0 if not batched
-}
-
-// replayer is one replay of one trace on the GPU.
+// replayer is one replay of one trace on the GPU: the replay engine of
+// package sim on the real device (backend), driven a chunk of events at a
+// time, with the simulation alongside.
 type replayer struct {
 	cfg    Config
 	rt     *Runtime
 	dev    *Device
-	policy policies.Policy
-	async  *asyncTarget
-	direct bool // policy is a direct target: its time is the device's
-	res    Result
+	back   *backend
+	rep    *sim.Replay // the engine on the GPU
+	shadow *sim.Replay // the same trace simulated alongside, nil for none
+	// simulated is the shadow's result, once it replayed the whole trace.
+	simulated *sim.Result
+	res       Result
 
-	live    trace.AddrMap[liveAlloc]
-	streams map[uint64]uint64 // trace stream -> CUDA stream
-	events  map[uint64]uint64 // trace event -> CUDA event
-
-	batch *batch // the cuda target's batches; nil: event by event
-
-	policyCalls int64 // simulated policy's Malloc and Free calls so far
-	policyOwnNS int64 // their sampled time outside the device calls
-
-	requested, allocated uint64
-	pinned, managed      uint64
-
-	series sim.SeriesBuilder
+	batch *batch               // the cuda target's batches; nil: event by event
+	slots trace.AddrMap[int32] // 1 + the batch slot of each live allocation of the cuda target
 }
 
 // Replay replays src on the GPU through rt against the policy cfg names,
-// and returns the result. Every allocation it made is freed before it
-// returns, whether it ends normally, with an error, or because ctx was
-// cancelled (then the result covers the events replayed and has
-// Interrupted set, and the error is ctx's). A device out-of-memory is
-// counted as an OOM and the replay goes on; any other failing runtime call
-// ends it with an error naming the event.
+// and returns the result. The replay is package sim's engine, the same as
+// replay sim's, on the real device: the recorded settings of a recording
+// apply, a policies.Hinter gets the trace's peak, a policies.Planner its
+// plan (the trace is then read into memory), a truncated snapshot is
+// rebuilt. Every allocation it made is freed before it returns, whether it
+// ends normally, with an error, or because ctx was cancelled (then the
+// result covers the events replayed and has Interrupted set, and the error
+// is ctx's). A device out-of-memory is counted as an OOM and the replay
+// goes on; any other failing runtime call ends it with an error naming the
+// event.
 //
 // The calling goroutine is locked to its OS thread for the replay.
 func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res *Result, err error) {
@@ -249,62 +236,36 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = 4096
 	}
-	r := &replayer{
-		cfg: cfg, rt: rt, dev: NewDevice(rt, limit),
-		streams: map[uint64]uint64{}, events: map[uint64]uint64{},
-	}
+	dev := NewDevice(rt, limit)
+	r := &replayer{cfg: cfg, rt: rt, dev: dev, back: newBackend(dev, cfg.MaxPinned)}
 	r.res = Result{
-		Result: sim.Result{
-			Trace: cfg.Trace, Settings: cfg.Settings, Capacity: limit, FirstOOMEvent: -1,
-		},
 		Runtime:  fmt.Sprintf("%s (CUDA runtime %s, driver %s)", rt.Path, version(rt.Version), version(rt.DriverVersion)),
 		Device:   rt.DeviceName,
 		MaxBytes: limit,
 		Driver:   DriverView{Total: total, FreeAtStart: free, MinFree: free},
 		Paced:    cfg.Pace,
 	}
-	r.dev.SetPace(cfg.Pace)
+	dev.SetPace(cfg.Pace)
 	if cfg.CallLog != nil {
-		r.dev.LogCalls(cfg.CallLog)
+		dev.LogCalls(cfg.CallLog)
 	}
 	if cfg.RecordSeq {
-		r.dev.RecordSeq()
-	}
-	switch cfg.Policy {
-	case TargetCUDA:
-		r.policy, err = newCUDATarget(r.dev, cfg.Settings)
-	case TargetCUDAAsync:
-		r.async, err = newAsyncTarget(r.dev, limit, cfg.Settings, r.stream)
-		r.policy = r.async
-	default:
-		r.policy, err = policies.New(cfg.Policy, r.dev, cfg.Settings)
-	}
-	if err != nil {
-		return nil, err
-	}
-	r.res.Policy = r.policy.Name()
-	r.direct = cfg.Policy == TargetCUDA || cfg.Policy == TargetCUDAAsync
-	if cfg.Policy == TargetCUDA && !cfg.Unbatched {
-		r.batch = &batch{}
+		dev.RecordSeq()
 	}
 	defer func() {
 		ok := err == nil || r.res.Interrupted
-		if ok {
+		if ok && r.rep != nil {
 			r.finish() // before the cleanup, whose calls are not the trace's
-		}
-		if r.res.Interrupted {
-			// The simulation alongside covers the whole trace or nothing.
-			r.res.SimPolicy, r.res.SimCostModel, r.res.SimPeakReserved, r.res.SimAllocTimeNS, r.res.SimWakeTimeNS, r.res.SimLatency = "", "", 0, 0, 0, nil
 		}
 		if cerr := r.cleanup(); cerr != nil && err == nil {
 			err = fmt.Errorf("releasing the replay's memory: %w", cerr)
 			ok = false
 		}
-		if ferr := r.dev.Flush(); ferr != nil && err == nil {
+		if ferr := dev.Flush(); ferr != nil && err == nil {
 			err = fmt.Errorf("call log: %w", ferr)
 			ok = false
 		}
-		if !ok {
+		if !ok || r.rep == nil {
 			res = nil
 			return
 		}
@@ -314,11 +275,34 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		res = &r.res
 	}()
 
-	var shadow *sim.Replay
-	if cfg.Sim != nil {
-		if shadow, err = r.simReplay(limit); err != nil {
-			return nil, err
+	real := sim.Config{Trace: cfg.Trace, Policy: cfg.Policy, Settings: cfg.Settings, Capacity: limit, AsRecorded: true, Backend: r.back}
+	switch cfg.Policy {
+	case TargetCUDA:
+		real.NewPolicy = func(_ policies.Device, s policies.Settings) (policies.Policy, error) { return newCUDATarget(dev, s) }
+		r.back.direct = true
+		if !cfg.Unbatched {
+			r.batch = &batch{}
 		}
+	case TargetCUDAAsync:
+		real.NewPolicy = func(_ policies.Device, s policies.Settings) (policies.Policy, error) {
+			t, err := newAsyncTarget(dev, limit, s, r.back.stream)
+			r.back.async = t
+			return t, err
+		}
+		r.back.direct = true
+	}
+	cfgs := []sim.Config{real}
+	if shadow, ok := r.shadowConfig(limit); ok {
+		cfgs = append(cfgs, shadow)
+	}
+	reps, src, err := sim.Prepare(src, cfgs...)
+	if err != nil {
+		return nil, err
+	}
+	r.rep = reps[0]
+	if len(reps) > 1 {
+		r.shadow = reps[1]
+		r.res.SimPolicy, r.res.SimCostModel = r.shadow.Policy().Name(), cfg.Sim.Source
 	}
 
 	buf := make([]trace.Event, 0, chunkEvents)
@@ -354,55 +338,145 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		if err != nil {
 			return nil, err
 		}
-		if shadow != nil {
-			for k, ev := range buf {
-				if err := shadow.Step(start+int64(k), ev); err != nil {
+		if r.shadow != nil {
+			for k := range buf {
+				if err := r.shadow.Step(start+int64(k), buf[k]); err != nil {
 					return nil, fmt.Errorf("simulated %s: %w", r.res.SimPolicy, err)
 				}
 			}
 		}
 	}
-	if shadow != nil {
-		sr := shadow.Finish()
-		shadow.Device().FillCost(sr)
-		r.res.SimAllocTimeNS, r.res.SimWakeTimeNS = sr.SimAllocTimeNS, sr.SimWakeTimeNS
-		r.res.SimLatency = sr.Latency
-		r.res.SimPeakReserved = sr.PeakReserved
-		r.res.SimCostModel = cfg.Sim.Source
+	if err := r.rep.End(); err != nil {
+		return nil, err
+	}
+	if r.shadow != nil {
+		if err := r.shadow.End(); err != nil {
+			return nil, fmt.Errorf("simulated %s: %w", r.res.SimPolicy, err)
+		}
+		r.simulated = r.shadow.Finish()
 	}
 	r.sample()
-	if r.async != nil {
-		r.res.Driver.PoolReservedHigh, r.res.Driver.PoolUsedHigh = r.async.poolStats()
+	if r.back.async != nil {
+		r.res.Driver.PoolReservedHigh, r.res.Driver.PoolUsedHigh = r.back.async.poolStats()
 	}
 	return nil, nil // the deferred function fills res
 }
 
-// simReplay builds the simulated replay of the same policy for the
-// comparison, or nil when no policy of that name is registered.
-func (r *replayer) simReplay(limit uint64) (*sim.Replay, error) {
+// shadowConfig returns the config of the simulation alongside, the
+// registered policy of the same name on a simulated device of the
+// replay's limit, and false when there is none (Config.Sim nil, or no
+// policy of that name).
+func (r *replayer) shadowConfig(limit uint64) (sim.Config, bool) {
 	name := r.cfg.Policy
-	known := false
-	for _, n := range policies.Names() {
-		known = known || n == name
+	if r.cfg.Sim == nil {
+		return sim.Config{}, false
 	}
-	if !known {
-		return nil, nil
+	if _, ok := lookupPolicy(name); !ok {
+		return sim.Config{}, false
 	}
 	settings := r.cfg.Settings
 	if name == TargetCUDA {
 		settings = nil // the direct target's settings are not the policy's
 	}
-	rep, err := sim.NewReplay(sim.Config{Trace: r.cfg.Trace, Policy: name, Settings: settings, Capacity: limit})
-	if err != nil {
-		return nil, fmt.Errorf("simulated %s: %w", name, err)
-	}
 	m := r.cfg.Sim
 	if !r.cfg.Pace {
 		m = m.WithoutWake()
 	}
-	rep.Device().SetCostModel(m)
-	r.res.SimPolicy = name
-	return rep, nil
+	return sim.Config{Trace: r.cfg.Trace, Policy: name, Settings: settings, Capacity: limit, AsRecorded: true, CostModel: m}, true
+}
+
+// lookupPolicy reports whether name is a registered policy.
+func lookupPolicy(name string) (string, bool) {
+	for _, n := range policies.Names() {
+		if n == name {
+			return n, true
+		}
+	}
+	return "", false
+}
+
+// replayEvents replays buf, whose first event is event *i of the trace,
+// one event at a time, and adds the replay's wall time (samples left out)
+// to the result. It returns ctx's error, with the result marked
+// interrupted, when ctx is cancelled.
+func (r *replayer) replayEvents(ctx context.Context, buf []trace.Event, i *int64) error {
+	t0 := time.Now()
+	defer func() { r.res.ReplayWallNS += time.Since(t0).Nanoseconds() }()
+	for k := range buf {
+		if err := r.rep.Step(*i, buf[k]); err != nil {
+			return err
+		}
+		*i++
+		if k%256 == 255 && ctx.Err() != nil {
+			r.res.Interrupted = true
+			return ctx.Err()
+		}
+		if *i%int64(r.cfg.SampleEvery) == 0 {
+			r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+			r.sample()
+			t0 = time.Now()
+		}
+	}
+	return nil
+}
+
+// sample reads cudaMemGetInfo for the driver's view.
+func (r *replayer) sample() {
+	if free, _, err := r.rt.MemGetInfo(); err == nil {
+		r.res.Driver.MinFree = min(r.res.Driver.MinFree, free)
+	}
+}
+
+// policyTimeEvery is the sampling period of a simulated policy's own time.
+const policyTimeEvery = 16
+
+// clockBase is the origin of nanotime.
+var clockBase = time.Now()
+
+// nanotime returns monotonic nanoseconds since clockBase: one clock read,
+// where time.Now takes two.
+func nanotime() int64 { return int64(time.Since(clockBase)) }
+
+// finish completes the result from the engine's and the device's figures.
+// An interrupted replay has no simulation alongside, which covers the whole
+// trace or nothing.
+func (r *replayer) finish() {
+	r.res.Result = *r.rep.Finish()
+	if sr := r.simulated; sr != nil {
+		r.res.SimAllocTimeNS, r.res.SimWakeTimeNS = sr.SimAllocTimeNS, sr.SimWakeTimeNS
+		r.res.SimLatency = sr.Latency
+		r.res.SimPeakReserved = sr.PeakReserved
+	}
+	if r.back.async != nil {
+		r.res.PeakReserved = max(r.res.PeakReserved, r.res.Driver.PoolReservedHigh)
+	}
+	r.res.Latency = r.dev.Latencies().Rows()
+	r.res.AllocTimeNS = r.dev.AllocTime()
+	r.res.SyncTimeNS = r.dev.SyncTime()
+	r.res.Calls = r.dev.Calls()
+	r.res.PolicyTimeNS = r.back.policyTime()
+	r.res.Seq = r.dev.Seq()
+	r.dev.seq = nil
+	if r.res.Interrupted {
+		r.res.SimPolicy, r.res.SimCostModel, r.res.SimPeakReserved, r.res.SimAllocTimeNS, r.res.SimWakeTimeNS, r.res.SimLatency = "", "", 0, 0, 0, nil
+	}
+}
+
+// cleanup frees every allocation the replay holds and destroys its streams
+// and events, whatever state the replay is in. It returns the first error.
+func (r *replayer) cleanup() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if r.back.async != nil {
+		keep(r.back.async.close())
+	}
+	keep(r.dev.FreeAll())
+	r.back.cleanup(keep)
+	return first
 }
 
 // Limit returns the device memory limit in bytes for a replay: maxBytes if
@@ -429,383 +503,6 @@ func version(v int) string {
 		return "?"
 	}
 	return fmt.Sprintf("%d.%d", v/1000, v%1000/10)
-}
-
-// replayEvents replays buf, whose first event is event *i of the trace,
-// one event at a time, and adds the replay's wall time (samples left out)
-// to the result. It returns ctx's error, with the result marked
-// interrupted, when ctx is cancelled.
-func (r *replayer) replayEvents(ctx context.Context, buf []trace.Event, i *int64) error {
-	t0 := time.Now()
-	defer func() { r.res.ReplayWallNS += time.Since(t0).Nanoseconds() }()
-	for k, ev := range buf {
-		r.dev.SetTime(ev.Time)
-		if err := r.step(*i, ev); err != nil {
-			return err
-		}
-		*i++
-		if k%256 == 255 && ctx.Err() != nil {
-			r.res.Interrupted = true
-			return ctx.Err()
-		}
-		if *i%int64(r.cfg.SampleEvery) == 0 {
-			r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
-			r.sample()
-			t0 = time.Now()
-		}
-	}
-	return nil
-}
-
-// sample reads cudaMemGetInfo for the driver's view.
-func (r *replayer) sample() {
-	if free, _, err := r.rt.MemGetInfo(); err == nil {
-		r.res.Driver.MinFree = min(r.res.Driver.MinFree, free)
-	}
-}
-
-// stream returns the CUDA stream for trace stream id, creating it at first
-// use; trace stream 0 is the default stream.
-func (r *replayer) stream(id uint64) (uint64, error) {
-	if id == 0 {
-		return 0, nil
-	}
-	if s, ok := r.streams[id]; ok {
-		return s, nil
-	}
-	s, err := r.rt.StreamCreate()
-	if err != nil {
-		return 0, fmt.Errorf("stream %d: %w", id, err)
-	}
-	r.streams[id] = s
-	return s, nil
-}
-
-// event returns the CUDA event for trace event id, creating it at first
-// use.
-func (r *replayer) event(id uint64) (uint64, error) {
-	if e, ok := r.events[id]; ok {
-		return e, nil
-	}
-	e, err := r.rt.EventCreate()
-	if err != nil {
-		return 0, fmt.Errorf("event %d: %w", id, err)
-	}
-	r.events[id] = e
-	return e, nil
-}
-
-func (r *replayer) step(i int64, ev trace.Event) error {
-	r.res.Events++
-	var err error
-	switch ev.Op {
-	case trace.OpMalloc:
-		err = r.malloc(i, ev)
-	case trace.OpMallocFailed:
-		err = r.mallocFailed(i, ev)
-	case trace.OpFree:
-		err = r.free(i, ev)
-	case trace.OpStreamSync:
-		var s uint64
-		if s, err = r.stream(ev.Stream); err == nil {
-			err = r.dev.streamSync(s)
-		}
-		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
-			sy.StreamSync(ev.Stream)
-		}
-	case trace.OpDeviceSync:
-		err = r.dev.deviceSync()
-		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
-			sy.DeviceSync()
-		}
-	case trace.OpEventRecord:
-		var s, e uint64
-		if s, err = r.stream(ev.Stream); err == nil {
-			if e, err = r.event(ev.Addr); err == nil {
-				err = r.dev.eventRecord(e, s)
-			}
-		}
-		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
-			sy.EventRecord(ev.Addr, ev.Stream)
-		}
-	case trace.OpStreamWaitEvent:
-		var s, e uint64
-		if s, err = r.stream(ev.Stream); err == nil {
-			if e, err = r.event(ev.Addr); err == nil {
-				err = r.dev.streamWaitEvent(s, e)
-			}
-		}
-		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
-			sy.StreamWaitEvent(ev.Stream, ev.Addr)
-		}
-	case trace.OpEventSync:
-		var e uint64
-		if e, err = r.event(ev.Addr); err == nil {
-			err = r.dev.eventSync(e)
-		}
-		if sy, ok := r.policy.(policies.Syncer); ok && err == nil {
-			sy.EventSync(ev.Addr)
-		}
-	case trace.OpEmptyCache:
-		if rel, ok := r.policy.(policies.Releaser); ok {
-			err = rel.EmptyCache()
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("event %d (%s): %w", i, ev.Op, err)
-	}
-	r.observe(i, ev.Time)
-	return nil
-}
-
-func (r *replayer) malloc(i int64, ev trace.Event) error {
-	if _, dup := r.live.Get(ev.Addr); dup {
-		r.anomaly(i, fmt.Sprintf("malloc of %#x, which is already live", ev.Addr))
-		return nil
-	}
-	switch ev.Kind {
-	case trace.KindPinned, trace.KindManaged:
-		return r.hostMalloc(i, ev)
-	}
-	r.res.Mallocs++
-	r.requested += ev.Size
-	r.res.PeakRequested = max(r.res.PeakRequested, r.requested)
-	b, err := r.policyMalloc(ev.Size, ev.Stream)
-	if err != nil {
-		if !errors.Is(err, policies.ErrOutOfMemory) {
-			return fmt.Errorf("malloc of %d bytes: %w", ev.Size, err)
-		}
-		r.oom(i, ev.Size)
-		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true})
-		return nil
-	}
-	r.allocated += b.Size
-	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	r.live.Put(ev.Addr, liveAlloc{block: b, requested: ev.Size, kind: ev.Kind})
-	return nil
-}
-
-// hostMalloc replays a pinned or managed allocation with a real
-// cudaMallocHost or cudaMallocManaged, within its bound: pinned memory
-// under Config.MaxPinned, managed memory never above what is left of the
-// device limit. A refused or failed one is an OOM.
-func (r *replayer) hostMalloc(i int64, ev trace.Event) error {
-	var ptr uint64
-	var err error
-	size := max(ev.Size, 1)
-	if ev.Kind == trace.KindPinned {
-		if r.pinned+size > r.cfg.MaxPinned {
-			err = policies.ErrOutOfMemory
-		} else {
-			ptr, err = r.dev.mallocHost(size)
-		}
-	} else {
-		limit := r.dev.Capacity() - min(r.dev.Capacity(), r.reserved())
-		if r.managed+size > limit {
-			err = policies.ErrOutOfMemory
-		} else {
-			ptr, err = r.dev.mallocManaged(size)
-		}
-	}
-	if err != nil {
-		if !errors.Is(err, policies.ErrOutOfMemory) {
-			return fmt.Errorf("%s malloc of %d bytes: %w", ev.Kind, ev.Size, err)
-		}
-		r.oom(i, ev.Size)
-		r.live.Put(ev.Addr, liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true})
-		return nil
-	}
-	if ev.Kind == trace.KindPinned {
-		r.pinned += size
-		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
-	} else {
-		r.managed += size
-		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
-	}
-	r.live.Put(ev.Addr, liveAlloc{block: policies.Block{Addr: ptr, Size: size}, requested: ev.Size, kind: ev.Kind})
-	return nil
-}
-
-func (r *replayer) mallocFailed(i int64, ev trace.Event) error {
-	r.res.SourceOOMs++
-	if !ev.Kind.OnDevice() {
-		return nil
-	}
-	b, err := r.policyMalloc(ev.Size, ev.Stream)
-	if err != nil {
-		if !errors.Is(err, policies.ErrOutOfMemory) {
-			return fmt.Errorf("malloc of %d bytes: %w", ev.Size, err)
-		}
-		r.oom(i, ev.Size)
-		return nil
-	}
-	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated+b.Size)
-	if err := r.policyFree(b.Addr, ev.Stream); err != nil {
-		return fmt.Errorf("free of the block of a failed malloc: %w", err)
-	}
-	return nil
-}
-
-func (r *replayer) free(i int64, ev trace.Event) error {
-	a, ok := r.live.Take(ev.Addr)
-	if !ok {
-		r.anomaly(i, fmt.Sprintf("free of %#x, which is not live", ev.Addr))
-		return nil
-	}
-	if a.kind == trace.KindPinned || a.kind == trace.KindManaged {
-		if a.failed {
-			return nil
-		}
-		return r.hostFree(a)
-	}
-	r.res.Frees++
-	r.requested -= a.requested
-	if a.failed {
-		return nil
-	}
-	r.allocated -= a.block.Size
-	if err := r.policyFree(a.block.Addr, ev.Stream); err != nil {
-		return fmt.Errorf("free of %#x: %w", ev.Addr, err)
-	}
-	return nil
-}
-
-// policyMalloc and policyFree call the policy. A simulated policy's own
-// time is sampled: one call in policyTimeEvery is timed, its device calls'
-// time (timed in C) taken out, and finish scales the sum up, so that the
-// clock reads stay out of the gaps between the device calls (a direct
-// target's time is its device calls').
-func (r *replayer) policyMalloc(size, stream uint64) (policies.Block, error) {
-	if r.direct || r.policyCalls%policyTimeEvery != 0 {
-		r.policyCalls++
-		return r.policy.Malloc(size, stream)
-	}
-	r.policyCalls++
-	t0, d0 := nanotime(), r.dev.AllocTime()
-	b, err := r.policy.Malloc(size, stream)
-	r.policyOwnNS += nanotime() - t0 - (r.dev.AllocTime() - d0)
-	return b, err
-}
-
-func (r *replayer) policyFree(addr, stream uint64) error {
-	if r.direct || r.policyCalls%policyTimeEvery != 0 {
-		r.policyCalls++
-		return r.policy.Free(addr, stream)
-	}
-	r.policyCalls++
-	t0, d0 := nanotime(), r.dev.AllocTime()
-	err := r.policy.Free(addr, stream)
-	r.policyOwnNS += nanotime() - t0 - (r.dev.AllocTime() - d0)
-	return err
-}
-
-// policyTimeEvery is the sampling period of a simulated policy's own time.
-const policyTimeEvery = 16
-
-// clockBase is the origin of nanotime.
-var clockBase = time.Now()
-
-// nanotime returns monotonic nanoseconds since clockBase: one clock read,
-// where time.Now takes two.
-func nanotime() int64 { return int64(time.Since(clockBase)) }
-
-func (r *replayer) hostFree(a liveAlloc) error {
-	if a.kind == trace.KindPinned {
-		r.pinned -= a.block.Size
-		return r.dev.freeHost(a.block.Addr, a.block.Size)
-	}
-	r.managed -= a.block.Size
-	return r.dev.freeManaged(a.block.Addr, a.block.Size)
-}
-
-func (r *replayer) oom(i int64, size uint64) {
-	r.res.OOMs++
-	if r.res.FirstOOMEvent < 0 {
-		r.res.FirstOOMEvent = i
-		r.res.FirstOOMSize = size
-	}
-}
-
-func (r *replayer) anomaly(i int64, msg string) {
-	r.res.Anomalies++
-	if r.res.FirstAnomaly == "" {
-		r.res.FirstAnomaly = fmt.Sprintf("event %d: %s", i, msg)
-	}
-}
-
-// reserved returns the device bytes the replay holds: the policy's
-// segments, or the live allocations of the stream-ordered target.
-func (r *replayer) reserved() uint64 {
-	if r.async != nil {
-		return r.async.Reserved()
-	}
-	return r.dev.Reserved()
-}
-
-func (r *replayer) observe(i, t int64) {
-	r.series.Observe(&r.res.Result, r.policy, i, t, r.requested, r.allocated, r.reserved())
-}
-
-// finish completes the result from the device's and the policy's
-// counters.
-func (r *replayer) finish() {
-	r.series.Finish(&r.res.Result, r.policy, r.allocated, r.reserved())
-	if r.async != nil {
-		r.res.PeakReserved = max(r.res.PeakReserved, r.res.Driver.PoolReservedHigh)
-		l := r.dev.Latencies()
-		r.res.DeviceAllocs = l.Count("cudaMallocAsync", "cudaMallocFromPoolAsync")
-		r.res.DeviceFrees = l.Count("cudaFreeAsync")
-	} else {
-		r.res.DeviceAllocs = r.dev.Allocs()
-		r.res.DeviceFrees = r.dev.Frees()
-	}
-	if c, ok := r.policy.(policies.Counter); ok {
-		r.res.AllocRetries = c.Retries()
-	}
-	r.res.Latency = r.dev.Latencies().Rows()
-	r.res.AllocTimeNS = r.dev.AllocTime()
-	r.res.SyncTimeNS = r.dev.SyncTime()
-	r.res.Calls = r.dev.Calls()
-	if r.direct {
-		r.res.PolicyTimeNS = r.res.AllocTimeNS
-	} else {
-		r.res.PolicyTimeNS = r.policyOwnNS*policyTimeEvery + r.res.AllocTimeNS
-	}
-	r.res.Seq = r.dev.Seq()
-	r.dev.seq = nil
-}
-
-// cleanup frees every allocation the replay holds and destroys its streams
-// and events, whatever state the replay is in. It returns the first error.
-func (r *replayer) cleanup() error {
-	var first error
-	keep := func(err error) {
-		if err != nil && first == nil {
-			first = err
-		}
-	}
-	var addrs []uint64 // taken first: the table must not change during All
-	for addr := range r.live.All() {
-		addrs = append(addrs, addr)
-	}
-	for _, addr := range addrs {
-		if a, _ := r.live.Take(addr); (a.kind == trace.KindPinned || a.kind == trace.KindManaged) && !a.failed {
-			keep(r.hostFree(a))
-		}
-	}
-	if r.async != nil {
-		keep(r.async.close())
-	}
-	keep(r.dev.FreeAll())
-	for id, e := range r.events {
-		keep(r.rt.EventDestroy(e))
-		delete(r.events, id)
-	}
-	for id, s := range r.streams {
-		keep(r.rt.StreamDestroy(s))
-		delete(r.streams, id)
-	}
-	return first
 }
 
 // Repeat replays a trace n times (at least once) on rt, each time on a

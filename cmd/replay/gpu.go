@@ -163,6 +163,11 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	}
 	if *table || (*jsonOut == "" && *csvOut == "") {
 		writeGPUTable(stdout, results)
+		flat := make([]*sim.Result, len(results))
+		for i, r := range results {
+			flat[i] = &r.Result
+		}
+		writeSettingsUsed(stdout, flat, settings)
 	}
 	return nil
 }
@@ -214,7 +219,7 @@ func simulateOnly(stdout, stderr io.Writer, paths, names []string, settings map[
 	}
 	var results []*sim.Result
 	for _, path := range paths {
-		var reps []*sim.Replay
+		var cfgs []sim.Config
 		for _, n := range names {
 			if !known[n] {
 				continue // a direct target without a simulated policy
@@ -223,42 +228,25 @@ func simulateOnly(stdout, stderr io.Writer, paths, names []string, settings map[
 			if n == gpu.TargetCUDA {
 				s = nil
 			}
-			rep, err := sim.NewReplay(sim.Config{Trace: path, Policy: n, Settings: s})
-			if err != nil {
-				return err
-			}
-			rep.Device().SetCostModel(model)
-			reps = append(reps, rep)
+			// As replay sim replays, and as gpu.Replay simulates alongside.
+			cfgs = append(cfgs, sim.Config{Trace: path, Policy: n, Settings: s, AsRecorded: true, CostModel: model})
 		}
-		if len(reps) == 0 {
+		if len(cfgs) == 0 {
 			return fmt.Errorf("--sim-only: none of %s is a simulated policy", strings.Join(names, ", "))
 		}
 		f, err := tracefile.Open(path, opts)
 		if err != nil {
 			return err
 		}
-		for i := int64(0); ; i++ {
-			ev, err := f.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				f.Close()
-				return err
-			}
-			for _, rep := range reps {
-				if err := rep.Step(i, ev); err != nil {
-					f.Close()
-					return fmt.Errorf("%s: %s: %w", path, rep.Policy().Name(), err)
-				}
-			}
-		}
+		res, err := sim.Run(f, cfgs...)
 		f.Close()
-		for _, rep := range reps {
-			r := rep.Finish()
-			rep.Device().FillCost(r)
-			results = append(results, r)
+		if err != nil {
+			if strings.HasPrefix(err.Error(), path+":") {
+				return err // a read error, which names the file already
+			}
+			return fmt.Errorf("%s: %w", path, err)
 		}
+		results = append(results, res...)
 	}
 	if jsonOut != "" || csvOut != "" {
 		if jsonOut != "" {

@@ -230,3 +230,34 @@ func TestSimOnlyCSV(t *testing.T) {
 		t.Errorf("policy %s, sim_alloc_time_ns %s, sim_wake_time_ns %s; want cuda, 584042900, 11620408", col["policy"], col["sim_alloc_time_ns"], col["sim_wake_time_ns"])
 	}
 }
+
+// TestSimOnlyMatchesSim: replay gpu --sim-only is replay sim's engine, so
+// every policy has the same peak reserved bytes, device calls and OOMs as
+// in replay sim (only the cost model's wake-ups differ, unpaced), and
+// --policy all runs the clairvoyant planners too.
+func TestSimOnlyMatchesSim(t *testing.T) {
+	dir := t.TempDir()
+	for _, path := range []string{trainGPT, multistream} {
+		simJSON, gpuJSON := filepath.Join(dir, "sim.json"), filepath.Join(dir, "gpu.json")
+		if _, _, err := runCmd(t, "sim", "--policy", "all", "--json", simJSON, path); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := runCmd(t, "gpu", "--sim-only", "--policy", "all", "--json", gpuJSON, path); err != nil {
+			t.Fatal(err)
+		}
+		want, got := readResults(t, simJSON), map[string]sim.Result{}
+		for _, r := range readResults(t, gpuJSON) {
+			got[r.Policy] = r
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d results from --sim-only, %d from sim", path, len(got), len(want))
+		}
+		for _, w := range want {
+			g := got[w.Policy]
+			if g.Policy != w.Policy || g.PeakReserved != w.PeakReserved || g.DeviceAllocs != w.DeviceAllocs || g.DeviceFrees != w.DeviceFrees || g.OOMs != w.OOMs {
+				t.Errorf("%s: --sim-only %s: reserved %d, %d/%d device calls, %d OOMs; sim %s: %d, %d/%d, %d",
+					path, g.Policy, g.PeakReserved, g.DeviceAllocs, g.DeviceFrees, g.OOMs, w.Policy, w.PeakReserved, w.DeviceAllocs, w.DeviceFrees, w.OOMs)
+			}
+		}
+	}
+}

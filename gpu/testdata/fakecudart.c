@@ -19,7 +19,17 @@
 //	                     more (on top of FAKECUDA_LATENCY_NS); the first
 //	                     call is not woken
 //
-// Built with -DFAKE_NO_ASYNC it lacks the stream-ordered allocator.
+// It also exports the driver's virtual memory calls (cuMemAddressReserve,
+// cuMemCreate, cuMemMap, cuMemSetAccess, cuMemUnmap, cuMemRelease,
+// cuMemAddressFree, cuMemGetAllocationGranularity, cuGetErrorName), with a
+// granularity of 2 MiB: reserved ranges are addresses alone, a physical
+// allocation counts against the device's memory, and every misuse the
+// driver refuses (a map outside a reserved range or over a mapped page, an
+// unmap of a range not mapped by one cuMemMap, a release of a handle still
+// mapped, an address free with pages mapped) returns
+// CUDA_ERROR_INVALID_VALUE (1). FAKECUDA_FAIL plants errors in them too.
+// Built with -DFAKE_NO_ASYNC it lacks the stream-ordered allocator;
+// with -DFAKE_NO_VMM it lacks the virtual memory calls.
 // fakecuda_live() returns the number of live allocations, streams, events and
 // created pools, so that tests can check that everything was released.
 #define _GNU_SOURCE
@@ -30,7 +40,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-enum { KIND_DEVICE = 1, KIND_ASYNC, KIND_HOST, KIND_MANAGED };
+enum { KIND_DEVICE = 1, KIND_ASYNC, KIND_HOST, KIND_MANAGED, KIND_VA, KIND_MAPPED };
 
 typedef struct alloc {
 	void *p;
@@ -207,7 +217,9 @@ static void removea(alloc *x) {
 	while (*pp != x)
 		pp = &(*pp)->next;
 	*pp = x->next;
-	if (x->kind == KIND_DEVICE || x->kind == KIND_ASYNC) {
+	if (x->kind == KIND_VA || x->kind == KIND_MAPPED) {
+		// Addresses alone: nothing mapped.
+	} else if (x->kind == KIND_DEVICE || x->kind == KIND_ASYNC) {
 		if (!nomap)
 			munmap(x->p, map_len(x->size));
 	}
@@ -599,6 +611,134 @@ int cudaMemPoolTrimTo(void *p, size_t keep) {
 		device_used -= pl->reserved - k;
 		pl->reserved = k;
 	}
+	return 0;
+}
+#endif
+
+#ifndef FAKE_NO_VMM
+// The driver's virtual memory management.
+#define VMM_PAGE (2ull << 20)
+
+typedef struct vmhandle {
+	uint64_t size;
+	int maps; // live mappings of it
+} vmhandle;
+
+int cuGetErrorName(int rc, const char **s) {
+	*s = cudaGetErrorName(rc);
+	return 0;
+}
+
+int cuMemGetAllocationGranularity(size_t *g, const void *prop, int option) {
+	ENTER("cuMemGetAllocationGranularity");
+	(void)prop;
+	(void)option;
+	*g = VMM_PAGE;
+	return 0;
+}
+
+int cuMemAddressReserve(uint64_t *p, size_t size, size_t align, uint64_t addr, unsigned long long flags) {
+	ENTER("cuMemAddressReserve");
+	(void)align;
+	(void)addr;
+	(void)flags;
+	if (size == 0 || size % VMM_PAGE)
+		return ret(1);
+	*p = next_device;
+	next_device += size;
+	insert((void *)*p, size, KIND_VA, NULL);
+	return 0;
+}
+
+// va_of returns the reserved range holding [p, p+size), or NULL.
+static alloc *va_of(uint64_t p, uint64_t size) {
+	for (int b = 0; b < NBUCKETS; b++)
+		for (alloc *a = table[b]; a; a = a->next)
+			if (a->kind == KIND_VA && (uint64_t)(uintptr_t)a->p <= p && p + size <= (uint64_t)(uintptr_t)a->p + a->size)
+				return a;
+	return NULL;
+}
+
+// mapped_in returns whether any page of [p, p+size) is mapped.
+static int mapped_in(uint64_t p, uint64_t size) {
+	for (int b = 0; b < NBUCKETS; b++)
+		for (alloc *a = table[b]; a; a = a->next) {
+			uint64_t q = (uint64_t)(uintptr_t)a->p;
+			if (a->kind == KIND_MAPPED && q < p + size && p < q + a->size)
+				return 1;
+		}
+	return 0;
+}
+
+int cuMemAddressFree(uint64_t p, size_t size) {
+	ENTER("cuMemAddressFree");
+	alloc *a = find((void *)p);
+	if (!a || a->kind != KIND_VA || a->size != size || mapped_in(p, size))
+		return ret(1);
+	removea(a);
+	return 0;
+}
+
+int cuMemCreate(uint64_t *h, size_t size, const void *prop, unsigned long long flags) {
+	ENTER("cuMemCreate");
+	(void)prop;
+	(void)flags;
+	spin();
+	if (size == 0 || size % VMM_PAGE)
+		return ret(1);
+	if (size > total - device_used)
+		return ret(2);
+	vmhandle *x = calloc(1, sizeof *x);
+	x->size = size;
+	device_used += size;
+	live_objects++;
+	*h = (uint64_t)(uintptr_t)x;
+	return 0;
+}
+
+int cuMemRelease(uint64_t h) {
+	ENTER("cuMemRelease");
+	vmhandle *x = (vmhandle *)(uintptr_t)h;
+	if (!x || x->maps)
+		return ret(1);
+	device_used -= x->size;
+	live_objects--;
+	free(x);
+	return 0;
+}
+
+int cuMemMap(uint64_t p, size_t size, size_t offset, uint64_t h, unsigned long long flags) {
+	ENTER("cuMemMap");
+	(void)flags;
+	vmhandle *x = (vmhandle *)(uintptr_t)h;
+	if (!x || offset != 0 || size != x->size || p % VMM_PAGE || !va_of(p, size) || mapped_in(p, size))
+		return ret(1);
+	x->maps++;
+	insert((void *)p, size, KIND_MAPPED, (pool *)x);
+	return 0;
+}
+
+int cuMemSetAccess(uint64_t p, size_t size, const void *desc, size_t count) {
+	ENTER("cuMemSetAccess");
+	(void)desc;
+	if (count != 1 || !va_of(p, size))
+		return ret(1);
+	for (uint64_t q = p; q < p + size; q += VMM_PAGE) {
+		alloc *a = find((void *)q);
+		if (!a || a->kind != KIND_MAPPED)
+			return ret(1);
+		q += a->size - VMM_PAGE;
+	}
+	return 0;
+}
+
+int cuMemUnmap(uint64_t p, size_t size) {
+	ENTER("cuMemUnmap");
+	alloc *a = find((void *)p);
+	if (!a || a->kind != KIND_MAPPED || a->size != size)
+		return ret(1);
+	((vmhandle *)a->pool)->maps--;
+	removea(a);
 	return 0;
 }
 #endif
