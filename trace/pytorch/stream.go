@@ -75,7 +75,6 @@ type decoder struct {
 	scratch      []byte
 	fields1      entryFields   // the entry being converted
 	segments     []snapSegment // from roleSegments
-	lastError    *pickleError
 }
 
 func newDecoder(r io.Reader, device int, s sink) *decoder {
