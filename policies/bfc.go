@@ -1,10 +1,10 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // BFC is TensorFlow's GPU allocator, best-fit with coalescing, as in

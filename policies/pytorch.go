@@ -1,12 +1,12 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // This file simulates PyTorch's CUDA caching allocator, following

@@ -1,10 +1,10 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // RMMArena is RAPIDS RMM's arena_memory_resource, as in rapidsai/rmm

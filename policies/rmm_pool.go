@@ -1,10 +1,10 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // RMMPool is RAPIDS RMM's pool_memory_resource over cudaMalloc, as in
