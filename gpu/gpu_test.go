@@ -165,11 +165,11 @@ func TestRuntimeCalls(t *testing.T) {
 	if rt.DeviceName != "Fake CUDA Device" || rt.Version != 13000 || rt.DriverVersion != 13000 || rt.Device != 0 {
 		t.Errorf("runtime %+v", rt)
 	}
-	p, ns, err := rt.Malloc(0)
+	p, _, err := rt.Malloc(0)
 	if p != 0 || err != nil {
 		t.Errorf("cudaMalloc(0) = %#x, %v; want NULL, success", p, err)
 	}
-	p, ns, err = rt.Malloc(4096)
+	p, ns, err := rt.Malloc(4096)
 	if err != nil || p == 0 || ns < 20000 {
 		t.Fatalf("cudaMalloc(4096) = %#x, %d ns, %v", p, ns, err)
 	}

@@ -1,8 +1,6 @@
 package plots
 
 import (
-	"github.com/gpualloc/allocsim/trace/tracefile"
-
 	"bytes"
 	"fmt"
 	"io"
@@ -18,6 +16,7 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 // Formats are the file formats Render writes, by file extension.

@@ -142,7 +142,18 @@ var (
 )
 
 func init() {
-	register("async-pool", func(dev Device, s Settings) (Policy, error) { return NewAsyncPool(dev, s) })
+	register(Info{
+		Name:   "async-pool",
+		Design: "the CUDA stream-ordered allocator (cudaMallocAsync on the default cudaMemPool_t), as measured on an H200",
+		Settings: []Setting{
+			{Key: "release_threshold", Default: "0", Doc: "bytes the pool keeps at a synchronize; max keeps everything"},
+			{Key: "granularity", Default: "32MiB", Doc: "the pool's reservation step in bytes, a multiple of 2 MiB"},
+			{Key: "alignment", Default: "512", Doc: "allocations are rounded up to a multiple of it, in bytes: a power of two from 1 B to 2 MiB"},
+			{Key: "reuse_follow_event_dependencies", Default: "true", Doc: "reuse memory across streams through event waits"},
+			{Key: "reuse_allow_internal_dependencies", Default: "true", Doc: "when the device refuses, reuse memory freed on another stream by waiting for it"},
+		},
+		Abilities: Abilities{Syncer: true, Releaser: true, FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewAsyncPool(dev, s) })
 }
 
 // NewAsyncPool returns an async-pool policy on dev. It returns an error

@@ -1,10 +1,10 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // BFC is TensorFlow's GPU allocator, best-fit with coalescing, as in
@@ -87,7 +87,16 @@ var (
 )
 
 func init() {
-	register("bfc", func(dev Device, s Settings) (Policy, error) { return NewBFC(dev, s) })
+	register(Info{
+		Name:   "bfc",
+		Design: "TensorFlow's best-fit with coalescing (tensorflow/core/common_runtime/bfc_allocator.cc)",
+		Settings: []Setting{
+			{Key: "allow_growth", Default: "true", Doc: "grow regions from 2 MiB by doubling; false takes one region of the memory limit at the first malloc"},
+			{Key: "memory_limit", Default: "the device's capacity, else none", Derived: true, Doc: "the bytes the policy may hold (TensorFlow's total_memory), at least 256"},
+			{Key: "garbage_collection", Default: "true", Doc: "return wholly free regions to the device when a region cannot be added"},
+		},
+		Abilities: Abilities{FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewBFC(dev, s) })
 }
 
 // NewBFC returns a bfc policy on dev. It returns an error naming the key

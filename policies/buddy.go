@@ -59,7 +59,16 @@ var (
 )
 
 func init() {
-	register("buddy", func(dev Device, s Settings) (Policy, error) { return NewBuddy(dev, s) })
+	register(Info{
+		Name:   "buddy",
+		Design: "binary buddy allocator (Knowlton 1965; Knuth, TAOCP vol. 1, 2.5)",
+		Settings: []Setting{
+			{Key: "min_order", Default: "9", Doc: "the smallest block is 2^min_order bytes"},
+			{Key: "max_order", Default: "26", Doc: "a device chunk is 2^max_order bytes; min_order <= max_order <= 48"},
+			{Key: "release", Default: "false", Doc: "return a chunk to the device as soon as it is wholly free"},
+		},
+		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewBuddy(dev, s) })
 }
 
 // NewBuddy returns a buddy policy on dev. It returns an error naming the

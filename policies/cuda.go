@@ -29,7 +29,14 @@ var (
 )
 
 func init() {
-	register("cuda", func(dev Device, s Settings) (Policy, error) { return NewCUDA(dev, s) })
+	register(Info{
+		Name:   "cuda",
+		Design: "no caching: every malloc is a cudaMalloc, every free a cudaFree",
+		Settings: []Setting{
+			{Key: "granularity", Default: "512", Doc: "requests are rounded up to a multiple of it, in bytes, from 1 B to 2 MiB"},
+		},
+		Abilities: Abilities{FreeSpacer: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewCUDA(dev, s) })
 }
 
 // NewCUDA returns a cuda policy on dev. It returns an error naming the key

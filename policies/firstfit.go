@@ -42,9 +42,29 @@ var (
 	_ Counter    = (*BestFit)(nil)
 )
 
+// coalescingSettings are the settings of first-fit and best-fit.
+var coalescingSettings = []Setting{
+	{Key: "alignment", Default: "512", Doc: "sizes are rounded up to a multiple of it, in bytes: a power of two from 1 B to 2 MiB"},
+	{Key: "segment_size", Default: "2MiB", Doc: "the smallest segment asked of the device, in bytes (rounded up to 2 MiB)"},
+	{Key: "release", Default: "false", Doc: "return a segment to the device as soon as it is wholly free"},
+}
+
+// coalescingAbilities are the abilities of first-fit and best-fit.
+var coalescingAbilities = Abilities{Releaser: true, FreeSpacer: true, Counter: true}
+
 func init() {
-	register("first-fit", func(dev Device, s Settings) (Policy, error) { return NewFirstFit(dev, s) })
-	register("best-fit", func(dev Device, s Settings) (Policy, error) { return NewBestFit(dev, s) })
+	register(Info{
+		Name:      "first-fit",
+		Design:    "coalescing free list over device segments, lowest address first (address-ordered first fit)",
+		Settings:  coalescingSettings,
+		Abilities: coalescingAbilities,
+	}, func(dev Device, s Settings) (Policy, error) { return NewFirstFit(dev, s) })
+	register(Info{
+		Name:      "best-fit",
+		Design:    "coalescing free list over device segments, smallest fit, lowest address among equal sizes",
+		Settings:  coalescingSettings,
+		Abilities: coalescingAbilities,
+	}, func(dev Device, s Settings) (Policy, error) { return NewBestFit(dev, s) })
 }
 
 // NewFirstFit returns a first-fit policy on dev. It returns an error naming

@@ -93,7 +93,18 @@ var (
 )
 
 func init() {
-	register("fixed-block", func(dev Device, s Settings) (Policy, error) { return NewFixedBlock(dev, s) })
+	register(Info{
+		Name:   "fixed-block",
+		Design: "fixed-size blocks carved from device chunks; RAPIDS RMM's fixed_size_memory_resource (fixed_size_memory_resource_impl.cpp) through its settings",
+		Settings: []Setting{
+			{Key: "block_size", Default: "8MiB", Doc: "the bytes of a block, rounded up to 256 B"},
+			{Key: "blocks_per_chunk", Default: "64", Doc: "blocks in a device chunk, from 1 to 2^20"},
+			{Key: "oversize", Default: "device", Doc: "what a request over the block size gets: device (a segment of its own) or oom"},
+			{Key: "preallocate", Default: "false", Doc: "take one chunk from the device when the policy is built"},
+			{Key: "per_stream", Default: "false", Doc: "one free list per stream, as RMM"},
+		},
+		Abilities: Abilities{FreeSpacer: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewFixedBlock(dev, s) })
 }
 
 // NewFixedBlock returns a fixed-block policy on dev, with its first chunk

@@ -99,10 +99,35 @@ var (
 	_ FreeSpacer = (*Offline)(nil)
 )
 
+// offlineAlignmentSetting is the alignment setting of the clairvoyant
+// policies.
+var offlineAlignmentSetting = Setting{Key: "alignment", Default: "256", Doc: "sizes, and so offsets, are rounded up to a multiple of it, in bytes: a power of two up to 2 MiB"}
+
+// offlineAbilities are the abilities of the clairvoyant policies.
+var offlineAbilities = Abilities{Planner: true, Releaser: true, FreeSpacer: true}
+
 func init() {
-	register(OfflineName, func(dev Device, s Settings) (Policy, error) { return NewOffline(dev, s) })
-	register("greedy-by-size", func(dev Device, s Settings) (Policy, error) { return NewGreedyBySize(dev, s) })
-	register("greedy-by-lifetime", func(dev Device, s Settings) (Policy, error) { return NewGreedyByLifetime(dev, s) })
+	register(Info{
+		Name:   OfflineName,
+		Design: "clairvoyant static placement of the whole trace (dynamic storage allocation), greedy orders and a bounded search: the achievable baseline",
+		Settings: []Setting{
+			offlineAlignmentSetting,
+			{Key: "nodes", Default: "200000", Doc: "the search's budget in nodes (0: the greedy orders only), at most 2^40"},
+		},
+		Abilities: offlineAbilities,
+	}, func(dev Device, s Settings) (Policy, error) { return NewOffline(dev, s) })
+	register(Info{
+		Name:      "greedy-by-size",
+		Design:    "clairvoyant greedy by size with best-fit offsets (Pisarchyk and Lee 2020; TensorFlow Lite's GreedyBySize)",
+		Settings:  []Setting{offlineAlignmentSetting},
+		Abilities: offlineAbilities,
+	}, func(dev Device, s Settings) (Policy, error) { return NewGreedyBySize(dev, s) })
+	register(Info{
+		Name:      "greedy-by-lifetime",
+		Design:    "clairvoyant greedy by lifetime with best-fit offsets, the longest-lived blocks at the bottom",
+		Settings:  []Setting{offlineAlignmentSetting},
+		Abilities: offlineAbilities,
+	}, func(dev Device, s Settings) (Policy, error) { return NewGreedyByLifetime(dev, s) })
 }
 
 // NewOffline returns the offline policy on dev. It returns an error naming

@@ -79,7 +79,19 @@ var (
 )
 
 func init() {
-	register("paddle", func(dev Device, s Settings) (Policy, error) { return NewPaddle(dev, s) })
+	register(Info{
+		Name:   "paddle",
+		Design: "PaddlePaddle's auto-growth best-fit allocator (paddle/phi/core/memory/allocation/auto_growth_best_fit_allocator.cc)",
+		Settings: []Setting{
+			{Key: "alignment", Default: "256", Doc: "requests are rounded up to a multiple of it, in bytes, from 1 B to 2 MiB"},
+			{Key: "chunk_size", Default: "0", Doc: "the smallest chunk asked of the device, in bytes (FLAGS_auto_growth_chunk_size_in_mb)"},
+			{Key: "allow_free_idle_chunk", Default: "true", Doc: "idle chunks may be given back to the device at all"},
+			{Key: "free_idle_chunk", Default: "false", Doc: "give idle chunks back at every free (FLAGS_free_idle_chunk)"},
+			{Key: "free_when_no_cache_hit", Default: "false", Doc: "give the pool's idle chunks back before every growth, without the pool's own retry (FLAGS_free_when_no_cache_hit)"},
+			{Key: "per_stream", Default: "true", Doc: "one pool per stream (FLAGS_use_stream_safe_cuda_allocator); false: one pool for all streams"},
+		},
+		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewPaddle(dev, s) })
 }
 
 // NewPaddle returns a paddle policy on dev. It returns an error naming the

@@ -131,16 +131,23 @@ type Settings map[string]string
 // error naming the key for an unknown or malformed setting.
 type Factory func(dev Device, s Settings) (Policy, error)
 
-// registry maps policy names to their factories, in no particular order;
-// Names sorts them.
-var registry = map[string]Factory{}
+// entry is a registered policy: what it is and how to build it.
+type entry struct {
+	info    Info
+	factory Factory
+}
 
-// register adds a policy; called from the policy files' init functions.
-func register(name string, f Factory) {
-	if _, dup := registry[name]; dup {
-		panic("policies: duplicate policy " + name)
+// registry maps policy names to their entries, in no particular order;
+// Names sorts them.
+var registry = map[string]entry{}
+
+// register adds a policy with its description; called from the policy
+// files' init functions.
+func register(info Info, f Factory) {
+	if _, dup := registry[info.Name]; dup {
+		panic("policies: duplicate policy " + info.Name)
 	}
-	registry[name] = f
+	registry[info.Name] = entry{info: info, factory: f}
 }
 
 // Names returns the names of every registered policy, sorted.
@@ -156,9 +163,9 @@ func Names() []string {
 // New builds the policy called name on dev. It returns an error for an
 // unknown name or a bad setting.
 func New(name string, dev Device, s Settings) (Policy, error) {
-	f, ok := registry[name]
+	e, ok := registry[name]
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
 	}
-	return f(dev, s)
+	return e.factory(dev, s)
 }

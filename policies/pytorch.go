@@ -1,12 +1,12 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // This file simulates PyTorch's CUDA caching allocator, following
@@ -126,7 +126,19 @@ var (
 )
 
 func init() {
-	register("pytorch", func(dev Device, s Settings) (Policy, error) { return NewPyTorch(dev, s) })
+	register(Info{
+		Name:   "pytorch",
+		Design: "PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp), every placement setting",
+		Settings: []Setting{
+			{Key: ptKeyConf, Default: "", Doc: "a whole PYTORCH_CUDA_ALLOC_CONF string, read before the single keys (as recorded: the snapshot's settings)"},
+			{Key: ptKeyMaxSplit, Default: "unlimited", Derived: true, Doc: "blocks of at least this many MiB are never split and smaller requests never take them; at least 20"},
+			{Key: ptKeyMaxNonSplitRound, Default: "20", Doc: "how many MiB larger than a request of at least max_split_size_mb a cached block taken for it may be; at least 20"},
+			{Key: ptKeyRoundup, Default: "off", Derived: true, Doc: "requests are rounded up to one of this many steps of their power-of-two interval: a power of two, or [MiB:divisions,...,>:divisions]; 1 is off"},
+			{Key: ptKeyGCThreshold, Default: "off", Derived: true, Doc: "under a capacity, the oldest unused cached segments are freed before reserved bytes pass this fraction of it, in (0.0, 1.0)"},
+			{Key: ptKeyExpandableSegments, Default: "False", Doc: "True maps pages of one growing range per stream and pool on demand; it needs a device that is a Mapper"},
+		},
+		Abilities: Abilities{Releaser: true, Follower: true, FreeSpacer: true, Counter: true, MapperSetting: ptKeyExpandableSegments},
+	}, func(dev Device, s Settings) (Policy, error) { return NewPyTorch(dev, s) })
 	registerRecorded("pytorch", pytorchRecorded)
 }
 

@@ -1,10 +1,10 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // RMMArena is RAPIDS RMM's arena_memory_resource, as in rapidsai/rmm
@@ -92,7 +92,14 @@ var (
 )
 
 func init() {
-	register("rmm-arena", func(dev Device, s Settings) (Policy, error) { return NewRMMArena(dev, s) })
+	register(Info{
+		Name:   "rmm-arena",
+		Design: "RAPIDS RMM's arena_memory_resource (arena_memory_resource.hpp, detail/arena.hpp)",
+		Settings: []Setting{
+			{Key: "arena_size", Default: "half the capacity, at least 1 MiB; 0 without a capacity", Derived: true, Doc: "the bytes of the global arena, rounded down to 256 B, at least 1 MiB; 0 grows it on demand"},
+		},
+		Abilities: Abilities{FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewRMMArena(dev, s) })
 }
 
 // NewRMMArena returns an rmm-arena policy on dev, with its global arena

@@ -48,7 +48,16 @@ var (
 )
 
 func init() {
-	register("rmm-binning", func(dev Device, s Settings) (Policy, error) { return NewRMMBinning(dev, s) })
+	register(Info{
+		Name:   "rmm-binning",
+		Design: "RAPIDS RMM's binning_memory_resource over a pool_memory_resource, as its replay benchmark builds it (binning_memory_resource_impl.cpp)",
+		Settings: append([]Setting{
+			{Key: "min_size_exponent", Default: "18", Doc: "the smallest bin's blocks are 2^min_size_exponent bytes (rounded up to 256 B)"},
+			{Key: "max_size_exponent", Default: "22", Doc: "the largest bin's blocks are 2^max_size_exponent bytes; min <= max <= 40"},
+			{Key: "blocks_per_chunk", Default: "128", Doc: "blocks in a bin's chunk, from 1 to 2^20"},
+		}, rmmPoolSettings...),
+		Abilities: Abilities{FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewRMMBinning(dev, s) })
 }
 
 // NewRMMBinning returns an rmm-binning policy on dev, with each bin's

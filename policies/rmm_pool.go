@@ -1,10 +1,10 @@
 package policies
 
 import (
-	"github.com/gpualloc/allocsim/trace"
-
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // RMMPool is RAPIDS RMM's pool_memory_resource over cudaMalloc, as in
@@ -63,8 +63,19 @@ var (
 	_ Counter    = (*RMMPool)(nil)
 )
 
+// rmmPoolSettings are the settings of rmm-pool, which rmm-binning has too.
+var rmmPoolSettings = []Setting{
+	{Key: "initial_pool_size", Default: "0", Doc: "bytes taken from the device when the policy is built, a multiple of 256"},
+	{Key: "maximum_pool_size", Default: "none", Derived: true, Doc: "the most bytes the pool may hold, a multiple of 256, at least initial_pool_size"},
+}
+
 func init() {
-	register("rmm-pool", func(dev Device, s Settings) (Policy, error) { return NewRMMPool(dev, s) })
+	register(Info{
+		Name:      "rmm-pool",
+		Design:    "RAPIDS RMM's pool_memory_resource over cudaMalloc (pool_memory_resource_impl.cpp)",
+		Settings:  rmmPoolSettings,
+		Abilities: Abilities{FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewRMMPool(dev, s) })
 }
 
 // NewRMMPool returns an rmm-pool policy on dev, with its initial pool

@@ -66,7 +66,16 @@ var (
 )
 
 func init() {
-	register("slab", func(dev Device, s Settings) (Policy, error) { return NewSlab(dev, s) })
+	register(Info{
+		Name:   "slab",
+		Design: "size-class slabs in the manner of Bonwick's slab allocator (USENIX 1994)",
+		Settings: []Setting{
+			{Key: "classes", Default: "512,1KiB,2KiB,4KiB,8KiB,16KiB,32KiB,64KiB,128KiB,256KiB,512KiB,1MiB", Doc: "the object sizes in bytes, a comma-separated list in any order"},
+			{Key: "slab_size", Default: "2MiB", Doc: "the bytes of a slab, at least the largest class"},
+			{Key: "release", Default: "false", Doc: "return a slab to the device as soon as it is empty"},
+		},
+		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewSlab(dev, s) })
 }
 
 // NewSlab returns a slab policy on dev. It returns an error naming the key

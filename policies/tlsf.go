@@ -95,7 +95,18 @@ var (
 )
 
 func init() {
-	register("tlsf", func(dev Device, s Settings) (Policy, error) { return NewTLSF(dev, s) })
+	register(Info{
+		Name:   "tlsf",
+		Design: "two-level segregated fit (Masmano, Ripoll, Crespo and Real, ECRTS 2004; TLSF 2.4)",
+		Settings: []Setting{
+			{Key: "alignment", Default: "256", Doc: "sizes are rounded up to a multiple of it, in bytes: a power of two from 1 B to 2 MiB"},
+			{Key: "sl_log2", Default: "5", Doc: "log2 of the number of second-level classes per power of two, from 0 to 6"},
+			{Key: "segment_size", Default: "2MiB", Doc: "the smallest segment asked of the device, in bytes"},
+			{Key: "class_rounding", Default: "true", Doc: "hand out the class-rounded size rather than the aligned request"},
+			{Key: "release", Default: "false", Doc: "return a segment to the device as soon as it is wholly free"},
+		},
+		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewTLSF(dev, s) })
 }
 
 // NewTLSF returns a TLSF policy on dev. It returns an error naming the key

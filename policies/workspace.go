@@ -96,7 +96,17 @@ var (
 )
 
 func init() {
-	register("workspace", func(dev Device, s Settings) (Policy, error) { return NewWorkspace(dev, s) })
+	register(Info{
+		Name:   "workspace",
+		Design: "one preallocated region with bump allocation, reset per iteration (the workspace of inference engines and training loops)",
+		Settings: []Setting{
+			{Key: "size", Default: "factor times the peak requested", Derived: true, Doc: "the region's size in bytes, rounded up to 2 MiB"},
+			{Key: "factor", Default: "1.2", Doc: "the region's size as a multiple of the trace's peak of live requested bytes, when size is unset"},
+			{Key: "alignment", Default: "256", Doc: "requests are rounded up to a multiple of it, in bytes: a power of two from 1 B to 2 MiB"},
+			{Key: "reset_marker", Default: "iteration", Doc: "the label prefix of the markers that reset the top; empty: markers never do"},
+		},
+		Abilities: Abilities{Hinter: true, Marker: true, FreeSpacer: true},
+	}, func(dev Device, s Settings) (Policy, error) { return NewWorkspace(dev, s) })
 }
 
 // NewWorkspace returns a workspace policy on dev. It returns an error

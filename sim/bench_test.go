@@ -251,12 +251,8 @@ func BenchmarkReplay(b *testing.B) {
 // isPlanner reports whether the policy called name must see the whole
 // trace first (policies.Planner).
 func isPlanner(name string) bool {
-	p, err := policies.New(name, sim.NewDevice(0), nil)
-	if err != nil {
-		return false
-	}
-	_, ok := p.(policies.Planner)
-	return ok
+	in, ok := policies.Lookup(name)
+	return ok && in.Abilities.Planner
 }
 
 // BenchmarkReplayMallocFree replays only the malloc and free events of

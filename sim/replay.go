@@ -733,12 +733,8 @@ func (p *peakLive) add(ev *trace.Event) {
 
 // isHinter reports whether the policy called name is a policies.Hinter.
 func isHinter(name string) bool {
-	p, err := policies.New(name, NewDevice(0), nil)
-	if err != nil {
-		return false
-	}
-	_, ok := p.(policies.Hinter)
-	return ok
+	in, ok := policies.Lookup(name)
+	return ok && in.Abilities.Hinter
 }
 
 // plan hands the whole trace to the policies that must see it before the

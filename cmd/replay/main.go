@@ -9,6 +9,7 @@
 //	replay merge -o DIR SHARD_DIR|RESULTS.json...
 //	replay fit [--policy LIST|all] [--set ...] [--json FILE] TRACE...
 //	replay report -o report.html [--plots DIR] RESULTS.json...
+//	replay policies [--json]
 package main
 
 import (
@@ -56,6 +57,8 @@ Commands:
          replay report -o report.html [--plots DIR] RESULTS.json...
   fidelity  replay traces as recorded and compare with the recording event by event (exit 1 if any differs)
          replay fidelity [--capacity SIZE] TRACE...
+  policies  list the policies: the design each follows, its abilities, its settings with defaults
+         replay policies [--json]
 
 Run 'replay COMMAND --help' for a command's flags.
 `
@@ -93,6 +96,8 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runFit(stdout, stderr, args[1:])
 	case "report":
 		return runReport(stdout, stderr, args[1:])
+	case "policies":
+		return runPolicies(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -149,12 +149,11 @@ func TestRecordReal(t *testing.T) {
 // planner reports whether the policy called name plans its placements
 // from the whole trace (an offline policy).
 func planner(t *testing.T, name string) bool {
-	p, err := policies.New(name, sim.NewDevice(0), nil)
-	if err != nil {
-		t.Fatal(err)
+	in, ok := policies.Lookup(name)
+	if !ok {
+		t.Fatalf("no policy %q", name)
 	}
-	_, ok := p.(interface{ Plan([]trace.Event) error })
-	return ok
+	return in.Abilities.Planner
 }
 
 // TestRecordOOM records a replay under a capacity that runs out: an oom

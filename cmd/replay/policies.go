@@ -1,0 +1,39 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/policies"
+)
+
+// runPolicies lists every registered policy: the design it follows, its
+// abilities and its settings with their defaults, as a text table, or with
+// --json as {"policies": [...]}.
+func runPolicies(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("policies", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	jsonOut := fs.Bool("json", false, "print JSON instead of a table")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("policies: takes no arguments, got %q", fs.Arg(0))
+	}
+	infos := policies.Infos()
+	if *jsonOut {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", " ")
+		return enc.Encode(struct {
+			Policies []policies.Info `json:"policies"`
+		}{infos})
+	}
+	return policies.WriteTable(stdout, infos)
+}
