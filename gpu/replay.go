@@ -371,7 +371,7 @@ func (r *replayer) shadowConfig(limit uint64) (sim.Config, bool) {
 	if r.cfg.Sim == nil {
 		return sim.Config{}, false
 	}
-	if _, ok := lookupPolicy(name); !ok {
+	if _, ok := policies.Lookup(name); !ok {
 		return sim.Config{}, false
 	}
 	settings := r.cfg.Settings
@@ -383,16 +383,6 @@ func (r *replayer) shadowConfig(limit uint64) (sim.Config, bool) {
 		m = m.WithoutWake()
 	}
 	return sim.Config{Trace: r.cfg.Trace, Policy: name, Settings: settings, Capacity: limit, AsRecorded: true, CostModel: m}, true
-}
-
-// lookupPolicy reports whether name is a registered policy.
-func lookupPolicy(name string) (string, bool) {
-	for _, n := range policies.Names() {
-		if n == name {
-			return n, true
-		}
-	}
-	return "", false
 }
 
 // replayEvents replays buf, whose first event is event *i of the trace,

@@ -208,12 +208,9 @@ func simulateOnly(stdout, stderr io.Writer, paths, names []string, settings map[
 	if !pace {
 		model = model.WithoutWake() // the calls come back to back, as gpu.Replay simulates them unpaced
 	}
-	known := map[string]bool{}
-	for _, n := range policies.Names() {
-		known[n] = true
-	}
+	known := func(n string) bool { _, ok := policies.Lookup(n); return ok }
 	for _, n := range names {
-		if !known[n] {
+		if !known(n) {
 			fmt.Fprintf(stderr, "replay gpu --sim-only: %s has no simulated policy; left out\n", n)
 		}
 	}
@@ -221,7 +218,7 @@ func simulateOnly(stdout, stderr io.Writer, paths, names []string, settings map[
 	for _, path := range paths {
 		var cfgs []sim.Config
 		for _, n := range names {
-			if !known[n] {
+			if !known(n) {
 				continue // a direct target without a simulated policy
 			}
 			s := settings[n]
