@@ -528,7 +528,7 @@ func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Clos
 			size, slot := res.Seq.Calls()
 			sr, err := rt.RunSeq(size, slot, false)
 			if err != nil {
-				return nil, fmt.Errorf("C loop: %w", err)
+				return nil, fmt.Errorf("the plain C loop: %w", err)
 			}
 			loops = append(loops, sr)
 			if k == 0 {
@@ -574,7 +574,7 @@ func Repeat(ctx context.Context, rt *Runtime, open func() (trace.Source, io.Clos
 		// One more run of the loop, timing each call as the harness does.
 		sr, err := rt.RunSeq(size0, slot0, true)
 		if err != nil {
-			return nil, fmt.Errorf("timed C loop: %w", err)
+			return nil, fmt.Errorf("the timed C loop: %w", err)
 		}
 		c.TimedWallNS, c.CallsNS = sr.WallNS, sr.CallsNS
 		c.LoopOutsideCallsPerCallNS = float64(sr.WallNS-sr.CallsNS) / float64(sr.Calls)
