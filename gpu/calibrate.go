@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/synth"
@@ -389,7 +390,7 @@ func (c *calibration) workload(w Workload, point func(uint64) uint64, samples ma
 	// batchOps consecutive mallocs and frees back to back in C. Made one
 	// at a time from Go, each small call cost 0.6-1.2 us more on an H200.
 	b := &batch{}
-	slots := map[uint64]int32{} // trace address -> slot of its malloc
+	slots := map[uint64]int32{} // address handed to the engine -> slot of its malloc
 	pages := map[uint64]int{}   // 2 MiB page -> live small allocations
 	var reserved uint64
 	small := 0 // small calls timed
@@ -442,6 +443,14 @@ func (c *calibration) workload(w Workload, point func(uint64) uint64, samples ma
 		b.reset()
 		return nil
 	}
+	// The engine of replay sim interprets the trace, with the cuda target
+	// on a device that records its calls as batch operations.
+	calls := &callRecorder{b: b, slots: slots}
+	reps, src, err := sim.Prepare(src, sim.Config{Trace: name, Policy: TargetCUDA, Backend: calls,
+		NewPolicy: func(d policies.Device, s policies.Settings) (policies.Policy, error) { return newCUDATarget(d, s) }})
+	if err != nil {
+		return fmt.Errorf("workload %s: %w", name, err)
+	}
 	for i := 0; i < c.opt.WorkloadEvents; i++ {
 		ev, err := src.Next()
 		if err == io.EOF {
@@ -450,24 +459,10 @@ func (c *calibration) workload(w Workload, point func(uint64) uint64, samples ma
 		if err != nil {
 			return fmt.Errorf("workload %s: %w", name, err)
 		}
-		switch {
-		case ev.Op == trace.OpMalloc && ev.Kind.OnDevice() && ev.Size > 0:
-			if _, live := slots[ev.Addr]; live {
-				continue
-			}
-			s := b.newSlot()
-			slots[ev.Addr] = s
-			b.size, b.slot = append(b.size, ev.Size), append(b.slot, s)
-		case ev.Op == trace.OpFree:
-			s, ok := slots[ev.Addr]
-			if !ok {
-				continue
-			}
-			delete(slots, ev.Addr)
-			b.size, b.slot = append(b.size, 0), append(b.slot, s)
-			b.freed = append(b.freed, s)
+		if err := reps[0].Step(int64(i), ev); err != nil {
+			return fmt.Errorf("workload %s: %w", name, err)
 		}
-		if len(b.size) == batchOps {
+		if len(b.size) >= batchOps {
 			if err := c.ctx.Err(); err != nil {
 				return err
 			}
@@ -804,3 +799,41 @@ func WriteCostModel(w io.Writer, rows []CostRow) error {
 	cw.Flush()
 	return cw.Error()
 }
+
+// callRecorder is the device of a calibration workload's replay: each
+// cudaMalloc and cudaFree the cuda target asks for becomes an operation of
+// the batch, made later in C; the address handed back stands for the
+// operation's slot.
+type callRecorder struct {
+	b     *batch
+	slots map[uint64]int32 // address handed out -> slot
+	next  uint64           // the next address to hand out
+}
+
+var _ sim.Backend = (*callRecorder)(nil)
+
+func (r *callRecorder) Alloc(size uint64) (uint64, error) {
+	s := r.b.newSlot()
+	r.next += 1 << 21
+	r.slots[r.next] = s
+	r.b.size, r.b.slot = append(r.b.size, size), append(r.b.slot, s)
+	return r.next, nil
+}
+
+func (r *callRecorder) Free(addr uint64) error {
+	s, ok := r.slots[addr]
+	if !ok {
+		return fmt.Errorf("device free of %#x: not a live segment", addr)
+	}
+	delete(r.slots, addr)
+	r.b.size, r.b.slot = append(r.b.size, 0), append(r.b.slot, s)
+	r.b.freed = append(r.b.freed, s)
+	return nil
+}
+
+func (r *callRecorder) Reserved() uint64                              { return 0 }
+func (r *callRecorder) SetTime(int64)                                 {}
+func (r *callRecorder) Sync(*trace.Event) error                       { return nil }
+func (r *callRecorder) HostMalloc(trace.Kind, uint64) (uint64, error) { return 0, nil }
+func (r *callRecorder) HostFree(trace.Kind, uint64, uint64) error     { return nil }
+func (r *callRecorder) DeviceCalls() (allocs, frees int64)            { return 0, 0 }

@@ -33,12 +33,12 @@ func Targets() []string {
 // cudaTarget calls cudaMalloc and cudaFree directly. A malloc of 0 bytes is
 // no call, as cudaMalloc(0) returns NULL.
 type cudaTarget struct {
-	dev *Device
+	dev policies.Device
 }
 
 var _ policies.Policy = (*cudaTarget)(nil)
 
-func newCUDATarget(dev *Device, s policies.Settings) (*cudaTarget, error) {
+func newCUDATarget(dev policies.Device, s policies.Settings) (*cudaTarget, error) {
 	if err := s.Check(TargetCUDA); err != nil {
 		return nil, err
 	}
