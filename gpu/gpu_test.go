@@ -729,20 +729,12 @@ func TestReplayEveryPolicyMatchesSim(t *testing.T) {
 	for _, path := range []string{"../testdata/pytorch/train_gpt.pickle.gz", "../testdata/pytorch/multistream.pickle.gz"} {
 		for _, name := range policies.Names() {
 			t.Run(filepath.Base(path)+"/"+name, func(t *testing.T) {
-				open := func() *tracefile.File {
-					f, err := tracefile.Open(path, tracefile.Options{})
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(func() { f.Close() })
-					return f
-				}
 				rt := fakeRuntime(t, "", fmt.Sprintf("FAKECUDA_TOTAL=%d", uint64(capacity+DefaultMargin)))
-				got, err := Replay(context.Background(), rt, open(), Config{Trace: path, Policy: name})
+				got, err := Replay(context.Background(), rt, openTrace(t, path), Config{Trace: path, Policy: name})
 				if err != nil {
 					t.Fatal(err)
 				}
-				want, err := sim.Run(open(), sim.Config{Trace: path, Policy: name, Capacity: got.MaxBytes, AsRecorded: true})
+				want, err := sim.Run(openTrace(t, path), sim.Config{Trace: path, Policy: name, Capacity: got.MaxBytes, AsRecorded: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -775,20 +767,12 @@ func TestReplayEveryPolicyMatchesSim(t *testing.T) {
 func TestReplayExpandableVMM(t *testing.T) {
 	for _, path := range []string{"../testdata/pytorch/churn_expandable.pickle.gz", "../testdata/pytorch/mlp_expandable.pickle.gz"} {
 		t.Run(filepath.Base(path), func(t *testing.T) {
-			open := func() *tracefile.File {
-				f, err := tracefile.Open(path, tracefile.Options{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { f.Close() })
-				return f
-			}
 			rt := fakeRuntime(t, "", fmt.Sprintf("FAKECUDA_TOTAL=%d", uint64(64<<30)))
-			got, err := Replay(context.Background(), rt, open(), Config{Trace: path, Policy: "pytorch"})
+			got, err := Replay(context.Background(), rt, openTrace(t, path), Config{Trace: path, Policy: "pytorch"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			want, err := sim.Run(open(), sim.Config{Trace: path, Policy: "pytorch", Capacity: got.MaxBytes, AsRecorded: true})
+			want, err := sim.Run(openTrace(t, path), sim.Config{Trace: path, Policy: "pytorch", Capacity: got.MaxBytes, AsRecorded: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -814,4 +798,15 @@ func TestReplayExpandableVMM(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openTrace opens the trace at path, closed at the end of the test.
+func openTrace(t *testing.T, path string) *tracefile.File {
+	t.Helper()
+	f, err := tracefile.Open(path, tracefile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
