@@ -1,7 +1,7 @@
 package plots
 
 import (
-	"github.com/gpualloc/allocsim/trace/tracefile"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 
 	"bytes"
 	"fmt"
@@ -159,9 +159,9 @@ func WriteAll(dir string, results []sim.Result) ([]string, error) {
 }
 
 // writeAtomic writes a file at path through write, atomically (see
-// tracefile.WriteFile): on error path is left as it was.
+// atomicfile.WriteFile): on error path is left as it was.
 func writeAtomic(path string, write func(io.Writer) error) error {
-	if err := tracefile.WriteFile(path, write); err != nil {
+	if err := atomicfile.WriteFile(path, write); err != nil {
 		return fmt.Errorf("plots: writing %s: %w", path, err)
 	}
 	return nil

@@ -14,7 +14,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
-	"github.com/gpualloc/allocsim/trace/tracefile"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 const mergeUsage = `usage: replay merge [--partial] -o DIR INPUT...
@@ -66,10 +66,10 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("merge: the inputs are incomplete (%d missing); --partial writes what there is", len(missing))
 	}
 	results := m.ordered()
-	if err := tracefile.WriteFile(filepath.Join(*outDir, "results.json"), func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.json"), func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
 		return err
 	}
-	if err := tracefile.WriteFile(filepath.Join(*outDir, "results.csv"), func(w io.Writer) error { return writeResultsCSV(w, results) }); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.csv"), func(w io.Writer) error { return writeResultsCSV(w, results) }); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "merge: %d results from %d inputs", len(results), fs.NArg())

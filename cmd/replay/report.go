@@ -12,7 +12,7 @@ import (
 
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/sim"
-	"github.com/gpualloc/allocsim/trace/tracefile"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 const reportUsage = `usage: replay report -o report.html [--plots DIR] [--title TEXT] INPUT...
@@ -65,7 +65,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := tracefile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep, charts) }); err != nil {
+	if err := atomicfile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep, charts) }); err != nil {
 		return fmt.Errorf("-o: %w", err)
 	}
 	var size int64

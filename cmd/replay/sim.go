@@ -18,6 +18,7 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -128,7 +129,7 @@ func writeOutput(stdout io.Writer, path string, write func(io.Writer) error) err
 	if path == "-" {
 		return write(stdout)
 	}
-	return tracefile.WriteFile(path, write)
+	return atomicfile.WriteFile(path, write)
 }
 
 // policyNames expands a --policy value.

@@ -24,6 +24,7 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -538,7 +539,7 @@ func (s *sweeper) prepare() error {
 				s.dir, old.Shard, old.Shards, s.plan.Shard, s.plan.Shards)
 		}
 	}
-	if err := tracefile.WriteFile(planPath, func(w io.Writer) error {
+	if err := atomicfile.WriteFile(planPath, func(w io.Writer) error {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", " ")
 		return enc.Encode(s.plan)
@@ -692,7 +693,7 @@ func (s *sweeper) run(pg progress) {
 			for k, i := range jr.job.cells {
 				r := jr.results[k]
 				c := &s.plan.Cells[i]
-				if err := tracefile.WriteFile(filepath.Join(s.dir, "cells", c.File), func(w io.Writer) error {
+				if err := atomicfile.WriteFile(filepath.Join(s.dir, "cells", c.File), func(w io.Writer) error {
 					return json.NewEncoder(w).Encode(cellFile{Cell: *c, Result: r})
 				}); err != nil {
 					jr.err = err
@@ -747,10 +748,10 @@ func (s *sweeper) writeResults() error {
 			rs = append(rs, r)
 		}
 	}
-	if err := tracefile.WriteFile(filepath.Join(s.dir, "results.json"), func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(s.dir, "results.json"), func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
 		return err
 	}
-	return tracefile.WriteFile(filepath.Join(s.dir, "results.csv"), func(w io.Writer) error {
+	return atomicfile.WriteFile(filepath.Join(s.dir, "results.csv"), func(w io.Writer) error {
 		c := newResultCSV(w, s.settingKeys())
 		if err := c.header(); err != nil {
 			return err
