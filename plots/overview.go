@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // overviewTop is the highest ratio the overview draws; taller bars are cut
@@ -167,37 +168,15 @@ func formatBytes(b uint64) string {
 	}
 }
 
-// FitRow is one policy's answer of `replay fit` for a trace: the smallest
-// capacity in bytes at which it has no OOM, if any (Fits), against the
-// trace's lower bound and the policy's peak reserved bytes on an unlimited
-// device; Monotone is false where a larger capacity was seen to run out of
-// memory.
-type FitRow struct {
-	Policy                string
-	Settings              map[string]string
-	Fits                  bool
-	MinCapacity           uint64
-	LowerBound            uint64
-	UnlimitedPeakReserved uint64
-	Monotone              bool
-}
-
-// Card is a device memory size to mark on a chart, with its name
-// ("24GB").
-type Card struct {
-	Name     string
-	Capacity uint64
-}
-
-// Fit returns the chart of the smallest capacities of one trace: for each
-// policy (named on the X axis) a bar in its colour of its smallest
+// Fit returns the chart of the smallest capacities of one trace (replay
+// fit's answers, their Trace left aside): for each policy (named on the X axis) a bar in its colour of its smallest
 // capacity without an OOM, labelled with its value (and "*" where
 // capacities above it ran out of memory; "never" where none fits), beside
 // a light bar of its peak reserved bytes on an unlimited device, against
 // the lower bound (dashed black) and the card sizes near the bars (dotted,
 // named at the right). Bytes are in MiB or GiB. It returns ErrNoResults
 // for no rows.
-func Fit(trace string, rows []FitRow, cards []Card) (*plot.Plot, error) {
+func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, error) {
 	if len(rows) == 0 {
 		return nil, ErrNoResults
 	}
@@ -210,13 +189,13 @@ func Fit(trace string, rows []FitRow, cards []Card) (*plot.Plot, error) {
 	}
 	labels := policyLabels(rs)
 	// The cards at or below the top, and the first above it.
-	var shown []Card
+	var shown []results.Card
 	for _, c := range cards {
 		if c.Capacity <= top {
 			shown = append(shown, c)
 		}
 	}
-	var above *Card
+	var above *results.Card
 	for i := range cards {
 		c := cards[i]
 		if c.Capacity > top && (above == nil || c.Capacity < above.Capacity) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // ReportResult is a replay's result as a report shows it.
@@ -35,29 +36,13 @@ type ReportResult struct {
 	Paced bool
 }
 
-// ReportFit is one policy's `replay fit` answer for a trace: the chart's
-// row, the capacities above the answer that ran out of memory, and the
-// answer for each card size.
-type ReportFit struct {
-	Trace string
-	FitRow
-	NonMonotone []uint64
-	Cards       []ReportCard
-}
-
-// ReportCard says whether a replay fits a card.
-type ReportCard struct {
-	Card
-	Fits bool
-}
-
 // Report is what a report page shows: replay results (of replay sim,
 // replay gpu or a sweep) and fit answers, from the named inputs.
 type Report struct {
 	Title   string
 	Inputs  []string
 	Results []ReportResult
-	Fits    []ReportFit
+	Fits    []results.Fit
 }
 
 // ReportChart is one chart of a report: ID is unique in the report and
@@ -87,7 +72,7 @@ type reportGroup struct {
 	capacity uint64
 	multiCap bool
 	results  []ReportResult
-	fits     []ReportFit
+	fits     []results.Fit
 }
 
 func (g *reportGroup) sim() []sim.Result {
@@ -224,11 +209,7 @@ func (r *Report) Charts() ([]ReportChart, error) {
 			}
 		}
 		if len(g.fits) > 0 {
-			rows := make([]FitRow, len(g.fits))
-			for i, f := range g.fits {
-				rows[i] = f.FitRow
-			}
-			p, err := Fit(g.trace, rows, fitCards(g.fits))
+			p, err := Fit(g.trace, g.fits, fitCards(g.fits))
 			if err != nil {
 				return nil, err
 			}
@@ -261,8 +242,8 @@ func latencyCaption(rs []ReportResult) string {
 }
 
 // fitCards returns the cards of fit answers, in the order of the first.
-func fitCards(fits []ReportFit) []Card {
-	var out []Card
+func fitCards(fits []results.Fit) []results.Card {
+	var out []results.Card
 	seen := map[uint64]bool{}
 	for _, f := range fits {
 		for _, c := range f.Cards {
@@ -534,7 +515,7 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 
 func msText(ns int64) string { return strconv.FormatFloat(float64(ns)/1e6, 'f', 3, 64) }
 
-func fitRows(fits []ReportFit) *fitTable {
+func fitRows(fits []results.Fit) *fitTable {
 	cards := fitCards(fits)
 	t := &fitTable{Head: []string{"policy", "smallest capacity MiB", "bytes", "over lower bound", "peak reserved, unlimited MiB"}}
 	for _, c := range cards {
@@ -576,7 +557,7 @@ func fitRows(fits []ReportFit) *fitTable {
 		if f.Fits && !f.Monotone {
 			var caps []string
 			for _, c := range f.NonMonotone[:min(len(f.NonMonotone), 4)] {
-				caps = append(caps, mibText(c)+" MiB")
+				caps = append(caps, mibText(c.Capacity)+" MiB")
 			}
 			t.Notes = append(t.Notes, fmt.Sprintf("* %s is not monotone in capacity: it runs out of memory at %s although %s MiB fits.", labels[i], strings.Join(caps, ", "), mibText(f.MinCapacity)))
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -38,58 +38,12 @@ Flags:
 // bytes, as cards are sold: 16, 24, 40, 48, 80, 94 and 141 GB.
 const defaultCards = "16GB,24GB,40GB,48GB,80GB,94GB,141GB"
 
-// fitResult is one policy's answer for one trace; the JSON keys are those
-// of `replay fit --json`.
-type fitResult struct {
-	Trace    string            `json:"trace"`
-	Policy   string            `json:"policy"`
-	Settings map[string]string `json:"settings,omitempty"`
-	// MinCapacity is the smallest capacity in bytes found at which the
-	// replay has no OOM; 0 when none was (Fits false).
-	MinCapacity uint64 `json:"min_capacity_bytes"`
-	// Fits is false when the replay runs out of memory at every capacity
-	// tried, unlimited included.
-	Fits bool `json:"fits"`
-	// LowerBound is the trace's peak requested bytes: no policy fits below.
-	LowerBound uint64 `json:"lower_bound_bytes"`
-	// UnlimitedPeakReserved is the policy's peak reserved bytes on an
-	// unlimited device.
-	UnlimitedPeakReserved uint64 `json:"unlimited_peak_reserved_bytes"`
-	// Monotone is false when a probed capacity above MinCapacity ran out
-	// of memory (listed in NonMonotone).
-	Monotone    bool       `json:"monotone"`
-	NonMonotone []fitProbe `json:"non_monotone,omitempty"`
-	// Cards says for each card size whether the replay at its capacity
-	// has no OOM.
-	Cards []cardFit `json:"cards"`
-	// Replays counts the replays the search took; Probes lists every
-	// capacity replayed, by capacity.
-	Replays int        `json:"replays"`
-	Probes  []fitProbe `json:"probes"`
-}
-
-// fitProbe is the outcome of one replay at a capacity.
-type fitProbe struct {
-	Capacity uint64 `json:"capacity_bytes"`
-	OOM      bool   `json:"oom"`
-	// PeakReserved is the peak reserved bytes of a replay without OOM
-	// (0 for one that ran out of memory: the replay stops at the first).
-	PeakReserved uint64 `json:"peak_reserved_bytes,omitempty"`
-	// FirstOOMEvent is the event index of the first OOM, -1 if none.
-	FirstOOMEvent int64 `json:"first_oom_event"`
-}
-
-// cardFit is the answer for one card size.
-type cardFit struct {
-	Name     string `json:"name"`
-	Capacity uint64 `json:"capacity_bytes"`
-	Fits     bool   `json:"fits"`
-}
-
-type card struct {
-	name     string
-	capacity uint64
-}
+type (
+	fitResult = results.Fit
+	fitProbe  = results.Probe
+	cardFit   = results.CardFit
+	card      = results.Card
+)
 
 func runFit(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("fit", pflag.ContinueOnError)
@@ -129,9 +83,9 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		if err != nil || b == 0 {
 			return fmt.Errorf("--cards %q: not a size", c)
 		}
-		cards = append(cards, card{name: c, capacity: b})
+		cards = append(cards, card{Name: c, Capacity: b})
 	}
-	var results []*fitResult
+	var answers []*fitResult
 	for _, path := range fs.Args() {
 		h, evs, err := readTrace(path, tracefile.Options{From: *from, Device: *device})
 		if err != nil {
@@ -157,15 +111,15 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 				return fmt.Errorf("%s: policy %s: %w", path, names[k], err)
 			}
 		}
-		results = append(results, rs...)
+		answers = append(answers, rs...)
 	}
 	if *jsonOut != "" {
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return writeFitJSON(w, results) }); err != nil {
+		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteFit(w, answers) }); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
 	}
 	if *jsonOut != "-" {
-		writeFitTable(stdout, results, cards)
+		writeFitTable(stdout, answers, cards)
 	}
 	return nil
 }
@@ -320,7 +274,7 @@ func (f *fitter) fit(cards []card) (*fitResult, error) {
 			probes = append(probes, res.LowerBound+(hi-min(res.LowerBound, hi))*k/4)
 		}
 		for _, c := range cards {
-			probes = append(probes, c.capacity)
+			probes = append(probes, c.Capacity)
 		}
 		below := uint64(0) // the smallest capacity below hi that fits
 		for _, c := range probes {
@@ -386,11 +340,11 @@ func (f *fitter) bisect(lo, hi uint64) (uint64, error) {
 // probes, and those that contradict monotonicity.
 func (f *fitter) finish(res *fitResult, cards []card) (*fitResult, error) {
 	for _, c := range cards {
-		p, _, err := f.replay(c.capacity)
+		p, _, err := f.replay(c.Capacity)
 		if err != nil {
 			return nil, err
 		}
-		res.Cards = append(res.Cards, cardFit{Name: c.name, Capacity: c.capacity, Fits: !p.OOM})
+		res.Cards = append(res.Cards, cardFit{Card: c, Fits: !p.OOM})
 	}
 	for _, p := range f.probes {
 		res.Probes = append(res.Probes, p)
@@ -406,22 +360,11 @@ func (f *fitter) finish(res *fitResult, cards []card) (*fitResult, error) {
 	return res, nil
 }
 
-func writeFitJSON(w io.Writer, results []*fitResult) error {
-	if results == nil {
-		results = []*fitResult{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", " ")
-	return enc.Encode(struct {
-		Results []*fitResult `json:"results"`
-	}{results})
-}
-
 func writeFitTable(w io.Writer, results []*fitResult, cards []card) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "trace\tpolicy\tlower bound MiB\tmin capacity MiB\tmin capacity bytes\tover bound\t"
 	for _, c := range cards {
-		head += c.name + "\t"
+		head += c.Name + "\t"
 	}
 	fmt.Fprintln(tw, head+"replays\t")
 	for _, r := range results {

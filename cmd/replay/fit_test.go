@@ -62,7 +62,7 @@ func TestFitSplitFragOOM(t *testing.T) {
 // when fits says so, and a replay that fits reserves min(capacity, 1200)
 // bytes; the lower bound is 800.
 func TestFitSearch(t *testing.T) {
-	cards := []card{{"900B", 900}, {"1GB", 1e9}}
+	cards := []card{{Name: "900B", Capacity: 900}, {Name: "1GB", Capacity: 1e9}}
 	for _, tc := range []struct {
 		name     string
 		fits     func(c uint64) bool

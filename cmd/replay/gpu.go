@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +20,7 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
@@ -360,16 +360,7 @@ func callsPath(base string, runs int, trace, target string) string {
 
 func ms(ns int64) float64 { return float64(ns) / 1e6 }
 
-func writeGPUJSON(w io.Writer, results []*gpu.Result) error {
-	if results == nil {
-		results = []*gpu.Result{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", " ")
-	return enc.Encode(struct {
-		Results []*gpu.Result `json:"results"`
-	}{results})
-}
+func writeGPUJSON(w io.Writer, rs []*gpu.Result) error { return results.WriteGPU(w, rs) }
 
 // gpuCSVColumns are the CSV columns of replay gpu: the scalar keys of
 // replay sim and the measured ones.

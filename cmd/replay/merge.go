@@ -14,14 +14,15 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 const mergeUsage = `usage: replay merge [--partial] -o DIR INPUT...
 
 Joins the results of a sweep's shards (each shard's output directory, with
-its plan.json and cells/) or of results files ({"results": [...]}, as replay
-sim --json and sweep write) into DIR/results.json and DIR/results.csv, in plan
+its plan.json and cells/) or of sim results files (as replay sim --json,
+sweep and merge write) into DIR/results.json and DIR/results.csv, in plan
 order, each cell once. It fails when a shard or a cell of a plan is missing,
 unless --partial.
 
@@ -65,14 +66,14 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 	if len(missing) > 0 && !*partial {
 		return fmt.Errorf("merge: the inputs are incomplete (%d missing); --partial writes what there is", len(missing))
 	}
-	results := m.ordered()
-	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.json"), func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
+	rs := m.ordered()
+	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.csv"), func(w io.Writer) error { return writeResultsCSV(w, results) }); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.csv"), func(w io.Writer) error { return results.WriteCSV(w, rs) }); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "merge: %d results from %d inputs", len(results), fs.NArg())
+	fmt.Fprintf(stdout, "merge: %d results from %d inputs", len(rs), fs.NArg())
 	if m.dups > 0 {
 		fmt.Fprintf(stdout, " (%d duplicates dropped)", m.dups)
 	}
@@ -116,7 +117,7 @@ func (m *merger) add(in string) error {
 		return err
 	}
 	if !st.IsDir() {
-		rs, err := readResultsFile(in)
+		rs, err := results.ReadSim(in)
 		if err != nil {
 			return err
 		}
@@ -127,7 +128,7 @@ func (m *merger) add(in string) error {
 	}
 	data, err := os.ReadFile(filepath.Join(in, "plan.json"))
 	if errors.Is(err, fs.ErrNotExist) {
-		rs, err := readResultsFile(filepath.Join(in, "results.json"))
+		rs, err := results.ReadSim(filepath.Join(in, "results.json"))
 		if err != nil {
 			return fmt.Errorf("%s: neither a sweep directory (plan.json) nor one with results.json: %w", in, err)
 		}

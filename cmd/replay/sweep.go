@@ -24,6 +24,7 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -515,7 +516,7 @@ type sweeper struct {
 	doneBefore int           // cells found done at the start
 	ran        int
 	failed     []cellError
-	csv        *resultCSV
+	csv        *results.CSVWriter
 	csvFile    *os.File
 	csvBuf     *bufio.Writer
 }
@@ -569,13 +570,13 @@ func (s *sweeper) prepare() error {
 		return err
 	}
 	s.csvFile, s.csvBuf = f, bufio.NewWriter(f)
-	s.csv = newResultCSV(s.csvBuf, s.settingKeys())
-	if err := s.csv.header(); err != nil {
+	s.csv = results.NewCSVWriter(s.csvBuf, s.settingKeys())
+	if err := s.csv.WriteHeader(); err != nil {
 		return err
 	}
 	for _, r := range s.results {
 		if r != nil {
-			if err := s.csv.row(r); err != nil {
+			if err := s.csv.Write(r); err != nil {
 				return err
 			}
 		}
@@ -701,7 +702,7 @@ func (s *sweeper) run(pg progress) {
 				}
 				s.results[i] = r
 				s.ran++
-				if err := s.csv.row(r); err == nil {
+				if err := s.csv.Write(r); err == nil {
 					s.csvBuf.Flush()
 				}
 			}
@@ -748,16 +749,16 @@ func (s *sweeper) writeResults() error {
 			rs = append(rs, r)
 		}
 	}
-	if err := atomicfile.WriteFile(filepath.Join(s.dir, "results.json"), func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(s.dir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
 		return err
 	}
 	return atomicfile.WriteFile(filepath.Join(s.dir, "results.csv"), func(w io.Writer) error {
-		c := newResultCSV(w, s.settingKeys())
-		if err := c.header(); err != nil {
+		c := results.NewCSVWriter(w, s.settingKeys())
+		if err := c.WriteHeader(); err != nil {
 			return err
 		}
 		for _, r := range rs {
-			if err := c.row(r); err != nil {
+			if err := c.Write(r); err != nil {
 				return err
 			}
 		}
