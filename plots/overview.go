@@ -34,8 +34,8 @@ const (
 // memory has a cross at the foot of its bar. Policies keep one colour
 // across traces, in order of first appearance. It returns ErrNoResults for
 // no results.
-func Overview(results []sim.Result) (*plot.Plot, error) {
-	if len(results) == 0 {
+func Overview(rs []sim.Result) (*plot.Plot, error) {
+	if len(rs) == 0 {
 		return nil, ErrNoResults
 	}
 	// Groups: (trace, capacity) in order of first appearance.
@@ -47,7 +47,7 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 	var groups []*group
 	byKey := map[string]*group{}
 	caps := map[string]map[uint64]bool{}
-	for i, r := range results {
+	for i, r := range rs {
 		k := fmt.Sprintf("%s\x00%d", r.Trace, r.Capacity)
 		g := byKey[k]
 		if g == nil {
@@ -62,7 +62,7 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 		caps[r.Trace][r.Capacity] = true
 	}
 	// Policies: by label across all results.
-	labels := variantLabels(results)
+	labels := variantLabels(rs)
 	var order []string
 	color := map[string]int{}
 	for _, l := range labels {
@@ -85,14 +85,14 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 	top := 1.0
 	var names []string
 	for gi, g := range groups {
-		name := TraceName(g.trace)
+		name := results.TraceName(g.trace)
 		if len(caps[g.trace]) > 1 {
 			name += " @" + formatBytes(g.capacity)
 		}
 		names = append(names, name)
 		w := 0.84 / float64(max(len(g.idx), 1))
 		for k, i := range g.idx {
-			r := results[i]
+			r := rs[i]
 			if r.PeakRequested == 0 {
 				continue
 			}

@@ -113,7 +113,7 @@ func (r *Report) groups() []*reportGroup {
 		if g := byKey[k]; g != nil {
 			return g
 		}
-		id := "t-" + TraceName(trace)
+		id := "t-" + results.TraceName(trace)
 		if len(caps[trace]) > 1 {
 			id += "-" + formatBytes(capacity)
 		}

@@ -88,10 +88,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			vr.abort()
 		}
 		if err != nil {
-			if strings.HasPrefix(err.Error(), path+":") {
-				return err // a read error, which names the file already
-			}
-			return fmt.Errorf("%s: %w", path, err)
+			return tracefile.NameError(path, err)
 		}
 		results = append(results, res...)
 	}

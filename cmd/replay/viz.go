@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/viz"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
@@ -44,7 +44,7 @@ func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
 	if d == nil {
 		return nil, nil
 	}
-	base := plots.TraceName(trace)
+	base := results.TraceName(trace)
 	name := base
 	for n := 2; d.used[strings.ToLower(name)]; n++ {
 		name = base + "-" + strconv.Itoa(n)

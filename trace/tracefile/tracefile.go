@@ -6,6 +6,7 @@ package tracefile
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -39,6 +40,41 @@ type File struct {
 	f      *os.File
 	path   string
 	opts   Options
+}
+
+// Next returns the trace's next event, io.EOF at its end. Any other error
+// is a *ReadError.
+func (f *File) Next() (trace.Event, error) {
+	ev, err := f.Source.Next()
+	if err != nil && err != io.EOF {
+		return ev, &ReadError{Path: f.path, Err: err}
+	}
+	return ev, err
+}
+
+// ReadError is an error reading the events of the trace file at Path: its
+// format's error (a *trace.FormatError, a *trace.SyntaxError, an
+// importer's), which names the file already, so that a caller matches it
+// with errors.As rather than adding the path again.
+type ReadError struct {
+	Path string
+	Err  error
+}
+
+func (e *ReadError) Error() string { return e.Err.Error() }
+
+func (e *ReadError) Unwrap() error { return e.Err }
+
+// NameError returns an error of a replay of the trace file at path that
+// names the file: a *ReadError as it is, since it names the file already,
+// and any other error (a policy's, the engine's) as "path: err", wrapped.
+// It returns nil for nil.
+func NameError(path string, err error) error {
+	var re *ReadError
+	if err == nil || errors.As(err, &re) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", path, err)
 }
 
 // Close closes the underlying file.
