@@ -102,13 +102,19 @@ func WriteGPU(w io.Writer, rs []*GPU) error { return write(w, KindGPU, rs) }
 // WriteFit writes replay fit answers as a results file of kind "fit".
 func WriteFit(w io.Writer, rs []*Fit) error { return write(w, KindFit, rs) }
 
+// WriteJSON writes v as JSON indented by one space and a newline, as
+// results files, a sweep's plan.json and replay stats --json are written.
+func WriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", " ")
+	return enc.Encode(v)
+}
+
 func write[T any](w io.Writer, kind Kind, rs []T) error {
 	if rs == nil {
 		rs = []T{}
 	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", " ")
-	return enc.Encode(struct {
+	return WriteJSON(w, struct {
 		Kind    string `json:"kind"`
 		Version int    `json:"version"`
 		Results []T    `json:"results"`

@@ -96,11 +96,7 @@ func (s *Runner) Prepare() error {
 				s.Dir, old.Shard, old.Shards, s.Plan.Shard, s.Plan.Shards)
 		}
 	}
-	if err := atomicfile.WriteFile(planPath, func(w io.Writer) error {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", " ")
-		return enc.Encode(s.Plan)
-	}); err != nil {
+	if err := atomicfile.WriteFile(planPath, func(w io.Writer) error { return results.WriteJSON(w, s.Plan) }); err != nil {
 		return err
 	}
 	s.results = make([]*sim.Result, len(s.Plan.Cells))
