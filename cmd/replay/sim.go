@@ -192,8 +192,8 @@ func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, 
 // formatSettings returns s as key=value pairs sorted by key, joined by ";".
 func formatSettings(s map[string]string) string { return policies.Settings(s).Join(";") }
 
-// mib formats bytes as MiB with one decimal.
-func mib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+// mib formats bytes as MiB with one decimal (plots.MiBText).
+func mib(b uint64) string { return plots.MiBText(b) }
 
 func writeTable(w io.Writer, results []*sim.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
