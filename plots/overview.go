@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // overviewTop is the highest ratio the overview draws; taller bars are cut
@@ -33,8 +34,8 @@ const (
 // memory has a cross at the foot of its bar. Policies keep one colour
 // across traces, in order of first appearance. It returns ErrNoResults for
 // no results.
-func Overview(results []sim.Result) (*plot.Plot, error) {
-	if len(results) == 0 {
+func Overview(rs []sim.Result) (*plot.Plot, error) {
+	if len(rs) == 0 {
 		return nil, ErrNoResults
 	}
 	// Groups: (trace, capacity) in order of first appearance.
@@ -46,7 +47,7 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 	var groups []*group
 	byKey := map[string]*group{}
 	caps := map[string]map[uint64]bool{}
-	for i, r := range results {
+	for i, r := range rs {
 		k := fmt.Sprintf("%s\x00%d", r.Trace, r.Capacity)
 		g := byKey[k]
 		if g == nil {
@@ -61,7 +62,7 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 		caps[r.Trace][r.Capacity] = true
 	}
 	// Policies: by label across all results.
-	labels := variantLabels(results)
+	labels := variantLabels(rs)
 	var order []string
 	color := map[string]int{}
 	for _, l := range labels {
@@ -84,14 +85,14 @@ func Overview(results []sim.Result) (*plot.Plot, error) {
 	top := 1.0
 	var names []string
 	for gi, g := range groups {
-		name := TraceName(g.trace)
+		name := results.TraceName(g.trace)
 		if len(caps[g.trace]) > 1 {
 			name += " @" + formatBytes(g.capacity)
 		}
 		names = append(names, name)
 		w := 0.84 / float64(max(len(g.idx), 1))
 		for k, i := range g.idx {
-			r := results[i]
+			r := rs[i]
 			if r.PeakRequested == 0 {
 				continue
 			}
@@ -167,37 +168,15 @@ func formatBytes(b uint64) string {
 	}
 }
 
-// FitRow is one policy's answer of `replay fit` for a trace: the smallest
-// capacity in bytes at which it has no OOM, if any (Fits), against the
-// trace's lower bound and the policy's peak reserved bytes on an unlimited
-// device; Monotone is false where a larger capacity was seen to run out of
-// memory.
-type FitRow struct {
-	Policy                string
-	Settings              map[string]string
-	Fits                  bool
-	MinCapacity           uint64
-	LowerBound            uint64
-	UnlimitedPeakReserved uint64
-	Monotone              bool
-}
-
-// Card is a device memory size to mark on a chart, with its name
-// ("24GB").
-type Card struct {
-	Name     string
-	Capacity uint64
-}
-
-// Fit returns the chart of the smallest capacities of one trace: for each
-// policy (named on the X axis) a bar in its colour of its smallest
+// Fit returns the chart of the smallest capacities of one trace (replay
+// fit's answers, their Trace left aside): for each policy (named on the X axis) a bar in its colour of its smallest
 // capacity without an OOM, labelled with its value (and "*" where
 // capacities above it ran out of memory; "never" where none fits), beside
 // a light bar of its peak reserved bytes on an unlimited device, against
 // the lower bound (dashed black) and the card sizes near the bars (dotted,
 // named at the right). Bytes are in MiB or GiB. It returns ErrNoResults
 // for no rows.
-func Fit(trace string, rows []FitRow, cards []Card) (*plot.Plot, error) {
+func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, error) {
 	if len(rows) == 0 {
 		return nil, ErrNoResults
 	}
@@ -210,13 +189,13 @@ func Fit(trace string, rows []FitRow, cards []Card) (*plot.Plot, error) {
 	}
 	labels := policyLabels(rs)
 	// The cards at or below the top, and the first above it.
-	var shown []Card
+	var shown []results.Card
 	for _, c := range cards {
 		if c.Capacity <= top {
 			shown = append(shown, c)
 		}
 	}
-	var above *Card
+	var above *results.Card
 	for i := range cards {
 		c := cards[i]
 		if c.Capacity > top && (above == nil || c.Capacity < above.Capacity) {

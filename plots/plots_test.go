@@ -266,27 +266,6 @@ func TestBuilderErrors(t *testing.T) {
 	}
 }
 
-func TestTraceName(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"runs/train_gpt.pickle.gz", "train_gpt"},
-		{"/abs/kv_decode.pickle", "kv_decode"},
-		{"minimalloc/A.1048576.csv", "A.1048576"},
-		{"x.trace", "x"},
-		{"job.TRACE.ZST", "job"},
-		{"run-1.5b", "run-1.5b"},
-		{`C:\traces\win.json.gz`, "win"},
-		{"with space & more.txt", "with_space___more"},
-		{"", "trace"},
-		{".gz", "gz"},
-		{"...", "trace"},
-		{"dir/", "dir"},
-	} {
-		if got := plots.TraceName(tc.in); got != tc.want {
-			t.Errorf("TraceName(%q) = %q, want %q", tc.in, got, tc.want)
-		}
-	}
-}
-
 func TestWriteAll(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "out") // created by WriteAll
 	results := append(trainingResults(),

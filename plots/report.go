@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // ReportResult is a replay's result as a report shows it.
@@ -35,29 +36,13 @@ type ReportResult struct {
 	Paced bool
 }
 
-// ReportFit is one policy's `replay fit` answer for a trace: the chart's
-// row, the capacities above the answer that ran out of memory, and the
-// answer for each card size.
-type ReportFit struct {
-	Trace string
-	FitRow
-	NonMonotone []uint64
-	Cards       []ReportCard
-}
-
-// ReportCard says whether a replay fits a card.
-type ReportCard struct {
-	Card
-	Fits bool
-}
-
 // Report is what a report page shows: replay results (of replay sim,
 // replay gpu or a sweep) and fit answers, from the named inputs.
 type Report struct {
 	Title   string
 	Inputs  []string
 	Results []ReportResult
-	Fits    []ReportFit
+	Fits    []results.Fit
 }
 
 // ReportChart is one chart of a report: ID is unique in the report and
@@ -87,7 +72,7 @@ type reportGroup struct {
 	capacity uint64
 	multiCap bool
 	results  []ReportResult
-	fits     []ReportFit
+	fits     []results.Fit
 }
 
 func (g *reportGroup) sim() []sim.Result {
@@ -128,7 +113,7 @@ func (r *Report) groups() []*reportGroup {
 		if g := byKey[k]; g != nil {
 			return g
 		}
-		id := "t-" + TraceName(trace)
+		id := "t-" + results.TraceName(trace)
 		if len(caps[trace]) > 1 {
 			id += "-" + formatBytes(capacity)
 		}
@@ -224,11 +209,7 @@ func (r *Report) Charts() ([]ReportChart, error) {
 			}
 		}
 		if len(g.fits) > 0 {
-			rows := make([]FitRow, len(g.fits))
-			for i, f := range g.fits {
-				rows[i] = f.FitRow
-			}
-			p, err := Fit(g.trace, rows, fitCards(g.fits))
+			p, err := Fit(g.trace, g.fits, fitCards(g.fits))
 			if err != nil {
 				return nil, err
 			}
@@ -261,8 +242,8 @@ func latencyCaption(rs []ReportResult) string {
 }
 
 // fitCards returns the cards of fit answers, in the order of the first.
-func fitCards(fits []ReportFit) []Card {
-	var out []Card
+func fitCards(fits []results.Fit) []results.Card {
+	var out []results.Card
 	seen := map[uint64]bool{}
 	for _, f := range fits {
 		for _, c := range f.Cards {
@@ -430,8 +411,6 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 	return pg
 }
 
-func mibText(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
-
 func traceFacts(g *reportGroup) ([]fact, []string) {
 	r0 := g.results[0]
 	var lower uint64
@@ -448,7 +427,7 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 		{"trace", g.trace},
 		{"events", strconv.FormatInt(r0.Events, 10)},
 		{"device mallocs / frees", fmt.Sprintf("%d / %d", r0.Mallocs, r0.Frees)},
-		{"lower bound (peak requested)", mibText(lower) + " MiB (" + strconv.FormatUint(lower, 10) + " bytes)"},
+		{"lower bound (peak requested)", MiBText(lower) + " MiB (" + strconv.FormatUint(lower, 10) + " bytes)"},
 		{"device capacity", formatBytes(g.capacity)},
 		{"mallocs that failed in the recording", strconv.FormatInt(sourceOOMs, 10)},
 	}
@@ -457,10 +436,10 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 		offline = max(offline, r.PeakOffline)
 	}
 	if offline > 0 {
-		facts = append(facts, fact{"offline placement, the achievable baseline", mibText(offline) + " MiB (" + strconv.FormatFloat(float64(offline)/float64(max(lower, 1)), 'f', 3, 64) + " × lower bound)"})
+		facts = append(facts, fact{"offline placement, the achievable baseline", MiBText(offline) + " MiB (" + strconv.FormatFloat(float64(offline)/float64(max(lower, 1)), 'f', 3, 64) + " × lower bound)"})
 	}
 	if r0.PeakPinned > 0 || r0.PeakManaged > 0 {
-		facts = append(facts, fact{"peak pinned / managed host memory", mibText(r0.PeakPinned) + " / " + mibText(r0.PeakManaged) + " MiB"})
+		facts = append(facts, fact{"peak pinned / managed host memory", MiBText(r0.PeakPinned) + " / " + MiBText(r0.PeakManaged) + " MiB"})
 	}
 	var notes []string
 	if anomalies > 0 {
@@ -517,9 +496,9 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 		settings := policies.Settings(r.Settings).Join(" ")
 		rows = append(rows, row{Cells: []cell{
 			{Text: labels[i]}, {Text: settings, Class: "set"},
-			{Text: mibText(r.PeakReserved), Class: reservedClass, Title: strconv.FormatUint(r.PeakReserved, 10) + " bytes"},
+			{Text: MiBText(r.PeakReserved), Class: reservedClass, Title: strconv.FormatUint(r.PeakReserved, 10) + " bytes"},
 			{Text: ratio, Class: "num"},
-			{Text: mibText(r.PeakAllocated), Class: "num"},
+			{Text: MiBText(r.PeakAllocated), Class: "num"},
 			{Text: strconv.FormatFloat(100*r.FragmentationAtPeak, 'f', 1, 64) + "%", Class: "num"},
 			{Text: strconv.FormatInt(r.DeviceAllocs, 10), Class: "num"},
 			{Text: strconv.FormatInt(r.DeviceFrees, 10), Class: "num"},
@@ -534,7 +513,7 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 
 func msText(ns int64) string { return strconv.FormatFloat(float64(ns)/1e6, 'f', 3, 64) }
 
-func fitRows(fits []ReportFit) *fitTable {
+func fitRows(fits []results.Fit) *fitTable {
 	cards := fitCards(fits)
 	t := &fitTable{Head: []string{"policy", "smallest capacity MiB", "bytes", "over lower bound", "peak reserved, unlimited MiB"}}
 	for _, c := range cards {
@@ -548,7 +527,7 @@ func fitRows(fits []ReportFit) *fitTable {
 	for i, f := range fits {
 		minText, bytesText, over := "never", "-", "-"
 		if f.Fits {
-			minText, bytesText = mibText(f.MinCapacity), strconv.FormatUint(f.MinCapacity, 10)
+			minText, bytesText = MiBText(f.MinCapacity), strconv.FormatUint(f.MinCapacity, 10)
 			if !f.Monotone {
 				minText += " *"
 			}
@@ -556,7 +535,7 @@ func fitRows(fits []ReportFit) *fitTable {
 				over = fmt.Sprintf("%+.1f%%", 100*(float64(f.MinCapacity)/float64(f.LowerBound)-1))
 			}
 		}
-		cells := []cell{{Text: labels[i]}, {Text: minText, Class: "num"}, {Text: bytesText, Class: "num"}, {Text: over, Class: "num"}, {Text: mibText(f.UnlimitedPeakReserved), Class: "num"}}
+		cells := []cell{{Text: labels[i]}, {Text: minText, Class: "num"}, {Text: bytesText, Class: "num"}, {Text: over, Class: "num"}, {Text: MiBText(f.UnlimitedPeakReserved), Class: "num"}}
 		fitsOn := map[uint64]bool{}
 		known := map[uint64]bool{}
 		for _, c := range f.Cards {
@@ -576,9 +555,9 @@ func fitRows(fits []ReportFit) *fitTable {
 		if f.Fits && !f.Monotone {
 			var caps []string
 			for _, c := range f.NonMonotone[:min(len(f.NonMonotone), 4)] {
-				caps = append(caps, mibText(c)+" MiB")
+				caps = append(caps, MiBText(c.Capacity)+" MiB")
 			}
-			t.Notes = append(t.Notes, fmt.Sprintf("* %s is not monotone in capacity: it runs out of memory at %s although %s MiB fits.", labels[i], strings.Join(caps, ", "), mibText(f.MinCapacity)))
+			t.Notes = append(t.Notes, fmt.Sprintf("* %s is not monotone in capacity: it runs out of memory at %s although %s MiB fits.", labels[i], strings.Join(caps, ", "), MiBText(f.MinCapacity)))
 		}
 	}
 	return t

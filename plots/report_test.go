@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // latencyRows are made-up latency summaries: small cudaMallocs that all
@@ -52,19 +53,19 @@ func reportResults() []sim.Result {
 	return append(rs, more...)
 }
 
-func reportFits() []plots.ReportFit {
-	cards := func(fits ...bool) []plots.ReportCard {
-		var out []plots.ReportCard
-		for i, c := range []plots.Card{{Name: "16GB", Capacity: 16e9}, {Name: "24GB", Capacity: 24e9}, {Name: "40GB", Capacity: 40e9}} {
-			out = append(out, plots.ReportCard{Card: c, Fits: fits[i]})
+func reportFits() []results.Fit {
+	cards := func(fits ...bool) []results.CardFit {
+		var out []results.CardFit
+		for i, c := range []results.Card{{Name: "16GB", Capacity: 16e9}, {Name: "24GB", Capacity: 24e9}, {Name: "40GB", Capacity: 40e9}} {
+			out = append(out, results.CardFit{Card: c, Fits: fits[i]})
 		}
 		return out
 	}
-	return []plots.ReportFit{
-		{Trace: "runs/train_gpt.pickle.gz", FitRow: plots.FitRow{Policy: "caching", Fits: true, MinCapacity: 7 * gib, LowerBound: 6 * gib, UnlimitedPeakReserved: 7*gib + gib/2, Monotone: true}, Cards: cards(true, true, true)},
-		{Trace: "runs/train_gpt.pickle.gz", FitRow: plots.FitRow{Policy: "best_fit", Fits: true, MinCapacity: 17 * gib, LowerBound: 6 * gib, UnlimitedPeakReserved: 9 * gib, Monotone: false}, NonMonotone: []uint64{18 * gib}, Cards: cards(false, true, true)},
-		{Trace: "runs/train_gpt.pickle.gz", FitRow: plots.FitRow{Policy: "expandable", LowerBound: 6 * gib, UnlimitedPeakReserved: 8 * gib, Monotone: true}, Cards: cards(false, false, false)},
-		{Trace: "runs/only_fit.pickle.gz", FitRow: plots.FitRow{Policy: "caching", Fits: true, MinCapacity: gib, LowerBound: gib / 2, UnlimitedPeakReserved: gib, Monotone: true}, Cards: cards(true, true, true)},
+	return []results.Fit{
+		{Trace: "runs/train_gpt.pickle.gz", Policy: "caching", Fits: true, MinCapacity: 7 * gib, LowerBound: 6 * gib, UnlimitedPeakReserved: 7*gib + gib/2, Monotone: true, Cards: cards(true, true, true)},
+		{Trace: "runs/train_gpt.pickle.gz", Policy: "best_fit", Fits: true, MinCapacity: 17 * gib, LowerBound: 6 * gib, UnlimitedPeakReserved: 9 * gib, Monotone: false, NonMonotone: []results.Probe{{Capacity: 18 * gib, OOM: true}}, Cards: cards(false, true, true)},
+		{Trace: "runs/train_gpt.pickle.gz", Policy: "expandable", LowerBound: 6 * gib, UnlimitedPeakReserved: 8 * gib, Monotone: true, Cards: cards(false, false, false)},
+		{Trace: "runs/only_fit.pickle.gz", Policy: "caching", Fits: true, MinCapacity: gib, LowerBound: gib / 2, UnlimitedPeakReserved: gib, Monotone: true, Cards: cards(true, true, true)},
 	}
 }
 
@@ -304,11 +305,8 @@ func ExampleOverview() {
 }
 
 func ExampleFit() {
-	var rows []plots.FitRow
-	for _, f := range reportFits()[:3] {
-		rows = append(rows, f.FitRow)
-	}
-	cards := []plots.Card{{Name: "16GB", Capacity: 16e9}, {Name: "24GB", Capacity: 24e9}}
+	rows := reportFits()[:3]
+	cards := []results.Card{{Name: "16GB", Capacity: 16e9}, {Name: "24GB", Capacity: 24e9}}
 	p, err := plots.Fit("runs/train_gpt.pickle.gz", rows, cards)
 	if err != nil {
 		log.Fatal(err)

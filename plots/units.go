@@ -227,3 +227,7 @@ func formatPow10(e int) string {
 		return strconv.Itoa(int(math.Pow10(e)))
 	}
 }
+
+// MiBText formats bytes as MiB with one decimal ("1536.0"), as the tables
+// of the report and of replay show them.
+func MiBText(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }

@@ -16,7 +16,8 @@ import (
 	"gonum.org/v1/plot/vg/vgsvg"
 
 	"github.com/gpualloc/allocsim/sim"
-	"github.com/gpualloc/allocsim/trace/tracefile"
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 // Formats are the file formats Render writes, by file extension.
@@ -57,45 +58,6 @@ func renderSize(w io.Writer, p *plot.Plot, format string, width, height vg.Lengt
 	}
 }
 
-// traceSuffixes are the file name extensions TraceName removes: compression
-// first, then the trace formats.
-var traceSuffixes = []string{
-	".gz", ".zst", ".zstd", ".xz", ".bz2", ".lz4",
-	".pickle", ".pkl", ".msgpack", ".mpk", ".trace", ".json", ".jsonl", ".csv", ".txt", ".log",
-}
-
-// TraceName returns the name under which WriteAll writes a trace's charts:
-// the base name of the trace path without its known extensions
-// ("runs/train_gpt.pickle.gz" gives "train_gpt", "A.1048576.csv" gives
-// "A.1048576"), with characters other than letters, digits, '.', '-' and
-// '_' replaced by '_' and leading dots removed; "trace" if nothing is left.
-// Both '/' and '\' separate directories.
-func TraceName(trace string) string {
-	name := baseName(trace)
-	for changed := true; changed; {
-		changed = false
-		for _, s := range traceSuffixes {
-			if len(name) > len(s) && strings.EqualFold(name[len(name)-len(s):], s) {
-				name = name[:len(name)-len(s)]
-				changed = true
-			}
-		}
-	}
-	name = strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-', r == '_':
-			return r
-		}
-		return '_'
-	}, name)
-	// No hidden files: a leading dot goes.
-	name = strings.TrimLeft(name, ".")
-	if strings.Trim(name, "._") == "" {
-		return "trace"
-	}
-	return name
-}
-
 // charts are the charts WriteAll writes for each trace, by file name
 // suffix.
 var charts = []struct {
@@ -117,8 +79,8 @@ var charts = []struct {
 // behind. It returns the paths written, in order; on error, those written
 // before it. It creates dir if it does not exist, and returns
 // ErrNoResults for no results.
-func WriteAll(dir string, results []sim.Result) ([]string, error) {
-	if len(results) == 0 {
+func WriteAll(dir string, rs []sim.Result) ([]string, error) {
+	if len(rs) == 0 {
 		return nil, ErrNoResults
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -126,7 +88,7 @@ func WriteAll(dir string, results []sim.Result) ([]string, error) {
 	}
 	var order []string
 	groups := map[string][]sim.Result{}
-	for _, r := range results {
+	for _, r := range rs {
 		if _, ok := groups[r.Trace]; !ok {
 			order = append(order, r.Trace)
 		}
@@ -135,9 +97,9 @@ func WriteAll(dir string, results []sim.Result) ([]string, error) {
 	used := map[string]bool{}
 	var written []string
 	for _, trace := range order {
-		name := TraceName(trace)
+		name := results.TraceName(trace)
 		for n := 2; used[strings.ToLower(name)]; n++ {
-			name = TraceName(trace) + "-" + strconv.Itoa(n)
+			name = results.TraceName(trace) + "-" + strconv.Itoa(n)
 		}
 		used[strings.ToLower(name)] = true
 		for _, ch := range charts {
@@ -158,9 +120,9 @@ func WriteAll(dir string, results []sim.Result) ([]string, error) {
 }
 
 // writeAtomic writes a file at path through write, atomically (see
-// tracefile.WriteFile): on error path is left as it was.
+// atomicfile.WriteFile): on error path is left as it was.
 func writeAtomic(path string, write func(io.Writer) error) error {
-	if err := tracefile.WriteFile(path, write); err != nil {
+	if err := atomicfile.WriteFile(path, write); err != nil {
 		return fmt.Errorf("plots: writing %s: %w", path, err)
 	}
 	return nil

@@ -131,3 +131,30 @@ func ParseSize(s string) (uint64, error) {
 	}
 	return uint64(v), nil
 }
+
+// SplitList splits a comma-separated list of values, keeping commas inside
+// brackets ("[64:8,256:4]", as in roundup_power2_divisions) and dropping
+// empty items; each item is trimmed of spaces.
+func SplitList(s string) []string {
+	var out []string
+	depth, start := 0, 0
+	for i, r := range s {
+		switch r {
+		case '[', '(', '{':
+			depth++
+		case ']', ')', '}':
+			depth--
+		case ',':
+			if depth == 0 {
+				if v := strings.TrimSpace(s[start:i]); v != "" {
+					out = append(out, v)
+				}
+				start = i + 1
+			}
+		}
+	}
+	if v := strings.TrimSpace(s[start:]); v != "" {
+		out = append(out, v)
+	}
+	return out
+}

@@ -71,3 +71,22 @@ func TestHistogramQuantile(t *testing.T) {
 		t.Errorf("bucket 11: [%d, %d)", lo, hi)
 	}
 }
+
+// TestSummary checks a summary's counts, peaks and histograms on a small
+// trace.
+func TestSummary(t *testing.T) {
+	h, evs, err := ParseText("s.txt", strings.NewReader("malloc id=1 size=1000 t=0\nmalloc id=2 size=3000 kind=pinned t=5\nfree id=1 t=100\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewStats()
+	for _, ev := range evs {
+		s.Add(ev)
+	}
+	sum := s.Summary("s.txt", h)
+	if sum.Trace != "s.txt" || sum.Events != 3 || sum.DurationNs != 100 || sum.Ops["malloc"] != 2 || sum.Ops["free"] != 1 ||
+		sum.Mallocs["device"] != 1 || sum.Mallocs["pinned"] != 1 || sum.PeakLive != 1000 || sum.PeakPinned != 3000 ||
+		sum.LiveAtEnd != 1 || sum.Sizes.Count != 2 || sum.Sizes.Min != 1000 || sum.Sizes.Max != 3000 || sum.Lifetimes.Count != 1 {
+		t.Errorf("summary: %+v", sum)
+	}
+}

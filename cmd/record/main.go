@@ -15,13 +15,14 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 func main() {
 	// record run leaves Ctrl-C to the program it records.
 	if len(os.Args) > 1 && os.Args[1] != "run" {
-		tracefile.RemoveOnInterrupt()
+		atomicfile.RemoveOnInterrupt()
 	}
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "record: %v\n", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -121,7 +122,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if *out == "" {
 		_, err = stdout.Write(buf.Bytes())
 	} else {
-		err = tracefile.WriteFile(*out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
+		err = atomicfile.WriteFile(*out, func(w io.Writer) error { _, err := w.Write(buf.Bytes()); return err })
 	}
 	if err != nil {
 		return err

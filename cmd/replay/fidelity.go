@@ -53,10 +53,7 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: *policy, Capacity: capBytes})
 		f.Close()
 		if err != nil {
-			if strings.HasPrefix(err.Error(), path+":") {
-				return err // a read error, which names the file already
-			}
-			return fmt.Errorf("%s: %w", path, err)
+			return tracefile.NameError(path, err)
 		}
 		name := filepath.Base(path)
 		if d := rep.Divergence; d != nil {

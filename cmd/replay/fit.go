@@ -1,23 +1,21 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
-	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/sim/fit"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -34,63 +32,6 @@ above the smallest one runs out of memory.
 Flags:
 `
 
-// defaultCards are the nominal card sizes fit answers for, in GB of 10^9
-// bytes, as cards are sold: 16, 24, 40, 48, 80, 94 and 141 GB.
-const defaultCards = "16GB,24GB,40GB,48GB,80GB,94GB,141GB"
-
-// fitResult is one policy's answer for one trace; the JSON keys are those
-// of `replay fit --json`.
-type fitResult struct {
-	Trace    string            `json:"trace"`
-	Policy   string            `json:"policy"`
-	Settings map[string]string `json:"settings,omitempty"`
-	// MinCapacity is the smallest capacity in bytes found at which the
-	// replay has no OOM; 0 when none was (Fits false).
-	MinCapacity uint64 `json:"min_capacity_bytes"`
-	// Fits is false when the replay runs out of memory at every capacity
-	// tried, unlimited included.
-	Fits bool `json:"fits"`
-	// LowerBound is the trace's peak requested bytes: no policy fits below.
-	LowerBound uint64 `json:"lower_bound_bytes"`
-	// UnlimitedPeakReserved is the policy's peak reserved bytes on an
-	// unlimited device.
-	UnlimitedPeakReserved uint64 `json:"unlimited_peak_reserved_bytes"`
-	// Monotone is false when a probed capacity above MinCapacity ran out
-	// of memory (listed in NonMonotone).
-	Monotone    bool       `json:"monotone"`
-	NonMonotone []fitProbe `json:"non_monotone,omitempty"`
-	// Cards says for each card size whether the replay at its capacity
-	// has no OOM.
-	Cards []cardFit `json:"cards"`
-	// Replays counts the replays the search took; Probes lists every
-	// capacity replayed, by capacity.
-	Replays int        `json:"replays"`
-	Probes  []fitProbe `json:"probes"`
-}
-
-// fitProbe is the outcome of one replay at a capacity.
-type fitProbe struct {
-	Capacity uint64 `json:"capacity_bytes"`
-	OOM      bool   `json:"oom"`
-	// PeakReserved is the peak reserved bytes of a replay without OOM
-	// (0 for one that ran out of memory: the replay stops at the first).
-	PeakReserved uint64 `json:"peak_reserved_bytes,omitempty"`
-	// FirstOOMEvent is the event index of the first OOM, -1 if none.
-	FirstOOMEvent int64 `json:"first_oom_event"`
-}
-
-// cardFit is the answer for one card size.
-type cardFit struct {
-	Name     string `json:"name"`
-	Capacity uint64 `json:"capacity_bytes"`
-	Fits     bool   `json:"fits"`
-}
-
-type card struct {
-	name     string
-	capacity uint64
-}
-
 func runFit(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("fit", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -100,7 +41,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	}
 	policyList := fs.String("policy", "all", "policies: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
 	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
-	cardList := fs.String("cards", defaultCards, "card sizes to answer for (GB are 10^9 bytes)")
+	cardList := fs.String("cards", fit.DefaultCards, "card sizes to answer for (GB are 10^9 bytes)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies searched in parallel")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
@@ -123,308 +64,50 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	var cards []card
-	for _, c := range splitList(*cardList) {
-		b, err := policies.ParseSize(c)
-		if err != nil || b == 0 {
-			return fmt.Errorf("--cards %q: not a size", c)
-		}
-		cards = append(cards, card{name: c, capacity: b})
+	cards, err := fit.ParseCards(*cardList)
+	if err != nil {
+		return fmt.Errorf("--cards %w", err)
 	}
-	var results []*fitResult
+	var answers []*results.Fit
 	for _, path := range fs.Args() {
-		h, evs, err := readTrace(path, tracefile.Options{From: *from, Device: *device})
+		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
 		if err != nil {
 			return err
 		}
-		rs := make([]*fitResult, len(names))
-		errs := make([]error, len(names))
-		sem := make(chan struct{}, max(*jobs, 1))
-		var wg sync.WaitGroup
+		h, evs, err := fit.Load(f)
+		f.Close()
+		if err != nil {
+			return err
+		}
+		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				sem <- struct{}{}
-				defer func() { <-sem }()
-				f := newFitter(h, evs, sim.Config{Trace: path, Policy: n, Settings: settings[n], AsRecorded: *asRecorded})
-				rs[k], errs[k] = f.fit(cards)
-			}()
+			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], AsRecorded: *asRecorded}
 		}
-		wg.Wait()
-		for k, err := range errs {
-			if err != nil {
-				return fmt.Errorf("%s: policy %s: %w", path, names[k], err)
-			}
+		rs, err := fit.Trace(h, evs, cfgs, cards, *jobs)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
 		}
-		results = append(results, rs...)
+		answers = append(answers, rs...)
 	}
 	if *jsonOut != "" {
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return writeFitJSON(w, results) }); err != nil {
+		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteFit(w, answers) }); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
 	}
 	if *jsonOut != "-" {
-		writeFitTable(stdout, results, cards)
+		writeFitTable(stdout, answers, cards)
 	}
 	return nil
 }
 
-// readTrace reads a whole trace into memory, for the many replays of fit.
-func readTrace(path string, opts tracefile.Options) (trace.Header, []trace.Event, error) {
-	f, err := tracefile.Open(path, opts)
-	if err != nil {
-		return trace.Header{}, nil, err
-	}
-	defer f.Close()
-	var evs []trace.Event
-	for {
-		ev, err := f.Next()
-		if err == io.EOF {
-			return f.Header(), evs, nil
-		}
-		if err != nil {
-			return trace.Header{}, nil, err
-		}
-		evs = append(evs, ev)
-	}
-}
-
-// fitter searches one policy's smallest capacity for one trace.
-type fitter struct {
-	cfg sim.Config
-	// run replays the trace at a capacity (0 = unlimited); a replay that
-	// runs out of memory may stop at its first OOM.
-	run    func(capacity uint64) (*sim.Result, error)
-	probes map[uint64]fitProbe
-}
-
-// newFitter returns a fitter that replays evs against cfg's policy.
-func newFitter(h trace.Header, evs []trace.Event, cfg sim.Config) *fitter {
-	f := &fitter{cfg: cfg, probes: map[uint64]fitProbe{}}
-	f.run = func(capacity uint64) (*sim.Result, error) {
-		c := cfg
-		c.Capacity = capacity
-		stop := &oomStop{}
-		c.Observer = stop
-		rs, err := sim.Run(stopSource{trace.NewSliceSource(h, evs), stop}, c)
-		if err != nil {
-			return nil, err
-		}
-		return rs[0], nil
-	}
-	return f
-}
-
-// oomStop is an Observer that stops the replay's source at the first OOM,
-// since fit needs no more of a replay that ran out of memory.
-type oomStop struct{ stopped bool }
-
-func (o *oomStop) Observe(a sim.Action) {
-	if a.Kind == sim.ActionOOM {
-		o.stopped = true
-	}
-}
-
-type stopSource struct {
-	trace.Source
-	stop *oomStop
-}
-
-func (s stopSource) Next() (trace.Event, error) {
-	if s.stop.stopped {
-		return trace.Event{}, io.EOF
-	}
-	return s.Source.Next()
-}
-
-// replay replays the trace at capacity (0 = unlimited), once per capacity.
-func (f *fitter) replay(capacity uint64) (fitProbe, *sim.Result, error) {
-	if p, ok := f.probes[capacity]; ok {
-		return p, nil, nil
-	}
-	r, err := f.run(capacity)
-	if err != nil {
-		return fitProbe{}, nil, err
-	}
-	p := fitProbe{Capacity: capacity, OOM: r.OOMs > 0, FirstOOMEvent: r.FirstOOMEvent}
-	if !p.OOM {
-		p.PeakReserved = r.PeakReserved
-	}
-	f.probes[capacity] = p
-	return p, r, nil
-}
-
-// maxCapacity bounds the search upwards: 1 PiB.
-const maxCapacity = 1 << 50
-
-func (f *fitter) fit(cards []card) (*fitResult, error) {
-	res := &fitResult{Trace: f.cfg.Trace, Policy: f.cfg.Policy, Settings: f.cfg.Settings, Monotone: true}
-	p0, r0, err := f.replay(0)
-	if err != nil {
-		return nil, err
-	}
-	delete(f.probes, 0)        // capacity 0 means unlimited: not a probe
-	res.Settings = r0.Settings // those used, the recorded ones included
-	res.LowerBound = r0.PeakRequested
-	res.UnlimitedPeakReserved = r0.PeakReserved
-	res.Replays = 1
-	if p0.OOM {
-		// The policy runs out of memory on its own.
-		return f.finish(res, cards)
-	}
-	if r0.PeakReserved == 0 {
-		res.Fits = true // no device memory at all
-		return f.finish(res, cards)
-	}
-	// hi fits; lo does not (0 stands for "below every capacity").
-	hi := r0.PeakReserved
-	for {
-		p, _, err := f.replay(hi)
-		if err != nil {
-			return nil, err
-		}
-		if !p.OOM {
-			break
-		}
-		if hi >= maxCapacity {
-			return f.finish(res, cards) // never fits
-		}
-		hi = min(2*hi, maxCapacity)
-	}
-	var lo uint64
-	if b := res.LowerBound; b > 1 && b-1 < hi {
-		p, _, err := f.replay(b - 1)
-		if err != nil {
-			return nil, err
-		}
-		if p.OOM {
-			lo = b - 1
-		} else {
-			hi = min(hi, max(p.PeakReserved, 1))
-		}
-	}
-	for round := 0; ; round++ {
-		if hi, err = f.bisect(lo, hi); err != nil {
-			return nil, err
-		}
-		// Probes: the card sizes and points evenly above the answer,
-		// up to the unlimited peak, and below it, down to the lower
-		// bound.
-		top := max(res.UnlimitedPeakReserved, hi)
-		var probes []uint64
-		for k := uint64(1); k < 8; k++ {
-			probes = append(probes, hi+(top-hi)*k/8)
-		}
-		for k := uint64(0); k < 4; k++ {
-			probes = append(probes, res.LowerBound+(hi-min(res.LowerBound, hi))*k/4)
-		}
-		for _, c := range cards {
-			probes = append(probes, c.capacity)
-		}
-		below := uint64(0) // the smallest capacity below hi that fits
-		for _, c := range probes {
-			if c == 0 || c == hi {
-				continue
-			}
-			p, _, err := f.replay(c)
-			if err != nil {
-				return nil, err
-			}
-			if !p.OOM && c < hi && (below == 0 || c < below) {
-				below = c
-			}
-		}
-		if below == 0 || round == 2 {
-			break
-		}
-		// A smaller capacity fits after all: search below it.
-		hi, lo = below, 0
-		for c, p := range f.probes {
-			if p.OOM && c < hi && c > lo {
-				lo = c
-			}
-		}
-	}
-	res.Fits = true
-	res.MinCapacity = hi
-	return f.finish(res, cards)
-}
-
-// bisect returns the smallest capacity in (lo, hi] that fits, hi fitting
-// and lo not (or 0). A replay that fits at c with a smaller peak reserved
-// p is tried at p at once: a policy that reads no capacity behaves the
-// same there, which ends most searches in a few replays.
-func (f *fitter) bisect(lo, hi uint64) (uint64, error) {
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		p, _, err := f.replay(mid)
-		if err != nil {
-			return 0, err
-		}
-		if p.OOM {
-			lo = mid
-			continue
-		}
-		hi = mid
-		for p.PeakReserved > lo && p.PeakReserved < hi {
-			q, _, err := f.replay(p.PeakReserved)
-			if err != nil {
-				return 0, err
-			}
-			if q.OOM {
-				lo = p.PeakReserved
-				break
-			}
-			hi, p = p.PeakReserved, q
-		}
-	}
-	return hi, nil
-}
-
-// finish answers for the cards (a replay at each capacity) and lists the
-// probes, and those that contradict monotonicity.
-func (f *fitter) finish(res *fitResult, cards []card) (*fitResult, error) {
-	for _, c := range cards {
-		p, _, err := f.replay(c.capacity)
-		if err != nil {
-			return nil, err
-		}
-		res.Cards = append(res.Cards, cardFit{Name: c.name, Capacity: c.capacity, Fits: !p.OOM})
-	}
-	for _, p := range f.probes {
-		res.Probes = append(res.Probes, p)
-	}
-	sort.Slice(res.Probes, func(i, j int) bool { return res.Probes[i].Capacity < res.Probes[j].Capacity })
-	res.Replays += len(res.Probes)
-	for _, p := range res.Probes {
-		if res.Fits && p.OOM && p.Capacity > res.MinCapacity {
-			res.Monotone = false
-			res.NonMonotone = append(res.NonMonotone, p)
-		}
-	}
-	return res, nil
-}
-
-func writeFitJSON(w io.Writer, results []*fitResult) error {
-	if results == nil {
-		results = []*fitResult{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", " ")
-	return enc.Encode(struct {
-		Results []*fitResult `json:"results"`
-	}{results})
-}
-
-func writeFitTable(w io.Writer, results []*fitResult, cards []card) {
+func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "trace\tpolicy\tlower bound MiB\tmin capacity MiB\tmin capacity bytes\tover bound\t"
 	for _, c := range cards {
-		head += c.name + "\t"
+		head += c.Name + "\t"
 	}
 	fmt.Fprintln(tw, head+"replays\t")
-	for _, r := range results {
+	for _, r := range answers {
 		minCap, bytes, over := "never", "-", "-"
 		if r.Fits {
 			minCap, bytes = mib(r.MinCapacity), strconv.FormatUint(r.MinCapacity, 10)
@@ -446,7 +129,7 @@ func writeFitTable(w io.Writer, results []*fitResult, cards []card) {
 		fmt.Fprintln(tw, line+strconv.Itoa(r.Replays)+"\t")
 	}
 	tw.Flush()
-	for _, r := range results {
+	for _, r := range answers {
 		if !r.Monotone {
 			var caps []string
 			for _, p := range r.NonMonotone[:min(len(r.NonMonotone), 4)] {

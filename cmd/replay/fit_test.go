@@ -4,12 +4,11 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // TestFitSplitFragOOM finds the smallest capacities of split_frag_oom (it
@@ -26,7 +25,7 @@ func TestFitSplitFragOOM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var doc struct{ Results []fitResult }
+	var doc struct{ Results []results.Fit }
 	if err := json.Unmarshal(data, &doc); err != nil {
 		t.Fatal(err)
 	}
@@ -55,71 +54,6 @@ func TestFitSplitFragOOM(t *testing.T) {
 	}
 	if !strings.Contains(stdout, "4718592000") || !strings.Contains(stdout, "141GB") {
 		t.Errorf("table:\n%s", stdout)
-	}
-}
-
-// TestFitSearch runs the search against made-up outcomes: a capacity fits
-// when fits says so, and a replay that fits reserves min(capacity, 1200)
-// bytes; the lower bound is 800.
-func TestFitSearch(t *testing.T) {
-	cards := []card{{"900B", 900}, {"1GB", 1e9}}
-	for _, tc := range []struct {
-		name     string
-		fits     func(c uint64) bool
-		min      uint64
-		monotone bool
-		above    []uint64 // capacities above min that run out of memory
-		cards    []bool
-	}{
-		{"monotone", func(c uint64) bool { return c >= 1000 }, 1000, true, nil, []bool{false, true}},
-		{"hole above", func(c uint64) bool { return c >= 1000 && (c < 1100 || c >= 1150) }, 1000, false, []uint64{1100, 1125}, []bool{false, true}},
-		{"island below", func(c uint64) bool { return c >= 1000 || (c >= 850 && c < 900) }, 850, false, nil, []bool{false, true}},
-		{"never", func(c uint64) bool { return false }, 0, true, nil, []bool{false, false}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := &fitter{cfg: sim.Config{Policy: "p"}, probes: map[uint64]fitProbe{}}
-			f.run = func(c uint64) (*sim.Result, error) {
-				r := &sim.Result{PeakRequested: 800, FirstOOMEvent: -1}
-				if c == 0 {
-					c = 1200
-				}
-				if tc.fits(c) {
-					r.PeakReserved = min(c, 1200)
-				} else {
-					r.OOMs, r.FirstOOMEvent = 1, 7
-				}
-				return r, nil
-			}
-			r, err := f.fit(cards)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.MinCapacity != tc.min || r.Fits != (tc.min > 0) || r.Monotone != tc.monotone {
-				t.Errorf("min %d fits %v monotone %v; want %d, %v", r.MinCapacity, r.Fits, r.Monotone, tc.min, tc.monotone)
-			}
-			if tc.above != nil {
-				var got []uint64
-				for _, p := range r.NonMonotone {
-					got = append(got, p.Capacity)
-				}
-				if !reflect.DeepEqual(got, tc.above) {
-					t.Errorf("non-monotone at %v, want %v", got, tc.above)
-				}
-			}
-			for k, c := range r.Cards {
-				if c.Fits != tc.cards[k] {
-					t.Errorf("card %s fits %v", c.Name, c.Fits)
-				}
-			}
-			for _, p := range r.Probes {
-				if p.OOM == tc.fits(p.Capacity) {
-					t.Errorf("probe %+v", p)
-				}
-			}
-			if r.Replays != len(r.Probes)+1 {
-				t.Errorf("%d replays, %d probes", r.Replays, len(r.Probes))
-			}
-		})
 	}
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,7 +20,9 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -143,12 +144,12 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if *jsonOut != "" {
-		if err := tracefile.WriteFile(*jsonOut, func(w io.Writer) error { return writeGPUJSON(w, results) }); err != nil {
+		if err := atomicfile.WriteFile(*jsonOut, func(w io.Writer) error { return writeGPUJSON(w, results) }); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
 	}
 	if *csvOut != "" {
-		if err := tracefile.WriteFile(*csvOut, func(w io.Writer) error { return writeGPUCSV(w, results) }); err != nil {
+		if err := atomicfile.WriteFile(*csvOut, func(w io.Writer) error { return writeGPUCSV(w, results) }); err != nil {
 			return fmt.Errorf("--csv: %w", err)
 		}
 	}
@@ -174,10 +175,10 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 
 // replayOne replays the trace at path repeat times (see gpu.Repeat).
 func replayOne(ctx context.Context, rt *gpu.Runtime, cfg gpu.Config, path string, opts tracefile.Options, calls string, repeat int, cLoop bool) (*gpu.Result, error) {
-	var log *tracefile.AtomicFile
+	var log *atomicfile.File
 	if calls != "" {
 		var err error
-		if log, err = tracefile.Create(calls); err != nil {
+		if log, err = atomicfile.Create(calls); err != nil {
 			return nil, fmt.Errorf("--calls: %w", err)
 		}
 		defer log.Abort() // no partial log after an error or Ctrl-C
@@ -247,12 +248,12 @@ func simulateOnly(stdout, stderr io.Writer, paths, names []string, settings map[
 	}
 	if jsonOut != "" || csvOut != "" {
 		if jsonOut != "" {
-			if err := tracefile.WriteFile(jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
+			if err := atomicfile.WriteFile(jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
 				return err
 			}
 		}
 		if csvOut != "" {
-			return tracefile.WriteFile(csvOut, func(w io.Writer) error { return writeCSV(w, results) })
+			return atomicfile.WriteFile(csvOut, func(w io.Writer) error { return writeCSV(w, results) })
 		}
 		return nil
 	}
@@ -344,16 +345,7 @@ func callsPath(base string, runs int, trace, target string) string {
 
 func ms(ns int64) float64 { return float64(ns) / 1e6 }
 
-func writeGPUJSON(w io.Writer, results []*gpu.Result) error {
-	if results == nil {
-		results = []*gpu.Result{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", " ")
-	return enc.Encode(struct {
-		Results []*gpu.Result `json:"results"`
-	}{results})
-}
+func writeGPUJSON(w io.Writer, rs []*gpu.Result) error { return results.WriteGPU(w, rs) }
 
 // gpuCSVColumns are the CSV columns of replay gpu: the scalar keys of
 // replay sim and the measured ones.

@@ -13,9 +13,8 @@
 package main
 
 import (
-	"github.com/gpualloc/allocsim/trace/tracefile"
-
 	"fmt"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"io"
 	"os"
 )
@@ -23,7 +22,7 @@ import (
 func main() {
 	// gpu and calibrate free the device's memory on Ctrl-C themselves.
 	if len(os.Args) > 1 && os.Args[1] != "gpu" && os.Args[1] != "calibrate" {
-		tracefile.RemoveOnInterrupt()
+		atomicfile.RemoveOnInterrupt()
 	}
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "replay: %v\n", err)

@@ -1,18 +1,16 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"github.com/spf13/pflag"
 
 	"github.com/gpualloc/allocsim/plots"
-	"github.com/gpualloc/allocsim/sim"
-	"github.com/gpualloc/allocsim/trace/tracefile"
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 const reportUsage = `usage: replay report -o report.html [--plots DIR] [--title TEXT] INPUT...
@@ -65,7 +63,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	if err := tracefile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep, charts) }); err != nil {
+	if err := atomicfile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep, charts) }); err != nil {
 		return fmt.Errorf("-o: %w", err)
 	}
 	var size int64
@@ -83,74 +81,24 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	return nil
 }
 
-// gpuFields are the keys of a replay gpu result that tell it apart.
-type gpuFields struct {
-	Runtime     string `json:"runtime"`
-	Device      string `json:"device"`
-	AllocTimeNS int64  `json:"alloc_time_ns"`
-	Paced       bool   `json:"paced"`
-}
-
 // readReportInput adds the results in the file at path (or, for a
-// directory, in its results.json) to rep: fit answers by their
-// min_capacity_bytes key, replay gpu results by their runtime key, replay
-// sim and sweep results otherwise.
+// directory, in its results.json) to rep, by their kind (results.Reader).
 func readReportInput(rep *plots.Report, path string) error {
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		path = filepath.Join(path, "results.json")
-	}
-	data, err := os.ReadFile(path)
+	r, err := results.Open(path)
 	if err != nil {
 		return err
 	}
-	var doc struct {
-		Results []json.RawMessage `json:"results"`
+	defer r.Close()
+	for r.Scan() {
+		switch rec := r.Record(); rec.Kind {
+		case results.KindFit:
+			rep.Fits = append(rep.Fits, *rec.Fit)
+		case results.KindGPU:
+			g := rec.GPU
+			rep.Results = append(rep.Results, plots.ReportResult{Result: g.Result, Measured: true, Device: g.Device, MeasuredAllocTimeNS: g.AllocTimeNS, Paced: g.Paced})
+		default:
+			rep.Results = append(rep.Results, plots.ReportResult{Result: *rec.Sim})
+		}
 	}
-	if err := json.Unmarshal(data, &doc); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	if doc.Results == nil {
-		return fmt.Errorf(`%s: no "results" list: not the JSON of replay sim, gpu, fit or sweep`, path)
-	}
-	for i, raw := range doc.Results {
-		var keys map[string]json.RawMessage
-		if err := json.Unmarshal(raw, &keys); err != nil {
-			return fmt.Errorf("%s: result %d: %w", path, i, err)
-		}
-		if _, ok := keys["min_capacity_bytes"]; ok {
-			var f fitResult
-			if err := json.Unmarshal(raw, &f); err != nil {
-				return fmt.Errorf("%s: result %d: %w", path, i, err)
-			}
-			rf := plots.ReportFit{Trace: f.Trace, FitRow: plots.FitRow{
-				Policy: f.Policy, Settings: f.Settings, Fits: f.Fits, MinCapacity: f.MinCapacity,
-				LowerBound: f.LowerBound, UnlimitedPeakReserved: f.UnlimitedPeakReserved, Monotone: f.Monotone,
-			}}
-			for _, p := range f.NonMonotone {
-				rf.NonMonotone = append(rf.NonMonotone, p.Capacity)
-			}
-			for _, c := range f.Cards {
-				rf.Cards = append(rf.Cards, plots.ReportCard{Card: plots.Card{Name: c.Name, Capacity: c.Capacity}, Fits: c.Fits})
-			}
-			rep.Fits = append(rep.Fits, rf)
-			continue
-		}
-		var r sim.Result
-		if err := json.Unmarshal(raw, &r); err != nil {
-			return fmt.Errorf("%s: result %d: %w", path, i, err)
-		}
-		if r.Trace == "" || r.Policy == "" {
-			return fmt.Errorf("%s: result %d: no trace or policy: not a result of replay sim, gpu, fit or sweep", path, i)
-		}
-		rr := plots.ReportResult{Result: r}
-		if _, ok := keys["runtime"]; ok {
-			var g gpuFields
-			if err := json.Unmarshal(raw, &g); err != nil {
-				return fmt.Errorf("%s: result %d: %w", path, i, err)
-			}
-			rr.Measured, rr.Device, rr.MeasuredAllocTimeNS, rr.Paced = true, g.Device, g.AllocTimeNS, g.Paced
-		}
-		rep.Results = append(rep.Results, rr)
-	}
-	return nil
+	return r.Err()
 }

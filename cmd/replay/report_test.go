@@ -86,3 +86,39 @@ func TestReport(t *testing.T) {
 		}
 	}
 }
+
+// TestOldResultsFiles reads results files written before files said their
+// kind (no kind or version keys): report tells their records apart by
+// their keys and merge takes sim results; merge refuses fit answers.
+func TestOldResultsFiles(t *testing.T) {
+	dir := t.TempDir()
+	simJSON, fitJSON := filepath.Join(dir, "sim.json"), filepath.Join(dir, "fit.json")
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch,cuda", "--json", simJSON, tokenLengths); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCmd(t, "fit", "--policy", "cuda", "--json", fitJSON, tokenLengths); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{simJSON, fitJSON} {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.SplitN(string(data), "\n", 4)
+		if !strings.HasPrefix(lines[1], ` "kind": `) || lines[2] != ` "version": 1,` {
+			t.Fatalf("%s starts %q", p, lines[:3])
+		}
+		os.WriteFile(p, []byte(lines[0]+"\n"+lines[3]), 0o644)
+	}
+	stdout, _, err := runCmd(t, "report", "-o", filepath.Join(dir, "report.html"), simJSON, fitJSON)
+	if err != nil || !strings.Contains(stdout, "report: 2 results, 1 fit answers") {
+		t.Errorf("report of old files: %v\n%s", err, stdout)
+	}
+	if stdout, _, err := runCmd(t, "merge", "-o", filepath.Join(dir, "merged"), simJSON); err != nil || !strings.Contains(stdout, "merge: 2 results from 1 inputs") {
+		t.Errorf("merge of an old file: %v\n%s", err, stdout)
+	}
+	_, _, err = runCmd(t, "merge", "-o", filepath.Join(dir, "merged"), fitJSON)
+	if want := fitJSON + ": result 0: a fit result, not a sim one"; err == nil || err.Error() != want {
+		t.Errorf("merge of fit answers: %v, want %q", err, want)
+	}
+}

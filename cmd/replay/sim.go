@@ -3,8 +3,6 @@ package main
 import (
 	"slices"
 
-	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +16,8 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -88,10 +88,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			vr.abort()
 		}
 		if err != nil {
-			if strings.HasPrefix(err.Error(), path+":") {
-				return err // a read error, which names the file already
-			}
-			return fmt.Errorf("%s: %w", path, err)
+			return tracefile.NameError(path, err)
 		}
 		results = append(results, res...)
 	}
@@ -128,7 +125,7 @@ func writeOutput(stdout io.Writer, path string, write func(io.Writer) error) err
 	if path == "-" {
 		return write(stdout)
 	}
-	return tracefile.WriteFile(path, write)
+	return atomicfile.WriteFile(path, write)
 }
 
 // policyNames expands a --policy value.
@@ -186,52 +183,17 @@ func parseSets(sets []string, names []string) (map[string]policies.Settings, err
 	return out, nil
 }
 
-func writeJSON(w io.Writer, results []*sim.Result) error {
-	if results == nil {
-		results = []*sim.Result{}
-	}
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", " ")
-	return enc.Encode(struct {
-		Results []*sim.Result `json:"results"`
-	}{results})
-}
+// writeJSON writes sim results as a results file of kind "sim".
+func writeJSON(w io.Writer, rs []*sim.Result) error { return results.WriteSim(w, rs) }
 
-// csvColumns are the CSV columns: the scalar JSON keys of a result.
-var csvColumns = []string{
-	"trace", "policy", "settings", "capacity_bytes", "events", "mallocs", "frees",
-	"peak_requested_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
-	"peak_fragmentation", "fragmentation_at_peak", "device_allocs", "device_frees",
-	"alloc_retries", "ooms", "first_oom_event", "first_oom_size", "source_ooms",
-	"anomalies", "peak_pinned_bytes", "peak_managed_bytes", "truncated", "reconstructed_events",
-	"offline_peak_reserved_bytes", "sim_alloc_time_ns", "sim_wake_time_ns", "build_error",
-}
-
-func writeCSV(w io.Writer, results []*sim.Result) error {
-	cw := csv.NewWriter(w)
-	cw.Write(csvColumns)
-	for _, r := range results {
-		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
-		i := func(v int64) string { return strconv.FormatInt(v, 10) }
-		f := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
-		cw.Write([]string{
-			r.Trace, r.Policy, formatSettings(r.Settings), u(r.Capacity), i(r.Events), i(r.Mallocs), i(r.Frees),
-			u(r.PeakRequested), u(r.PeakAllocated), u(r.PeakReserved),
-			f(r.PeakFragmentation), f(r.FragmentationAtPeak), i(r.DeviceAllocs), i(r.DeviceFrees),
-			i(r.AllocRetries), i(r.OOMs), i(r.FirstOOMEvent), u(r.FirstOOMSize), i(r.SourceOOMs),
-			i(r.Anomalies), u(r.PeakPinned), u(r.PeakManaged), strconv.FormatBool(r.Truncated), i(r.ReconstructedEvents),
-			u(r.PeakOffline), i(r.SimAllocTimeNS), i(r.SimWakeTimeNS), r.BuildError,
-		})
-	}
-	cw.Flush()
-	return cw.Error()
-}
+// writeCSV writes sim results as CSV, with the columns of every command.
+func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, rs) }
 
 // formatSettings returns s as key=value pairs sorted by key, joined by ";".
 func formatSettings(s map[string]string) string { return policies.Settings(s).Join(";") }
 
-// mib formats bytes as MiB with one decimal.
-func mib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+// mib formats bytes as MiB with one decimal (plots.MiBText).
+func mib(b uint64) string { return plots.MiBText(b) }
 
 func writeTable(w io.Writer, results []*sim.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)

@@ -1,17 +1,16 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"sort"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -32,7 +31,7 @@ func runStats(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return fmt.Errorf("stats: no trace given")
 	}
-	var docs []statsJSON
+	var docs []trace.Summary
 	for i, path := range fs.Args() {
 		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
 		if err != nil {
@@ -46,7 +45,7 @@ func runStats(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		if *jsonOut {
-			docs = append(docs, toJSON(path, h, s))
+			docs = append(docs, s.Summary(path, h))
 			continue
 		}
 		if i > 0 {
@@ -55,10 +54,8 @@ func runStats(stdout, stderr io.Writer, args []string) error {
 		writeStats(stdout, path, h, s, *top)
 	}
 	if *jsonOut {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", " ")
-		return enc.Encode(struct {
-			Traces []statsJSON `json:"traces"`
+		return results.WriteJSON(stdout, struct {
+			Traces []trace.Summary `json:"traces"`
 		}{docs})
 	}
 	return nil
@@ -72,97 +69,10 @@ func readAll(src trace.Source, path string, fn func(i int64, ev trace.Event)) er
 			return nil
 		}
 		if err != nil {
-			if strings.Contains(err.Error(), path) {
-				return err
-			}
-			return fmt.Errorf("%s: %w", path, err)
+			return tracefile.NameError(path, err)
 		}
 		fn(i, ev)
 	}
-}
-
-type statsJSON struct {
-	Trace         string            `json:"trace"`
-	Source        string            `json:"source"`
-	Events        int64             `json:"events"`
-	DurationNs    int64             `json:"duration_ns"`
-	Ops           map[string]int64  `json:"ops"`
-	Mallocs       map[string]int64  `json:"mallocs_by_kind"`
-	PeakLive      uint64            `json:"peak_live_bytes"`
-	PeakLiveEvent int64             `json:"peak_live_event"`
-	PeakPinned    uint64            `json:"peak_pinned_bytes"`
-	PeakManaged   uint64            `json:"peak_managed_bytes"`
-	LiveAtEnd     int               `json:"live_at_end"`
-	LiveBytes     uint64            `json:"live_bytes_at_end"`
-	UnknownFrees  int64             `json:"unknown_frees"`
-	Sizes         histJSON          `json:"sizes_bytes"`
-	Lifetimes     histJSON          `json:"lifetimes_ns"`
-	Streams       map[string]any    `json:"streams"`
-	Threads       map[string]int64  `json:"threads"`
-	Metadata      map[string]string `json:"metadata,omitempty"`
-}
-
-type histJSON struct {
-	Count   int64            `json:"count"`
-	Min     uint64           `json:"min"`
-	Max     uint64           `json:"max"`
-	Mean    float64          `json:"mean"`
-	P50     uint64           `json:"p50_at_most"`
-	P90     uint64           `json:"p90_at_most"`
-	P99     uint64           `json:"p99_at_most"`
-	Buckets map[string]int64 `json:"buckets"` // by the bucket's lower bound
-}
-
-func histToJSON(h *trace.Histogram) histJSON {
-	out := histJSON{Count: h.Count, Min: h.Min, Max: h.Max, P50: h.Quantile(0.5), P90: h.Quantile(0.9), P99: h.Quantile(0.99), Buckets: map[string]int64{}}
-	if h.Count > 0 {
-		out.Mean = h.Sum / float64(h.Count)
-	}
-	for b, n := range h.Buckets {
-		if n > 0 {
-			lo, _ := trace.BucketRange(b)
-			out.Buckets[strconv.FormatUint(lo, 10)] = n
-		}
-	}
-	return out
-}
-
-// opOrder lists the ops in the order the tables show them.
-var opOrder = []trace.Op{
-	trace.OpMalloc, trace.OpFree, trace.OpFreeRequested, trace.OpMallocFailed, trace.OpStreamSync,
-	trace.OpDeviceSync, trace.OpEventRecord, trace.OpStreamWaitEvent, trace.OpEventSync, trace.OpEmptyCache,
-	trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap, trace.OpMarker,
-}
-
-var kinds = []trace.Kind{trace.KindDevice, trace.KindAsync, trace.KindPinned, trace.KindManaged}
-
-func toJSON(path string, h trace.Header, s *trace.Stats) statsJSON {
-	n, b := s.LiveBytes()
-	d := statsJSON{
-		Trace: path, Source: h.Source, Events: s.Events, DurationNs: s.LastTime - s.FirstTime,
-		Ops: map[string]int64{}, Mallocs: map[string]int64{},
-		PeakLive: s.PeakLive, PeakLiveEvent: s.PeakLiveEvent, PeakPinned: s.PeakPinned, PeakManaged: s.PeakManaged,
-		LiveAtEnd: n, LiveBytes: b, UnknownFrees: s.UnknownFrees,
-		Sizes: histToJSON(&s.Sizes), Lifetimes: histToJSON(&s.Lifetimes),
-		Streams: map[string]any{}, Threads: map[string]int64{}, Metadata: h.Metadata,
-	}
-	for _, op := range opOrder {
-		if c := s.Ops(op); c > 0 {
-			d.Ops[op.String()] = c
-		}
-	}
-	for _, k := range kinds {
-		if c := s.Mallocs(k); c > 0 {
-			d.Mallocs[k.String()] = c
-		}
-	}
-	for id, st := range s.Streams {
-		d.Streams[fmt.Sprintf("%#x", id)] = st
-	}
-	for id, c := range s.Threads {
-		d.Threads[strconv.FormatUint(id, 10)] = c
-	}
-	return d
 }
 
 // humanBytes formats a byte count with a binary unit.
@@ -226,14 +136,14 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 	fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, humanNs(uint64(max(s.LastTime-s.FirstTime, 0))))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ops:")
-	for _, op := range opOrder {
+	for _, op := range trace.SummaryOps {
 		if c := s.Ops(op); c > 0 {
 			fmt.Fprintf(tw, "  %s\t%d\n", op, c)
 		}
 	}
 	tw.Flush()
 	var parts []string
-	for _, k := range kinds {
+	for _, k := range trace.SummaryKinds {
 		if c := s.Mallocs(k); c > 0 {
 			parts = append(parts, fmt.Sprintf("%s %d", k, c))
 		}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 const statsTrace = `header source=text
@@ -66,7 +68,7 @@ threads: 2
 	if err != nil {
 		t.Fatal(err)
 	}
-	var doc struct{ Traces []statsJSON }
+	var doc struct{ Traces []trace.Summary }
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatal(err)
 	}

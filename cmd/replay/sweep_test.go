@@ -200,8 +200,8 @@ func TestSweepErrors(t *testing.T) {
 		{"no match", []string{"sweep", "-o", out, "--traces", filepath.Join(dir, "*.nothing")}, "no file matches"},
 		{"bad shard", []string{"sweep", "-o", out, "--traces", tokenLengths, "--shard", "3/3"}, "want i/n with 0 <= i < n"},
 		{"bad grid", []string{"sweep", "-o", out, "--traces", tokenLengths, "--grid", "first-fit.segment_size"}, "want NAME.key=v1,v2"},
-		{"grid policy left out", []string{"sweep", "-o", out, "--traces", tokenLengths, "--policy", "cuda", "--grid", "first-fit.release=true"}, `policy "first-fit" is not among --policy`},
-		{"grid and set", []string{"sweep", "-o", out, "--traces", tokenLengths, "--policy", "first-fit", "--set", "first-fit.release=true", "--grid", "first-fit.release=true,false"}, "also fixed by --set"},
+		{"grid policy left out", []string{"sweep", "-o", out, "--traces", tokenLengths, "--policy", "cuda", "--grid", "first-fit.release=true"}, `--grid first-fit.release: policy "first-fit" is not among the policies (cuda)`},
+		{"grid and set", []string{"sweep", "-o", out, "--traces", tokenLengths, "--policy", "first-fit", "--set", "first-fit.release=true", "--grid", "first-fit.release=true,false"}, "also a fixed setting"},
 		{"bad setting", []string{"sweep", "-o", out, "--traces", tokenLengths, "--policy", "first-fit", "--grid", "first-fit.release=maybe"}, "policy first-fit with settings \"release=maybe\""},
 		{"bad capacity", []string{"sweep", "-o", out, "--traces", tokenLengths, "--capacity", "0,lots"}, `--capacity "lots"`},
 		{"bad progress", []string{"sweep", "-o", out, "--traces", tokenLengths, "--progress", "fancy"}, `--progress "fancy"`},
@@ -220,43 +220,6 @@ func TestSweepErrors(t *testing.T) {
 	}
 	if rs := readResults(t, filepath.Join(out, "results.json")); len(rs) != 1 {
 		t.Errorf("%d results, want the good cell's", len(rs))
-	}
-}
-
-func TestGlobAll(t *testing.T) {
-	dir := t.TempDir()
-	for _, p := range []string{"a/x.gz", "a/b/y.gz", "a/b/c/z.gz", "a/b/c/z.txt", "d.gz"} {
-		os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755)
-		os.WriteFile(filepath.Join(dir, p), nil, 0o644)
-	}
-	for _, tc := range []struct {
-		pattern string
-		want    []string
-	}{
-		{"**/*.gz", []string{"a/b/c/z.gz", "a/b/y.gz", "a/x.gz", "d.gz"}},
-		{"a/**/*.gz", []string{"a/b/c/z.gz", "a/b/y.gz", "a/x.gz"}},
-		{"a/**/c/*", []string{"a/b/c/z.gz", "a/b/c/z.txt"}},
-		{"a/*/*.gz", []string{"a/b/y.gz"}},
-		{"*/x.?z", []string{"a/x.gz"}},
-	} {
-		got, err := globAll(filepath.Join(dir, tc.pattern))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range got {
-			got[i], _ = filepath.Rel(dir, got[i])
-			got[i] = filepath.ToSlash(got[i])
-		}
-		if !reflect.DeepEqual(got, tc.want) {
-			t.Errorf("%s: %v, want %v", tc.pattern, got, tc.want)
-		}
-	}
-}
-
-func TestSplitList(t *testing.T) {
-	got := splitList(" a, [1,2],b ,, {x,y}")
-	if want := []string{"a", "[1,2]", "b", "{x,y}"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("%q, want %q", got, want)
 	}
 }
 

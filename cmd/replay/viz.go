@@ -6,10 +6,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/viz"
-	"github.com/gpualloc/allocsim/trace/tracefile"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 // vizDir is the directory of `replay sim --viz`: one PyTorch memory
@@ -33,7 +33,7 @@ func newVizDir(dir string) *vizDir {
 // vizRun is the snapshots of one trace being written.
 type vizRun struct {
 	d     *vizDir
-	files []*tracefile.AtomicFile
+	files []*atomicfile.File
 	recs  []*viz.Recorder
 	paths []string
 }
@@ -44,7 +44,7 @@ func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
 	if d == nil {
 		return nil, nil
 	}
-	base := plots.TraceName(trace)
+	base := results.TraceName(trace)
 	name := base
 	for n := 2; d.used[strings.ToLower(name)]; n++ {
 		name = base + "-" + strconv.Itoa(n)
@@ -53,7 +53,7 @@ func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
 	v := &vizRun{d: d}
 	for k := range cfgs {
 		path := filepath.Join(d.dir, name+"."+cfgs[k].Policy+".pickle")
-		f, err := tracefile.Create(path)
+		f, err := atomicfile.Create(path)
 		if err != nil {
 			v.abort()
 			return nil, fmt.Errorf("--viz: %w", err)

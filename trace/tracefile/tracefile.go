@@ -1,23 +1,19 @@
 // Package tracefile opens trace files of any supported format, detected from
-// their content, and writes output files atomically.
+// their content, finds the traces a glob or a directory names, and writes
+// native traces.
 package tracefile
 
 import (
-	"errors"
-
-	"os/signal"
-	"sync"
-	"syscall"
-
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/minimalloc"
 	"github.com/gpualloc/allocsim/trace/pytorch"
 	"github.com/gpualloc/allocsim/trace/rmm"
@@ -44,6 +40,41 @@ type File struct {
 	f      *os.File
 	path   string
 	opts   Options
+}
+
+// Next returns the trace's next event, io.EOF at its end. Any other error
+// is a *ReadError.
+func (f *File) Next() (trace.Event, error) {
+	ev, err := f.Source.Next()
+	if err != nil && err != io.EOF {
+		return ev, &ReadError{Path: f.path, Err: err}
+	}
+	return ev, err
+}
+
+// ReadError is an error reading the events of the trace file at Path: its
+// format's error (a *trace.FormatError, a *trace.SyntaxError, an
+// importer's), which names the file already, so that a caller matches it
+// with errors.As rather than adding the path again.
+type ReadError struct {
+	Path string
+	Err  error
+}
+
+func (e *ReadError) Error() string { return e.Err.Error() }
+
+func (e *ReadError) Unwrap() error { return e.Err }
+
+// NameError returns an error of a replay of the trace file at path that
+// names the file: a *ReadError as it is, since it names the file already,
+// and any other error (a policy's, the engine's) as "path: err", wrapped.
+// It returns nil for nil.
+func NameError(path string, err error) error {
+	var re *ReadError
+	if err == nil || errors.As(err, &re) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", path, err)
 }
 
 // Close closes the underlying file.
@@ -176,139 +207,10 @@ func abbreviate(b []byte) []byte {
 	return b
 }
 
-// pending holds the temporary files of the AtomicFiles being written, so
-// that RemoveOnInterrupt can delete them.
-var pending = struct {
-	sync.Mutex
-	names map[string]bool
-}{names: map[string]bool{}}
-
-// RemoveOnInterrupt makes SIGINT and SIGTERM delete the temporary files of
-// the outputs being written, then exit with status 130 (SIGINT) or 143
-// (SIGTERM), so an interrupted command leaves no partial output behind. A
-// main calls it once at its start.
-func RemoveOnInterrupt() {
-	c := make(chan os.Signal, 1)
-	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		sig := <-c
-		pending.Lock()
-		for name := range pending.names {
-			os.Remove(name)
-		}
-		code := 130
-		if sig == syscall.SIGTERM {
-			code = 143
-		}
-		fmt.Fprintf(os.Stderr, "%s: interrupted (%v): no output written\n", filepath.Base(os.Args[0]), sig)
-		os.Exit(code) // with the lock held: no new file is committed
-	}()
-}
-
-// AtomicFile is an output file that appears at its path only when Commit
-// succeeds: it is written to a temporary file in the same directory and
-// renamed. A path that exists and is not a regular file (a pipe,
-// /dev/stdout) is written directly.
-type AtomicFile struct {
-	f      *os.File
-	path   string
-	direct bool
-	done   bool
-}
-
-// Create starts writing path atomically, creating its directory if needed.
-func Create(path string) (*AtomicFile, error) {
-	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
-		f, err := os.OpenFile(path, os.O_WRONLY, 0)
-		if err != nil {
-			return nil, err
-		}
-		return &AtomicFile{f: f, path: path, direct: true}, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, err
-	}
-	pending.Lock()
-	defer pending.Unlock()
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err // the temporary name means nothing to the user
-		}
-		return nil, fmt.Errorf("cannot write %s: %w", path, err)
-	}
-	pending.names[f.Name()] = true
-	return &AtomicFile{f: f, path: path}, nil
-}
-
-// Write writes to the temporary file.
-func (a *AtomicFile) Write(p []byte) (int, error) { return a.f.Write(p) }
-
-// Commit closes the temporary file and renames it to the path.
-func (a *AtomicFile) Commit() error {
-	if a.done {
-		return nil
-	}
-	a.done = true
-	if a.direct {
-		return a.f.Close()
-	}
-	pending.Lock()
-	defer pending.Unlock()
-	delete(pending.names, a.f.Name())
-	if err := a.f.Close(); err != nil {
-		os.Remove(a.f.Name())
-		return err
-	}
-	if err := os.Chmod(a.f.Name(), 0o644); err != nil {
-		os.Remove(a.f.Name())
-		return err
-	}
-	if err := os.Rename(a.f.Name(), a.path); err != nil {
-		os.Remove(a.f.Name())
-		return err
-	}
-	return nil
-}
-
-// Abort removes the temporary file; after Commit it does nothing. It is
-// safe to defer.
-func (a *AtomicFile) Abort() {
-	if a.done {
-		return
-	}
-	a.done = true
-	a.f.Close()
-	if !a.direct {
-		pending.Lock()
-		delete(pending.names, a.f.Name())
-		pending.Unlock()
-		os.Remove(a.f.Name())
-	}
-}
-
-// WriteFile writes path atomically with the bytes write produces.
-func WriteFile(path string, write func(w io.Writer) error) error {
-	a, err := Create(path)
-	if err != nil {
-		return err
-	}
-	defer a.Abort()
-	bw := bufio.NewWriter(a)
-	if err := write(bw); err != nil {
-		return err
-	}
-	if err := bw.Flush(); err != nil {
-		return err
-	}
-	return a.Commit()
-}
-
 // WriteSource writes the events of src to a native trace at path,
-// atomically (see WriteFile), and returns the number of events written.
+// atomically (see atomicfile.WriteFile), and returns the number of events written.
 func WriteSource(path string, src trace.Source) (events uint64, err error) {
-	err = WriteFile(path, func(w io.Writer) error {
+	err = atomicfile.WriteFile(path, func(w io.Writer) error {
 		tw, err := trace.NewWriter(w, src.Header())
 		if err != nil {
 			return err

@@ -1,0 +1,306 @@
+// Package fit finds the smallest device capacity at which a policy replays
+// a trace without running out of memory, and whether it fits common card
+// sizes: replay fit.
+package fit
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// DefaultCards are the nominal card sizes answered for, in GB of 10^9
+// bytes, as cards are sold: 16, 24, 40, 48, 80, 94 and 141 GB.
+const DefaultCards = "16GB,24GB,40GB,48GB,80GB,94GB,141GB"
+
+// ParseCards parses a comma-separated list of card sizes (policies.ParseSize;
+// GB are 10^9 bytes), each named as given. It returns an error naming the
+// first item that is not a size above 0.
+func ParseCards(list string) ([]results.Card, error) {
+	var cards []results.Card
+	for _, c := range policies.SplitList(list) {
+		b, err := policies.ParseSize(c)
+		if err != nil || b == 0 {
+			return nil, fmt.Errorf("%q: not a size", c)
+		}
+		cards = append(cards, results.Card{Name: c, Capacity: b})
+	}
+	return cards, nil
+}
+
+// Load reads the whole of src into memory, for the many replays of a
+// search; it returns src's first error.
+func Load(src trace.Source) (trace.Header, []trace.Event, error) {
+	var evs []trace.Event
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			return src.Header(), evs, nil
+		}
+		if err != nil {
+			return trace.Header{}, nil, err
+		}
+		evs = append(evs, ev)
+	}
+}
+
+// Trace searches each of cfgs (one policy each) on the trace h, evs, with
+// up to jobs searches at a time, and returns the answers in the order of
+// cfgs. An error names the policy of the first search that failed.
+func Trace(h trace.Header, evs []trace.Event, cfgs []sim.Config, cards []results.Card, jobs int) ([]*results.Fit, error) {
+	rs := make([]*results.Fit, len(cfgs))
+	errs := make([]error, len(cfgs))
+	sem := make(chan struct{}, max(jobs, 1))
+	var wg sync.WaitGroup
+	for k, cfg := range cfgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			rs[k], errs[k] = Search(cfg, cards, Replayer(h, evs, cfg))
+		}()
+	}
+	wg.Wait()
+	for k, err := range errs {
+		if err != nil {
+			return nil, fmt.Errorf("policy %s: %w", cfgs[k].Policy, err)
+		}
+	}
+	return rs, nil
+}
+
+// ReplayFunc replays a trace at a capacity in bytes (0: unlimited); a
+// replay that runs out of memory may stop at its first OOM.
+type ReplayFunc func(capacity uint64) (*sim.Result, error)
+
+// Replayer returns the ReplayFunc that replays h and evs against cfg's
+// policy (cfg.Capacity and cfg.Observer are its own), stopping a replay at
+// its first OOM.
+func Replayer(h trace.Header, evs []trace.Event, cfg sim.Config) ReplayFunc {
+	return func(capacity uint64) (*sim.Result, error) {
+		c := cfg
+		c.Capacity = capacity
+		stop := &oomStop{}
+		c.Observer = stop
+		rs, err := sim.Run(stopSource{trace.NewSliceSource(h, evs), stop}, c)
+		if err != nil {
+			return nil, err
+		}
+		return rs[0], nil
+	}
+}
+
+// Search returns the answer for cfg's policy (cfg.Trace, cfg.Policy and
+// cfg.Settings name it) on the trace that replay replays: the smallest
+// capacity at which the replay has no OOM, found by bisection, checked by
+// probes above and below it, since results need not be monotone in
+// capacity, and the answer for each card, each replayed at its capacity.
+// It returns the first error of a replay.
+func Search(cfg sim.Config, cards []results.Card, replay ReplayFunc) (*results.Fit, error) {
+	f := &fitter{cfg: cfg, run: replay, probes: map[uint64]results.Probe{}}
+	return f.fit(cards)
+}
+
+// fitter searches one policy's smallest capacity for one trace.
+type fitter struct {
+	cfg    sim.Config
+	run    ReplayFunc
+	probes map[uint64]results.Probe
+}
+
+// oomStop is an Observer that stops the replay's source at the first OOM,
+// since fit needs no more of a replay that ran out of memory.
+type oomStop struct{ stopped bool }
+
+func (o *oomStop) Observe(a sim.Action) {
+	if a.Kind == sim.ActionOOM {
+		o.stopped = true
+	}
+}
+
+type stopSource struct {
+	trace.Source
+	stop *oomStop
+}
+
+func (s stopSource) Next() (trace.Event, error) {
+	if s.stop.stopped {
+		return trace.Event{}, io.EOF
+	}
+	return s.Source.Next()
+}
+
+// replay replays the trace at capacity (0 = unlimited), once per capacity.
+func (f *fitter) replay(capacity uint64) (results.Probe, *sim.Result, error) {
+	if p, ok := f.probes[capacity]; ok {
+		return p, nil, nil
+	}
+	r, err := f.run(capacity)
+	if err != nil {
+		return results.Probe{}, nil, err
+	}
+	p := results.Probe{Capacity: capacity, OOM: r.OOMs > 0, FirstOOMEvent: r.FirstOOMEvent}
+	if !p.OOM {
+		p.PeakReserved = r.PeakReserved
+	}
+	f.probes[capacity] = p
+	return p, r, nil
+}
+
+// MaxCapacity bounds the search upwards: 1 PiB, in bytes.
+const MaxCapacity = 1 << 50
+
+func (f *fitter) fit(cards []results.Card) (*results.Fit, error) {
+	res := &results.Fit{Trace: f.cfg.Trace, Policy: f.cfg.Policy, Settings: f.cfg.Settings, Monotone: true}
+	p0, r0, err := f.replay(0)
+	if err != nil {
+		return nil, err
+	}
+	delete(f.probes, 0)        // capacity 0 means unlimited: not a probe
+	res.Settings = r0.Settings // those used, the recorded ones included
+	res.LowerBound = r0.PeakRequested
+	res.UnlimitedPeakReserved = r0.PeakReserved
+	res.Replays = 1
+	if p0.OOM {
+		// The policy runs out of memory on its own.
+		return f.finish(res, cards)
+	}
+	if r0.PeakReserved == 0 {
+		res.Fits = true // no device memory at all
+		return f.finish(res, cards)
+	}
+	// hi fits; lo does not (0 stands for "below every capacity").
+	hi := r0.PeakReserved
+	for {
+		p, _, err := f.replay(hi)
+		if err != nil {
+			return nil, err
+		}
+		if !p.OOM {
+			break
+		}
+		if hi >= MaxCapacity {
+			return f.finish(res, cards) // never fits
+		}
+		hi = min(2*hi, MaxCapacity)
+	}
+	var lo uint64
+	if b := res.LowerBound; b > 1 && b-1 < hi {
+		p, _, err := f.replay(b - 1)
+		if err != nil {
+			return nil, err
+		}
+		if p.OOM {
+			lo = b - 1
+		} else {
+			hi = min(hi, max(p.PeakReserved, 1))
+		}
+	}
+	for round := 0; ; round++ {
+		if hi, err = f.bisect(lo, hi); err != nil {
+			return nil, err
+		}
+		// Probes: the card sizes and points evenly above the answer,
+		// up to the unlimited peak, and below it, down to the lower
+		// bound.
+		top := max(res.UnlimitedPeakReserved, hi)
+		var probes []uint64
+		for k := uint64(1); k < 8; k++ {
+			probes = append(probes, hi+(top-hi)*k/8)
+		}
+		for k := uint64(0); k < 4; k++ {
+			probes = append(probes, res.LowerBound+(hi-min(res.LowerBound, hi))*k/4)
+		}
+		for _, c := range cards {
+			probes = append(probes, c.Capacity)
+		}
+		below := uint64(0) // the smallest capacity below hi that fits
+		for _, c := range probes {
+			if c == 0 || c == hi {
+				continue
+			}
+			p, _, err := f.replay(c)
+			if err != nil {
+				return nil, err
+			}
+			if !p.OOM && c < hi && (below == 0 || c < below) {
+				below = c
+			}
+		}
+		if below == 0 || round == 2 {
+			break
+		}
+		// A smaller capacity fits after all: search below it.
+		hi, lo = below, 0
+		for c, p := range f.probes {
+			if p.OOM && c < hi && c > lo {
+				lo = c
+			}
+		}
+	}
+	res.Fits = true
+	res.MinCapacity = hi
+	return f.finish(res, cards)
+}
+
+// bisect returns the smallest capacity in (lo, hi] that fits, hi fitting
+// and lo not (or 0). A replay that fits at c with a smaller peak reserved
+// p is tried at p at once: a policy that reads no capacity behaves the
+// same there, which ends most searches in a few replays.
+func (f *fitter) bisect(lo, hi uint64) (uint64, error) {
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		p, _, err := f.replay(mid)
+		if err != nil {
+			return 0, err
+		}
+		if p.OOM {
+			lo = mid
+			continue
+		}
+		hi = mid
+		for p.PeakReserved > lo && p.PeakReserved < hi {
+			q, _, err := f.replay(p.PeakReserved)
+			if err != nil {
+				return 0, err
+			}
+			if q.OOM {
+				lo = p.PeakReserved
+				break
+			}
+			hi, p = p.PeakReserved, q
+		}
+	}
+	return hi, nil
+}
+
+// finish answers for the cards (a replay at each capacity) and lists the
+// probes, and those that contradict monotonicity.
+func (f *fitter) finish(res *results.Fit, cards []results.Card) (*results.Fit, error) {
+	for _, c := range cards {
+		p, _, err := f.replay(c.Capacity)
+		if err != nil {
+			return nil, err
+		}
+		res.Cards = append(res.Cards, results.CardFit{Card: c, Fits: !p.OOM})
+	}
+	for _, p := range f.probes {
+		res.Probes = append(res.Probes, p)
+	}
+	sort.Slice(res.Probes, func(i, j int) bool { return res.Probes[i].Capacity < res.Probes[j].Capacity })
+	res.Replays += len(res.Probes)
+	for _, p := range res.Probes {
+		if res.Fits && p.OOM && p.Capacity > res.MinCapacity {
+			res.Monotone = false
+			res.NonMonotone = append(res.NonMonotone, p)
+		}
+	}
+	return res, nil
+}

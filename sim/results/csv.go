@@ -1,0 +1,139 @@
+package results
+
+import (
+	"encoding/csv"
+	"io"
+	"sort"
+	"strconv"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// column is a CSV column: a scalar JSON key of sim.Result and its value.
+type column struct {
+	name  string
+	value func(r *sim.Result) string
+}
+
+func u(v uint64) string  { return strconv.FormatUint(v, 10) }
+func i(v int64) string   { return strconv.FormatInt(v, 10) }
+func f(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+
+// columns are the CSV columns of sim results: every scalar JSON key of
+// sim.Result, in the order of the struct (the settings as one column,
+// key=value pairs sorted by key and joined by ";"); the lists (latency,
+// series) are left out.
+var columns = []column{
+	{"trace", func(r *sim.Result) string { return r.Trace }},
+	{"policy", func(r *sim.Result) string { return r.Policy }},
+	{"settings", func(r *sim.Result) string { return policies.Settings(r.Settings).Join(";") }},
+	{"capacity_bytes", func(r *sim.Result) string { return u(r.Capacity) }},
+	{"events", func(r *sim.Result) string { return i(r.Events) }},
+	{"mallocs", func(r *sim.Result) string { return i(r.Mallocs) }},
+	{"frees", func(r *sim.Result) string { return i(r.Frees) }},
+	{"peak_requested_bytes", func(r *sim.Result) string { return u(r.PeakRequested) }},
+	{"peak_allocated_bytes", func(r *sim.Result) string { return u(r.PeakAllocated) }},
+	{"peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakReserved) }},
+	{"offline_peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakOffline) }},
+	{"peak_fragmentation", func(r *sim.Result) string { return f(r.PeakFragmentation) }},
+	{"fragmentation_at_peak", func(r *sim.Result) string { return f(r.FragmentationAtPeak) }},
+	{"device_allocs", func(r *sim.Result) string { return i(r.DeviceAllocs) }},
+	{"device_frees", func(r *sim.Result) string { return i(r.DeviceFrees) }},
+	{"alloc_retries", func(r *sim.Result) string { return i(r.AllocRetries) }},
+	{"ooms", func(r *sim.Result) string { return i(r.OOMs) }},
+	{"first_oom_event", func(r *sim.Result) string { return i(r.FirstOOMEvent) }},
+	{"first_oom_size", func(r *sim.Result) string { return u(r.FirstOOMSize) }},
+	{"source_ooms", func(r *sim.Result) string { return i(r.SourceOOMs) }},
+	{"build_error", func(r *sim.Result) string { return r.BuildError }},
+	{"anomalies", func(r *sim.Result) string { return i(r.Anomalies) }},
+	{"first_anomaly", func(r *sim.Result) string { return r.FirstAnomaly }},
+	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
+	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
+	{"peak_pinned_bytes", func(r *sim.Result) string { return u(r.PeakPinned) }},
+	{"peak_managed_bytes", func(r *sim.Result) string { return u(r.PeakManaged) }},
+	{"sim_alloc_time_ns", func(r *sim.Result) string { return i(r.SimAllocTimeNS) }},
+	{"sim_wake_time_ns", func(r *sim.Result) string { return i(r.SimWakeTimeNS) }},
+}
+
+// Columns returns the names of the CSV columns before the settings' own:
+// the scalar JSON keys of sim.Result in the order of the struct.
+func Columns() []string {
+	out := make([]string, len(columns))
+	for k, c := range columns {
+		out[k] = c.name
+	}
+	return out
+}
+
+// CSVWriter writes sim results as CSV, the same columns for replay sim,
+// replay gpu --sim-only, sweep and merge: Columns, then a column "set:KEY"
+// per setting key it was given (empty where a result lacks the key), so
+// that grid values are columns of their own. Each row is flushed as it is
+// written, so that a sweep's file grows as cells finish.
+type CSVWriter struct {
+	w    *csv.Writer
+	keys []string
+}
+
+// NewCSVWriter returns a writer of rows to w with the setting columns of
+// settingKeys, in that order.
+func NewCSVWriter(w io.Writer, settingKeys []string) *CSVWriter {
+	return &CSVWriter{w: csv.NewWriter(w), keys: settingKeys}
+}
+
+// WriteHeader writes the header row; it returns the write's error.
+func (c *CSVWriter) WriteHeader() error {
+	head := Columns()
+	for _, k := range c.keys {
+		head = append(head, "set:"+k)
+	}
+	c.w.Write(head)
+	c.w.Flush()
+	return c.w.Error()
+}
+
+// Write writes r's row; it returns the write's error.
+func (c *CSVWriter) Write(r *sim.Result) error {
+	row := make([]string, 0, len(columns)+len(c.keys))
+	for _, col := range columns {
+		row = append(row, col.value(r))
+	}
+	for _, k := range c.keys {
+		row = append(row, r.Settings[k])
+	}
+	c.w.Write(row)
+	c.w.Flush()
+	return c.w.Error()
+}
+
+// WriteCSV writes rs as CSV with a header, with a setting column for each
+// key any of them has (SettingKeys).
+func WriteCSV(w io.Writer, rs []*sim.Result) error {
+	c := NewCSVWriter(w, SettingKeys(rs))
+	if err := c.WriteHeader(); err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if err := c.Write(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SettingKeys returns the setting keys of rs, sorted.
+func SettingKeys(rs []*sim.Result) []string {
+	seen := map[string]bool{}
+	for _, r := range rs {
+		for k := range r.Settings {
+			seen[k] = true
+		}
+	}
+	keys := make([]string, 0, len(seen))
+	for k := range seen {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,46 @@
+package results
+
+import "strings"
+
+// traceSuffixes are the file name extensions TraceName removes: compression
+// first, then the trace formats.
+var traceSuffixes = []string{
+	".gz", ".zst", ".zstd", ".xz", ".bz2", ".lz4",
+	".pickle", ".pkl", ".msgpack", ".mpk", ".trace", ".json", ".jsonl", ".csv", ".txt", ".log",
+}
+
+// TraceName returns the name of a trace in the names of output files (its
+// charts, a sweep's cell files, memory_viz snapshots):
+// the base name of the trace path without its known extensions
+// ("runs/train_gpt.pickle.gz" gives "train_gpt", "A.1048576.csv" gives
+// "A.1048576"), with characters other than letters, digits, '.', '-' and
+// '_' replaced by '_' and leading dots removed; "trace" if nothing is left.
+// Both '/' and '\' separate directories.
+func TraceName(trace string) string {
+	name := strings.TrimRight(strings.ReplaceAll(trace, `\`, "/"), "/")
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, s := range traceSuffixes {
+			if len(name) > len(s) && strings.EqualFold(name[len(name)-len(s):], s) {
+				name = name[:len(name)-len(s)]
+				changed = true
+			}
+		}
+	}
+	name = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-', r == '_':
+			return r
+		}
+		return '_'
+	}, name)
+	// No hidden files: a leading dot goes.
+	name = strings.TrimLeft(name, ".")
+	if strings.Trim(name, "._") == "" {
+		return "trace"
+	}
+	return name
+}

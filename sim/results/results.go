@@ -1,0 +1,360 @@
+// Package results is the model of the results files that replay writes and
+// reads: replay sim, replay gpu, replay fit, a sweep's and a merge's
+// results. A file is a JSON object
+//
+//	{"kind": "sim", "version": 1, "results": [...]}
+//
+// whose kind says what its records are: "sim" (sim.Result, also for replay
+// gpu --sim-only, sweep and merge), "gpu" (GPU) or "fit" (Fit). A Reader
+// reads a file's records one at a time and also reads the files written
+// before files said their kind, telling each record apart by its keys.
+//
+// The package imports sim for sim.Result and nothing that imports it (not
+// gpu, nor the trace importers), so that plots and reports can read results
+// anywhere.
+package results
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// Kind says what the records of a results file are. The zero value is
+// invalid: it stands for a file written before files said their kind.
+type Kind int
+
+const (
+	// KindSim records are sim.Result: replay sim, replay gpu --sim-only,
+	// a sweep's and a merge's results.
+	KindSim Kind = iota + 1
+	// KindGPU records are GPU: replay gpu on a real device.
+	KindGPU
+	// KindFit records are Fit: replay fit.
+	KindFit
+)
+
+var kindNames = [...]string{"", "sim", "gpu", "fit"}
+
+// String returns the kind as a file says it ("sim", "gpu", "fit"), or
+// "Kind(N)" for an invalid one.
+func (k Kind) String() string {
+	if k > 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// ParseKind returns the kind a file names; false for an unknown name.
+func ParseKind(s string) (Kind, bool) {
+	for k, n := range kindNames {
+		if k > 0 && n == s {
+			return Kind(k), true
+		}
+	}
+	return 0, false
+}
+
+// Version is the version of the results files written. A Reader reads
+// files of this version and those without one (written before files said
+// their kind and version).
+const Version = 1
+
+// The errors a Reader returns, wrapped in an *Error.
+var (
+	ErrNoResults          = errors.New(`no "results" list: not the JSON of replay sim, gpu, fit, sweep or merge`)
+	ErrUnknownKind        = errors.New("unknown kind of results")
+	ErrUnsupportedVersion = errors.New("unsupported results version")
+	ErrNoTraceOrPolicy    = errors.New("no trace or policy: not a result of replay sim, gpu, fit or sweep")
+)
+
+// Error is an error reading a results file: the file's name, the index of
+// the result in its "results" list (-1 for the file's own keys) and the
+// byte offset where reading stopped.
+type Error struct {
+	File   string
+	Result int
+	Offset int64
+	Err    error
+}
+
+func (e *Error) Error() string {
+	if e.Result < 0 {
+		return fmt.Sprintf("%s: byte offset %d: %v", e.File, e.Offset, e.Err)
+	}
+	return fmt.Sprintf("%s: result %d: %v", e.File, e.Result, e.Err)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// WriteSim writes sim results as a results file of kind "sim", indented
+// by one space.
+func WriteSim(w io.Writer, rs []*sim.Result) error { return write(w, KindSim, rs) }
+
+// WriteGPU writes replay gpu results as a results file of kind "gpu".
+func WriteGPU(w io.Writer, rs []*GPU) error { return write(w, KindGPU, rs) }
+
+// WriteFit writes replay fit answers as a results file of kind "fit".
+func WriteFit(w io.Writer, rs []*Fit) error { return write(w, KindFit, rs) }
+
+// WriteJSON writes v as JSON indented by one space and a newline, as
+// results files, a sweep's plan.json and replay stats --json are written.
+func WriteJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", " ")
+	return enc.Encode(v)
+}
+
+func write[T any](w io.Writer, kind Kind, rs []T) error {
+	if rs == nil {
+		rs = []T{}
+	}
+	return WriteJSON(w, struct {
+		Kind    string `json:"kind"`
+		Version int    `json:"version"`
+		Results []T    `json:"results"`
+	}{kind.String(), Version, rs})
+}
+
+// Record is one result of a results file: Sim, GPU or Fit, as Kind says;
+// Index is its position in the file's "results" list, from 0.
+type Record struct {
+	Kind  Kind
+	Index int
+	Sim   *sim.Result
+	GPU   *GPU
+	Fit   *Fit
+}
+
+// Reader reads the records of a results file one at a time, in the manner
+// of bufio.Scanner:
+//
+//	r, err := results.Open(path)
+//	...
+//	for r.Scan() {
+//		rec := r.Record()
+//	}
+//	err = r.Err()
+type Reader struct {
+	name    string
+	dec     *json.Decoder
+	closer  io.Closer
+	kind    Kind
+	version int
+	rec     Record
+	n       int
+	err     error
+	done    bool
+}
+
+// NewReader reads the keys of the results file in r up to its "results"
+// list; name names the file in errors. A file written before files said
+// their kind has Kind 0, and the kind of each of its records is told by
+// its keys (a "min_capacity_bytes" key for a fit answer, a "runtime" key
+// for a replay gpu result, else a sim result), as reports did. Errors are
+// *Error, wrapping a JSON error, ErrNoResults, ErrUnknownKind or
+// ErrUnsupportedVersion.
+func NewReader(r io.Reader, name string) (*Reader, error) {
+	rd := &Reader{name: name, dec: json.NewDecoder(r)}
+	if err := rd.header(); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, &Error{File: name, Result: -1, Offset: rd.dec.InputOffset(), Err: err}
+	}
+	return rd, nil
+}
+
+// Open opens the results file at path, or for a directory (a sweep's or a
+// merge's) its results.json, and reads its keys as NewReader does. Errors
+// name the file. Close the Reader when done.
+func Open(path string) (*Reader, error) {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		path = filepath.Join(path, "results.json")
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	r, err := NewReader(f, path)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	r.closer = f
+	return r, nil
+}
+
+// Close closes the file Open opened; for a Reader of NewReader it does
+// nothing.
+func (r *Reader) Close() error {
+	if r.closer == nil {
+		return nil
+	}
+	return r.closer.Close()
+}
+
+// Name returns the file's name, as given.
+func (r *Reader) Name() string { return r.name }
+
+// Kind returns the kind the file says, 0 for a file that says none.
+func (r *Reader) Kind() Kind { return r.kind }
+
+// Version returns the file's version, 0 for a file that says none.
+func (r *Reader) Version() int { return r.version }
+
+func (r *Reader) header() error {
+	tok, err := r.dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok != json.Delim('{') {
+		return ErrNoResults
+	}
+	var kindName string
+	for r.dec.More() {
+		tok, err := r.dec.Token()
+		if err != nil {
+			return err
+		}
+		switch tok {
+		case "kind":
+			if err := r.dec.Decode(&kindName); err != nil {
+				return fmt.Errorf("kind: %w", err)
+			}
+			k, ok := ParseKind(kindName)
+			if !ok {
+				return fmt.Errorf("%w %q (known: sim, gpu, fit)", ErrUnknownKind, kindName)
+			}
+			r.kind = k
+		case "version":
+			if err := r.dec.Decode(&r.version); err != nil {
+				return fmt.Errorf("version: %w", err)
+			}
+			if r.version < 0 || r.version > Version {
+				return fmt.Errorf("%w %d (this replay reads up to %d)", ErrUnsupportedVersion, r.version, Version)
+			}
+		case "results":
+			tok, err := r.dec.Token()
+			if err != nil {
+				return err
+			}
+			if tok != json.Delim('[') {
+				return ErrNoResults
+			}
+			return nil
+		default:
+			var skip json.RawMessage
+			if err := r.dec.Decode(&skip); err != nil {
+				return err
+			}
+		}
+	}
+	return ErrNoResults
+}
+
+// Scan reads the next record, which Record then returns. It returns false
+// at the end of the list or at an error, which Err returns.
+func (r *Reader) Scan() bool {
+	if r.done {
+		return false
+	}
+	if !r.dec.More() {
+		r.done = true
+		if _, err := r.dec.Token(); err != nil { // the list's ']'
+			r.fail(err)
+		}
+		return false
+	}
+	var raw json.RawMessage
+	if err := r.dec.Decode(&raw); err != nil {
+		r.fail(err)
+		return false
+	}
+	rec, err := decodeRecord(raw, r.kind)
+	if err != nil {
+		r.fail(err)
+		return false
+	}
+	rec.Index = r.n
+	r.rec = rec
+	r.n++
+	return true
+}
+
+func (r *Reader) fail(err error) {
+	if err == io.EOF {
+		err = io.ErrUnexpectedEOF // the file ends inside its list
+	}
+	r.done = true
+	r.err = &Error{File: r.name, Result: r.n, Offset: r.dec.InputOffset(), Err: err}
+}
+
+// Record returns the record Scan read; valid until the next Scan.
+func (r *Reader) Record() Record { return r.rec }
+
+// Err returns the error that stopped Scan, nil at the end of the list.
+func (r *Reader) Err() error { return r.err }
+
+func decodeRecord(raw json.RawMessage, kind Kind) (Record, error) {
+	if kind == 0 {
+		var keys map[string]json.RawMessage
+		if err := json.Unmarshal(raw, &keys); err != nil {
+			return Record{}, err
+		}
+		kind = KindSim
+		if _, ok := keys["min_capacity_bytes"]; ok {
+			kind = KindFit
+		} else if _, ok := keys["runtime"]; ok {
+			kind = KindGPU
+		}
+	}
+	rec := Record{Kind: kind}
+	switch kind {
+	case KindFit:
+		rec.Fit = &Fit{}
+		return rec, json.Unmarshal(raw, rec.Fit)
+	case KindGPU:
+		rec.GPU = &GPU{}
+		if err := json.Unmarshal(raw, rec.GPU); err != nil {
+			return rec, err
+		}
+		return rec, checkNamed(&rec.GPU.Result)
+	}
+	rec.Sim = &sim.Result{}
+	if err := json.Unmarshal(raw, rec.Sim); err != nil {
+		return rec, err
+	}
+	return rec, checkNamed(rec.Sim)
+}
+
+func checkNamed(r *sim.Result) error {
+	if r.Trace == "" || r.Policy == "" {
+		return ErrNoTraceOrPolicy
+	}
+	return nil
+}
+
+// ReadSim reads the sim results of the file at path (see Open). A record of
+// another kind is an *Error that says so.
+func ReadSim(path string) ([]*sim.Result, error) {
+	r, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	var out []*sim.Result
+	for r.Scan() {
+		rec := r.Record()
+		if rec.Kind != KindSim {
+			return nil, &Error{File: r.name, Result: rec.Index, Offset: r.dec.InputOffset(), Err: fmt.Errorf("a %s result, not a sim one", rec.Kind)}
+		}
+		out = append(out, rec.Sim)
+	}
+	return out, r.Err()
+}

@@ -1,0 +1,182 @@
+package results
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/sim"
+)
+
+func readAll(t *testing.T, data string) (Kind, []Record, error) {
+	t.Helper()
+	r, err := NewReader(strings.NewReader(data), "in.json")
+	if err != nil {
+		return 0, nil, err
+	}
+	var out []Record
+	for r.Scan() {
+		out = append(out, r.Record())
+	}
+	return r.Kind(), out, r.Err()
+}
+
+// TestRoundTrip writes each kind and reads it back.
+func TestRoundTrip(t *testing.T) {
+	simRs := []*sim.Result{{Trace: "a.trace", Policy: "pytorch", PeakReserved: 4096, FirstOOMEvent: -1}}
+	gpuRs := []*GPU{{Result: sim.Result{Trace: "a.trace", Policy: "cuda"}, Runtime: "libcudart.so", AllocTimeNS: 7}}
+	fitRs := []*Fit{{Trace: "a.trace", Policy: "bfc", MinCapacity: 1 << 20, Fits: true, Cards: []CardFit{{Card{"24GB", 24e9}, true}}}}
+	for _, tc := range []struct {
+		kind  Kind
+		write func(w *bytes.Buffer) error
+		check func(r Record) bool
+	}{
+		{KindSim, func(w *bytes.Buffer) error { return WriteSim(w, simRs) }, func(r Record) bool { return reflect.DeepEqual(r.Sim, simRs[0]) }},
+		{KindGPU, func(w *bytes.Buffer) error { return WriteGPU(w, gpuRs) }, func(r Record) bool { return reflect.DeepEqual(r.GPU, gpuRs[0]) }},
+		{KindFit, func(w *bytes.Buffer) error { return WriteFit(w, fitRs) }, func(r Record) bool { return reflect.DeepEqual(r.Fit, fitRs[0]) }},
+	} {
+		t.Run(tc.kind.String(), func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := tc.write(&buf); err != nil {
+				t.Fatal(err)
+			}
+			if want := `{` + "\n" + ` "kind": "` + tc.kind.String() + `",` + "\n" + ` "version": 1,` + "\n" + ` "results": [`; !strings.HasPrefix(buf.String(), want) {
+				t.Errorf("file starts %.60q, want %q", buf.String(), want)
+			}
+			kind, recs, err := readAll(t, buf.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kind != tc.kind || len(recs) != 1 || recs[0].Kind != tc.kind || !tc.check(recs[0]) {
+				t.Errorf("read kind %v, %+v", kind, recs)
+			}
+		})
+	}
+}
+
+// TestLegacy reads files without a kind, as reports did: a fit answer by
+// its min_capacity_bytes key, a gpu result by its runtime key, a sim
+// result otherwise, record by record.
+func TestLegacy(t *testing.T) {
+	kind, recs, err := readAll(t, `{"results": [
+		{"trace": "t", "policy": "bfc", "peak_reserved_bytes": 10},
+		{"trace": "t", "policy": "bfc", "min_capacity_bytes": 20, "fits": true},
+		{"trace": "t", "policy": "cuda", "runtime": "libcudart.so", "alloc_time_ns": 30}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kind != 0 || len(recs) != 3 {
+		t.Fatalf("kind %v, %d records", kind, len(recs))
+	}
+	if recs[0].Kind != KindSim || recs[0].Sim.PeakReserved != 10 ||
+		recs[1].Kind != KindFit || recs[1].Fit.MinCapacity != 20 ||
+		recs[2].Kind != KindGPU || recs[2].GPU.AllocTimeNS != 30 || recs[2].Index != 2 {
+		t.Errorf("records: %+v", recs)
+	}
+}
+
+// TestErrors checks that each error names the file and the result, and
+// wraps its sentinel.
+func TestErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, data string
+		want       error
+		text       string
+	}{
+		{"no results", `{"rows": []}`, ErrNoResults, `in.json: byte offset 11: no "results" list`},
+		{"not an object", `[1]`, ErrNoResults, `in.json: byte offset 1: no "results" list`},
+		{"unknown kind", `{"kind": "tune", "results": []}`, ErrUnknownKind, `in.json: byte offset 15: unknown kind of results "tune" (known: sim, gpu, fit)`},
+		{"newer version", `{"kind": "sim", "version": 2, "results": []}`, ErrUnsupportedVersion, `unsupported results version 2 (this replay reads up to 1)`},
+		{"no trace", `{"kind": "sim", "version": 1, "results": [{"trace": "t", "policy": "bfc"}, {"policy": "bfc"}]}`, ErrNoTraceOrPolicy, `in.json: result 1: no trace or policy`},
+		{"bad field", `{"results": [{"trace": "t", "policy": 3}]}`, nil, `in.json: result 0: json: cannot unmarshal number`},
+		{"empty", ``, nil, `in.json: byte offset 0: unexpected EOF`},
+		{"truncated", `{"kind": "sim", "results": [{"trace": "t", "policy": "bfc"}`, nil, `in.json: result 1: unexpected EOF`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := readAll(t, tc.data)
+			var e *Error
+			if !errors.As(err, &e) || e.File != "in.json" {
+				t.Fatalf("err = %v (%T), want an *Error naming in.json", err, err)
+			}
+			if tc.want != nil && !errors.Is(err, tc.want) {
+				t.Errorf("err = %v, want %v", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.text) {
+				t.Errorf("err = %q, want it to contain %q", err, tc.text)
+			}
+		})
+	}
+}
+
+// TestColumns checks that the CSV has a column for every scalar JSON key
+// of sim.Result, in the order of the struct, so that the CSV keeps up
+// as fields are added.
+func TestColumns(t *testing.T) {
+	var want []string
+	rt := reflect.TypeOf(sim.Result{})
+	for k := range rt.NumField() {
+		f := rt.Field(k)
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch f.Type.Kind() {
+		case reflect.Slice, reflect.Struct, reflect.Pointer:
+			continue
+		}
+		if name != "" && name != "-" {
+			want = append(want, name)
+		}
+	}
+	if got := Columns(); !reflect.DeepEqual(got, want) {
+		t.Errorf("columns\n%v\nwant\n%v", got, want)
+	}
+	var buf bytes.Buffer
+	rs := []*sim.Result{
+		{Trace: "a", Policy: "bfc", Settings: map[string]string{"b": "2", "a": "1"}, PeakFragmentation: 0.25, Truncated: true},
+		{Trace: "a", Policy: "cuda"},
+	}
+	if err := WriteCSV(&buf, rs); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if !strings.HasSuffix(lines[0], ",sim_wake_time_ns,set:a,set:b") ||
+		!strings.HasPrefix(lines[1], "a,bfc,a=1;b=2,0,") || !strings.Contains(lines[1], ",0.25,") || !strings.HasSuffix(lines[1], ",1,2") ||
+		!strings.HasSuffix(lines[2], ",,") {
+		t.Errorf("csv:\n%s", buf.String())
+	}
+}
+
+func TestKindString(t *testing.T) {
+	for _, k := range []Kind{KindSim, KindGPU, KindFit} {
+		if p, ok := ParseKind(k.String()); !ok || p != k {
+			t.Errorf("ParseKind(%q) = %v, %v", k.String(), p, ok)
+		}
+	}
+	if s := Kind(0).String(); s != "Kind(0)" {
+		t.Errorf("Kind(0) = %q", s)
+	}
+	if _, ok := ParseKind(""); ok {
+		t.Error(`ParseKind("") ok`)
+	}
+}
+
+func TestTraceName(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"runs/train_gpt.pickle.gz", "train_gpt"},
+		{"/abs/kv_decode.pickle", "kv_decode"},
+		{"minimalloc/A.1048576.csv", "A.1048576"},
+		{"x.trace", "x"},
+		{"job.TRACE.ZST", "job"},
+		{"run-1.5b", "run-1.5b"},
+		{`C:\traces\win.json.gz`, "win"},
+		{"with space & more.txt", "with_space___more"},
+		{"", "trace"},
+		{".gz", "gz"},
+		{"...", "trace"},
+		{"dir/", "dir"},
+	} {
+		if got := TraceName(tc.in); got != tc.want {
+			t.Errorf("TraceName(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

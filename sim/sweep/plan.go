@@ -1,0 +1,259 @@
+// Package sweep runs every (trace, policy, setting, capacity) cell of a
+// plan in parallel into a directory, resumably, and joins the directories
+// of a sweep's shards: replay sweep and replay merge.
+//
+// A sweep's directory holds plan.json (Plan: what it runs), cells/ (one
+// CellFile per finished cell, so that a rerun skips it), results.csv (a
+// row per cell as it finishes, then every cell in plan order) and, at the
+// end, results.json (a results file of kind "sim", in plan order).
+package sweep
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
+)
+
+// PlanVersion is the version of plan.json.
+const PlanVersion = 1
+
+// Cell is one cell of a sweep: a trace replayed against one policy with
+// one set of settings on a device of Capacity bytes (0: unlimited).
+type Cell struct {
+	Index    int               `json:"index"` // in the whole plan, from 0
+	Trace    string            `json:"trace"`
+	Policy   string            `json:"policy"`
+	Settings map[string]string `json:"settings,omitempty"`
+	Capacity uint64            `json:"capacity_bytes"`
+	// AsRecorded replays a recording as recorded (sim.Config.AsRecorded):
+	// the result's settings are then those used, the recorded ones with
+	// Settings over them.
+	AsRecorded bool   `json:"as_recorded"`
+	File       string `json:"file"` // under DIR/cells
+}
+
+// Key identifies the cell: its trace, policy, settings, capacity and
+// AsRecorded.
+func (c *Cell) Key() string {
+	return CellKey(c.Trace, c.Policy, c.Settings, c.Capacity) + "\x00" + strconv.FormatBool(c.AsRecorded)
+}
+
+// CellKey identifies a cell, and a result, by the trace as given, the
+// policy, its settings and the capacity in bytes.
+func CellKey(trace, policy string, settings map[string]string, capacity uint64) string {
+	return trace + "\x00" + policy + "\x00" + policies.Settings(settings).Join(";") + "\x00" + strconv.FormatUint(capacity, 10)
+}
+
+// ResultKey is the CellKey of a result.
+func ResultKey(r *sim.Result) string { return CellKey(r.Trace, r.Policy, r.Settings, r.Capacity) }
+
+// CellFile is the content of a finished cell's file: the cell and its
+// result.
+type CellFile struct {
+	Cell   Cell        `json:"cell"`
+	Result *sim.Result `json:"result"`
+}
+
+// ReadCell reads the cell file at path. Errors name the file; a missing
+// file is an fs.ErrNotExist.
+func ReadCell(path string) (*CellFile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var cf CellFile
+	if err := json.Unmarshal(data, &cf); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if cf.Result == nil {
+		return nil, fmt.Errorf("%s: no result", path)
+	}
+	return &cf, nil
+}
+
+// Plan is plan.json: what a sweep (or one shard of it) runs.
+type Plan struct {
+	Version int `json:"version"`
+	// ID names the whole plan (every shard's cells), so that merge can
+	// tell the shards of one sweep.
+	ID     string `json:"plan_id"`
+	Shard  int    `json:"shard"`
+	Shards int    `json:"shards"`
+	// Total is the number of cells of the whole plan.
+	Total int    `json:"total_cells"`
+	Cells []Cell `json:"cells"`
+}
+
+// NewPlan returns the plan of shard i of n of the cells of a whole plan:
+// every n-th cell from the i-th.
+func NewPlan(all []Cell, shard, shards int) Plan {
+	p := Plan{Version: PlanVersion, ID: planID(all), Shard: shard, Shards: shards, Total: len(all)}
+	for _, c := range all {
+		if c.Index%shards == shard {
+			p.Cells = append(p.Cells, c)
+		}
+	}
+	return p
+}
+
+// ReadPlan reads the plan.json at path and checks its version. Errors
+// name the file; a missing file is an fs.ErrNotExist.
+func ReadPlan(path string) (*Plan, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var p Plan
+	if err := json.Unmarshal(data, &p); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if p.Version != PlanVersion || p.Shards < 1 {
+		return nil, fmt.Errorf("%s: plan version %d with %d shards, want version %d", path, p.Version, p.Shards, PlanVersion)
+	}
+	return &p, nil
+}
+
+func planID(cells []Cell) string {
+	h := sha256.New()
+	for _, c := range cells {
+		io.WriteString(h, c.Key())
+		h.Write([]byte{'\n'})
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// ParseShard parses a shard "i/n" (0 <= i < n); "" is 0/1.
+func ParseShard(s string) (i, n int, err error) {
+	if s == "" {
+		return 0, 1, nil
+	}
+	a, b, ok := strings.Cut(s, "/")
+	i, err1 := strconv.Atoi(strings.TrimSpace(a))
+	n, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !ok || err1 != nil || err2 != nil || n < 1 || i < 0 || i >= n {
+		return 0, 0, fmt.Errorf("%q: want i/n with 0 <= i < n (a job array's index from 0, and its size)", s)
+	}
+	return i, n, nil
+}
+
+// Axis is a setting of a policy swept over values: one cell per value.
+type Axis struct {
+	Policy, Key string
+	Values      []string
+}
+
+// ParseAxis parses NAME.key=v1,v2,... (values split by policies.SplitList).
+func ParseAxis(s string) (Axis, error) {
+	lhs, vals, ok := strings.Cut(s, "=")
+	name, key, ok2 := strings.Cut(lhs, ".")
+	if !ok || !ok2 || name == "" || key == "" {
+		return Axis{}, fmt.Errorf("%q: want NAME.key=v1,v2,...", s)
+	}
+	values := policies.SplitList(vals)
+	if len(values) == 0 {
+		return Axis{}, fmt.Errorf("%q: no values", s)
+	}
+	return Axis{Policy: name, Key: key, Values: values}, nil
+}
+
+// Spec is what a sweep replays: every trace on every capacity (bytes, 0
+// for unlimited) against every policy, each with its Fixed settings and
+// every point of the product of its Axes.
+type Spec struct {
+	Traces     []string
+	Capacities []uint64
+	Policies   []string
+	Fixed      map[string]policies.Settings
+	Axes       []Axis
+	AsRecorded bool
+}
+
+// AxisError is the error of an axis (NAME.key) that names a policy not in
+// the plan, a setting swept twice or one also among the fixed settings.
+type AxisError struct {
+	Axis string
+	Msg  string
+}
+
+func (e *AxisError) Error() string { return e.Axis + ": " + e.Msg }
+
+// Cells returns every cell of the spec, in plan order: by trace,
+// capacity, policy and grid point. It checks each policy's settings once
+// (policies.New), so that a bad value fails before any replay, and
+// returns an *AxisError for an axis that names a policy not in Policies, a
+// setting swept twice or one also in Fixed.
+func (s Spec) Cells() ([]Cell, error) {
+	seen := map[string]bool{}
+	for _, ax := range s.Axes {
+		lhs := ax.Policy + "." + ax.Key
+		switch {
+		case !slices.Contains(s.Policies, ax.Policy):
+			return nil, &AxisError{lhs, fmt.Sprintf("policy %q is not among the policies (%s)", ax.Policy, strings.Join(s.Policies, ", "))}
+		case seen[lhs]:
+			return nil, &AxisError{lhs, "swept twice"}
+		}
+		if _, dup := s.Fixed[ax.Policy][ax.Key]; dup {
+			return nil, &AxisError{lhs, "also a fixed setting"}
+		}
+		seen[lhs] = true
+	}
+	perPolicy := map[string][]policies.Settings{}
+	for _, n := range s.Policies {
+		points := []policies.Settings{copySettings(s.Fixed[n])}
+		for _, ax := range s.Axes {
+			if ax.Policy != n {
+				continue
+			}
+			var next []policies.Settings
+			for _, p := range points {
+				for _, v := range ax.Values {
+					q := copySettings(p)
+					q[ax.Key] = v
+					next = append(next, q)
+				}
+			}
+			points = next
+		}
+		for _, p := range points {
+			if _, err := policies.New(n, sim.NewDevice(0), p); err != nil {
+				return nil, fmt.Errorf("policy %s with settings %q: %w", n, p.Join(";"), err)
+			}
+		}
+		perPolicy[n] = points
+	}
+	var cells []Cell
+	for _, t := range s.Traces {
+		for _, c := range s.Capacities {
+			for _, n := range s.Policies {
+				for _, set := range perPolicy[n] {
+					if len(set) == 0 {
+						set = nil
+					}
+					cell := Cell{Index: len(cells), Trace: t, Policy: n, Settings: set, Capacity: c, AsRecorded: s.AsRecorded}
+					sum := sha256.Sum256([]byte(cell.Key()))
+					cell.File = results.TraceName(t) + "." + n + "." + hex.EncodeToString(sum[:6]) + ".json"
+					cells = append(cells, cell)
+				}
+			}
+		}
+	}
+	return cells, nil
+}
+
+// copySettings returns a copy of s, never nil.
+func copySettings(s policies.Settings) policies.Settings {
+	out := policies.Settings{}
+	maps.Copy(out, s)
+	return out
+}

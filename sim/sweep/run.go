@@ -1,0 +1,300 @@
+package sweep
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+// Runner runs the cells of a plan into a directory.
+type Runner struct {
+	// Dir is the sweep's directory; Plan what it runs; Workers the
+	// number of replays at a time (at least 1); Open how the traces are
+	// opened.
+	Dir     string
+	Plan    Plan
+	Workers int
+	Open    tracefile.Options
+	// Log, if not nil, gets a line for each cell file found unusable
+	// (run again).
+	Log io.Writer
+	// Progress, if not nil, is called after each job, on Run's goroutine.
+	Progress func(Job)
+
+	results    []*sim.Result // by position in Plan.Cells, nil until done
+	doneBefore int
+	ran        int
+	failed     []CellError
+	csv        *results.CSVWriter
+	csvFile    *os.File
+	csvBuf     *bufio.Writer
+	csvErr     error
+}
+
+// CellError is the error of a cell that failed, by its index in the plan.
+type CellError struct {
+	Index int
+	Err   error
+}
+
+// Job is the cells of one trace that one worker replays in one pass; after
+// the pass, Err is its error and Elapsed its wall time.
+type Job struct {
+	Trace   string
+	Cells   []int // positions in Plan.Cells
+	Size    int64 // the trace file's size in bytes, for ordering
+	Err     error
+	Elapsed time.Duration
+	results []*sim.Result
+}
+
+// DoneBefore returns the number of cells Prepare found done; Ran the
+// number Run ran; Failed the cells that failed, by index.
+func (s *Runner) DoneBefore() int { return s.doneBefore }
+
+// Ran returns the number of cells Run replayed.
+func (s *Runner) Ran() int { return s.ran }
+
+// Failed returns the cells that failed, by index in the plan.
+func (s *Runner) Failed() []CellError {
+	out := append([]CellError(nil), s.failed...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Index < out[j].Index })
+	return out
+}
+
+func (s *Runner) logf(format string, args ...any) {
+	if s.Log != nil {
+		fmt.Fprintf(s.Log, format, args...)
+	}
+}
+
+// Prepare creates the directory, checks and writes plan.json, loads the
+// cells already done and starts results.csv with them. It returns an
+// error for a directory that holds another shard of a sweep, or one that
+// cannot be written.
+func (s *Runner) Prepare() error {
+	if err := os.MkdirAll(filepath.Join(s.Dir, "cells"), 0o755); err != nil {
+		return err
+	}
+	planPath := filepath.Join(s.Dir, "plan.json")
+	if data, err := os.ReadFile(planPath); err == nil {
+		var old Plan
+		if json.Unmarshal(data, &old) == nil && (old.Shard != s.Plan.Shard || old.Shards != s.Plan.Shards) {
+			return fmt.Errorf("sweep: %s holds shard %d/%d of a sweep, this is shard %d/%d: give each shard its own directory",
+				s.Dir, old.Shard, old.Shards, s.Plan.Shard, s.Plan.Shards)
+		}
+	}
+	if err := atomicfile.WriteFile(planPath, func(w io.Writer) error { return results.WriteJSON(w, s.Plan) }); err != nil {
+		return err
+	}
+	s.results = make([]*sim.Result, len(s.Plan.Cells))
+	for i := range s.Plan.Cells {
+		c := &s.Plan.Cells[i]
+		cf, err := ReadCell(filepath.Join(s.Dir, "cells", c.File))
+		if err != nil {
+			if !errors.Is(err, fs.ErrNotExist) {
+				s.logf("sweep: cell %d: %v; running it again\n", c.Index, err)
+			}
+			continue
+		}
+		if cf.Cell.Key() != c.Key() {
+			s.logf("sweep: cell %d: %s holds another cell; running it again\n", c.Index, c.File)
+			continue
+		}
+		s.results[i] = cf.Result
+		s.doneBefore++
+	}
+	// results.csv grows a row per cell as cells finish: first those done.
+	f, err := os.Create(filepath.Join(s.Dir, "results.csv"))
+	if err != nil {
+		return err
+	}
+	s.csvFile, s.csvBuf = f, bufio.NewWriter(f)
+	s.csv = results.NewCSVWriter(s.csvBuf, s.settingKeys())
+	if err := s.csv.WriteHeader(); err != nil {
+		return err
+	}
+	for _, r := range s.results {
+		if r != nil {
+			if err := s.csv.Write(r); err != nil {
+				return err
+			}
+		}
+	}
+	return s.csvBuf.Flush()
+}
+
+// settingKeys returns the setting keys of the plan's cells, sorted.
+func (s *Runner) settingKeys() []string {
+	rs := make([]*sim.Result, len(s.Plan.Cells))
+	for i, c := range s.Plan.Cells {
+		rs[i] = &sim.Result{Settings: c.Settings}
+	}
+	return results.SettingKeys(rs)
+}
+
+// jobs groups the cells to run by trace, and splits a trace's cells into
+// several jobs when there are fewer traces than workers (each job reads
+// the trace again). The largest traces come first.
+func (s *Runner) jobs() []Job {
+	var order []string
+	byTrace := map[string][]int{}
+	for i, c := range s.Plan.Cells {
+		if s.results[i] != nil {
+			continue
+		}
+		if _, ok := byTrace[c.Trace]; !ok {
+			order = append(order, c.Trace)
+		}
+		byTrace[c.Trace] = append(byTrace[c.Trace], i)
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	per := max(1, (s.Workers+len(order)-1)/len(order))
+	var jobs []Job
+	for _, t := range order {
+		cells := byTrace[t]
+		n := min(per, len(cells))
+		var size int64
+		if st, err := os.Stat(t); err == nil {
+			size = st.Size()
+		}
+		for g := range n {
+			var part []int
+			for k := g; k < len(cells); k += n {
+				part = append(part, cells[k])
+			}
+			jobs = append(jobs, Job{Trace: t, Cells: part, Size: size})
+		}
+	}
+	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Size > jobs[j].Size })
+	return jobs
+}
+
+// Run replays the pending cells (after Prepare) on Workers workers,
+// writing each finished cell's file and results.csv row as its job ends.
+// A cell that fails is listed in Failed and the others go on. It returns
+// the first error writing results.csv, naming the file.
+func (s *Runner) Run() error {
+	jobs := s.jobs()
+	work := make(chan Job)
+	done := make(chan Job)
+	for range min(max(s.Workers, 1), max(len(jobs), 1)) {
+		go func() {
+			for j := range work {
+				done <- s.runJob(j)
+			}
+		}()
+	}
+	go func() {
+		for _, j := range jobs {
+			work <- j
+		}
+		close(work)
+	}()
+	for range jobs {
+		j := <-done
+		if j.Err == nil {
+			for k, i := range j.Cells {
+				r := j.results[k]
+				c := &s.Plan.Cells[i]
+				if err := atomicfile.WriteFile(filepath.Join(s.Dir, "cells", c.File), func(w io.Writer) error {
+					return json.NewEncoder(w).Encode(CellFile{Cell: *c, Result: r})
+				}); err != nil {
+					j.Err = err
+					break
+				}
+				s.results[i] = r
+				s.ran++
+				s.csvRow(r)
+			}
+		}
+		if j.Err != nil {
+			for _, i := range j.Cells {
+				if s.results[i] == nil {
+					s.failed = append(s.failed, CellError{s.Plan.Cells[i].Index, j.Err})
+				}
+			}
+		}
+		if s.Progress != nil {
+			s.Progress(j)
+		}
+	}
+	if err := s.csvFile.Close(); err != nil && s.csvErr == nil {
+		s.csvErr = err
+	}
+	if s.csvErr != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(s.Dir, "results.csv"), s.csvErr)
+	}
+	return nil
+}
+
+// csvRow writes r's row to results.csv, keeping the first error.
+func (s *Runner) csvRow(r *sim.Result) {
+	if s.csvErr != nil {
+		return
+	}
+	err := s.csv.Write(r)
+	if err == nil {
+		err = s.csvBuf.Flush()
+	}
+	s.csvErr = err
+}
+
+func (s *Runner) runJob(j Job) Job {
+	start := time.Now()
+	f, err := tracefile.Open(j.Trace, s.Open)
+	if err != nil {
+		j.Err = err
+		return j
+	}
+	defer f.Close()
+	cfgs := make([]sim.Config, len(j.Cells))
+	for k, i := range j.Cells {
+		c := s.Plan.Cells[i]
+		cfgs[k] = sim.Config{Trace: c.Trace, Policy: c.Policy, Settings: c.Settings, Capacity: c.Capacity, AsRecorded: c.AsRecorded}
+	}
+	j.results, j.Err = sim.Run(f, cfgs...)
+	j.Err = tracefile.NameError(j.Trace, j.Err)
+	j.Elapsed = time.Since(start)
+	return j
+}
+
+// WriteResults writes results.json and results.csv with every finished
+// cell of the plan, in plan order, atomically.
+func (s *Runner) WriteResults() error {
+	var rs []*sim.Result
+	for _, r := range s.results {
+		if r != nil {
+			rs = append(rs, r)
+		}
+	}
+	if err := atomicfile.WriteFile(filepath.Join(s.Dir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(s.Dir, "results.csv"), func(w io.Writer) error {
+		c := results.NewCSVWriter(w, s.settingKeys())
+		if err := c.WriteHeader(); err != nil {
+			return err
+		}
+		for _, r := range rs {
+			if err := c.Write(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,140 @@
+package sweep
+
+import (
+	"bufio"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim/results"
+)
+
+const tokenLengths = "../../testdata/pytorch/token_lengths.pickle.gz"
+
+// TestCells checks the plan order (trace, capacity, policy, grid point),
+// the product of two axes and the errors of bad axes.
+func TestCells(t *testing.T) {
+	spec := Spec{
+		Traces: []string{"a.trace", "b.trace"}, Capacities: []uint64{0, 1 << 30}, Policies: []string{"cuda", "first-fit"},
+		Fixed: map[string]policies.Settings{"first-fit": {"release": "true"}},
+		Axes:  []Axis{{Policy: "first-fit", Key: "segment_size", Values: []string{"2MiB", "20MiB"}}},
+	}
+	cells, err := spec.Cells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cells) != 2*2*3 {
+		t.Fatalf("%d cells", len(cells))
+	}
+	c := cells[2]
+	if c.Index != 2 || c.Trace != "a.trace" || c.Capacity != 0 || c.Policy != "first-fit" ||
+		!reflect.DeepEqual(c.Settings, map[string]string{"release": "true", "segment_size": "20MiB"}) ||
+		cells[3].Capacity != 1<<30 || cells[6].Trace != "b.trace" || cells[0].Settings != nil {
+		t.Errorf("cells: %+v", cells[:4])
+	}
+	if !strings.HasPrefix(c.File, "a.first-fit.") || !strings.HasSuffix(c.File, ".json") {
+		t.Errorf("file %q", c.File)
+	}
+	if p := NewPlan(cells, 1, 4); len(p.Cells) != 3 || p.Cells[0].Index != 1 || p.Total != 12 || p.ID != NewPlan(cells, 0, 4).ID {
+		t.Errorf("shard 1/4: %+v", p)
+	}
+	for _, tc := range []struct {
+		name string
+		axes []Axis
+		want string
+	}{
+		{"not in plan", []Axis{{"bfc", "x", []string{"1"}}}, `bfc.x: policy "bfc" is not among the policies (cuda, first-fit)`},
+		{"twice", []Axis{{"cuda", "x", []string{"1"}}, {"cuda", "x", []string{"2"}}}, "cuda.x: swept twice"},
+		{"fixed", []Axis{{"first-fit", "release", []string{"false"}}}, "first-fit.release: also a fixed setting"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := spec
+			s.Axes = tc.axes
+			_, err := s.Cells()
+			var ae *AxisError
+			if !errors.As(err, &ae) || err.Error() != tc.want {
+				t.Errorf("err = %v, want an *AxisError %q", err, tc.want)
+			}
+		})
+	}
+	s := spec
+	s.Axes = []Axis{{"first-fit", "segment_size", []string{"huge"}}}
+	if _, err := s.Cells(); err == nil || !strings.Contains(err.Error(), `policy first-fit with settings "release=true;segment_size=huge"`) {
+		t.Errorf("bad value: %v", err)
+	}
+}
+
+func TestParse(t *testing.T) {
+	if i, n, err := ParseShard("2/5"); i != 2 || n != 5 || err != nil {
+		t.Errorf("ParseShard(2/5) = %d, %d, %v", i, n, err)
+	}
+	if i, n, err := ParseShard(""); i != 0 || n != 1 || err != nil {
+		t.Errorf(`ParseShard("") = %d, %d, %v`, i, n, err)
+	}
+	for _, s := range []string{"3/3", "-1/2", "1", "a/b"} {
+		if _, _, err := ParseShard(s); err == nil {
+			t.Errorf("ParseShard(%q) accepted", s)
+		}
+	}
+	ax, err := ParseAxis("pytorch.roundup_power2_divisions=[64:8,256:4],4")
+	if want := (Axis{"pytorch", "roundup_power2_divisions", []string{"[64:8,256:4]", "4"}}); err != nil || !reflect.DeepEqual(ax, want) {
+		t.Errorf("ParseAxis = %+v, %v", ax, err)
+	}
+	for _, s := range []string{"pytorch.x", "pytorch=1", "pytorch.x="} {
+		if _, err := ParseAxis(s); err == nil {
+			t.Errorf("ParseAxis(%q) accepted", s)
+		}
+	}
+}
+
+type failWriter struct{}
+
+var errDiskFull = errors.New("disk full")
+
+func (failWriter) Write([]byte) (int, error) { return 0, errDiskFull }
+
+// TestRunCSVError runs a sweep whose results.csv cannot be written once it
+// has started: Run returns the error, naming the file (it was dropped
+// before), and the cells are done all the same.
+func TestRunCSVError(t *testing.T) {
+	cells, err := Spec{Traces: []string{tokenLengths}, Capacities: []uint64{0}, Policies: []string{"cuda", "best-fit"}}.Cells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	r := &Runner{Dir: dir, Plan: NewPlan(cells, 0, 1), Workers: 2}
+	if err := r.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	r.csvBuf = bufio.NewWriter(failWriter{})
+	r.csv = results.NewCSVWriter(r.csvBuf, nil)
+	err = r.Run()
+	if !errors.Is(err, errDiskFull) || !strings.Contains(err.Error(), filepath.Join(dir, "results.csv")) {
+		t.Errorf("Run: %v, want the CSV's error naming results.csv", err)
+	}
+	if r.Ran() != 2 || len(r.Failed()) != 0 {
+		t.Errorf("%d ran, %d failed", r.Ran(), len(r.Failed()))
+	}
+	if err := r.WriteResults(); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := results.ReadSim(dir)
+	if err != nil || len(rs) != 2 {
+		t.Errorf("results.json: %d results, %v", len(rs), err)
+	}
+	// A rerun finds both cells done.
+	again := &Runner{Dir: dir, Plan: NewPlan(cells, 0, 1), Workers: 1}
+	if err := again.Prepare(); err != nil || again.DoneBefore() != 2 {
+		t.Errorf("rerun: %d done before, %v", again.DoneBefore(), err)
+	}
+	if err := again.Run(); err != nil || again.Ran() != 0 {
+		t.Errorf("rerun: %d ran, %v", again.Ran(), err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "plan.json")); err != nil {
+		t.Error(err)
+	}
+}

@@ -1,0 +1,149 @@
+// Package atomicfile writes output files atomically: a file appears at its
+// path complete or not at all, also when the command is interrupted. It
+// imports nothing of this module, so that any package may write its output
+// through it.
+package atomicfile
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+)
+
+// pending holds the temporary files of the Files being written, so
+// that RemoveOnInterrupt can delete them.
+var pending = struct {
+	sync.Mutex
+	names map[string]bool
+}{names: map[string]bool{}}
+
+// RemoveOnInterrupt makes SIGINT and SIGTERM delete the temporary files of
+// the outputs being written, then exit with status 130 (SIGINT) or 143
+// (SIGTERM), so an interrupted command leaves no partial output behind. A
+// main calls it once at its start.
+func RemoveOnInterrupt() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		sig := <-c
+		pending.Lock()
+		for name := range pending.names {
+			os.Remove(name)
+		}
+		code := 130
+		if sig == syscall.SIGTERM {
+			code = 143
+		}
+		fmt.Fprintf(os.Stderr, "%s: interrupted (%v): no output written\n", filepath.Base(os.Args[0]), sig)
+		os.Exit(code) // with the lock held: no new file is committed
+	}()
+}
+
+// File is an output file that appears at its path only when Commit
+// succeeds: it is written to a temporary file in the same directory and
+// renamed. A path that exists and is not a regular file (a pipe,
+// /dev/stdout) is written directly.
+type File struct {
+	f      *os.File
+	path   string
+	direct bool
+	done   bool
+}
+
+// Create starts writing path atomically, creating its directory if needed.
+// The error of a file that cannot be created names the path.
+func Create(path string) (*File, error) {
+	if st, err := os.Stat(path); err == nil && !st.Mode().IsRegular() {
+		f, err := os.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			return nil, err
+		}
+		return &File{f: f, path: path, direct: true}, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	pending.Lock()
+	defer pending.Unlock()
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the temporary name means nothing to the user
+		}
+		return nil, fmt.Errorf("cannot write %s: %w", path, err)
+	}
+	pending.names[f.Name()] = true
+	return &File{f: f, path: path}, nil
+}
+
+// Write writes to the temporary file.
+func (a *File) Write(p []byte) (int, error) { return a.f.Write(p) }
+
+// Commit closes the temporary file and renames it to the path.
+func (a *File) Commit() error {
+	if a.done {
+		return nil
+	}
+	a.done = true
+	if a.direct {
+		return a.f.Close()
+	}
+	pending.Lock()
+	defer pending.Unlock()
+	delete(pending.names, a.f.Name())
+	if err := a.f.Close(); err != nil {
+		os.Remove(a.f.Name())
+		return err
+	}
+	if err := os.Chmod(a.f.Name(), 0o644); err != nil {
+		os.Remove(a.f.Name())
+		return err
+	}
+	if err := os.Rename(a.f.Name(), a.path); err != nil {
+		os.Remove(a.f.Name())
+		return err
+	}
+	return nil
+}
+
+// Abort removes the temporary file; after Commit it does nothing. It is
+// safe to defer.
+func (a *File) Abort() {
+	if a.done {
+		return
+	}
+	a.done = true
+	a.f.Close()
+	if !a.direct {
+		pending.Lock()
+		delete(pending.names, a.f.Name())
+		pending.Unlock()
+		os.Remove(a.f.Name())
+	}
+}
+
+// WriteFile writes path atomically with the bytes write produces; it
+// returns write's error, or that of creating, writing or renaming the
+// file, and on error leaves path as it was.
+func WriteFile(path string, write func(w io.Writer) error) error {
+	a, err := Create(path)
+	if err != nil {
+		return err
+	}
+	defer a.Abort()
+	bw := bufio.NewWriter(a)
+	if err := write(bw); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	return a.Commit()
+}

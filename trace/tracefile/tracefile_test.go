@@ -1,0 +1,135 @@
+package tracefile
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// writeNative writes a native trace of n mallocs at path.
+func writeNative(t *testing.T, path string, n int) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	w, err := trace.NewWriter(f, trace.Header{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if err := w.Write(trace.Event{Op: trace.OpMalloc, Kind: trace.KindDevice, Addr: uint64(i+1) << 12, Size: 4096}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReadError reads a native trace cut short: the error of Next is a
+// *ReadError that names the file once and wraps the format's error, and
+// NameError leaves it as it is but names the file of any other error.
+func TestReadError(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cut.trace")
+	writeNative(t, path, 5000)
+	data, _ := os.ReadFile(path)
+	os.WriteFile(path, data[:len(data)/2], 0o644)
+	f, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for err == nil {
+		_, err = f.Next()
+	}
+	var re *ReadError
+	var fe *trace.FormatError
+	if !errors.As(err, &re) || re.Path != path || !errors.As(err, &fe) {
+		t.Fatalf("err = %v (%T), want a *ReadError wrapping a *trace.FormatError", err, err)
+	}
+	if !strings.HasPrefix(err.Error(), path+": ") || strings.Count(err.Error(), path) != 1 {
+		t.Errorf("err = %q, want it to name %s once, first", err, path)
+	}
+	if got := NameError(path, err); got != err {
+		t.Errorf("NameError(read error) = %v", got)
+	}
+	other := fmt.Errorf("policy bfc: out of slots")
+	if got := NameError(path, other); got.Error() != path+": policy bfc: out of slots" || !errors.Is(got, other) {
+		t.Errorf("NameError(other) = %v", got)
+	}
+	if NameError(path, nil) != nil {
+		t.Error("NameError(nil) != nil")
+	}
+}
+
+func TestGlobFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, p := range []string{"a/x.gz", "a/b/y.gz", "a/b/c/z.gz", "a/b/c/z.txt", "d.gz"} {
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(p)), 0o755)
+		os.WriteFile(filepath.Join(dir, p), nil, 0o644)
+	}
+	for _, tc := range []struct {
+		pattern string
+		want    []string
+	}{
+		{"**/*.gz", []string{"a/b/c/z.gz", "a/b/y.gz", "a/x.gz", "d.gz"}},
+		{"a/**/*.gz", []string{"a/b/c/z.gz", "a/b/y.gz", "a/x.gz"}},
+		{"a/**/c/*", []string{"a/b/c/z.gz", "a/b/c/z.txt"}},
+		{"a/*/*.gz", []string{"a/b/y.gz"}},
+		{"*/x.?z", []string{"a/x.gz"}},
+	} {
+		got, err := globFiles(filepath.Join(dir, tc.pattern))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range got {
+			got[i], _ = filepath.Rel(dir, got[i])
+			got[i] = filepath.ToSlash(got[i])
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.pattern, got, tc.want)
+		}
+	}
+}
+
+// TestGlob expands a file, a directory (only its traces, with a note on
+// the others) and a glob, each path once, and names a pattern that matches
+// nothing.
+func TestGlob(t *testing.T) {
+	dir := t.TempDir()
+	writeNative(t, filepath.Join(dir, "d", "b.trace"), 1)
+	writeNative(t, filepath.Join(dir, "d", "a.bin"), 1)
+	os.WriteFile(filepath.Join(dir, "d", "notes.md"), []byte("# notes\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "d", "c.txt"), []byte("malloc addr=0x1000 size=4096 stream=0\n"), 0o644)
+	first := filepath.Join(dir, "d", "b.trace")
+	paths, notes, err := Glob([]string{first, filepath.Join(dir, "d"), filepath.Join(dir, "**", "*.txt")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range paths {
+		paths[i], _ = filepath.Rel(dir, paths[i])
+	}
+	if want := []string{"d/b.trace", "d/a.bin", "d/c.txt"}; !reflect.DeepEqual(paths, want) {
+		t.Errorf("paths %v, want %v", paths, want)
+	}
+	if len(notes) != 1 || !strings.HasSuffix(notes[0], "d: 1 files that are no traces skipped") {
+		t.Errorf("notes %q", notes)
+	}
+	pattern := filepath.Join(dir, "*.nothing")
+	if _, _, err := Glob([]string{pattern}); err == nil || err.Error() != fmt.Sprintf("%q: no file matches", pattern) {
+		t.Errorf("err = %v", err)
+	}
+	if _, _, err := Glob([]string{filepath.Join(dir, "missing.trace")}); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("err = %v, want not exist", err)
+	}
+}
