@@ -12,6 +12,8 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
+	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 // DefaultMargin is the memory in bytes a replay leaves free on the device
@@ -188,7 +190,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 		r.back.direct = true
 	}
 	cfgs := []sim.Config{real}
-	if shadow, ok := r.shadowConfig(limit); ok {
+	if shadow, ok := ShadowConfig(cfg, limit); ok {
 		cfgs = append(cfgs, shadow)
 	}
 	reps, src, err := sim.Prepare(src, cfgs...)
@@ -258,27 +260,29 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	return nil, nil // the deferred function fills res
 }
 
-// shadowConfig returns the config of the simulation alongside, the
-// registered policy of the same name on a simulated device of the
-// replay's limit, and false when there is none (Config.Sim nil, or no
-// policy of that name).
-func (r *replayer) shadowConfig(limit uint64) (sim.Config, bool) {
-	name := r.cfg.Policy
-	if r.cfg.Sim == nil {
+// ShadowConfig returns the config of the simulation alongside a replay
+// on the GPU of cfg: the registered policy of the same name (with no
+// settings for the cuda target, whose settings are not the policy's),
+// replayed as recorded on a simulated device of capacity bytes, charged to
+// cfg.Sim, without its wake-up curves unless cfg.Pace. It reports false
+// when there is none (cfg.Sim nil, or no policy of that name).
+func ShadowConfig(cfg Config, capacity uint64) (sim.Config, bool) {
+	name := cfg.Policy
+	if cfg.Sim == nil {
 		return sim.Config{}, false
 	}
 	if _, ok := policies.Lookup(name); !ok {
 		return sim.Config{}, false
 	}
-	settings := r.cfg.Settings
+	settings := cfg.Settings
 	if name == TargetCUDA {
-		settings = nil // the direct target's settings are not the policy's
+		settings = nil
 	}
-	m := r.cfg.Sim
-	if !r.cfg.Pace {
+	m := cfg.Sim
+	if !cfg.Pace {
 		m = m.WithoutWake()
 	}
-	return sim.Config{Trace: r.cfg.Trace, Policy: name, Settings: settings, Capacity: limit, AsRecorded: true, CostModel: m}, true
+	return sim.Config{Trace: cfg.Trace, Policy: name, Settings: settings, Capacity: capacity, AsRecorded: true, CostModel: m}, true
 }
 
 // replayEvents replays buf, whose first event is event *i of the trace,
@@ -518,4 +522,38 @@ func medianFloat(v []float64) float64 {
 func median(v []int64) int64 {
 	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
 	return v[(len(v)-1)/2]
+}
+
+// RepeatFile is Repeat on the trace file at path, opened with opts for
+// each run. With callLog not "", the first run's runtime calls go to the
+// file callLog (Config.CallLog), written atomically: an error or an
+// interrupt leaves no partial log. Errors are Repeat's, and the call log's
+// prefixed with "--calls: ".
+func RepeatFile(ctx context.Context, rt *Runtime, path string, opts tracefile.Options, cfg Config, callLog string, n int, cLoop bool) (*Result, error) {
+	var log *atomicfile.File
+	if callLog != "" {
+		var err error
+		if log, err = atomicfile.Create(callLog); err != nil {
+			return nil, fmt.Errorf("--calls: %w", err)
+		}
+		defer log.Abort()
+		cfg.CallLog = log
+	}
+	open := func() (trace.Source, io.Closer, error) {
+		f, err := tracefile.Open(path, opts)
+		if err != nil {
+			return nil, nil, err
+		}
+		return f, f, nil
+	}
+	res, err := Repeat(ctx, rt, open, cfg, n, cLoop)
+	if err != nil {
+		return res, err
+	}
+	if log != nil {
+		if err := log.Commit(); err != nil {
+			return nil, fmt.Errorf("--calls: %w", err)
+		}
+	}
+	return res, nil
 }

@@ -2,6 +2,7 @@ package policies
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -157,4 +158,57 @@ func SplitList(s string) []string {
 		out = append(out, v)
 	}
 	return out
+}
+
+// ParseList expands a comma-separated list of names (a --policy value), or
+// "all" for every name of known, into the names in the order given without
+// duplicates. It returns an error for a name not in known and for a list
+// that names none.
+func ParseList(list string, known []string) ([]string, error) {
+	if list == "all" {
+		return append([]string(nil), known...), nil
+	}
+	var names []string
+	seen := map[string]bool{}
+	for _, n := range strings.Split(list, ",") {
+		n = strings.TrimSpace(n)
+		if n == "" || seen[n] {
+			continue
+		}
+		if !slices.Contains(known, n) {
+			return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(known, ", "))
+		}
+		seen[n] = true
+		names = append(names, n)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("no policy named")
+	}
+	return names, nil
+}
+
+// ParseSets turns settings given as NAME.key=value (--set, repeatable)
+// into the settings of each policy by name; a later value of a key
+// replaces an earlier one. It returns an error quoting the setting for one
+// not of that form, of a name not in known, or of a policy not among names
+// (the policies replayed).
+func ParseSets(sets []string, known, names []string) (map[string]Settings, error) {
+	out := map[string]Settings{}
+	for _, s := range sets {
+		lhs, val, ok := strings.Cut(s, "=")
+		name, key, ok2 := strings.Cut(lhs, ".")
+		switch {
+		case !ok || !ok2 || name == "" || key == "":
+			return nil, fmt.Errorf("%q: want NAME.key=value", s)
+		case !slices.Contains(known, name):
+			return nil, fmt.Errorf("%q: unknown policy %q", s, name)
+		case !slices.Contains(names, name):
+			return nil, fmt.Errorf("%q: policy %s is not among those replayed (--policy)", s, name)
+		}
+		if out[name] == nil {
+			out[name] = Settings{}
+		}
+		out[name][key] = val
+	}
+	return out, nil
 }

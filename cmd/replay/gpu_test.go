@@ -59,8 +59,8 @@ func TestGPUFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"gpu", "--policy", "nope", trainGPT}, `--policy: unknown target "nope"`},
-		{[]string{"gpu", "--set", "nope.x=1", trainGPT}, `unknown target "nope"`},
+		{[]string{"gpu", "--policy", "nope", trainGPT}, `--policy: unknown policy "nope"`},
+		{[]string{"gpu", "--set", "nope.x=1", trainGPT}, `unknown policy "nope"`},
 		{[]string{"gpu", "--set", "cuda-async", trainGPT}, `want NAME.key=value`},
 		{[]string{"gpu", "--max-bytes", "lots", trainGPT}, `--max-bytes`},
 		{[]string{"gpu"}, `no trace given`},
@@ -84,10 +84,7 @@ func TestGPUReplay(t *testing.T) {
 	lib := fakeCUDA(t, "FAKECUDA_TOTAL=68719476736")
 	dir := t.TempDir()
 	js, calls := filepath.Join(dir, "r.json"), filepath.Join(dir, "calls.csv")
-	targets := "cuda,cuda-async"
-	if isTarget("pytorch") {
-		targets += ",pytorch"
-	}
+	targets := "cuda,cuda-async,pytorch"
 	_, _, err := runCmd(t, "gpu", "--cudart", lib, "--policy", targets, "--set", "cuda-async.release_threshold=max",
 		"--c-loop", "--calls", calls, "--json", js, trainGPT)
 	if err != nil {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"slices"
-
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +15,7 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -67,28 +66,22 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	var results []*sim.Result
 	vd := newVizDir(*vizOut)
 	for _, path := range fs.Args() {
-		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
-		if err != nil {
-			return err
-		}
 		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
 			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
 		}
 		vr, err := vd.start(path, cfgs)
 		if err != nil {
-			f.Close()
 			return err
 		}
-		res, err := sim.Run(f, cfgs...)
-		f.Close()
+		res, err := sweep.RunFile(path, tracefile.Options{From: *from, Device: *device}, cfgs...)
 		if err == nil {
-			err = vr.finish()
+			err = tracefile.NameError(path, vr.finish())
 		} else {
 			vr.abort()
 		}
 		if err != nil {
-			return tracefile.NameError(path, err)
+			return err
 		}
 		results = append(results, res...)
 	}
@@ -128,57 +121,20 @@ func writeOutput(stdout io.Writer, path string, write func(io.Writer) error) err
 	return atomicfile.WriteFile(path, write)
 }
 
-// policyNames expands a --policy value.
+// policyNames expands a --policy value (policies.ParseList).
 func policyNames(list string) ([]string, error) {
-	if list == "all" {
-		return policies.Names(), nil
-	}
-	known := map[string]bool{}
-	for _, n := range policies.Names() {
-		known[n] = true
-	}
-	var names []string
-	seen := map[string]bool{}
-	for _, n := range strings.Split(list, ",") {
-		n = strings.TrimSpace(n)
-		if n == "" || seen[n] {
-			continue
-		}
-		if !known[n] {
-			return nil, fmt.Errorf("--policy: unknown policy %q (known: %s)", n, strings.Join(policies.Names(), ", "))
-		}
-		seen[n] = true
-		names = append(names, n)
-	}
-	if len(names) == 0 {
-		return nil, fmt.Errorf("--policy: no policy named")
+	names, err := policies.ParseList(list, policies.Names())
+	if err != nil {
+		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	return names, nil
 }
 
-// parseSets turns NAME.key=value flags into settings per policy name.
+// parseSets turns --set values into settings by policy (policies.ParseSets).
 func parseSets(sets []string, names []string) (map[string]policies.Settings, error) {
-	out := map[string]policies.Settings{}
-	known := map[string]bool{}
-	for _, n := range policies.Names() {
-		known[n] = true
-	}
-	for _, s := range sets {
-		lhs, val, ok := strings.Cut(s, "=")
-		name, key, ok2 := strings.Cut(lhs, ".")
-		if !ok || !ok2 || name == "" || key == "" {
-			return nil, fmt.Errorf("--set %q: want NAME.key=value", s)
-		}
-		if !known[name] {
-			return nil, fmt.Errorf("--set %q: unknown policy %q", s, name)
-		}
-		if !slices.Contains(names, name) {
-			return nil, fmt.Errorf("--set %q: policy %s is not among those replayed (--policy)", s, name)
-		}
-		if out[name] == nil {
-			out[name] = policies.Settings{}
-		}
-		out[name][key] = val
+	out, err := policies.ParseSets(sets, policies.Names(), names)
+	if err != nil {
+		return nil, fmt.Errorf("--set %w", err)
 	}
 	return out, nil
 }

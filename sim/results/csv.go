@@ -137,3 +137,75 @@ func SettingKeys(rs []*sim.Result) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// gpuColumns are the CSV columns a replay on the GPU adds to the sim
+// columns: its limit, the simulation alongside, the measured times and the
+// driver's view.
+var gpuColumns = []struct {
+	name  string
+	value func(r *GPU) string
+}{
+	{"max_bytes", func(r *GPU) string { return u(r.MaxBytes) }},
+	{"sim_peak_reserved_bytes", func(r *GPU) string { return u(r.SimPeakReserved) }},
+	{"paced", func(r *GPU) string { return strconv.FormatBool(r.Paced) }},
+	{"alloc_time_ns", func(r *GPU) string { return i(r.AllocTimeNS) }},
+	{"sync_time_ns", func(r *GPU) string { return i(r.SyncTimeNS) }},
+	{"calls", func(r *GPU) string { return i(r.Calls) }},
+	{"policy_time_ns", func(r *GPU) string { return i(r.PolicyTimeNS) }},
+	{"replay_wall_ns", func(r *GPU) string { return i(r.ReplayWallNS) }},
+	{"driver_free_at_start_bytes", func(r *GPU) string { return u(r.Driver.FreeAtStart) }},
+	{"driver_min_free_bytes", func(r *GPU) string { return u(r.Driver.MinFree) }},
+	{"driver_free_at_end_bytes", func(r *GPU) string { return u(r.Driver.FreeAtEnd) }},
+	{"pool_reserved_high_bytes", func(r *GPU) string { return u(r.Driver.PoolReservedHigh) }},
+	{"pool_used_high_bytes", func(r *GPU) string { return u(r.Driver.PoolUsedHigh) }},
+	{"c_loop_wall_ns", func(r *GPU) string {
+		if r.CLoop == nil {
+			return ""
+		}
+		return i(r.CLoop.WallNS)
+	}},
+	{"c_loop_overhead_per_call_ns", func(r *GPU) string {
+		if r.CLoop == nil {
+			return ""
+		}
+		return strconv.FormatFloat(r.CLoop.OverheadPerCallNS, 'f', 1, 64)
+	}},
+}
+
+// WriteGPUCSV writes the results of replays on the GPU as CSV with a
+// header: the columns of sim results (Columns; sim_alloc_time_ns is the
+// simulation alongside's), the columns the GPU adds (max_bytes,
+// sim_peak_reserved_bytes, paced, the measured times in nanoseconds, the
+// driver's view in bytes, the C loop's), then a "set:KEY" column per
+// setting key. It returns the first write error.
+func WriteGPUCSV(w io.Writer, rs []*GPU) error {
+	flat := make([]*sim.Result, len(rs))
+	for k, r := range rs {
+		flat[k] = &r.Result
+	}
+	keys := SettingKeys(flat)
+	cw := csv.NewWriter(w)
+	head := Columns()
+	for _, c := range gpuColumns {
+		head = append(head, c.name)
+	}
+	for _, k := range keys {
+		head = append(head, "set:"+k)
+	}
+	cw.Write(head)
+	for _, r := range rs {
+		row := make([]string, 0, len(head))
+		for _, c := range columns {
+			row = append(row, c.value(&r.Result))
+		}
+		for _, c := range gpuColumns {
+			row = append(row, c.value(r))
+		}
+		for _, k := range keys {
+			row = append(row, r.Settings[k])
+		}
+		cw.Write(row)
+	}
+	cw.Flush()
+	return cw.Error()
+}

@@ -2,8 +2,10 @@ package results
 
 import (
 	"bytes"
+	"encoding/csv"
 	"errors"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -177,6 +179,43 @@ func TestTraceName(t *testing.T) {
 	} {
 		if got := TraceName(tc.in); got != tc.want {
 			t.Errorf("TraceName(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestWriteGPUCSV: a GPU result's row has the sim columns, in the order of
+// replay sim --csv, then the measured ones, then its settings.
+func TestWriteGPUCSV(t *testing.T) {
+	r := &GPU{
+		Result:   sim.Result{Trace: "t.trace", Policy: "pytorch", Settings: map[string]string{"expandable_segments": "True"}, PeakReserved: 4494196736, DeviceAllocs: 31, FirstOOMEvent: -1, SimAllocTimeNS: 2682000},
+		MaxBytes: 1 << 40, SimPeakReserved: 4494196736, AllocTimeNS: 89263000, Calls: 40,
+		Driver: DriverView{FreeAtStart: 3 << 30, MinFree: 2 << 30, FreeAtEnd: 3 << 30},
+		CLoop:  &CLoop{WallNS: 5, OverheadPerCallNS: 1.25},
+	}
+	var b strings.Builder
+	if err := WriteGPUCSV(&b, []*GPU{r}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(strings.NewReader(b.String())).ReadAll()
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("%d rows, %v:\n%s", len(rows), err, b.String())
+	}
+	head, row := rows[0], rows[1]
+	if n := len(Columns()); !slices.Equal(head[:n], Columns()) || head[n] != "max_bytes" || head[len(head)-1] != "set:expandable_segments" {
+		t.Errorf("header %v", head)
+	}
+	got := map[string]string{}
+	for k, name := range head {
+		got[name] = row[k]
+	}
+	for k, want := range map[string]string{
+		"trace": "t.trace", "policy": "pytorch", "settings": "expandable_segments=True", "peak_reserved_bytes": "4494196736",
+		"device_allocs": "31", "first_oom_event": "-1", "sim_alloc_time_ns": "2682000", "max_bytes": "1099511627776",
+		"sim_peak_reserved_bytes": "4494196736", "alloc_time_ns": "89263000", "calls": "40", "driver_min_free_bytes": "2147483648",
+		"c_loop_wall_ns": "5", "c_loop_overhead_per_call_ns": "1.2", "set:expandable_segments": "True", "paced": "false",
+	} {
+		if got[k] != want {
+			t.Errorf("%s = %q, want %q", k, got[k], want)
 		}
 	}
 }

@@ -256,21 +256,30 @@ func (s *Runner) csvRow(r *sim.Result) {
 
 func (s *Runner) runJob(j Job) Job {
 	start := time.Now()
-	f, err := tracefile.Open(j.Trace, s.Open)
-	if err != nil {
-		j.Err = err
-		return j
-	}
-	defer f.Close()
 	cfgs := make([]sim.Config, len(j.Cells))
 	for k, i := range j.Cells {
 		c := s.Plan.Cells[i]
 		cfgs[k] = sim.Config{Trace: c.Trace, Policy: c.Policy, Settings: c.Settings, Capacity: c.Capacity, AsRecorded: c.AsRecorded}
 	}
-	j.results, j.Err = sim.Run(f, cfgs...)
-	j.Err = tracefile.NameError(j.Trace, j.Err)
+	j.results, j.Err = RunFile(j.Trace, s.Open, cfgs...)
 	j.Elapsed = time.Since(start)
 	return j
+}
+
+// RunFile replays the trace file at path, opened with opts, against each
+// of cfgs (sim.Run) and returns one result per config, in order. Errors
+// name the file (tracefile.NameError).
+func RunFile(path string, opts tracefile.Options, cfgs ...sim.Config) ([]*sim.Result, error) {
+	f, err := tracefile.Open(path, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	rs, err := sim.Run(f, cfgs...)
+	if err != nil {
+		return nil, tracefile.NameError(path, err)
+	}
+	return rs, nil
 }
 
 // WriteResults writes results.json and results.csv with every finished
