@@ -204,7 +204,11 @@ func (r *Replay) Step(i int64, ev trace.Event) error { return r.step(i, &ev) }
 func (r *Replay) step(i int64, ev *trace.Event) error {
 	r.res.Events++
 	r.checkTime(i, ev)
-	r.back.SetTime(ev.Time)
+	if r.dev != nil {
+		r.dev.SetTime(ev.Time) // the simulated device without an interface call per event
+	} else {
+		r.back.SetTime(ev.Time)
+	}
 	r.obs.at(i, ev)
 	if r.check != nil {
 		r.check.Begin(i)
@@ -368,25 +372,31 @@ func (r *Replay) sync(i int64, ev *trace.Event) error {
 }
 
 // policyMalloc and policyFree call the policy, timed by the backend when
-// it is a PolicyTimer.
+// it is a PolicyTimer (small enough to be inlined when it is not).
 func (r *Replay) policyMalloc(size, stream uint64) (policies.Block, error) {
-	if r.timer == nil {
-		return r.policy.Malloc(size, stream)
+	if r.timer != nil {
+		return r.timedMalloc(size, stream)
 	}
-	r.timer.BeginPolicy()
-	b, err := r.policy.Malloc(size, stream)
-	r.timer.EndPolicy()
-	return b, err
+	return r.policy.Malloc(size, stream)
 }
 
 func (r *Replay) policyFree(addr, stream uint64) error {
-	if r.timer == nil {
-		return r.policy.Free(addr, stream)
+	if r.timer != nil {
+		return r.timedFree(addr, stream)
 	}
+	return r.policy.Free(addr, stream)
+}
+
+func (r *Replay) timedMalloc(size, stream uint64) (policies.Block, error) {
 	r.timer.BeginPolicy()
-	err := r.policy.Free(addr, stream)
-	r.timer.EndPolicy()
-	return err
+	defer r.timer.EndPolicy()
+	return r.policy.Malloc(size, stream)
+}
+
+func (r *Replay) timedFree(addr, stream uint64) error {
+	r.timer.BeginPolicy()
+	defer r.timer.EndPolicy()
+	return r.policy.Free(addr, stream)
 }
 
 // mallocFailed replays a malloc that failed in the source as an attempt:
@@ -519,7 +529,13 @@ func (r *Replay) oom(i int64, size uint64) {
 
 // observe updates the peaks and the series after event i.
 func (r *Replay) observe(i, t int64) {
-	r.series.Observe(&r.res, r.policy, i, t, r.requested, r.allocated, r.back.Reserved())
+	var reserved uint64
+	if r.dev != nil {
+		reserved = r.dev.Reserved()
+	} else {
+		reserved = r.back.Reserved()
+	}
+	r.series.Observe(&r.res, r.policy, i, t, r.requested, r.allocated, reserved)
 }
 
 func fragmentation(allocated, reserved uint64) float64 {
