@@ -85,12 +85,13 @@ func TestCheck(t *testing.T) {
 	if err != nil || out != ok+": ok: 2 events, no problems, nothing live at the end\n" {
 		t.Errorf("ok trace: %v, %q", err, out)
 	}
-	bad := writeTrace(t, statsTrace+"free id=1 t=6000\n")
+	// A recorded program's trace ends with the job: what is live is leaked.
+	bad := writeTrace(t, strings.Replace(statsTrace, "source=text", "source=record", 1)+"free id=1 t=6000\n")
 	out, _, err = runCmd(t, "check", bad)
 	want := bad + `: event 8: double free of 0x1: freed at event 4
 ` + bad + `: leak: 0x3, 100 bytes (pinned) on stream 0x0, malloc at event 2 (t=20 ns, thread 1)
 ` + bad + `: leak: 0x4, 3000 bytes (device) on stream 0x0, malloc at event 5 (t=1010 ns, thread 1), call site cudaMalloc@prog+0x11a9
-` + bad + `: 9 events, 1 problems, 2 allocations (3.0 KiB) live at the end
+` + bad + `: 9 events, 1 problems, 2 allocations (3.0 KiB) live at the end of the job: leaks
 `
 	if out != want {
 		t.Errorf("check:\n%s\nwant:\n%s", out, want)
@@ -101,6 +102,21 @@ func TestCheck(t *testing.T) {
 	out, _, _ = runCmd(t, "check", "--limit", "1", bad)
 	if !strings.Contains(out, ": ... 1 more leaks\n") {
 		t.Errorf("--limit 1:\n%s", out)
+	}
+	// A snapshot is taken while the job runs: what is live at its end is
+	// listed, and is no fault (the weights of a model, say).
+	live := writeTrace(t, statsTrace)
+	out, _, err = runCmd(t, "check", live)
+	want = live + `: live at the end: 0x3, 100 bytes (pinned) on stream 0x0, malloc at event 2 (t=20 ns, thread 1)
+` + live + `: live at the end: 0x4, 3000 bytes (device) on stream 0x0, malloc at event 5 (t=1010 ns, thread 1), call site cudaMalloc@prog+0x11a9
+` + live + `: 8 events, 0 problems, 2 allocations (3.0 KiB) live at the end (the trace was taken while the job ran)
+`
+	if err != nil || out != want {
+		t.Errorf("snapshot-like trace: %v\n%s\nwant:\n%s", err, out, want)
+	}
+	out, _, err = runCmd(t, "check", writeTrace(t, statsTrace+"free id=1 t=6000\n"))
+	if err == nil || !strings.HasSuffix(err.Error(), ": 1 problems") || !strings.Contains(out, ": live at the end: 0x3") {
+		t.Errorf("snapshot-like trace with a problem: %v\n%s", err, out)
 	}
 }
 
