@@ -39,8 +39,11 @@ const OfflineName = "offline"
 // to Plan, in order (sim.Run does); a malloc that does not match the plan
 // is an error, not an OOM. Streams play no part: a block's offset is fixed,
 // and it is reusable once its free is replayed. A malloc of 0 bytes returns
-// the block {0, 0}. When the device refuses the arena, every malloc before
-// the next successful arena allocation is an OOM.
+// the block {0, 0}. Under a device with a capacity (a Capacitor) that
+// cannot hold the plan's height, the arena is what the capacity leaves,
+// and only the blocks planned above it are OOMs; when the device refuses
+// the arena, every malloc before the next successful arena allocation is
+// an OOM.
 //
 // Settings (defaults in brackets):
 //   - alignment [256]: sizes, and so offsets, are rounded up to a multiple
@@ -61,6 +64,7 @@ type Offline struct {
 	stats   PlanStats
 
 	arena     uint64 // arena address, valid when hasArena
+	arenaSize uint64 // its size in bytes: the plan's height, or less under a capacity
 	hasArena  bool
 	live      []uint64          // offsets of live blocks, sorted
 	liveSize  map[uint64]uint64 // offset -> block size
@@ -292,15 +296,18 @@ func (p *Offline) Malloc(size, stream uint64) (Block, error) {
 	if size > maxRequest {
 		return Block{}, errRequestTooLarge(p.name, size)
 	}
-	if !p.hasArena {
-		addr, err := p.dev.Alloc(p.height)
-		if err != nil {
-			return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: arena of %d bytes: %w", p.name, size, p.height, err)
-		}
-		p.arena, p.hasArena = addr, true
-	}
 	off := p.mallocs[k].offset
 	n := ceilToMultiple(size, p.alignment)
+	if !p.hasArena {
+		if err := p.allocArena(size, off+n); err != nil {
+			return Block{}, err
+		}
+	}
+	if off+n > p.arenaSize {
+		// Planned above what the device could give: this block does not
+		// fit under the capacity, the others of the plan still do.
+		return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: planned at offset %d, above the arena of %d bytes the device's capacity leaves: %w", p.name, size, off, p.arenaSize, ErrOutOfMemory)
+	}
 	if p.liveSize == nil {
 		p.liveSize = map[uint64]uint64{}
 	}
@@ -314,6 +321,28 @@ func (p *Offline) Malloc(size, stream uint64) (Block, error) {
 	p.liveSize[off] = n
 	p.liveBytes += n
 	return Block{Addr: p.arena + off, Size: n}, nil
+}
+
+// allocArena allocates the arena, of the plan's height, or under a device
+// with a capacity that cannot hold it (a Capacitor) of the bytes the
+// capacity leaves, so that only the blocks planned above that line fail;
+// need is the end of the block being placed. It returns an error wrapping
+// ErrOutOfMemory when the device refuses even that.
+func (p *Offline) allocArena(size, need uint64) error {
+	arena := p.height
+	if c, ok := p.dev.(Capacitor); ok && c.Capacity() > 0 {
+		room := c.Capacity() - min(c.Capacity(), c.Reserved())
+		arena = min(arena, room/p.alignment*p.alignment)
+	}
+	if arena < need {
+		return fmt.Errorf("policy %s: malloc of %d bytes: arena of %d bytes: the device has room for %d: %w", p.name, size, p.height, arena, ErrOutOfMemory)
+	}
+	addr, err := p.dev.Alloc(arena)
+	if err != nil {
+		return fmt.Errorf("policy %s: malloc of %d bytes: arena of %d bytes: %w", p.name, size, arena, err)
+	}
+	p.arena, p.arenaSize, p.hasArena = addr, arena, true
+	return nil
 }
 
 // Free takes back the block at addr. Stream is ignored. It returns an error
@@ -363,6 +392,6 @@ func (p *Offline) FreeSpace() (total, largest uint64) {
 		}
 		end = off + p.liveSize[off]
 	}
-	largest = max(largest, p.height-end)
-	return p.height - p.liveBytes, largest
+	largest = max(largest, p.arenaSize-end)
+	return p.arenaSize - p.liveBytes, largest
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
 )
 
@@ -189,5 +190,35 @@ func TestExpandableCost(t *testing.T) {
 	want, _ := DefaultCostModel().Latency(CostMallocBatch, 40<<20) // two 20 MiB pages, fresh memory
 	if r.DeviceAllocs != 1 || r.SimAllocTimeNS != want {
 		t.Errorf("device allocs %d, allocator time %d ns; want 1 and %d", r.DeviceAllocs, r.SimAllocTimeNS, want)
+	}
+}
+
+// TestClairvoyantUnderCapacity: under a capacity below the plan's height,
+// a clairvoyant policy takes an arena of what the capacity leaves and
+// fails only the blocks planned above it. Blocks of 50, 100 and 150 bytes
+// live at once stack to 300 bytes (alignment 1); under 260 bytes the one
+// on top, which ends at 300, is the only one that does not fit (the one
+// below it ends at 300 - 50 or lower), so there is one OOM, and the arena
+// holds 260 bytes.
+func TestClairvoyantUnderCapacity(t *testing.T) {
+	text := "malloc id=1 size=50\nmalloc id=2 size=100\nmalloc id=3 size=150\nfree id=1\nfree id=2\nfree id=3\n"
+	h, evs, err := trace.ParseText("cap.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"offline", "greedy-by-size", "greedy-by-lifetime"} {
+		rs, err := Run(trace.NewSliceSource(h, evs), Config{Policy: p, Capacity: 260, Settings: policies.Settings{"alignment": "1"}})
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		r := rs[0]
+		if r.OOMs != 1 || r.PeakReserved != 260 || r.PeakRequested != 300 || r.DeviceAllocs != 1 {
+			t.Errorf("%s under 260 bytes: %d OOMs (first at event %d), reserved %d, requested %d, %d device allocs; want 1 OOM, 260, 300, 1",
+				p, r.OOMs, r.FirstOOMEvent, r.PeakReserved, r.PeakRequested, r.DeviceAllocs)
+		}
+		rs, err = Run(trace.NewSliceSource(h, evs), Config{Policy: p, Capacity: 300, Settings: policies.Settings{"alignment": "1"}})
+		if err != nil || rs[0].OOMs != 0 || rs[0].PeakReserved != 300 {
+			t.Errorf("%s under 300 bytes: %v, %+v", p, err, rs[0])
+		}
 	}
 }
