@@ -416,7 +416,10 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 		return nil
 	}
 	// The block lives for an instant: count it in the peaks before the
-	// free, as the program would have held it had the malloc succeeded.
+	// free, as the program would have held it had the malloc succeeded,
+	// its requested bytes as its allocated ones.
+	r.res.SourceOOMsServed++
+	r.res.PeakRequested = max(r.res.PeakRequested, r.requested+ev.Size)
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {

@@ -54,6 +54,11 @@ type Result struct {
 	// SourceOOMs counts the mallocs that failed in the source
 	// (malloc_failed events), replayed as attempts.
 	SourceOOMs int64 `json:"source_ooms"`
+	// SourceOOMsServed counts those the policy served in the replay: each
+	// counts in the peaks of requested, allocated and reserved bytes for
+	// an instant, as if the card had given it (without a capacity, every
+	// one of them is served).
+	SourceOOMsServed int64 `json:"source_ooms_served"`
 
 	// BuildError says why the policy could not be built (the device
 	// refused the memory it takes up front); every malloc was then an OOM.

@@ -88,5 +88,5 @@ func capacityHint(r *sim.Result) string {
 	if r == nil || r.Capacity != 0 || r.SourceOOMs == 0 {
 		return ""
 	}
-	return fmt.Sprintf("the recording has %d failed malloc(s), so the job probably ran under a memory cap, which a snapshot does not record; replay with --capacity set to that cap (e.g. torch.cuda.set_per_process_memory_fraction times the device memory)", r.SourceOOMs)
+	return fmt.Sprintf("the recording has %d failed malloc(s), which this replay without a capacity served: the peaks count them as if the card had given them; the job probably ran under a memory cap, which a snapshot does not record: replay with --capacity set to that cap (e.g. torch.cuda.set_per_process_memory_fraction times the device memory; for a record run trace, the card's memory)", r.SourceOOMs)
 }

@@ -45,6 +45,7 @@ var columns = []column{
 	{"first_oom_event", func(r *sim.Result) string { return i(r.FirstOOMEvent) }},
 	{"first_oom_size", func(r *sim.Result) string { return u(r.FirstOOMSize) }},
 	{"source_ooms", func(r *sim.Result) string { return i(r.SourceOOMs) }},
+	{"source_ooms_served", func(r *sim.Result) string { return i(r.SourceOOMsServed) }},
 	{"build_error", func(r *sim.Result) string { return r.BuildError }},
 	{"anomalies", func(r *sim.Result) string { return i(r.Anomalies) }},
 	{"first_anomaly", func(r *sim.Result) string { return r.FirstAnomaly }},
