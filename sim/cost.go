@@ -420,6 +420,7 @@ type costMeter struct {
 	waking              bool           // whether any curve is set
 
 	pages  int                      // mapped pages of small allocations
+	large  uint64                   // bytes the large allocations take: whole driver pages
 	seq    uint64                   // pages mapped so far, the next page's seq
 	holes  *holeIndex               // the pages' holes by length; nil until a small allocation
 	placed trace.AddrMap[placement] // small segment address -> its place
@@ -748,6 +749,7 @@ func (c *costMeter) alloc(addr, size uint64) {
 		return
 	}
 	if size > SubAllocMax {
+		c.large += pageCeil(size)
 		if c.freed.take(size) {
 			c.charge(chargeMallocReuse, size)
 			return
@@ -794,6 +796,7 @@ func (c *costMeter) free(addr, size uint64) {
 	}
 	pl, ok := c.placed.Take(addr)
 	if !ok {
+		c.large -= pageCeil(size)
 		c.freed.add(size)
 		c.charge(chargeFree, size)
 		return
@@ -811,6 +814,19 @@ func (c *costMeter) free(addr, size uint64) {
 	c.pages--
 	c.charge(chargeFreeLastInPage, size)
 }
+
+// pageCeil returns size rounded up to whole driver pages (2 MiB).
+func pageCeil(size uint64) uint64 {
+	return (size + driverPageSize - 1) / driverPageSize * driverPageSize
+}
+
+// footprint returns the bytes of device memory the live allocations take
+// from the card, as the driver takes them (measured on an H200, CUDA 13.0:
+// ../shared/reference/CUDA_MEASURED.md, "Footprint"): an allocation over
+// SubAllocMax takes whole 2 MiB pages of its own; smaller ones, rounded up
+// to SubAllocGranularity, share 2 MiB pages, each page taken while any of
+// them lives.
+func (c *costMeter) footprint() uint64 { return c.large + uint64(c.pages)*driverPageSize }
 
 // release returns [off, off+n) to the holes of page p, merged with its
 // neighbours.
@@ -869,6 +885,18 @@ func (d *Device) SetTime(ns int64) {
 	if d.cost != nil {
 		d.cost.now = ns
 	}
+}
+
+// Footprint returns the bytes of the card's memory the live segments take,
+// as the driver takes them (whole 2 MiB pages above 1 MiB, small ones
+// packed into shared 2 MiB pages; costMeter.footprint), the device's
+// context left out; 0 when no cost model is set, as the driver pages are
+// the cost model's.
+func (d *Device) Footprint() uint64 {
+	if d.cost == nil {
+		return 0
+	}
+	return d.cost.footprint()
 }
 
 // WakeTime returns the part of AllocTime that is wake-up latency: the

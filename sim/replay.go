@@ -426,6 +426,9 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 		r.res.PeakReserved = reserved
 		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
 	}
+	if r.dev != nil {
+		r.res.PeakFootprint = max(r.res.PeakFootprint, r.dev.Footprint())
+	}
 	r.allocated -= b.Size
 	if r.check != nil {
 		if err := r.check.Malloc(b, ev.Size); err != nil {
@@ -535,6 +538,7 @@ func (r *Replay) observe(i, t int64) {
 	var reserved uint64
 	if r.dev != nil {
 		reserved = r.dev.Reserved()
+		r.res.PeakFootprint = max(r.res.PeakFootprint, r.dev.Footprint())
 	} else {
 		reserved = r.back.Reserved()
 	}

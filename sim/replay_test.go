@@ -222,3 +222,30 @@ func TestClairvoyantUnderCapacity(t *testing.T) {
 		}
 	}
 }
+
+// TestFootprint: the card's memory as the driver takes it (H200, CUDA
+// 13.0): the cuda policy's 20 MiB + 512 B segment takes 22 MiB of whole
+// pages; its two 512 B segments and the 1 MiB one share one 2 MiB page
+// (1 MiB + 1 KiB of it); 24 MiB in all at the peak, 2 MiB after the large
+// one is freed.
+func TestFootprint(t *testing.T) {
+	text := "malloc id=1 size=20971521\nmalloc id=2 size=100\nmalloc id=3 size=100\nmalloc id=4 size=1048576\nfree id=1\n"
+	_, evs, err := trace.ParseText("fp.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := NewReplay(Config{Policy: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, ev := range evs {
+		if err := rep.Step(int64(k), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := rep.Finish()
+	if r.PeakFootprint != 24<<20 || rep.Device().Footprint() != 2<<20 || r.PeakReserved != 20<<20+512+1024+1<<20 {
+		t.Errorf("peak footprint %d, footprint at the end %d, peak reserved %d; want %d, %d, %d",
+			r.PeakFootprint, rep.Device().Footprint(), r.PeakReserved, 24<<20, 2<<20, 20<<20+512+1024+1<<20)
+	}
+}

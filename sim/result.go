@@ -26,6 +26,13 @@ type Result struct {
 	PeakAllocated uint64 `json:"peak_allocated_bytes"`
 	// PeakReserved is the peak of bytes held from the device.
 	PeakReserved uint64 `json:"peak_reserved_bytes"`
+	// PeakFootprint is the peak of the card's memory the policy's
+	// segments take as the driver takes them, in bytes: whole 2 MiB pages
+	// above 1 MiB, small segments packed into shared 2 MiB pages (measured
+	// on an H200; Device.Footprint), the context left out. Only the
+	// simulated device has it (0 on the GPU, whose driver says it:
+	// results.GPU's Driver).
+	PeakFootprint uint64 `json:"peak_footprint_bytes"`
 	// PeakOffline is the peak reserved bytes of the offline policy (which
 	// places every malloc knowing the whole trace) on the same trace: the
 	// achievable baseline, as PeakRequested is the hard lower bound. It is

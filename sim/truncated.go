@@ -47,5 +47,8 @@ func (r *Replay) historyBegins() {
 	r.res.PeakRequested = r.requested
 	r.res.PeakAllocated = r.allocated
 	r.res.PeakReserved = reserved
+	if r.dev != nil {
+		r.res.PeakFootprint = r.dev.Footprint()
+	}
 	r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
 }

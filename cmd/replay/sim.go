@@ -153,7 +153,7 @@ func mib(b uint64) string { return plots.MiBText(b) }
 
 func writeTable(w io.Writer, results []*sim.Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\treserved/requested\treserved/offline\t1-allocated/reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\t1-allocated/reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	for _, r := range results {
 		ratio := "-"
 		if r.PeakRequested > 0 {
@@ -172,8 +172,8 @@ func writeTable(w io.Writer, results []*sim.Result) {
 		if r.PeakReserved > 0 && r.PeakAllocated < r.PeakReserved {
 			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
-			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
+			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
 			ratio, vsOffline, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()

@@ -35,6 +35,7 @@ var columns = []column{
 	{"peak_requested_bytes", func(r *sim.Result) string { return u(r.PeakRequested) }},
 	{"peak_allocated_bytes", func(r *sim.Result) string { return u(r.PeakAllocated) }},
 	{"peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakReserved) }},
+	{"peak_footprint_bytes", func(r *sim.Result) string { return u(r.PeakFootprint) }},
 	{"offline_peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakOffline) }},
 	{"peak_fragmentation", func(r *sim.Result) string { return f(r.PeakFragmentation) }},
 	{"fragmentation_at_peak", func(r *sim.Result) string { return f(r.FragmentationAtPeak) }},
