@@ -522,10 +522,13 @@ cr_res cr_vmm_map(cr_lib *l, int device, uint64_t ptr, uint64_t size, uint64_t p
 	int64_t t0 = cr_now();
 	for (; done < n; done++) {
 		r.rc = l->cuMemCreate(&handles[done], (size_t)page, &p, 0);
-		if (r.rc)
+		if (r.rc) {
+			r.ptr = CR_VMM_CREATE;
 			break;
+		}
 		r.rc = l->cuMemMap(ptr + done * page, (size_t)page, 0, handles[done], 0);
 		if (r.rc) {
+			r.ptr = CR_VMM_MAP;
 			l->cuMemRelease(handles[done]);
 			break;
 		}
@@ -533,6 +536,8 @@ cr_res cr_vmm_map(cr_lib *l, int device, uint64_t ptr, uint64_t size, uint64_t p
 	if (!r.rc) {
 		cr_access_desc d = {1, device, 3};
 		r.rc = l->cuMemSetAccess(ptr, (size_t)size, &d, 1);
+		if (r.rc)
+			r.ptr = CR_VMM_SET_ACCESS;
 	}
 	l->last_call_end = cr_now();
 	r.ns = l->last_call_end - t0;
@@ -553,11 +558,15 @@ cr_res cr_vmm_unmap(cr_lib *l, uint64_t ptr, uint64_t size, uint64_t page, const
 	int64_t t0 = cr_now();
 	for (uint64_t k = 0; k < n; k++) {
 		int c = l->cuMemUnmap(ptr + k * page, (size_t)page);
-		if (c && !r.rc)
+		if (c && !r.rc) {
 			r.rc = c;
+			r.ptr = CR_VMM_UNMAP;
+		}
 		c = l->cuMemRelease(handles[k]);
-		if (c && !r.rc)
+		if (c && !r.rc) {
 			r.rc = c;
+			r.ptr = CR_VMM_RELEASE;
+		}
 	}
 	l->last_call_end = cr_now();
 	r.ns = l->last_call_end - t0;

@@ -148,9 +148,12 @@ cr_res cr_vmm_free_va(cr_lib *l, uint64_t ptr, uint64_t size);
 // page bytes each (cuMemCreate and cuMemMap per page, then one
 // cuMemSetAccess for read and write from device), storing their handles in
 // handles; on a failing call it undoes what it did and returns that call's
-// code. The duration is the whole map's, and the allocation calls count as
+// code (its ptr the failing call, CR_VMM_*). The duration is the whole map's, and the allocation calls count as
 // one in last_call_end.
 cr_res cr_vmm_map(cr_lib *l, int device, uint64_t ptr, uint64_t size, uint64_t page, uint64_t *handles);
+// On a failure of cr_vmm_map or cr_vmm_unmap, the result's ptr says which
+// call failed.
+enum { CR_VMM_CREATE = 1, CR_VMM_MAP, CR_VMM_SET_ACCESS, CR_VMM_UNMAP, CR_VMM_RELEASE };
 // cr_vmm_unmap unmaps the pages of [ptr, ptr+size) and releases their
 // handles (cuMemUnmap and cuMemRelease per page); it goes on past a failing
 // call and returns the first failure's code.

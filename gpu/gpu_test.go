@@ -810,3 +810,28 @@ func openTrace(t *testing.T, path string) *tracefile.File {
 	t.Cleanup(func() { f.Close() })
 	return f
 }
+
+// TestVMMFailures plants failures of the driver's virtual memory calls in a
+// replay of an expandable snapshot: a failing cuMemSetAccess ends the
+// replay with an error naming that call and the event; an out-of-memory
+// cuMemCreate makes the pytorch policy free its cache and retry, and the
+// replay goes on; everything is freed either way.
+func TestVMMFailures(t *testing.T) {
+	path := "../testdata/pytorch/churn_expandable.pickle.gz"
+	rt := fakeRuntime(t, "", fmt.Sprintf("FAKECUDA_TOTAL=%d", uint64(64<<30)), "FAKECUDA_FAIL=cuMemSetAccess:2:700")
+	_, err := Replay(context.Background(), rt, openTrace(t, path), Config{Trace: path, Policy: "pytorch"})
+	if err == nil || !strings.Contains(err.Error(), "cuMemSetAccess: ") || !strings.HasPrefix(err.Error(), "event ") {
+		t.Errorf("failing cuMemSetAccess: %v", err)
+	}
+	if n := live(t, rt); n != 0 {
+		t.Errorf("%d objects live after the error", n)
+	}
+	rt = fakeRuntime(t, "", fmt.Sprintf("FAKECUDA_TOTAL=%d", uint64(64<<30)), "FAKECUDA_FAIL=cuMemCreate:2:2")
+	res, err := Replay(context.Background(), rt, openTrace(t, path), Config{Trace: path, Policy: "pytorch"})
+	if err != nil || res.AllocRetries+res.OOMs == 0 {
+		t.Errorf("out-of-memory cuMemCreate: %v, %d retries, %d OOMs", err, res.AllocRetries, res.OOMs)
+	}
+	if n := live(t, rt); n != 0 {
+		t.Errorf("%d objects live at the end", n)
+	}
+}

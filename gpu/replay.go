@@ -70,7 +70,10 @@ type Config struct {
 	// back.
 	Pace bool
 	// SampleEvery is the number of events between cudaMemGetInfo samples of
-	// the driver's view (untimed); 0 means 4096.
+	// the driver's view (untimed); 0 means 4096. A policy's replay also
+	// samples after every new high of the memory it holds, so that
+	// Result.Driver.MinFree is the true minimum; the direct targets sample
+	// only every SampleEvery events (1 for their true minimum).
 	SampleEvery int
 	// warm makes the replay warm the driver up with untimed calls right
 	// before the calls of each chunk of events (Repeat sets it), after
@@ -98,6 +101,10 @@ type replayer struct {
 	// simulated is the shadow's result, once it replayed the whole trace.
 	simulated *sim.Result
 	res       Result
+
+	// sampledHigh is the most memory the replay held at a sample of the
+	// driver's free memory: event by event, every new high is sampled.
+	sampledHigh uint64
 
 	batch *batch               // the cuda target's batches; nil: event by event
 	slots trace.AddrMap[int32] // 1 + the batch slot of each live allocation of the cuda target
@@ -297,6 +304,16 @@ func (r *replayer) replayEvents(ctx context.Context, buf []trace.Event, i *int64
 			return err
 		}
 		*i++
+		if res := r.back.Reserved(); res > r.sampledHigh && !r.back.direct {
+			// A new high of the memory a policy holds: the driver's free
+			// memory is at its lowest after it (untimed, out of the wall
+			// time). The direct targets, whose every malloc can be a new
+			// high, sample every SampleEvery events as their batches do.
+			r.sampledHigh = res
+			r.res.ReplayWallNS += time.Since(t0).Nanoseconds()
+			r.sample()
+			t0 = time.Now()
+		}
 		if k%256 == 255 && ctx.Err() != nil {
 			r.res.Interrupted = true
 			return ctx.Err()

@@ -30,6 +30,20 @@ func Targets() []string {
 	return out
 }
 
+// CheckSettings returns an error naming the key for a setting the direct
+// target called name does not take (cuda takes none; cuda-async pool and
+// release_threshold), as a replay of it would; nil for other names, whose
+// settings are the registered policy's.
+func CheckSettings(name string, s policies.Settings) error {
+	switch name {
+	case TargetCUDA:
+		return s.Check(TargetCUDA)
+	case TargetCUDAAsync:
+		return s.Check(TargetCUDAAsync, "pool", "release_threshold")
+	}
+	return nil
+}
+
 // cudaTarget calls cudaMalloc and cudaFree directly. A malloc of 0 bytes is
 // no call, as cudaMalloc(0) returns NULL.
 type cudaTarget struct {
@@ -39,7 +53,7 @@ type cudaTarget struct {
 var _ policies.Policy = (*cudaTarget)(nil)
 
 func newCUDATarget(dev policies.Device, s policies.Settings) (*cudaTarget, error) {
-	if err := s.Check(TargetCUDA); err != nil {
+	if err := CheckSettings(TargetCUDA, s); err != nil {
 		return nil, err
 	}
 	return &cudaTarget{dev: dev}, nil
@@ -95,7 +109,7 @@ var (
 )
 
 func newAsyncTarget(dev *Device, limit uint64, s policies.Settings, stream func(uint64) (uint64, error)) (*asyncTarget, error) {
-	if err := s.Check(TargetCUDAAsync, "pool", "release_threshold"); err != nil {
+	if err := CheckSettings(TargetCUDAAsync, s); err != nil {
 		return nil, err
 	}
 	rt := dev.rt

@@ -133,9 +133,9 @@ func (d *Device) Map(addr, size uint64) error {
 	switch rc := int(r.rc); rc {
 	case 0:
 	case CodeMemoryAllocation: // CUDA_ERROR_OUT_OF_MEMORY has the runtime's code
-		return fmt.Errorf("device map of %d bytes at %#x: %w: %w", size, addr, d.rt.driverError("cuMemCreate", rc), policies.ErrOutOfMemory)
+		return fmt.Errorf("device map of %d bytes at %#x: %w: %w", size, addr, d.rt.driverError(vmmCall(r.ptr), rc), policies.ErrOutOfMemory)
 	default:
-		return fmt.Errorf("device map of %d bytes at %#x: %w", size, addr, d.rt.driverError("cuMemMap", rc))
+		return fmt.Errorf("device map of %d bytes at %#x: %w", size, addr, d.rt.driverError(vmmCall(r.ptr), rc))
 	}
 	for k, h := range handles {
 		d.vm.pages[addr+uint64(k)*page] = h
@@ -175,7 +175,7 @@ func (d *Device) Unmap(addr, size uint64) error {
 	d.reserved -= size
 	d.frees++
 	if r.rc != 0 {
-		return fmt.Errorf("device unmap of %d bytes at %#x: %w", size, addr, d.rt.driverError("cuMemUnmap", int(r.rc)))
+		return fmt.Errorf("device unmap of %d bytes at %#x: %w", size, addr, d.rt.driverError(vmmCall(r.ptr), int(r.rc)))
 	}
 	return nil
 }
@@ -226,4 +226,21 @@ func (d *Device) releaseVMM() error {
 		keep(d.Release(a))
 	}
 	return first
+}
+
+// vmmCall names the call that failed in cr_vmm_map or cr_vmm_unmap.
+func vmmCall(which C.uint64_t) string {
+	switch which {
+	case C.CR_VMM_CREATE:
+		return "cuMemCreate"
+	case C.CR_VMM_MAP:
+		return "cuMemMap"
+	case C.CR_VMM_SET_ACCESS:
+		return "cuMemSetAccess"
+	case C.CR_VMM_UNMAP:
+		return "cuMemUnmap"
+	case C.CR_VMM_RELEASE:
+		return "cuMemRelease"
+	}
+	return "cuMem"
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/sweep"
-	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -52,6 +51,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	cLoop := fs.Bool("c-loop", false, "after each cuda replay, run the same cudaMalloc/cudaFree sequence in a plain C loop and report the harness's overhead per call")
 	unbatched := fs.Bool("unbatched", false, "make the cuda target's calls from Go one event at a time, instead of in batches of consecutive mallocs and frees made back to back in C (same results, other timings)")
 	pace := fs.Bool("pace", false, "keep the trace's idle times between allocation calls (0.1 to 50 ms; shorter ones are not kept, longer ones cut), as the driver's calls are slower after it has been idle; the simulation alongside then charges the cost model's wake-up curves, which it leaves out otherwise")
+	sampleEvery := fs.Int("sample-every", 4096, "sample the driver's free memory (cudaMemGetInfo, untimed) every `N` events; a policy's replay also samples at every new high of the memory it holds, the cuda and cuda-async targets only every N events (1: their true minimum)")
 	repeat := fs.Int("repeat", 1, "replay each trace and target `N` times and report the run of median allocator time (the call log and the simulation are the first run's)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
@@ -93,6 +93,11 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return fmt.Errorf("--set %w", err)
 	}
+	for _, n := range names {
+		if err := gpu.CheckSettings(n, settings[n]); err != nil {
+			return fmt.Errorf("--set: %w", err)
+		}
+	}
 	model := sim.DefaultCostModel()
 	if *costModel != "" {
 		if model, err = sim.LoadCostModel(*costModel); err != nil {
@@ -102,7 +107,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	cfg.Pace = *pace
 	opts := tracefile.Options{From: *from, Device: *device}
 	if *simOnly {
-		for _, f := range []string{"plots", "calls", "repeat", "c-loop", "table", "unbatched", "cudart", "max-bytes", "margin", "max-pinned", "no-sim"} {
+		for _, f := range []string{"plots", "calls", "repeat", "c-loop", "table", "unbatched", "cudart", "margin", "max-pinned", "no-sim", "sample-every"} {
 			if fs.Changed(f) {
 				return fmt.Errorf("--sim-only with --%s: a simulation alone writes the table, --json and --csv", f)
 			}
@@ -113,6 +118,10 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		cfg.Sim = model
 	}
 	cfg.Unbatched = *unbatched
+	if *sampleEvery < 1 {
+		return fmt.Errorf("--sample-every %d: must be at least 1", *sampleEvery)
+	}
+	cfg.SampleEvery = *sampleEvery
 
 	rt, err := gpu.Open(*cudart)
 	if err != nil {
@@ -142,12 +151,12 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	if *jsonOut != "" {
-		if err := atomicfile.WriteFile(*jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
+		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
 	}
 	if *csvOut != "" {
-		if err := atomicfile.WriteFile(*csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
+		if err := writeOutput(stdout, *csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
 			return fmt.Errorf("--csv: %w", err)
 		}
 	}
@@ -173,7 +182,8 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 
 // simulateOnly replays the traces on the simulated device alone, as the
 // simulation alongside a replay on the GPU would (gpu.ShadowConfig, on a
-// device of unlimited capacity as in replay sim), and writes the results.
+// device of --max-bytes, unlimited by default as in replay sim), and
+// writes the results.
 func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Options, cfg gpu.Config, names []string, settings map[string]policies.Settings, model *sim.CostModel, jsonOut, csvOut string) error {
 	cfg.Sim = model
 	var rs []*sim.Result
@@ -182,7 +192,7 @@ func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Optio
 		for _, n := range names {
 			c := cfg
 			c.Trace, c.Policy, c.Settings = path, n, settings[n]
-			if sc, ok := gpu.ShadowConfig(c, 0); ok {
+			if sc, ok := gpu.ShadowConfig(c, cfg.MaxBytes); ok {
 				cfgs = append(cfgs, sc)
 			} else if path == paths[0] {
 				fmt.Fprintf(stderr, "replay gpu --sim-only: %s has no simulated policy; left out\n", n)
@@ -198,17 +208,19 @@ func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Optio
 		rs = append(rs, res...)
 	}
 	if jsonOut != "" {
-		if err := atomicfile.WriteFile(jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
+		if err := writeOutput(stdout, jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
 	}
 	if csvOut != "" {
-		if err := atomicfile.WriteFile(csvOut, func(w io.Writer) error { return writeCSV(w, rs) }); err != nil {
+		if err := writeOutput(stdout, csvOut, func(w io.Writer) error { return writeCSV(w, rs) }); err != nil {
 			return fmt.Errorf("--csv: %w", err)
 		}
 	}
 	if jsonOut == "" && csvOut == "" {
 		writeSimOnlyTable(stdout, rs, cfg.Pace, model.Source)
+		writeSettingsUsed(stdout, rs, settings)
+		writeNotes(stdout, rs)
 	}
 	return nil
 }

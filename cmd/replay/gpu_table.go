@@ -21,9 +21,10 @@ func writeSimOnlyTable(w io.Writer, rs []*sim.Result, pace bool, model string) {
 		fmt.Fprintf(w, "unpaced: calls back to back, no wake-ups (cost model %s)\n", model)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tdevice allocs\tdevice frees\tsim alloc ms\tof it wake-ups\t")
+	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\tdevice allocs\tdevice frees\tretries\tOOMs\tsim alloc ms\tof it wake-ups\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%.3f\t%.3f\t\n", filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), r.DeviceAllocs, r.DeviceFrees, ms(r.SimAllocTimeNS), ms(r.SimWakeTimeNS))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%.3f\t\n", filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint),
+			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.SimAllocTimeNS), ms(r.SimWakeTimeNS))
 	}
 	tw.Flush()
 	for _, r := range rs {
@@ -38,7 +39,7 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 	}
 	fmt.Fprintf(w, "%s on %s\n", results[0].Runtime, results[0].Device)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\ttarget\trequested MiB\treserved MiB\tsim reserved MiB\tdevice allocs\tdevice frees\tOOMs\talloc ms\tsim alloc ms\tof it wake-ups\tsim/measured\tsync ms\twall ms\t")
+	fmt.Fprintln(tw, "trace\ttarget\trequested MiB\treserved MiB\tsim reserved MiB\tdevice allocs\tdevice frees\tretries\tOOMs\talloc ms\tsim alloc ms\tof it wake-ups\tsim/measured\tsync ms\twall ms\t")
 	for _, r := range results {
 		simRes, simMS, wakeMS, ratio := "-", "-", "-", "-"
 		if r.SimPolicy != "" {
@@ -52,9 +53,9 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 		if r.Paced {
 			target += " (paced)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%.3f\t%s\t%s\t%s\t%.3f\t%.1f\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%s\t%s\t%s\t%.3f\t%.1f\t\n",
 			filepath.Base(r.Trace), target, mib(r.PeakRequested), mib(r.PeakReserved), simRes,
-			r.DeviceAllocs, r.DeviceFrees, r.OOMs, ms(r.AllocTimeNS), simMS, wakeMS, ratio, ms(r.SyncTimeNS), ms(r.ReplayWallNS))
+			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.AllocTimeNS), simMS, wakeMS, ratio, ms(r.SyncTimeNS), ms(r.ReplayWallNS))
 	}
 	tw.Flush()
 	for _, r := range results {

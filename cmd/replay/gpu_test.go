@@ -258,3 +258,32 @@ func TestSimOnlyMatchesSim(t *testing.T) {
 		}
 	}
 }
+
+// TestSimOnlyCapacity: --sim-only --max-bytes simulates the limit a replay
+// on the GPU would hold to, as replay sim --capacity does (split_frag_oom
+// under its recorded cap: pytorch's one OOM and retry); a setting the
+// direct target does not take is refused as replay gpu refuses it.
+func TestSimOnlyCapacity(t *testing.T) {
+	dir := t.TempDir()
+	simJSON, gpuJSON := filepath.Join(dir, "sim.json"), filepath.Join(dir, "gpu.json")
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch,bfc", "--capacity", "4194304000", "--json", simJSON, splitFragOOM); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCmd(t, "gpu", "--sim-only", "--policy", "pytorch,bfc", "--max-bytes", "4194304000", "--pace", "--json", gpuJSON, splitFragOOM); err != nil {
+		t.Fatal(err)
+	}
+	want, got := readResults(t, simJSON), readResults(t, gpuJSON)
+	for k, w := range want {
+		g := got[k]
+		if g.PeakReserved != w.PeakReserved || g.OOMs != w.OOMs || g.AllocRetries != w.AllocRetries || g.Capacity != 4194304000 {
+			t.Errorf("%s: --sim-only reserved %d, %d OOMs, %d retries, capacity %d; sim %d, %d, %d", w.Policy, g.PeakReserved, g.OOMs, g.AllocRetries, g.Capacity, w.PeakReserved, w.OOMs, w.AllocRetries)
+		}
+	}
+	if w := want[0]; w.Policy != "pytorch" || w.OOMs != 1 || w.AllocRetries != 1 {
+		t.Errorf("sim: %+v", w)
+	}
+	_, _, err := runCmd(t, "gpu", "--sim-only", "--policy", "cuda", "--set", "cuda.granularity=2MiB", trainGPT)
+	if err == nil || !strings.Contains(err.Error(), `unknown setting "granularity"`) {
+		t.Errorf("a setting of the cuda target: %v", err)
+	}
+}

@@ -177,6 +177,12 @@ func writeTable(w io.Writer, results []*sim.Result) {
 			ratio, vsOffline, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
+	writeNotes(w, results)
+}
+
+// writeNotes prints what a table of results does not say: the bounds, the
+// advice to give a capacity, truncated histories and anomalies.
+func writeNotes(w io.Writer, results []*sim.Result) {
 	bounds := map[string]bool{}
 	for _, r := range results {
 		if r.PeakOffline > 0 && !bounds[r.Trace] {

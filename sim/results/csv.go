@@ -175,11 +175,11 @@ var gpuColumns = []struct {
 }
 
 // WriteGPUCSV writes the results of replays on the GPU as CSV with a
-// header: the columns of sim results (Columns; sim_alloc_time_ns is the
-// simulation alongside's), the columns the GPU adds (max_bytes,
-// sim_peak_reserved_bytes, paced, the measured times in nanoseconds, the
-// driver's view in bytes, the C loop's), then a "set:KEY" column per
-// setting key. It returns the first write error.
+// header: the columns of sim results as replay sim --csv writes them
+// (Columns, sim_alloc_time_ns being the simulation alongside's, then a
+// "set:KEY" column per setting key), then the columns the GPU adds
+// (max_bytes, sim_peak_reserved_bytes, paced, the measured times in
+// nanoseconds, the driver's view in bytes, the C loop's). It returns the first write error.
 func WriteGPUCSV(w io.Writer, rs []*GPU) error {
 	flat := make([]*sim.Result, len(rs))
 	for k, r := range rs {
@@ -188,11 +188,11 @@ func WriteGPUCSV(w io.Writer, rs []*GPU) error {
 	keys := SettingKeys(flat)
 	cw := csv.NewWriter(w)
 	head := Columns()
-	for _, c := range gpuColumns {
-		head = append(head, c.name)
-	}
 	for _, k := range keys {
 		head = append(head, "set:"+k)
+	}
+	for _, c := range gpuColumns {
+		head = append(head, c.name)
 	}
 	cw.Write(head)
 	for _, r := range rs {
@@ -200,11 +200,11 @@ func WriteGPUCSV(w io.Writer, rs []*GPU) error {
 		for _, c := range columns {
 			row = append(row, c.value(&r.Result))
 		}
-		for _, c := range gpuColumns {
-			row = append(row, c.value(r))
-		}
 		for _, k := range keys {
 			row = append(row, r.Settings[k])
+		}
+		for _, c := range gpuColumns {
+			row = append(row, c.value(r))
 		}
 		cw.Write(row)
 	}

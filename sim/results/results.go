@@ -71,6 +71,11 @@ var (
 	ErrUnknownKind        = errors.New("unknown kind of results")
 	ErrUnsupportedVersion = errors.New("unsupported results version")
 	ErrNoTraceOrPolicy    = errors.New("no trace or policy: not a result of replay sim, gpu, fit or sweep")
+	// ErrAfterResults is a file's "kind" or "version" after its "results"
+	// list (every writer puts them first), and ErrTrailingData anything
+	// after the file's object, such as a second file appended to it.
+	ErrAfterResults = errors.New(`"kind" and "version" must come before the "results" list`)
+	ErrTrailingData = errors.New("data after the end of the results file")
 )
 
 // Error is an error reading a results file: the file's name, the index of
@@ -268,6 +273,8 @@ func (r *Reader) Scan() bool {
 		r.done = true
 		if _, err := r.dec.Token(); err != nil { // the list's ']'
 			r.fail(err)
+		} else if err := r.trailer(); err != nil {
+			r.fail(err)
 		}
 		return false
 	}
@@ -285,6 +292,35 @@ func (r *Reader) Scan() bool {
 	r.rec = rec
 	r.n++
 	return true
+}
+
+// trailer reads what follows the "results" list to the end of the
+// input: keys other than kind and version are skipped; the object must
+// end, and nothing but space follow it.
+func (r *Reader) trailer() error {
+	for r.dec.More() {
+		tok, err := r.dec.Token()
+		if err != nil {
+			return err
+		}
+		if tok == "kind" || tok == "version" {
+			return ErrAfterResults
+		}
+		var skip json.RawMessage
+		if err := r.dec.Decode(&skip); err != nil {
+			return err
+		}
+	}
+	if _, err := r.dec.Token(); err != nil { // the object's '}'
+		return err
+	}
+	if _, err := r.dec.Token(); err != io.EOF {
+		if err == nil {
+			err = ErrTrailingData
+		}
+		return err
+	}
+	return nil
 }
 
 func (r *Reader) fail(err error) {

@@ -183,8 +183,8 @@ func TestTraceName(t *testing.T) {
 	}
 }
 
-// TestWriteGPUCSV: a GPU result's row has the sim columns, in the order of
-// replay sim --csv, then the measured ones, then its settings.
+// TestWriteGPUCSV: a GPU result's row has the columns of replay sim --csv,
+// its settings' among them, then the measured ones.
 func TestWriteGPUCSV(t *testing.T) {
 	r := &GPU{
 		Result:   sim.Result{Trace: "t.trace", Policy: "pytorch", Settings: map[string]string{"expandable_segments": "True"}, PeakReserved: 4494196736, DeviceAllocs: 31, FirstOOMEvent: -1, SimAllocTimeNS: 2682000},
@@ -201,7 +201,7 @@ func TestWriteGPUCSV(t *testing.T) {
 		t.Fatalf("%d rows, %v:\n%s", len(rows), err, b.String())
 	}
 	head, row := rows[0], rows[1]
-	if n := len(Columns()); !slices.Equal(head[:n], Columns()) || head[n] != "max_bytes" || head[len(head)-1] != "set:expandable_segments" {
+	if n := len(Columns()); !slices.Equal(head[:n], Columns()) || head[n] != "set:expandable_segments" || head[n+1] != "max_bytes" || head[len(head)-1] != "c_loop_overhead_per_call_ns" {
 		t.Errorf("header %v", head)
 	}
 	got := map[string]string{}
@@ -216,6 +216,38 @@ func TestWriteGPUCSV(t *testing.T) {
 	} {
 		if got[k] != want {
 			t.Errorf("%s = %q, want %q", k, got[k], want)
+		}
+	}
+}
+
+// TestReaderEnd: what follows the results list is read too: kind or
+// version after it, a second file appended, or garbage is an error naming
+// the file; other keys are skipped.
+func TestReaderEnd(t *testing.T) {
+	one := `{"kind": "sim", "version": 1, "results": [{"trace": "a.trace", "policy": "cuda"}]}`
+	for text, want := range map[string]error{
+		one + "\n": nil,
+		`{"kind": "sim", "results": [{"trace": "a.trace", "policy": "cuda"}], "note": {"x": 1}}`: nil,
+		`{"kind": "sim", "results": [{"trace": "a.trace", "policy": "cuda"}], "version": 99}`:    ErrAfterResults,
+		`{"results": [{"trace": "a.trace", "policy": "cuda"}], "kind": "banana"}`:                ErrAfterResults,
+		one + one:       ErrTrailingData,
+		one + "GARBAGE": nil, // a JSON syntax error
+	} {
+		_, recs, err := readAll(t, text)
+		if len(recs) != 1 {
+			t.Errorf("%s: %d records", text, len(recs))
+		}
+		switch {
+		case want == nil && text == one+"GARBAGE":
+			if err == nil || !strings.HasPrefix(err.Error(), "in.json") {
+				t.Errorf("%s: error %v", text, err)
+			}
+		case want == nil:
+			if err != nil {
+				t.Errorf("%s: error %v", text, err)
+			}
+		case !errors.Is(err, want) || !strings.HasPrefix(err.Error(), "in.json"):
+			t.Errorf("%s: error %v, want %v", text, err, want)
 		}
 	}
 }
