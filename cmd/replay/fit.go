@@ -23,8 +23,11 @@ const fitUsage = `usage: replay fit [--policy LIST|all] [--set NAME.key=value]..
 
 For each trace and policy, the smallest device capacity in bytes at which the
 replay has no OOM (the malloc that failed in the source, if any, included),
-found by bisection over capacities, and the answer for common card sizes,
-each replayed at its capacity. Results need not be monotone in capacity (a
+found by bisection over capacities; the smallest card, the context (--context)
+plus the peak footprint at that capacity (the card's memory the segments take
+as the driver takes them: whole 2 MiB pages above 1 MiB); and the answer for
+common card sizes, each replayed at its capacity less the context, where its
+peak footprint must fit too. Results need not be monotone in capacity (a
 smaller device can make a caching policy release its cache earlier): probes
 above and below the answer check it, and the table says where a capacity
 above the smallest one runs out of memory.
@@ -42,6 +45,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	policyList := fs.String("policy", "all", "policies: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
 	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
 	cardList := fs.String("cards", fit.DefaultCards, "card sizes to answer for (GB are 10^9 bytes)")
+	contextSize := fs.String("context", strconv.FormatUint(fit.DefaultContext, 10), "bytes of a card the device's context holds before the first allocation (the H200's measured; a card fits when its memory less this holds the peak footprint)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies searched in parallel")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
@@ -64,6 +68,10 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	context, err := policies.ParseSize(*contextSize)
+	if err != nil {
+		return fmt.Errorf("--context: %v", err)
+	}
 	cards, err := fit.ParseCards(*cardList)
 	if err != nil {
 		return fmt.Errorf("--cards %w", err)
@@ -83,7 +91,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		for k, n := range names {
 			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], AsRecorded: *asRecorded}
 		}
-		rs, err := fit.Trace(h, evs, cfgs, cards, *jobs)
+		rs, err := fit.Trace(h, evs, cfgs, cards, context, *jobs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
@@ -102,15 +110,15 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 
 func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "trace\tpolicy\tlower bound MiB\tmin capacity MiB\tmin capacity bytes\tover bound\t"
+	head := "trace\tpolicy\tlower bound MiB\tmin capacity MiB\tmin capacity bytes\tover bound\tmin card MiB\t"
 	for _, c := range cards {
 		head += c.Name + "\t"
 	}
 	fmt.Fprintln(tw, head+"replays\t")
 	for _, r := range answers {
-		minCap, bytes, over := "never", "-", "-"
+		minCap, bytes, over, card := "never", "-", "-", "-"
 		if r.Fits {
-			minCap, bytes = mib(r.MinCapacity), strconv.FormatUint(r.MinCapacity, 10)
+			minCap, bytes, card = mib(r.MinCapacity), strconv.FormatUint(r.MinCapacity, 10), mib(r.MinCard)
 			if r.LowerBound > 0 {
 				over = fmt.Sprintf("%+.1f%%", 100*(float64(r.MinCapacity)/float64(r.LowerBound)-1))
 			}
@@ -118,7 +126,7 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 				minCap += " *"
 			}
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t", filepath.Base(r.Trace), r.Policy, mib(r.LowerBound), minCap, bytes, over)
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t", filepath.Base(r.Trace), r.Policy, mib(r.LowerBound), minCap, bytes, over, card)
 		for _, c := range r.Cards {
 			if c.Fits {
 				line += "yes\t"

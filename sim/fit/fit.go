@@ -15,6 +15,12 @@ import (
 	"github.com/gpualloc/allocsim/trace"
 )
 
+// DefaultContext is the memory in bytes the device's context holds before
+// the first allocation, as measured on an H200 (CUDA 13.0, driver
+// 580.159; ../shared/reference/CUDA_MEASURED.md): a card's memory less it
+// is what allocations can take.
+const DefaultContext = 552402944
+
 // DefaultCards are the nominal card sizes answered for, in GB of 10^9
 // bytes, as cards are sold: 16, 24, 40, 48, 80, 94 and 141 GB.
 const DefaultCards = "16GB,24GB,40GB,48GB,80GB,94GB,141GB"
@@ -51,9 +57,10 @@ func Load(src trace.Source) (trace.Header, []trace.Event, error) {
 }
 
 // Trace searches each of cfgs (one policy each) on the trace h, evs, with
-// up to jobs searches at a time, and returns the answers in the order of
+// up to jobs searches at a time, for cards whose context holds context
+// bytes (Search), and returns the answers in the order of
 // cfgs. An error names the policy of the first search that failed.
-func Trace(h trace.Header, evs []trace.Event, cfgs []sim.Config, cards []results.Card, jobs int) ([]*results.Fit, error) {
+func Trace(h trace.Header, evs []trace.Event, cfgs []sim.Config, cards []results.Card, context uint64, jobs int) ([]*results.Fit, error) {
 	rs := make([]*results.Fit, len(cfgs))
 	errs := make([]error, len(cfgs))
 	sem := make(chan struct{}, max(jobs, 1))
@@ -64,7 +71,7 @@ func Trace(h trace.Header, evs []trace.Event, cfgs []sim.Config, cards []results
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			rs[k], errs[k] = Search(cfg, cards, Replayer(h, evs, cfg))
+			rs[k], errs[k] = Search(cfg, cards, context, Replayer(h, evs, cfg))
 		}()
 	}
 	wg.Wait()
@@ -101,18 +108,21 @@ func Replayer(h trace.Header, evs []trace.Event, cfg sim.Config) ReplayFunc {
 // cfg.Settings name it) on the trace that replay replays: the smallest
 // capacity at which the replay has no OOM, found by bisection, checked by
 // probes above and below it, since results need not be monotone in
-// capacity, and the answer for each card, each replayed at its capacity.
+// capacity; the smallest card, the context bytes plus the peak footprint
+// at that capacity; and the answer for each card: the replay at its
+// capacity less the context has no OOM and its peak footprint fits there.
 // It returns the first error of a replay.
-func Search(cfg sim.Config, cards []results.Card, replay ReplayFunc) (*results.Fit, error) {
-	f := &fitter{cfg: cfg, run: replay, probes: map[uint64]results.Probe{}}
+func Search(cfg sim.Config, cards []results.Card, context uint64, replay ReplayFunc) (*results.Fit, error) {
+	f := &fitter{cfg: cfg, run: replay, probes: map[uint64]results.Probe{}, context: context}
 	return f.fit(cards)
 }
 
 // fitter searches one policy's smallest capacity for one trace.
 type fitter struct {
-	cfg    sim.Config
-	run    ReplayFunc
-	probes map[uint64]results.Probe
+	cfg     sim.Config
+	run     ReplayFunc
+	probes  map[uint64]results.Probe
+	context uint64 // bytes of a card its context holds
 }
 
 // oomStop is an Observer that stops the replay's source at the first OOM,
@@ -148,7 +158,7 @@ func (f *fitter) replay(capacity uint64) (results.Probe, *sim.Result, error) {
 	}
 	p := results.Probe{Capacity: capacity, OOM: r.OOMs > 0, FirstOOMEvent: r.FirstOOMEvent}
 	if !p.OOM {
-		p.PeakReserved = r.PeakReserved
+		p.PeakReserved, p.PeakFootprint = r.PeakReserved, r.PeakFootprint
 	}
 	f.probes[capacity] = p
 	return p, r, nil
@@ -219,7 +229,9 @@ func (f *fitter) fit(cards []results.Card) (*results.Fit, error) {
 			probes = append(probes, res.LowerBound+(hi-min(res.LowerBound, hi))*k/4)
 		}
 		for _, c := range cards {
-			probes = append(probes, c.Capacity)
+			if c.Capacity > f.context {
+				probes = append(probes, c.Capacity-f.context)
+			}
 		}
 		below := uint64(0) // the smallest capacity below hi that fits
 		for _, c := range probes {
@@ -284,12 +296,25 @@ func (f *fitter) bisect(lo, hi uint64) (uint64, error) {
 // finish answers for the cards (a replay at each capacity) and lists the
 // probes, and those that contradict monotonicity.
 func (f *fitter) finish(res *results.Fit, cards []results.Card) (*results.Fit, error) {
-	for _, c := range cards {
-		p, _, err := f.replay(c.Capacity)
+	res.Context = f.context
+	if res.Fits {
+		p, _, err := f.replay(res.MinCapacity)
 		if err != nil {
 			return nil, err
 		}
-		res.Cards = append(res.Cards, results.CardFit{Card: c, Fits: !p.OOM})
+		res.MinCard = f.context + max(p.PeakFootprint, p.PeakReserved)
+	}
+	for _, c := range cards {
+		fits := false
+		if c.Capacity > f.context {
+			room := c.Capacity - f.context
+			p, _, err := f.replay(room)
+			if err != nil {
+				return nil, err
+			}
+			fits = !p.OOM && p.PeakFootprint <= room
+		}
+		res.Cards = append(res.Cards, results.CardFit{Card: c, Fits: fits})
 	}
 	for _, p := range f.probes {
 		res.Probes = append(res.Probes, p)

@@ -39,7 +39,7 @@ func TestFitSearch(t *testing.T) {
 				}
 				return r, nil
 			}
-			r, err := Search(sim.Config{Policy: "p"}, cards, replay)
+			r, err := Search(sim.Config{Policy: "p"}, cards, 0, replay)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,6 +69,38 @@ func TestFitSearch(t *testing.T) {
 				t.Errorf("%d replays, %d probes", r.Replays, len(r.Probes))
 			}
 		})
+	}
+}
+
+// TestFitContext: a card holds the context and the replay's peak
+// footprint. The replay fits from 1000 bytes, reserves min(capacity, 1200)
+// and takes 100 bytes more of the card than it reserves; with a context
+// of 100 bytes the smallest card is 100 + 1100 at the capacity of 1000, a
+// card of 1350 bytes leaves 1250, where the footprint of 1300 does not
+// fit, and one of 1400 leaves 1300, where it does.
+func TestFitContext(t *testing.T) {
+	replay := func(c uint64) (*sim.Result, error) {
+		if c == 0 {
+			c = 1200
+		}
+		if c < 1000 {
+			return &sim.Result{PeakRequested: 800, OOMs: 1, FirstOOMEvent: 7}, nil
+		}
+		res := min(c, 1200)
+		return &sim.Result{PeakRequested: 800, PeakReserved: res, PeakFootprint: res + 100, FirstOOMEvent: -1}, nil
+	}
+	cards := []results.Card{{Name: "1350B", Capacity: 1350}, {Name: "1400B", Capacity: 1400}, {Name: "100B", Capacity: 100}}
+	r, err := Search(sim.Config{Policy: "p"}, cards, 100, replay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.MinCapacity != 1000 || r.MinCard != 1200 || r.Context != 100 {
+		t.Errorf("min capacity %d, min card %d, context %d; want 1000, 1200, 100", r.MinCapacity, r.MinCard, r.Context)
+	}
+	for k, want := range []bool{false, true, false} {
+		if r.Cards[k].Fits != want {
+			t.Errorf("card %s fits %v, want %v", r.Cards[k].Name, r.Cards[k].Fits, want)
+		}
 	}
 }
 

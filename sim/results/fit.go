@@ -22,8 +22,16 @@ type Fit struct {
 	// of memory (listed in NonMonotone).
 	Monotone    bool    `json:"monotone"`
 	NonMonotone []Probe `json:"non_monotone,omitempty"`
-	// Cards says for each card size whether the replay at its capacity
-	// has no OOM.
+	// MinCard is the smallest card in bytes the policy runs the trace on:
+	// the context plus the peak footprint (the card's memory the segments
+	// take as the driver takes them: whole 2 MiB pages above 1 MiB) of the
+	// replay at MinCapacity; 0 when none fits. Context is the bytes the
+	// device's context holds before the first allocation.
+	MinCard uint64 `json:"min_card_bytes"`
+	Context uint64 `json:"context_bytes"`
+	// Cards says for each card size whether the trace runs on it: the
+	// replay at the card's capacity less the context has no OOM, and its
+	// peak footprint fits there.
 	Cards []CardFit `json:"cards"`
 	// Replays counts the replays the search took; Probes lists every
 	// capacity replayed, by capacity.
@@ -39,6 +47,9 @@ type Probe struct {
 	// PeakReserved is the peak reserved bytes of a replay without OOM
 	// (0 for one that ran out of memory: the replay stops at the first).
 	PeakReserved uint64 `json:"peak_reserved_bytes,omitempty"`
+	// PeakFootprint is its peak footprint in bytes (sim.Result's), 0 for
+	// one that ran out of memory.
+	PeakFootprint uint64 `json:"peak_footprint_bytes,omitempty"`
 	// FirstOOMEvent is the event index of the first OOM, -1 if none.
 	FirstOOMEvent int64 `json:"first_oom_event"`
 }
@@ -50,7 +61,7 @@ type Card struct {
 	Capacity uint64 `json:"capacity_bytes"`
 }
 
-// CardFit says whether a replay at a card's capacity has no OOM.
+// CardFit says whether the trace runs on a card (Fit.Cards).
 type CardFit struct {
 	Card
 	Fits bool `json:"fits"`
