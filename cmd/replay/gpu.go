@@ -133,11 +133,19 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 
 	var rs []*gpu.Result
 	runs := len(fs.Args()) * len(names)
+	logs := map[string]bool{} // call logs written
 	for _, path := range fs.Args() {
 		for _, name := range names {
 			c := cfg
 			c.Trace, c.Policy, c.Settings = path, name, settings[name]
-			res, err := gpu.RepeatFile(ctx, rt, path, opts, c, callsPath(*callsOut, runs, path, name), *repeat, *cLoop)
+			log := callsPath(*callsOut, runs, path, name)
+			for n, first := 2, log; log != "" && logs[log]; n++ {
+				// Two traces of one name: the second log gets a number.
+				ext := filepath.Ext(first)
+				log = fmt.Sprintf("%s-%d%s", strings.TrimSuffix(first, ext), n, ext)
+			}
+			logs[log] = true
+			res, err := gpu.RepeatFile(ctx, rt, path, opts, c, log, *repeat, *cLoop)
 			if res != nil {
 				rs = append(rs, res)
 			}

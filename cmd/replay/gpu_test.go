@@ -287,3 +287,32 @@ func TestSimOnlyCapacity(t *testing.T) {
 		t.Errorf("a setting of the cuda target: %v", err)
 	}
 }
+
+// TestGPUCallLogsOfOneName: two traces of one file name get a call log
+// each (the second's numbered), not one over the other.
+func TestGPUCallLogsOfOneName(t *testing.T) {
+	lib := fakeCUDA(t, "FAKECUDA_TOTAL=68719476736")
+	dir := t.TempDir()
+	data, err := os.ReadFile(multistream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var traces []string
+	for _, d := range []string{"a", "b"} {
+		os.Mkdir(filepath.Join(dir, d), 0o755)
+		p := filepath.Join(dir, d, "multistream.pickle.gz")
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		traces = append(traces, p)
+	}
+	calls := filepath.Join(dir, "c.csv")
+	if _, _, err := runCmd(t, append([]string{"gpu", "--cudart", lib, "--policy", "cuda", "--calls", calls, "--json", filepath.Join(dir, "r.json")}, traces...)...); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"c-multistream-cuda.csv", "c-multistream-cuda-2.csv"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+}
