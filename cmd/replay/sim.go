@@ -145,9 +145,6 @@ func writeJSON(w io.Writer, rs []*sim.Result) error { return results.WriteSim(w,
 // writeCSV writes sim results as CSV, with the columns of every command.
 func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, rs) }
 
-// formatSettings returns s as key=value pairs sorted by key, joined by ";".
-func formatSettings(s map[string]string) string { return policies.Settings(s).Join(";") }
-
 // mib formats bytes as MiB with one decimal (plots.MiBText).
 func mib(b uint64) string { return plots.MiBText(b) }
 

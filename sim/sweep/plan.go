@@ -158,7 +158,7 @@ func ParseAxis(s string) (Axis, error) {
 	lhs, vals, ok := strings.Cut(s, "=")
 	name, key, ok2 := strings.Cut(lhs, ".")
 	if !ok || !ok2 || name == "" || key == "" {
-		return Axis{}, fmt.Errorf("%q: want NAME.key=v1,v2,...", s)
+		return Axis{}, fmt.Errorf("%q: want NAME.key=v1,v2 (values separated by commas)", s)
 	}
 	values := policies.SplitList(vals)
 	if len(values) == 0 {
