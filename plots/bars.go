@@ -141,6 +141,9 @@ func nominalPolicies(p *plot.Plot, labels []string, legendW vg.Length) {
 // with its value and its excess over the lower bound), against the lower
 // bound, the trace's peak requested bytes, drawn as a dashed black line.
 // Policies that ran out of memory say how often in their bar's label.
+// Where a policy's peak footprint (the card's memory its segments take as
+// the driver takes them, sim.Result.PeakFootprint) is above its peak
+// reserved bytes, a solid black tick across the reserved bar marks it.
 // Labels too wide for their policy's room are left out.
 // Bytes are in MiB or GiB (ChooseUnit of the largest value). It returns
 // ErrNoResults for no results and an error if the results come from more
@@ -153,8 +156,10 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 	labels := policyLabels(results)
 	var top, bound uint64
 	sameBound := true
+	ticks := false
 	for _, r := range results {
-		top = max(top, r.PeakReserved, r.PeakAllocated, r.PeakRequested)
+		top = max(top, r.PeakReserved, r.PeakAllocated, r.PeakRequested, r.PeakFootprint)
+		ticks = ticks || r.PeakFootprint > r.PeakReserved
 		if r.PeakRequested != results[0].PeakRequested {
 			sameBound = false
 		}
@@ -193,6 +198,10 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 	leg.add("peak allocated", swatchThumb{fill: tint(grey, 0.6), line: bars.Line.Color})
 	leg.add("lower bound:", lineThumb(boundStyle))
 	leg.add("peak requested")
+	if ticks {
+		leg.add("peak footprint:", lineThumb(footprintStyle))
+		leg.add("driver pages")
+	}
 	bars.dropWideLabels(slotWidth(len(results), leg.width()))
 	p.Add(bars)
 
@@ -205,12 +214,20 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 		}
 	}
 
+	for i, r := range results {
+		if r.PeakFootprint > r.PeakReserved {
+			p.Add(segment{X0: float64(i), X1: float64(i) + w, Y: u.Of(r.PeakFootprint), Style: footprintStyle})
+		}
+	}
 	p.Add(leg)
 
 	nominalPolicies(p, labels, leg.width())
 	valueRange(p, math.Max(u.Of(top), minBytesTop), formatFixed)
 	return p, nil
 }
+
+// footprintStyle marks a peak footprint: a solid black tick.
+var footprintStyle = draw.LineStyle{Color: black, Width: vg.Points(2)}
 
 // valueDecimals returns the decimals with which to print values up to top:
 // three significant digits for the top.
