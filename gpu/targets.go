@@ -30,16 +30,28 @@ func Targets() []string {
 	return out
 }
 
+// TargetInfos describes the direct targets as the policy registry
+// describes a policy (replay policies lists them): what each calls and its
+// settings with their defaults.
+func TargetInfos() []policies.Info {
+	return []policies.Info{
+		{Name: TargetCUDA, Design: "replay gpu only: every malloc a cudaMalloc of the requested size, every free a cudaFree (made in batches in C)"},
+		{Name: TargetCUDAAsync, Design: "replay gpu only: cudaMallocAsync and cudaFreeAsync on the trace's streams, from a memory pool", Settings: []policies.Setting{
+			{Key: "pool", Default: "own", Doc: "own: a pool created for the replay with its limit as maximum size; default: the device's default pool"},
+			{Key: "release_threshold", Default: "0", Doc: "bytes the pool keeps at a synchronize (cudaMemPoolAttrReleaseThreshold); max keeps everything"},
+		}},
+	}
+}
+
 // CheckSettings returns an error naming the key for a setting the direct
 // target called name does not take (cuda takes none; cuda-async pool and
 // release_threshold), as a replay of it would; nil for other names, whose
 // settings are the registered policy's.
 func CheckSettings(name string, s policies.Settings) error {
-	switch name {
-	case TargetCUDA:
-		return s.Check(TargetCUDA)
-	case TargetCUDAAsync:
-		return s.Check(TargetCUDAAsync, "pool", "release_threshold")
+	for _, in := range TargetInfos() {
+		if in.Name == name {
+			return s.Check(name, in.Keys()...)
+		}
 	}
 	return nil
 }

@@ -8,12 +8,14 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpualloc/allocsim/gpu"
 	"github.com/gpualloc/allocsim/policies"
 )
 
 // runPolicies lists every registered policy: the design it follows, its
 // abilities and its settings with their defaults, as a text table, or with
-// --json as {"policies": [...]}.
+// --json as {"policies": [...], "gpu_targets": [...]}, and the direct
+// targets of replay gpu.
 func runPolicies(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("policies", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -27,13 +29,18 @@ func runPolicies(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("policies: takes no arguments, got %q", fs.Arg(0))
 	}
-	infos := policies.Infos()
+	infos, targets := policies.Infos(), gpu.TargetInfos()
 	if *jsonOut {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", " ")
 		return enc.Encode(struct {
 			Policies []policies.Info `json:"policies"`
-		}{infos})
+			Targets  []policies.Info `json:"gpu_targets"`
+		}{infos, targets})
 	}
-	return policies.WriteTable(stdout, infos)
+	if err := policies.WriteTable(stdout, infos); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "\nreplay gpu also takes these targets, which make the calls themselves:")
+	return policies.WriteTable(stdout, targets)
 }

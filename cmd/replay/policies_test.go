@@ -29,6 +29,10 @@ func TestPoliciesTable(t *testing.T) {
 	if !strings.Contains(out, "  expandable_segments=False ") {
 		t.Errorf("pytorch's expandable_segments default is not shown:\n%s", out)
 	}
+	// The direct targets of replay gpu, with cuda-async's settings.
+	if !strings.Contains(out, "\ncuda-async: replay gpu only: ") || !strings.Contains(out, "  release_threshold=0 ") || !strings.Contains(out, "  pool=own ") {
+		t.Errorf("the gpu targets are not listed:\n%s", out)
+	}
 }
 
 // TestPoliciesJSON: --json writes the registry's Infos as they are.
