@@ -40,8 +40,10 @@ const OfflineName = "offline"
 // is an error, not an OOM. Streams play no part: a block's offset is fixed,
 // and it is reusable once its free is replayed. A malloc of 0 bytes returns
 // the block {0, 0}. Under a device with a capacity (a Capacitor) that
-// cannot hold the plan's height, the arena is what the capacity leaves,
-// and only the blocks planned above it are OOMs; when the device refuses
+// cannot hold the plan's height, the arena is what the capacity leaves: a
+// block goes at its planned offset where that is inside the arena and
+// free, else at the top of the highest gap that holds it, and is an OOM only when none
+// does; when the device refuses
 // the arena, every malloc before the next successful arena allocation is
 // an OOM.
 //
@@ -299,20 +301,26 @@ func (p *Offline) Malloc(size, stream uint64) (Block, error) {
 	off := p.mallocs[k].offset
 	n := ceilToMultiple(size, p.alignment)
 	if !p.hasArena {
-		if err := p.allocArena(size, off+n); err != nil {
+		if err := p.allocArena(size, n); err != nil {
 			return Block{}, err
 		}
-	}
-	if off+n > p.arenaSize {
-		// Planned above what the device could give: this block does not
-		// fit under the capacity, the others of the plan still do.
-		return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: planned at offset %d, above the arena of %d bytes the device's capacity leaves: %w", p.name, size, off, p.arenaSize, ErrOutOfMemory)
 	}
 	if p.liveSize == nil {
 		p.liveSize = map[uint64]uint64{}
 	}
 	i, found := slices.BinarySearch(p.live, off)
-	if found {
+	if p.arenaSize < p.height {
+		// Under a capacity below the plan's height: the planned offset
+		// where it is inside the arena and free, else the top of the highest gap
+		// that holds the block now; an OOM only when none does.
+		if !p.freeAt(off, n, i) {
+			var ok bool
+			if off, ok = p.lastGap(n); !ok {
+				return Block{}, fmt.Errorf("policy %s: malloc of %d bytes: no room in the arena of %d bytes the device's capacity leaves (%d bytes live): %w", p.name, size, p.arenaSize, p.liveBytes, ErrOutOfMemory)
+			}
+			i, _ = slices.BinarySearch(p.live, off)
+		}
+	} else if found {
 		// The plan never overlaps blocks live at the same time; this is
 		// a bug of the plan, caught here rather than by a corrupt replay.
 		return Block{}, fmt.Errorf("policy %s: malloc #%d: offset %d is taken", p.name, k, off)
@@ -323,10 +331,43 @@ func (p *Offline) Malloc(size, stream uint64) (Block, error) {
 	return Block{Addr: p.arena + off, Size: n}, nil
 }
 
+// freeAt reports whether [off, off+n) is inside the arena and overlaps no
+// live block; i is where off goes in the live offsets.
+func (p *Offline) freeAt(off, n uint64, i int) bool {
+	if off+n > p.arenaSize {
+		return false
+	}
+	if i > 0 && p.live[i-1]+p.liveSize[p.live[i-1]] > off {
+		return false
+	}
+	return i == len(p.live) || off+n <= p.live[i]
+}
+
+// lastGap returns the highest offset in the arena where n bytes overlap
+// no live block, at the top of its gap (the plan packs from offset 0 up, so
+// a block out of its place is kept clear of the planned ones as far as it
+// can be), and false if there is none.
+func (p *Offline) lastGap(n uint64) (uint64, bool) {
+	top := p.arenaSize
+	for k := len(p.live) - 1; ; k-- {
+		var end uint64 // the end of the live block below the gap
+		if k >= 0 {
+			end = p.live[k] + p.liveSize[p.live[k]]
+		}
+		if top >= end+n {
+			return (top - n) / p.alignment * p.alignment, true
+		}
+		if k < 0 {
+			return 0, false
+		}
+		top = min(top, p.live[k])
+	}
+}
+
 // allocArena allocates the arena, of the plan's height, or under a device
 // with a capacity that cannot hold it (a Capacitor) of the bytes the
-// capacity leaves, so that only the blocks planned above that line fail;
-// need is the end of the block being placed. It returns an error wrapping
+// capacity leaves, in which Malloc then places what it can; need is the
+// size of the block being placed. It returns an error wrapping
 // ErrOutOfMemory when the device refuses even that.
 func (p *Offline) allocArena(size, need uint64) error {
 	arena := p.height

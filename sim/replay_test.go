@@ -221,6 +221,26 @@ func TestClairvoyantUnderCapacity(t *testing.T) {
 			t.Errorf("%s under 300 bytes: %v, %+v", p, err, rs[0])
 		}
 	}
+	// A block that does not fit leaves room that a later one takes: 100,
+	// 99 and 50 KiB live at once under 150 KiB; the 100 KiB block goes
+	// first, the 99 KiB one finds no gap of its size (50 KiB are left),
+	// the 50 KiB one fits there, as cuda's would.
+	text = "malloc id=1 size=100KiB\nmalloc id=2 size=99KiB\nmalloc id=3 size=50KiB\nfree id=1\nfree id=2\nfree id=3\n"
+	if h, evs, err = trace.ParseText("cap2.txt", strings.NewReader(text)); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"offline", "greedy-by-size", "greedy-by-lifetime", "cuda"} {
+		rs, err := Run(trace.NewSliceSource(h, evs), Config{Policy: p, Capacity: 150 << 10, Check: true, Settings: policies.Settings{"alignment": "512"}})
+		if p == "cuda" {
+			rs, err = Run(trace.NewSliceSource(h, evs), Config{Policy: p, Capacity: 150 << 10, Check: true})
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if r := rs[0]; r.OOMs != 1 || r.FirstOOMEvent != 1 || r.PeakAllocated != 150<<10 {
+			t.Errorf("%s under 150 KiB: %d OOMs (first at event %d), %d allocated; want 1 OOM at event 1, %d", p, r.OOMs, r.FirstOOMEvent, r.PeakAllocated, 150<<10)
+		}
+	}
 }
 
 // TestFootprint: the card's memory as the driver takes it (H200, CUDA
