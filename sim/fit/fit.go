@@ -108,8 +108,7 @@ func Replayer(h trace.Header, evs []trace.Event, cfg sim.Config) ReplayFunc {
 // cfg.Settings name it) on the trace that replay replays: the smallest
 // capacity at which the replay has no OOM, found by bisection, checked by
 // probes above and below it, since results need not be monotone in
-// capacity; the smallest card, the context bytes plus the peak footprint
-// at that capacity; and the answer for each card: the replay at its
+// capacity; the smallest card (minCard); and the answer for each card: the replay at its
 // capacity less the context has no OOM and its peak footprint fits there.
 // It returns the first error of a replay.
 func Search(cfg sim.Config, cards []results.Card, context uint64, replay ReplayFunc) (*results.Fit, error) {
@@ -293,16 +292,43 @@ func (f *fitter) bisect(lo, hi uint64) (uint64, error) {
 	return hi, nil
 }
 
+// minCard returns the smallest card found that the trace runs on: the
+// context plus the smallest capacity from minCap up at which the replay has
+// no OOM and its peak footprint fits (a capacity limits the reserved
+// bytes, and the driver's pages can take more), tried from minCap at the
+// footprint each replay reports; 0 if none is found in 32 replays.
+func (f *fitter) minCard(minCap uint64) (uint64, error) {
+	c := minCap
+	for range 32 {
+		p, _, err := f.replay(c)
+		if err != nil {
+			return 0, err
+		}
+		if !p.OOM && p.PeakFootprint <= c {
+			return f.context + c, nil
+		}
+		next := c + max(c/64, 1)
+		if !p.OOM {
+			next = max(p.PeakFootprint, c+1)
+		}
+		if next > MaxCapacity {
+			break
+		}
+		c = next
+	}
+	return 0, nil
+}
+
 // finish answers for the cards (a replay at each capacity) and lists the
 // probes, and those that contradict monotonicity.
 func (f *fitter) finish(res *results.Fit, cards []results.Card) (*results.Fit, error) {
 	res.Context = f.context
 	if res.Fits {
-		p, _, err := f.replay(res.MinCapacity)
+		c, err := f.minCard(res.MinCapacity)
 		if err != nil {
 			return nil, err
 		}
-		res.MinCard = f.context + max(p.PeakFootprint, p.PeakReserved)
+		res.MinCard = c
 	}
 	for _, c := range cards {
 		fits := false

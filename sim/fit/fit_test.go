@@ -74,10 +74,11 @@ func TestFitSearch(t *testing.T) {
 
 // TestFitContext: a card holds the context and the replay's peak
 // footprint. The replay fits from 1000 bytes, reserves min(capacity, 1200)
-// and takes 100 bytes more of the card than it reserves; with a context
-// of 100 bytes the smallest card is 100 + 1100 at the capacity of 1000, a
-// card of 1350 bytes leaves 1250, where the footprint of 1300 does not
-// fit, and one of 1400 leaves 1300, where it does.
+// and takes 100 bytes more of the card than it reserves: the footprint
+// fits the capacity only from 1300 on (1200 reserved, 1300 taken), so with
+// a context of 100 bytes the smallest card is 1400; a card of 1350 bytes
+// leaves 1250, where the footprint of 1300 does not fit, and one of 1400
+// leaves 1300, where it does.
 func TestFitContext(t *testing.T) {
 	replay := func(c uint64) (*sim.Result, error) {
 		if c == 0 {
@@ -94,8 +95,8 @@ func TestFitContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.MinCapacity != 1000 || r.MinCard != 1200 || r.Context != 100 {
-		t.Errorf("min capacity %d, min card %d, context %d; want 1000, 1200, 100", r.MinCapacity, r.MinCard, r.Context)
+	if r.MinCapacity != 1000 || r.MinCard != 1400 || r.Context != 100 {
+		t.Errorf("min capacity %d, min card %d, context %d; want 1000, 1400, 100", r.MinCapacity, r.MinCard, r.Context)
 	}
 	for k, want := range []bool{false, true, false} {
 		if r.Cards[k].Fits != want {

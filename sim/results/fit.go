@@ -22,10 +22,12 @@ type Fit struct {
 	// of memory (listed in NonMonotone).
 	Monotone    bool    `json:"monotone"`
 	NonMonotone []Probe `json:"non_monotone,omitempty"`
-	// MinCard is the smallest card in bytes the policy runs the trace on:
-	// the context plus the peak footprint (the card's memory the segments
-	// take as the driver takes them: whole 2 MiB pages above 1 MiB) of the
-	// replay at MinCapacity; 0 when none fits. Context is the bytes the
+	// MinCard is the smallest card in bytes found that the policy runs the
+	// trace on: the context plus the smallest capacity from MinCapacity up
+	// at which the replay has no OOM and its peak footprint (the card's
+	// memory the segments take as the driver takes them: whole 2 MiB pages
+	// above 1 MiB) fits; 0 when none fits. Cards above it need not all fit
+	// (a policy that fills its capacity can take more pages there). Context is the bytes the
 	// device's context holds before the first allocation.
 	MinCard uint64 `json:"min_card_bytes"`
 	Context uint64 `json:"context_bytes"`
