@@ -774,16 +774,9 @@ func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
 	if len(planners) == 0 {
 		return src, nil
 	}
-	var evs []trace.Event
-	for {
-		ev, err := src.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-		evs = append(evs, ev)
+	evs, err := trace.ReadAll(src)
+	if err != nil {
+		return nil, err
 	}
 	for _, rep := range planners {
 		if err := rep.policy.(policies.Planner).Plan(evs); err != nil {

@@ -8,7 +8,10 @@
 // and carry no placement meaning for a replay.
 package trace
 
-import "fmt"
+import (
+	"fmt"
+	"io"
+)
 
 // Op is the kind of an event. The zero value is invalid.
 type Op uint8
@@ -199,6 +202,22 @@ type Source interface {
 	// Next returns the next event, or io.EOF after the last one. Any other
 	// error is final.
 	Next() (Event, error)
+}
+
+// ReadAll reads the rest of src's events into memory, in order, and
+// returns them; it returns src's first error other than io.EOF.
+func ReadAll(src Source) ([]Event, error) {
+	var evs []Event
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			return evs, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		evs = append(evs, ev)
+	}
 }
 
 // Version is the native format version this package writes.

@@ -43,17 +43,11 @@ func ParseCards(list string) ([]results.Card, error) {
 // Load reads the whole of src into memory, for the many replays of a
 // search; it returns src's first error.
 func Load(src trace.Source) (trace.Header, []trace.Event, error) {
-	var evs []trace.Event
-	for {
-		ev, err := src.Next()
-		if err == io.EOF {
-			return src.Header(), evs, nil
-		}
-		if err != nil {
-			return trace.Header{}, nil, err
-		}
-		evs = append(evs, ev)
+	evs, err := trace.ReadAll(src)
+	if err != nil {
+		return trace.Header{}, nil, err
 	}
+	return src.Header(), evs, nil
 }
 
 // Trace searches each of cfgs (one policy each) on the trace h, evs, with
