@@ -85,18 +85,22 @@ func NewCSVWriter(w io.Writer, settingKeys []string) *CSVWriter {
 }
 
 // WriteHeader writes the header row; it returns the write's error.
-func (c *CSVWriter) WriteHeader() error {
+func (c *CSVWriter) WriteHeader() error { return c.flush(c.header()) }
+
+// Write writes r's row; it returns the write's error.
+func (c *CSVWriter) Write(r *sim.Result) error { return c.flush(c.row(r)) }
+
+// header returns the header row: Columns, then the setting columns.
+func (c *CSVWriter) header() []string {
 	head := Columns()
 	for _, k := range c.keys {
 		head = append(head, "set:"+k)
 	}
-	c.w.Write(head)
-	c.w.Flush()
-	return c.w.Error()
+	return head
 }
 
-// Write writes r's row; it returns the write's error.
-func (c *CSVWriter) Write(r *sim.Result) error {
+// row returns r's row under header.
+func (c *CSVWriter) row(r *sim.Result) []string {
 	row := make([]string, 0, len(columns)+len(c.keys))
 	for _, col := range columns {
 		row = append(row, col.value(r))
@@ -104,15 +108,24 @@ func (c *CSVWriter) Write(r *sim.Result) error {
 	for _, k := range c.keys {
 		row = append(row, r.Settings[k])
 	}
-	c.w.Write(row)
+	return row
+}
+
+func (c *CSVWriter) flush(record []string) error {
+	c.w.Write(record)
 	c.w.Flush()
 	return c.w.Error()
 }
 
 // WriteCSV writes rs as CSV with a header, with a setting column for each
 // key any of them has (SettingKeys).
-func WriteCSV(w io.Writer, rs []*sim.Result) error {
-	c := NewCSVWriter(w, SettingKeys(rs))
+func WriteCSV(w io.Writer, rs []*sim.Result) error { return WriteCSVKeys(w, rs, SettingKeys(rs)) }
+
+// WriteCSVKeys writes rs as CSV with a header and the setting columns of
+// settingKeys, in that order (a sweep's, from its plan); it returns the
+// first write error.
+func WriteCSVKeys(w io.Writer, rs []*sim.Result, settingKeys []string) error {
+	c := NewCSVWriter(w, settingKeys)
 	if err := c.WriteHeader(); err != nil {
 		return err
 	}
@@ -185,29 +198,23 @@ func WriteGPUCSV(w io.Writer, rs []*GPU) error {
 	for k, r := range rs {
 		flat[k] = &r.Result
 	}
-	keys := SettingKeys(flat)
-	cw := csv.NewWriter(w)
-	head := Columns()
-	for _, k := range keys {
-		head = append(head, "set:"+k)
-	}
-	for _, c := range gpuColumns {
-		head = append(head, c.name)
-	}
-	cw.Write(head)
+	c := NewCSVWriter(w, SettingKeys(flat))
+	c.w.Write(append(c.header(), gpuColumnNames()...))
 	for _, r := range rs {
-		row := make([]string, 0, len(head))
-		for _, c := range columns {
-			row = append(row, c.value(&r.Result))
+		row := c.row(&r.Result)
+		for _, col := range gpuColumns {
+			row = append(row, col.value(r))
 		}
-		for _, k := range keys {
-			row = append(row, r.Settings[k])
-		}
-		for _, c := range gpuColumns {
-			row = append(row, c.value(r))
-		}
-		cw.Write(row)
+		c.w.Write(row)
 	}
-	cw.Flush()
-	return cw.Error()
+	c.w.Flush()
+	return c.w.Error()
+}
+
+func gpuColumnNames() []string {
+	names := make([]string, len(gpuColumns))
+	for k, c := range gpuColumns {
+		names[k] = c.name
+	}
+	return names
 }

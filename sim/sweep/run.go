@@ -295,15 +295,6 @@ func (s *Runner) WriteResults() error {
 		return err
 	}
 	return atomicfile.WriteFile(filepath.Join(s.Dir, "results.csv"), func(w io.Writer) error {
-		c := results.NewCSVWriter(w, s.settingKeys())
-		if err := c.WriteHeader(); err != nil {
-			return err
-		}
-		for _, r := range rs {
-			if err := c.Write(r); err != nil {
-				return err
-			}
-		}
-		return nil
+		return results.WriteCSVKeys(w, rs, s.settingKeys())
 	})
 }
