@@ -87,7 +87,7 @@ func TestBatchedSameAsUnbatched(t *testing.T) {
 					t.Fatal(err)
 				}
 				out[k].res = string(j)
-				out[k].log = regexp.MustCompile(`,0x[0-9a-f]+,[0-9]+\n`).ReplaceAllString(log.String(), "\n")
+				out[k].log = regexp.MustCompile(`,0x[0-9a-f]+,[0-9]+,[0-9]*\n`).ReplaceAllString(log.String(), "\n")
 				if n := live(t, rt); n != 0 {
 					t.Errorf("unbatched=%v: %d objects live at the end", unbatched, n)
 				}

@@ -36,8 +36,9 @@ type Device struct {
 	vm   *vmm      // reserved ranges and mapped pages (vmm.go), nil before the first Reserve
 	play *playback // the outcomes of a batch's calls, made in C (batch.go); nil: call the runtime
 
-	log *bufio.Writer // per-call log, nil for none
-	seq *Seq          // cudaMalloc/cudaFree sequence being recorded, nil for none
+	log     *bufio.Writer // per-call log, nil for none
+	logPool uint64        // the memory pool whose reserved bytes the log carries, 0 for none
+	seq     *Seq          // cudaMalloc/cudaFree sequence being recorded, nil for none
 
 	// Pacing (SetPace): the trace time in nanoseconds of the event being
 	// replayed and of the event of the previous allocation call.
@@ -109,13 +110,19 @@ func NewDevice(rt *Runtime, limit uint64) *Device {
 }
 
 // LogCalls writes one CSV line per runtime call from now on to w
-// (call,size,ptr,ns: the size in bytes, the pointer in hex, the call's
-// duration in nanoseconds), after a header. Flush writes out what is
-// buffered.
+// (call,size,ptr,ns,pool_reserved: the size in bytes, the pointer in hex,
+// the call's duration in nanoseconds, and, while a memory pool is logged
+// (LogPool), the pool's reserved bytes after the call, read untimed with
+// cudaMemPoolGetAttribute; empty otherwise), after a header. Flush writes
+// out what is buffered.
 func (d *Device) LogCalls(w io.Writer) {
 	d.log = bufio.NewWriterSize(w, 1<<20)
-	d.log.WriteString("call,size,ptr,ns\n")
+	d.log.WriteString("call,size,ptr,ns,pool_reserved\n")
 }
+
+// LogPool makes the call log carry memory pool pool's reserved bytes
+// (cudaMemPoolAttrReservedMemCurrent) after every call; 0 stops it.
+func (d *Device) LogPool(pool uint64) { d.logPool = pool }
 
 // Flush writes out the buffered call log and returns its first error.
 func (d *Device) Flush() error {
@@ -223,6 +230,12 @@ func (d *Device) record(call string, class int, size, ptr uint64, ns int64) {
 		b = strconv.AppendUint(b, ptr, 16)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, ns, 10)
+		b = append(b, ',')
+		if d.logPool != 0 {
+			if r, err := d.rt.MemPoolAttr(d.logPool, PoolReservedCurrent); err == nil {
+				b = strconv.AppendUint(b, r, 10)
+			}
+		}
 		b = append(b, '\n')
 		d.log.Write(b)
 	}

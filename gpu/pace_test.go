@@ -96,13 +96,13 @@ func TestPace(t *testing.T) {
 }
 
 // callNS returns the durations in nanoseconds of the calls in a call log
-// (call,size,ptr,ns lines after a header).
+// (call,size,ptr,ns,pool_reserved lines after a header).
 func callNS(t *testing.T, log string) []int64 {
 	t.Helper()
 	var ns []int64
 	for _, line := range strings.Split(strings.TrimSpace(log), "\n")[1:] {
 		f := strings.Split(line, ",")
-		n, err := strconv.ParseInt(f[len(f)-1], 10, 64)
+		n, err := strconv.ParseInt(f[3], 10, 64)
 		if err != nil {
 			t.Fatalf("call log line %q: %v", line, err)
 		}

@@ -179,6 +179,7 @@ func newAsyncTarget(dev *Device, limit uint64, s policies.Settings, stream func(
 	default:
 		return nil, fmt.Errorf("policy %s: setting pool=%q: want own or default", TargetCUDAAsync, p)
 	}
+	dev.LogPool(t.pool)
 	return t, nil
 }
 
@@ -276,6 +277,7 @@ func (t *asyncTarget) close() error {
 	keep(t.dev.deviceSync())
 	if t.pool != 0 {
 		keep(t.dev.trim(t.pool, 0))
+		t.dev.LogPool(0)
 		if t.own {
 			keep(t.dev.rt.MemPoolDestroy(t.pool))
 		} else if t.restore {

@@ -47,7 +47,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	costModel := fs.String("cost-model", "", "cost model CSV (from replay calibrate) for the simulation alongside (default: the embedded H200 model)")
 	noSim := fs.Bool("no-sim", false, "do not simulate alongside")
 	simOnly := fs.Bool("sim-only", false, "only simulate, with the cost model (no GPU needed)")
-	callsOut := fs.String("calls", "", "write every runtime call as CSV (call,size,ptr,ns) to `FILE`; with several runs, -TRACE-TARGET goes before its extension")
+	callsOut := fs.String("calls", "", "write every runtime call as CSV (call,size,ptr,ns,pool_reserved; the last for cuda-async) to `FILE`; with several runs, -TRACE-TARGET goes before its extension")
 	cLoop := fs.Bool("c-loop", false, "after each cuda replay, run the same cudaMalloc/cudaFree sequence in a plain C loop and report the harness's overhead per call")
 	unbatched := fs.Bool("unbatched", false, "make the cuda target's calls from Go one event at a time, instead of in batches of consecutive mallocs and frees made back to back in C (same results, other timings)")
 	pace := fs.Bool("pace", false, "keep the trace's idle times between allocation calls (0.1 to 50 ms; shorter ones are not kept, longer ones cut), as the driver's calls are slower after it has been idle; the simulation alongside then charges the cost model's wake-up curves, which it leaves out otherwise")
