@@ -1,63 +1,83 @@
 package policies
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 )
 
 // AsyncPool is a simulation of the CUDA stream-ordered allocator
-// (cudaMallocAsync and cudaFreeAsync on a device's default cudaMemPool_t),
-// following the CUDA Programming Guide, "Stream Ordered Memory Allocator",
-// and the behaviour measured on an H200 (CUDA 13.0, driver 580; the probe
-// programs are policies/testdata/async_pool_probe*.cu, their output
-// async_pool_probe.out):
+// (cudaMallocAsync and cudaFreeAsync on a cudaMemPool_t), following the
+// CUDA Programming Guide, "Stream Ordered Memory Allocator", and the
+// behaviour measured on an H200 (CUDA 13.0, driver 580): the probe programs
+// policies/testdata/async_pool_probe*.cu with their output
+// async_pool_probe.out, and `replay gpu --policy cuda-async --calls` on the
+// real traces, whose pool reserved bytes after every call the model was
+// checked against (sim/asyncpool_h200_test.go):
 //
-//   - Memory freed on a stream is reusable at once by that stream. Another
-//     stream reuses it only once it is ordered after the free: through an
-//     event recorded on the freeing stream after the free and waited for by
-//     the other stream (cudaMemPoolReuseFollowEventDependencies), or once
-//     the host has seen the free complete, at a stream synchronize of the
-//     freeing stream (or of a stream that waited for it), a device
-//     synchronize, or an event synchronize of an event recorded after the
-//     free (opportunistic reuse: a replay knows of no GPU progress between
-//     synchronizations). Measured: with the freeing stream busy, another
-//     stream's malloc gets new memory; after an event wait it gets the freed
-//     block.
-//   - When nothing fits and the pool cannot grow (the device refuses), the
-//     pool reuses memory freed on another stream by making the malloc's
-//     stream wait for the freeing stream
-//     (cudaMemPoolReuseAllowInternalDependencies); measured: while the pool
-//     can grow, it grows instead.
-//   - At every synchronize (stream, event or device) the pool gives memory
-//     whose frees are complete back to the device until it holds no more
+//   - The pool's memory is one contiguous range of virtual addresses,
+//     reserved once, in chunks of 32 MiB (the granularity) mapped when an
+//     allocation first touches them: the first 1-byte malloc reserves 32
+//     MiB, 100 MiB from the start of the range 128 MiB, and an allocation
+//     straddles the end of the mapped chunks by mapping the next ones.
+//   - Allocations are rounded up to 512 bytes (1..512 take 512, 513 take
+//     1024) and placed first fit by address over the whole range, mapped or
+//     not: a malloc maps a chunk below free mapped memory rather than use
+//     that memory.
+//   - A chunk that no live block (and, with frees_complete=at_sync, no
+//     pending free) lies on is idle. When an allocation needs a chunk
+//     mapped and an idle chunk exists elsewhere, the driver moves that
+//     chunk's memory (the highest idle chunk) instead of growing: the
+//     reservation stays (measured: 15 freed 100 MiB blocks with 60 MiB
+//     reused in each, then a 1500 MiB malloc grew the pool by 43 chunks,
+//     not 47).
+//   - At every synchronize (stream, event or device) the pool gives idle
+//     chunks back, from the highest address down, until it holds no more
 //     than the release threshold (cudaMemPoolAttrReleaseThreshold, 0 by
-//     default, so the default pool shrinks at every synchronize); a
-//     synchronize that completes no free of the pool gives nothing back
-//     (measured). Memory goes back from the highest address down, so the
-//     lowest memory stays under a threshold (measured).
-//   - The pool reserves memory in chunks of 32 MiB (measured: the first
-//     1-byte malloc reserves 32 MiB, and the reservation grows and shrinks
-//     in 32 MiB steps) and places allocations at 512-byte steps (1..512
-//     bytes take 512, 513 take 1024), lowest address first: address-ordered
-//     first fit (measured).
+//     default, so the default pool shrinks at every synchronize), but only
+//     chunks whose frees the synchronize orders the host after: a stream
+//     synchronize of the freeing stream (or of a stream that waited for
+//     it), a device synchronize, or an event synchronize of an event
+//     recorded after the free. A synchronize of another stream gives
+//     nothing back (measured). A threshold keeps whole chunks: 40 MiB keeps
+//     32 MiB.
+//   - frees_complete says when a free is reusable by other streams. In a
+//     replay no kernels run, the GPU keeps up with the frees, and the
+//     driver reuses a completed free for any stream at once
+//     (cudaMemPoolReuseAllowOpportunistic): at_once, the default, matches
+//     the pool's reserved high on the H200 replays. at_sync is the
+//     conservative reading for a busy GPU: memory freed on a stream is
+//     reusable at once by that stream, by another only once it is ordered
+//     after the free, through an event recorded on the freeing stream after
+//     the free and waited for by the other stream
+//     (cudaMemPoolReuseFollowEventDependencies), or once the host has seen
+//     the free complete at a synchronize (measured with the freeing stream
+//     busy: another stream's malloc gets new memory; after an event wait it
+//     gets the freed block). Free blocks of one kind merge: completed with
+//     completed, pending with pending freed on the same stream (then waiting
+//     for the later free of the two).
+//   - When the device refuses a chunk, the pool reuses memory freed on
+//     another stream by making the malloc's stream wait for the freeing
+//     stream (cudaMemPoolReuseAllowInternalDependencies; measured: while the
+//     pool can grow, it grows instead); else the malloc fails.
 //
-// Simplified: the driver maps its 32 MiB chunks into one contiguous virtual
-// range, so an allocation can straddle the free end of one chunk and a new
-// one, and a freed large allocation gives back its chunks one by one. The
-// Device here hands out separate segments, so a growth is a segment of its
-// own of the request rounded up to the granularity, and a segment goes back
-// whole. The reserved bytes therefore differ from the driver's: more at a
-// growth (by up to the free end of the last chunk) and while a large
-// segment is partly in use (kept whole); less where the driver maps a chunk
-// at a free lower address rather than use free mapped memory above it
-// (measured), since a segment given back leaves no address range behind.
-// Free blocks of one kind merge: completed with completed, pending with
-// pending freed on the same stream (then waiting for the later free of the
-// two).
+// Not modelled: the driver does not always take the lowest free address;
+// which free block it takes depends on timing (how far the GPU has got with
+// the frees) in a way not worked out, so the addresses drift from the
+// driver's after a few hundred calls. The reserved high is within one chunk
+// of the driver's on 9 of 14 real traces replayed on the H200 (8 to the
+// byte) and up to 10 chunks below it on the others: 64 MiB on mlp (9%), 96
+// MiB on churn_mixed (6%), 192 MiB on train_gpt (2%) and multistream (23%),
+// 320 MiB on hf_llama_train (7%); the table is in
+// sim/asyncpool_h200_test.go.
+//
+// The range is reserved through the device's Mapper (cuMemAddressReserve,
+// then cuMemCreate and cuMemMap of each chunk; one device allocation per
+// chunk, a move one free and one allocation), so the simulated device and
+// the GPU count the pool's reserved bytes as the driver does. The pool
+// holds its device's capacity (policies.Capacitor): a chunk that would pass
+// it is refused.
 //
 // A malloc of 0 bytes returns the block {0, 0}, whose free does nothing.
 // EmptyCache is what PyTorch's cudaMallocAsync backend does for
@@ -73,12 +93,15 @@ import (
 //     (the driver's page).
 //   - alignment [512]: allocations are rounded up to a multiple of it, a
 //     power of two from 1 B to 2 MiB.
+//   - frees_complete [at_once]: when another stream may reuse a free:
+//     at_once or at_sync (see above).
 //   - reuse_follow_event_dependencies [true]: reuse across streams through
 //     event waits.
 //   - reuse_allow_internal_dependencies [true]: when the device refuses,
 //     reuse memory freed on another stream by waiting for it.
 type AsyncPool struct {
 	dev          Device
+	mapper       Mapper
 	granularity  uint64
 	alignment    uint64
 	threshold    uint64
@@ -87,19 +110,36 @@ type AsyncPool struct {
 
 	// ready holds the free blocks whose frees are complete, reusable by
 	// every stream, as an address-ordered tree; it also owns the blocks'
-	// spares and the live map of allocated blocks.
-	ready    coalescing
-	streams  []*apStream
-	last     *apStream
-	events   map[uint64]apClock // recorded events: what they are ordered after
-	host     apClock            // what the host knows to be complete
-	segments []*flSegment
+	// spares and the live map of allocated blocks. The whole unmapped part
+	// of the range is ready free space.
+	ready   coalescing
+	streams []*apStream
+	last    *apStream
+	events  map[uint64]apClock // recorded events: what they are ordered after
+	host    apClock            // what the host knows to be complete
 
-	reserved  uint64
-	freeBytes uint64 // ready and pending
-	retries   int64
-	err       error // a device error at a synchronize, for the next call
+	// The range: reserved at the first malloc, of rangeBytes at base.
+	base uint64
+	seg  *flSegment
+	// By chunk index from base: whether the chunk is mapped, and the bytes
+	// of it that live blocks and pending frees cover (a mapped chunk with
+	// none is idle, and goes back at a synchronize).
+	mapped []bool
+	busy   []uint64
+	// freed holds, by chunk, the latest free on it of each stream, when
+	// frees complete at once: the chunk goes back only at a synchronize
+	// the host knows them complete through.
+	freed  [][]apFree
+	atOnce bool // frees complete at once (frees_complete=at_once)
+
+	reserved uint64 // mapped bytes
+	used     uint64 // bytes of live blocks
+	err      error // a device error at a synchronize, for the next call
 }
+
+// apRangeBytes is the size of the pool's virtual address range: room for
+// any card's memory.
+const apRangeBytes = 1 << 40
 
 // apStream is a stream of the async pool.
 type apStream struct {
@@ -138,21 +178,21 @@ var (
 	_ Syncer     = (*AsyncPool)(nil)
 	_ Releaser   = (*AsyncPool)(nil)
 	_ FreeSpacer = (*AsyncPool)(nil)
-	_ Counter    = (*AsyncPool)(nil)
 )
 
 func init() {
 	register(Info{
 		Name:   "async-pool",
-		Design: "the CUDA stream-ordered allocator (cudaMallocAsync on the default cudaMemPool_t), as measured on an H200",
+		Design: "the CUDA stream-ordered allocator (cudaMallocAsync on a cudaMemPool_t): one mapped virtual range, as measured on an H200",
 		Settings: []Setting{
 			{Key: "release_threshold", Default: "0", Doc: "bytes the pool keeps at a synchronize; max keeps everything"},
 			{Key: "granularity", Default: "32MiB", Doc: "the pool's reservation step in bytes, a multiple of 2 MiB"},
 			{Key: "alignment", Default: "512", Doc: "allocations are rounded up to a multiple of it, in bytes: a power of two from 1 B to 2 MiB"},
+			{Key: "frees_complete", Default: "at_once", Doc: "when another stream may reuse a free: at_once (the GPU keeps up, as in a replay; matches the H200) or at_sync (only after an event wait or a synchronize)"},
 			{Key: "reuse_follow_event_dependencies", Default: "true", Doc: "reuse memory across streams through event waits"},
 			{Key: "reuse_allow_internal_dependencies", Default: "true", Doc: "when the device refuses, reuse memory freed on another stream by waiting for it"},
 		},
-		Abilities: Abilities{Syncer: true, Releaser: true, FreeSpacer: true, Counter: true},
+		Abilities: Abilities{Syncer: true, Releaser: true, FreeSpacer: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewAsyncPool(dev, s) })
 }
 
@@ -160,7 +200,7 @@ func init() {
 // naming the key for an unknown or malformed setting.
 func NewAsyncPool(dev Device, s Settings) (*AsyncPool, error) {
 	const name = "async-pool"
-	if err := s.Check(name, "alignment", "granularity", "release_threshold",
+	if err := s.Check(name, "alignment", "frees_complete", "granularity", "release_threshold",
 		"reuse_allow_internal_dependencies", "reuse_follow_event_dependencies"); err != nil {
 		return nil, err
 	}
@@ -195,13 +235,27 @@ func NewAsyncPool(dev Device, s Settings) (*AsyncPool, error) {
 	if err != nil {
 		return nil, err
 	}
+	var atOnce bool
+	switch v := strings.TrimSpace(s["frees_complete"]); v {
+	case "", "at_once":
+		atOnce = true
+	case "at_sync":
+	default:
+		return nil, invalidSettingf(name, s, "frees_complete", "want at_once or at_sync")
+	}
+	mapper, ok := dev.(Mapper)
+	if !ok {
+		return nil, fmt.Errorf("policy %s: the device cannot map pages (it is no policies.Mapper)", name)
+	}
 	return &AsyncPool{
 		dev:          dev,
+		mapper:       mapper,
 		granularity:  gran,
 		alignment:    align,
 		threshold:    threshold,
 		followEvents: follow,
 		internalDeps: internal,
+		atOnce:       atOnce,
 		ready:        coalescing{name: name, dev: dev, alignment: align, free: freeTree[*flBlock]{byAddr: true}},
 		events:       map[uint64]apClock{},
 		host:         apClock{},
@@ -211,18 +265,43 @@ func NewAsyncPool(dev Device, s Settings) (*AsyncPool, error) {
 // Name returns "async-pool".
 func (p *AsyncPool) Name() string { return "async-pool" }
 
-// Retries returns the number of device allocations tried again after the
-// pool gave its unused memory back.
-func (p *AsyncPool) Retries() int64 { return p.retries }
-
-// FreeSpace returns the free bytes in the pool, whether their frees are
-// complete or not, and the size in bytes of the largest free block.
+// FreeSpace returns the free bytes in the pool's mapped chunks, whether
+// their frees are complete or not, and the size in bytes of the largest run
+// of them (a free block's part in mapped chunks).
 func (p *AsyncPool) FreeSpace() (total, largest uint64) {
-	largest = p.ready.free.largest()
 	for _, st := range p.streams {
 		largest = max(largest, st.pend.free.largest())
 	}
-	return p.freeBytes, largest
+	if p.seg != nil {
+		// Ready blocks may hold unmapped chunks: walk them.
+		for b := p.seg.first; b != nil; b = b.next {
+			if b.free && b.pend.s == nil {
+				largest = max(largest, p.mappedRun(b.addr, b.size))
+			}
+		}
+	}
+	return p.reserved - p.used, min(largest, p.reserved-p.used)
+}
+
+// mappedRun returns the longest run of mapped bytes in [addr, addr+size).
+func (p *AsyncPool) mappedRun(addr, size uint64) uint64 {
+	var best, run uint64
+	end := addr + size
+	for a := addr; a < end; {
+		c := (a - p.base) / p.granularity
+		next := min(p.base+(c+1)*p.granularity, end)
+		if c < uint64(len(p.mapped)) && p.mapped[c] {
+			run += next - a
+			best = max(best, run)
+		} else {
+			run = 0
+			if c >= uint64(len(p.mapped)) {
+				break
+			}
+		}
+		a = next
+	}
+	return best
 }
 
 // stream returns the stream id, created if absent.
@@ -259,10 +338,11 @@ func (p *AsyncPool) takeErr() error {
 }
 
 // Malloc places size bytes, rounded up to the alignment, in the free block
-// with the lowest address that stream may reuse, or in a new segment. It
-// returns an error wrapping ErrOutOfMemory when the device refuses the
-// segment even after the pool reused other streams' frees and gave its
-// unused memory back.
+// with the lowest address that stream may reuse (the range's unmapped part
+// included), and maps the chunks it touches that are not mapped. It
+// returns an error wrapping ErrOutOfMemory when the device refuses a chunk
+// and no other stream's pending free fits (or internal dependencies are
+// off).
 func (p *AsyncPool) Malloc(size, stream uint64) (Block, error) {
 	if err := p.takeErr(); err != nil {
 		return Block{}, err
@@ -270,11 +350,47 @@ func (p *AsyncPool) Malloc(size, stream uint64) (Block, error) {
 	if size == 0 {
 		return Block{}, nil
 	}
-	if size > maxRequest {
+	if size > apRangeBytes {
 		return Block{}, errRequestTooLarge("async-pool", size)
+	}
+	if p.seg == nil {
+		if err := p.reserveRange(); err != nil {
+			return Block{}, fmt.Errorf("policy async-pool: malloc of %d bytes: %w", size, err)
+		}
 	}
 	n := ceilToMultiple(size, p.alignment)
 	st := p.stream(stream)
+	b, err := p.place(st, n)
+	if err != nil {
+		return Block{}, fmt.Errorf("policy async-pool: malloc of %d bytes: %w", size, err)
+	}
+	b.free = false
+	p.used += n
+	p.ready.live.Put(b.addr, b)
+	return Block{Addr: b.addr, Size: n}, nil
+}
+
+// reserveRange reserves the pool's address range, all of it one ready free
+// block.
+func (p *AsyncPool) reserveRange() error {
+	addr, err := p.mapper.Reserve(apRangeBytes)
+	if err != nil {
+		return err
+	}
+	p.base = addr
+	p.seg = &flSegment{addr: addr, size: apRangeBytes}
+	b := p.ready.newBlock(addr, apRangeBytes, p.seg)
+	p.seg.first = b
+	p.ready.insert(b)
+	return nil
+}
+
+// place cuts n bytes for stream st from the lowest free block it may reuse
+// and maps the chunks they touch. When the device refuses a chunk, it
+// reuses another stream's pending block instead (an internal dependency).
+// (No retry after giving idle chunks back: an idle chunk is moved before
+// the device is asked for memory.)
+func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
 	// The lowest pending block st may reuse, then the ready tree's first
 	// fit below it, taken in the same descent.
 	b, tree := p.findPending(st, n)
@@ -283,30 +399,175 @@ func (p *AsyncPool) Malloc(size, stream uint64) (Block, error) {
 		below = b.addr
 	}
 	if r := p.ready.takeFirst(n, below); r != nil {
-		b, tree = r, nil
-	} else if b == nil {
-		var err error
-		if b, tree, err = p.grow(st, n); err != nil {
-			return Block{}, fmt.Errorf("policy async-pool: malloc of %d bytes: %w", size, err)
+		err := p.mapChunks(r.addr, n)
+		if err == nil {
+			p.cover(r.addr, n, true)
+			return r, nil
 		}
+		// Put the cut back, merged with its ready neighbours.
+		p.insertReady(r)
+		if !errors.Is(err, ErrOutOfMemory) {
+			return nil, err
+		}
+		// The pending block st may reuse, above the refused place; else,
+		// with internal dependencies, another stream's that st then waits
+		// for.
+		if b == nil && p.internalDeps {
+			var from *apStream
+			for _, o := range p.streams {
+				if o == st || o.npend == 0 {
+					continue
+				}
+				if c := o.pend.find(n); c != nil && (b == nil || c.addr < b.addr) {
+					b, from, tree = c, o, &o.pend
+				}
+			}
+			if b != nil {
+				st.seen.join(from.clock())
+			}
+		}
+		if b == nil {
+			return nil, err
+		}
+	} else if b == nil {
+		return nil, fmt.Errorf("the pool's %d-byte address range is full: %w", uint64(apRangeBytes), ErrOutOfMemory)
 	}
-	switch {
-	case tree == nil:
-		// Cut already, from the ready tree.
-	case b.size == n:
+	// A pending block, mapped and covered already.
+	if b.size == n {
 		tree.remove(b)
 		p.untag(b, tree)
-	default:
-		// Cut from the front; the rest keeps b's place in its tree.
-		a := p.ready.newBlock(b.addr, n, b.seg)
-		p.ready.linkBefore(b, a)
-		tree.resize(b, b.addr+n, b.size-n)
-		b = a
+		return b, nil
 	}
-	b.free = false
-	p.freeBytes -= n
-	p.ready.live.Put(b.addr, b)
-	return Block{Addr: b.addr, Size: n}, nil
+	// Cut from the front; the rest keeps b's place in its tree.
+	a := p.ready.newBlock(b.addr, n, b.seg)
+	p.ready.linkBefore(b, a)
+	tree.resize(b, b.addr+n, b.size-n)
+	return a, nil
+}
+
+// chunks returns the indexes of the first and last chunk [addr, addr+n)
+// touches.
+func (p *AsyncPool) chunks(addr, n uint64) (first, last uint64) {
+	return (addr - p.base) / p.granularity, (addr + n - 1 - p.base) / p.granularity
+}
+
+// mapChunks maps the chunks [addr, addr+n) touches that are not mapped, one
+// device allocation each, and on a failure unmaps those it mapped. A chunk
+// that would take the device past its capacity is refused with
+// ErrOutOfMemory.
+func (p *AsyncPool) mapChunks(addr, n uint64) error {
+	first, last := p.chunks(addr, n)
+	for uint64(len(p.mapped)) <= last {
+		p.mapped = append(p.mapped, false)
+		p.busy = append(p.busy, 0)
+		p.freed = append(p.freed, nil)
+	}
+	var fresh []uint64 // mapped by this call
+	for c := first; c <= last; c++ {
+		if p.mapped[c] {
+			continue
+		}
+		var err error
+		if d, ok := p.idleChunk(first, last); ok {
+			// The driver moves an idle chunk's memory here rather than
+			// grow (measured): its reservation stays.
+			err = p.unmapOne(d)
+		} else {
+			err = p.refuse()
+		}
+		if err == nil {
+			err = p.mapper.Map(p.base+c*p.granularity, p.granularity)
+		}
+		if err != nil {
+			for _, d := range fresh {
+				if uerr := p.unmapOne(d); uerr != nil {
+					return uerr
+				}
+			}
+			return err
+		}
+		p.mapped[c] = true
+		p.reserved += p.granularity
+		fresh = append(fresh, c)
+	}
+	return nil
+}
+
+// idleChunk returns the highest mapped chunk outside chunks first..last
+// that no live block and no pending free lies on.
+func (p *AsyncPool) idleChunk(first, last uint64) (uint64, bool) {
+	for c := len(p.mapped) - 1; c >= 0; c-- {
+		if p.mapped[c] && p.busy[c] == 0 && (uint64(c) < first || uint64(c) > last) {
+			return uint64(c), true
+		}
+	}
+	return 0, false
+}
+
+// refuse returns an error wrapping ErrOutOfMemory when one more chunk would
+// take the device past its capacity.
+func (p *AsyncPool) refuse() error {
+	c, ok := p.dev.(Capacitor)
+	if !ok || c.Capacity() == 0 {
+		return nil
+	}
+	if r := c.Reserved(); p.granularity > c.Capacity() || r > c.Capacity()-p.granularity {
+		return fmt.Errorf("a chunk of %d bytes with %d of %d reserved: %w", p.granularity, r, c.Capacity(), ErrOutOfMemory)
+	}
+	return nil
+}
+
+// unmapOne gives chunk c, mapped and idle, back to the device.
+func (p *AsyncPool) unmapOne(c uint64) error {
+	if err := p.mapper.Unmap(p.base+c*p.granularity, p.granularity); err != nil {
+		return fmt.Errorf("policy async-pool: %w", err)
+	}
+	p.mapped[c] = false
+	p.freed[c] = p.freed[c][:0]
+	p.reserved -= p.granularity
+	return nil
+}
+
+// tagChunks notes free f on the chunks [addr, addr+n) touches.
+func (p *AsyncPool) tagChunks(addr, n uint64, f apFree) {
+	first, last := p.chunks(addr, n)
+	for c := first; c <= last; c++ {
+		tags := p.freed[c]
+		i := 0
+		for i < len(tags) && tags[i].s != f.s {
+			i++
+		}
+		if i == len(tags) {
+			p.freed[c] = append(tags, f)
+		} else {
+			tags[i] = f
+		}
+	}
+}
+
+// synced reports whether the host knows every free on chunk c complete.
+func (p *AsyncPool) synced(c int) bool {
+	for _, f := range p.freed[c] {
+		if p.host[f.s.id] < f.seq {
+			return false
+		}
+	}
+	return true
+}
+
+// cover adds (or, with add false, takes away) [addr, addr+n) to the busy
+// bytes of the chunks it touches.
+func (p *AsyncPool) cover(addr, n uint64, add bool) {
+	first, last := p.chunks(addr, n)
+	for c := first; c <= last; c++ {
+		lo := max(addr, p.base+c*p.granularity)
+		hi := min(addr+n, p.base+(c+1)*p.granularity)
+		if add {
+			p.busy[c] += hi - lo
+		} else {
+			p.busy[c] -= hi - lo
+		}
+	}
 }
 
 // untag forgets b's pending free, if b was in a stream's pending tree.
@@ -359,56 +620,6 @@ func (p *AsyncPool) findVisible(c *coalescing, n, v uint64) *flBlock {
 	return b
 }
 
-// grow makes room for n bytes for stream st when no free block it may
-// reuse fits: a new segment of n rounded up to the granularity; if the
-// device refuses, another stream's pending block that st then waits for;
-// else the pool's unused memory is given back and the device tried once
-// more. It returns the free block to place n bytes in and its tree.
-func (p *AsyncPool) grow(st *apStream, n uint64) (*flBlock, *coalescing, error) {
-	size := ceilToMultiple(n, p.granularity)
-	addr, err := p.dev.Alloc(size)
-	if err != nil {
-		if !errors.Is(err, ErrOutOfMemory) {
-			return nil, nil, err
-		}
-		if p.internalDeps {
-			var b *flBlock
-			var from *apStream
-			for _, o := range p.streams {
-				if o == st || o.npend == 0 {
-					continue
-				}
-				if c := o.pend.find(n); c != nil && (b == nil || c.addr < b.addr) {
-					b, from = c, o
-				}
-			}
-			if b != nil {
-				st.seen.join(from.clock())
-				return b, &from.pend, nil
-			}
-		}
-		released, rerr := p.trim(0)
-		if rerr != nil {
-			return nil, nil, rerr
-		}
-		if released == 0 {
-			return nil, nil, err
-		}
-		p.retries++
-		if addr, err = p.dev.Alloc(size); err != nil {
-			return nil, nil, err
-		}
-	}
-	s := &flSegment{addr: addr, size: size, index: len(p.segments)}
-	p.segments = append(p.segments, s)
-	p.reserved += size
-	p.freeBytes += size
-	b := p.ready.newBlock(addr, size, s)
-	s.first = b
-	p.ready.insert(b)
-	return b, &p.ready, nil
-}
-
 // Free takes the block at addr back as a pending free of stream: reusable
 // at once by that stream, by others once ordered after it. It merges with
 // neighbours that are pending frees of the same stream. It returns an error
@@ -424,10 +635,19 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 	if !ok {
 		return fmt.Errorf("policy async-pool: free of %#x: not a live block", addr)
 	}
-	p.freeBytes += b.size
+	p.used -= b.size
 	st := p.stream(stream)
 	st.seq++
 	tag := apFree{st, st.seq}
+	if p.atOnce {
+		// Reusable by every stream at once; its chunks go back only at a
+		// synchronize ordered after the free.
+		b.free = true
+		p.cover(b.addr, b.size, false)
+		p.tagChunks(b.addr, b.size, tag)
+		p.insertReady(b)
+		return nil
+	}
 	sameStream := func(x *flBlock) bool { return x != nil && x.free && x.pend.s == st }
 	switch pv, nx := b.prev, b.next; {
 	case sameStream(pv):
@@ -514,6 +734,7 @@ func (p *AsyncPool) complete() {
 			st.pend.remove(b)
 			b.pend = apFree{}
 			st.npend--
+			p.cover(b.addr, b.size, false)
 			p.insertReady(b)
 		}
 	}
@@ -558,35 +779,17 @@ func (p *AsyncPool) insertReady(b *flBlock) {
 	p.ready.insert(b)
 }
 
-// trim gives wholly free segments whose frees are complete back to the
-// device, from the highest address down, while the pool holds more than
-// limit bytes, and reports how many it gave back.
+// trim gives idle chunks (no live block and no pending free on them) back
+// to the device, from the highest address down, while the pool holds more
+// than limit bytes, and reports how many it gave back.
 func (p *AsyncPool) trim(limit uint64) (int, error) {
-	if p.reserved <= limit {
-		return 0, nil
-	}
-	var idle []*flSegment
-	for _, s := range p.segments {
-		if f := s.first; f.free && f.next == nil && !p.isPending(f) {
-			idle = append(idle, s)
-		}
-	}
-	slices.SortFunc(idle, func(a, b *flSegment) int { return cmp.Compare(b.addr, a.addr) })
 	n := 0
-	for _, s := range idle {
-		if p.reserved <= limit {
-			break
+	for c := len(p.mapped) - 1; c >= 0 && p.reserved > limit; c-- {
+		if !p.mapped[c] || p.busy[c] != 0 || !p.synced(c) {
+			continue
 		}
-		p.ready.remove(s.first)
-		last := p.segments[len(p.segments)-1]
-		p.segments[s.index] = last
-		last.index = s.index
-		p.segments = p.segments[:len(p.segments)-1]
-		p.reserved -= s.size
-		p.freeBytes -= s.size
-		p.ready.recycle(s.first)
-		if err := p.dev.Free(s.addr); err != nil {
-			return n, fmt.Errorf("policy async-pool: %w", err)
+		if err := p.unmapOne(uint64(c)); err != nil {
+			return n, err
 		}
 		n++
 	}

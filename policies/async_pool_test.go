@@ -7,20 +7,28 @@ import (
 	"github.com/gpualloc/allocsim/sim"
 )
 
-// The pool grows by segments of the request rounded up to 32 MiB, which
-// the simulated device places at devBase, devBase+32MiB, ... (addresses
-// are never reused); allocations are rounded up to 512 B and placed first
-// fit by address.
+// The pool maps 32 MiB chunks of one address range, which the simulated
+// device reserves at devBase; allocations are rounded up to 512 B and
+// placed first fit by address over the range. Each chunk mapped is one
+// device allocation, each chunk unmapped one device free.
 func TestAsyncPoolReplay(t *testing.T) {
 	const chunk = 32 * sMiB
+	sync := policies.Settings{"frees_complete": "at_sync"}
+	with := func(kv ...string) policies.Settings {
+		s := policies.Settings{"frees_complete": "at_sync"}
+		for i := 0; i < len(kv); i += 2 {
+			s[kv[i]] = kv[i+1]
+		}
+		return s
+	}
 	runHookCases(t, hooked(
 		simpleCase{
 			name:   "reuse on the same stream at once",
 			policy: "async-pool",
 			trace: `
-malloc id=1 size=1MiB stream=1   # a 32 MiB segment at devBase; its rest, from devBase+1MiB, free for all
-free id=1 stream=1               # pending on stream 1
-malloc id=2 size=1MiB stream=1   # stream 1 reuses it at once: devBase, below the rest
+malloc id=1 size=1MiB stream=1   # devBase: chunk 0 mapped
+free id=1 stream=1
+malloc id=2 size=1MiB stream=1   # devBase again
 `,
 			blocks:    []policies.Block{{devBase, sMiB}, {devBase, sMiB}},
 			peak:      chunk,
@@ -28,15 +36,28 @@ malloc id=2 size=1MiB stream=1   # stream 1 reuses it at once: devBase, below th
 			checkFree: true, freeTotal: 31 * sMiB, freeLargest: 31 * sMiB,
 		},
 		simpleCase{
-			name:   "another stream after a stream synchronize",
+			name:   "another stream at once: the GPU keeps up (at_once)",
 			policy: "async-pool",
 			trace: `
-malloc id=1 size=1MiB stream=1   # segment A at devBase
-malloc id=2 size=31MiB stream=1  # the rest of A: devBase+1MiB
+malloc id=1 size=32MiB stream=1  # chunk 0
+free id=1 stream=1               # complete at once
+malloc id=2 size=32MiB stream=2  # devBase: no new chunk
+`,
+			blocks: []policies.Block{{devBase, chunk}, {devBase, chunk}},
+			peak:   chunk,
+			allocs: 1,
+		},
+		simpleCase{
+			name:     "at_sync: another stream after a stream synchronize",
+			policy:   "async-pool",
+			settings: sync,
+			trace: `
+malloc id=1 size=1MiB stream=1   # chunk 0 at devBase
+malloc id=2 size=31MiB stream=1  # devBase+1MiB: chunk 0 is full
 free id=1 stream=1               # pending on stream 1
-malloc id=3 size=1MiB stream=2   # stream 2 may not reuse it yet: segment B at devBase+32MiB
-stream_sync stream=1             # the free is complete; no segment is wholly free
-malloc id=4 size=1MiB stream=2   # now stream 2 reuses it: devBase, below B's rest
+malloc id=3 size=1MiB stream=2   # stream 2 may not reuse it yet: devBase+32MiB, chunk 1
+stream_sync stream=1             # the free is complete; no chunk is idle
+malloc id=4 size=1MiB stream=2   # now stream 2 reuses it: devBase
 `,
 			blocks: []policies.Block{
 				{devBase, sMiB}, {devBase + sMiB, 31 * sMiB}, {devBase + chunk, sMiB}, {devBase, sMiB},
@@ -46,13 +67,14 @@ malloc id=4 size=1MiB stream=2   # now stream 2 reuses it: devBase, below B's re
 			checkFree: true, freeTotal: 31 * sMiB, freeLargest: 31 * sMiB,
 		},
 		simpleCase{
-			name:   "another stream after an event dependency",
-			policy: "async-pool",
+			name:     "at_sync: another stream after an event dependency",
+			policy:   "async-pool",
+			settings: sync,
 			trace: `
-malloc id=1 size=32MiB stream=1     # segment A at devBase, all of it
+malloc id=1 size=32MiB stream=1     # A at devBase, chunk 0
 free id=1 stream=1                  # pending on stream 1 (its first free)
 event_record event=7 stream=1       # event 7 is ordered after that free
-malloc id=2 size=32MiB stream=2     # stream 2 is not: segment B at devBase+32MiB
+malloc id=2 size=32MiB stream=2     # stream 2 is not: B at devBase+32MiB, chunk 1
 stream_wait_event stream=2 event=7  # now it is
 free id=2 stream=2                  # pending on stream 2
 malloc id=3 size=32MiB stream=2     # A (stream 1's, visible) and B (its own) fit: the lower, devBase
@@ -62,54 +84,55 @@ malloc id=3 size=32MiB stream=2     # A (stream 1's, visible) and B (its own) fi
 			allocs: 2,
 		},
 		simpleCase{
-			name:   "an event recorded before the free orders nothing",
-			policy: "async-pool",
+			name:     "at_sync: an event recorded before the free orders nothing",
+			policy:   "async-pool",
+			settings: sync,
 			trace: `
-malloc id=1 size=32MiB stream=1     # A at devBase
+malloc id=1 size=32MiB stream=1     # A at devBase, chunk 0
 event_record event=1 stream=1       # before the free
 free id=1 stream=1
 stream_wait_event stream=2 event=1
-malloc id=2 size=32MiB stream=2     # not ordered after the free: B at devBase+32MiB
+malloc id=2 size=32MiB stream=2     # not ordered after the free: B at devBase+32MiB, chunk 1
 event_record event=2 stream=1       # after the free
-event_sync event=2                  # the host sees the free complete: A wholly free, over threshold 0: back
-malloc id=3 size=32MiB stream=2     # C at devBase+64MiB
+event_sync event=2                  # the host sees the free complete: chunk 0 idle, over threshold 0: unmapped
+malloc id=3 size=32MiB stream=2     # devBase, chunk 0 mapped again
 `,
-			blocks: []policies.Block{{devBase, chunk}, {devBase + chunk, chunk}, {devBase + 2*chunk, chunk}},
+			blocks: []policies.Block{{devBase, chunk}, {devBase + chunk, chunk}, {devBase, chunk}},
 			peak:   2 * chunk,
 			allocs: 3,
 			frees:  1,
 		},
 		simpleCase{
-			name:   "release threshold 0: back at every synchronize that completes the free",
+			name:   "release threshold 0: back at a synchronize ordered after the free",
 			policy: "async-pool",
 			trace: `
-malloc id=1 size=64MiB stream=1   # a 64 MiB segment at devBase
-free id=1 stream=1
-stream_sync stream=2              # completes no free of stream 1: nothing goes back
-stream_sync stream=1              # the segment goes back
-malloc id=2 size=1MiB stream=1    # a 32 MiB segment at devBase+64MiB
+malloc id=1 size=64MiB stream=1   # chunks 0 and 1
+free id=1 stream=1                # reusable at once, but not known complete to the host
+stream_sync stream=2              # not ordered after the free: nothing goes back
+stream_sync stream=1              # both chunks go back
+malloc id=2 size=1MiB stream=1    # devBase: chunk 0 mapped again
 free id=2 stream=1
 device_sync                       # back
 `,
-			blocks:    []policies.Block{{devBase, 2 * chunk}, {devBase + 2*chunk, sMiB}},
+			blocks:    []policies.Block{{devBase, 2 * chunk}, {devBase, sMiB}},
 			peak:      2 * chunk,
-			allocs:    2,
-			frees:     2,
+			allocs:    3,
+			frees:     3,
 			checkFree: true,
 		},
 		simpleCase{
-			name:     "a larger threshold keeps memory, the lowest first",
+			name:     "a larger threshold keeps whole chunks, the lowest",
 			policy:   "async-pool",
 			settings: policies.Settings{"release_threshold": "40MiB"},
 			trace: `
-malloc id=1 size=32MiB stream=1   # A at devBase
-malloc id=2 size=32MiB stream=1   # B at devBase+32MiB
-malloc id=3 size=32MiB stream=1   # C at devBase+64MiB
+malloc id=1 size=32MiB stream=1   # chunk 0
+malloc id=2 size=32MiB stream=1   # chunk 1
+malloc id=3 size=32MiB stream=1   # chunk 2
 free id=1 stream=1
 free id=2 stream=1
 free id=3 stream=1
-stream_sync stream=1              # 96 MiB free, over 40 MiB: C, then B go back; 32 MiB <= 40 MiB: A stays
-malloc id=4 size=1MiB stream=2    # in A: devBase
+stream_sync stream=1              # 96 MiB idle, over 40 MiB: chunks 2, then 1 go back; 32 MiB <= 40 MiB
+malloc id=4 size=1MiB stream=2    # devBase, in chunk 0
 `,
 			blocks: []policies.Block{
 				{devBase, chunk}, {devBase + chunk, chunk}, {devBase + 2*chunk, chunk}, {devBase, sMiB},
@@ -124,22 +147,23 @@ malloc id=4 size=1MiB stream=2    # in A: devBase
 			policy:   "async-pool",
 			settings: policies.Settings{"release_threshold": "max"},
 			trace: `
-malloc id=1 size=64MiB stream=1
+malloc id=1 size=64MiB stream=1   # chunks 0 and 1
 free id=1 stream=1
 stream_sync stream=1              # complete, kept
 malloc id=2 size=1MiB stream=2    # devBase
 `,
 			blocks: []policies.Block{{devBase, 2 * chunk}, {devBase, sMiB}},
 			peak:   2 * chunk,
-			allocs: 1,
+			allocs: 2,
 		},
 		simpleCase{
-			name:   "pending frees of one stream merge",
-			policy: "async-pool",
+			name:     "at_sync: pending frees of one stream merge",
+			policy:   "async-pool",
+			settings: sync,
 			trace: `
 malloc id=1 size=1MiB stream=1   # devBase
 malloc id=2 size=1MiB stream=1   # devBase+1MiB
-malloc id=3 size=30MiB stream=1  # devBase+2MiB: the segment is full
+malloc id=3 size=30MiB stream=1  # devBase+2MiB: chunk 0 is full
 free id=1 stream=1
 free id=2 stream=1               # merges with id 1's block: 2 MiB pending on stream 1
 malloc id=4 size=2MiB stream=1   # devBase
@@ -151,20 +175,19 @@ malloc id=4 size=2MiB stream=1   # devBase
 			allocs: 1,
 		},
 		simpleCase{
-			name:   "512-byte steps in 32 MiB segments, no straddling",
+			name:   "512-byte steps; an allocation straddles into the next chunk",
 			policy: "async-pool",
 			trace: `
-malloc id=1 size=1         # 512 B at devBase, in a 32 MiB segment
+malloc id=1 size=1         # 512 B at devBase: chunk 0
 malloc id=2 size=513       # 1024 B at devBase+512
 malloc id=3 size=20MiB     # devBase+1536
-malloc id=4 size=33554433  # 32 MiB+512 B; the rest (12 MiB-1536 B) is too small: a 64 MiB segment
-                           # at devBase+32MiB (the driver maps one more 32 MiB chunk after the
-                           # first and reserves 64 MiB in all)
+malloc id=4 size=33554433  # 32 MiB+512 B at devBase+20MiB+1536, up to devBase+52MiB+2048: chunk 1
+                           # mapped, 64 MiB in all (measured: 67108864)
 `,
 			blocks: []policies.Block{
-				{devBase, 512}, {devBase + 512, 1024}, {devBase + 1536, 20 * sMiB}, {devBase + chunk, chunk + 512},
+				{devBase, 512}, {devBase + 512, 1024}, {devBase + 1536, 20 * sMiB}, {devBase + 20*sMiB + 1536, chunk + 512},
 			},
-			peak:   3 * chunk,
+			peak:   2 * chunk,
 			allocs: 2,
 		},
 		simpleCase{
@@ -172,24 +195,40 @@ malloc id=4 size=33554433  # 32 MiB+512 B; the rest (12 MiB-1536 B) is too small
 			policy:   "async-pool",
 			settings: policies.Settings{"granularity": "2MiB"},
 			trace: `
-malloc id=1 size=3MiB   # a 4 MiB segment at devBase
-malloc id=2 size=1MiB   # its rest: devBase+3MiB
+malloc id=1 size=3MiB   # chunks 0 and 1 of 2 MiB at devBase
+malloc id=2 size=1MiB   # the rest of chunk 1: devBase+3MiB
 `,
 			blocks: []policies.Block{{devBase, 3 * sMiB}, {devBase + 3*sMiB, sMiB}},
 			peak:   4 * sMiB,
-			allocs: 1,
+			allocs: 2,
 		},
 		simpleCase{
-			name:     "an internal dependency when the device refuses",
+			name:   "an idle chunk moves rather than the pool grow",
+			policy: "async-pool",
+			trace: `
+malloc id=1 size=32MiB   # chunk 0
+malloc id=2 size=32MiB   # chunk 1
+free id=1                # chunk 0 idle, kept: no synchronize
+malloc id=3 size=64MiB   # too big for chunk 0's 32 MiB: devBase+64MiB, chunks 2 and 3; chunk 0's
+                         # memory is unmapped and mapped as chunk 2, chunk 3 is new: 96 MiB reserved
+`,
+			blocks: []policies.Block{{devBase, chunk}, {devBase + chunk, chunk}, {devBase + 2*chunk, 2 * chunk}},
+			peak:   3 * chunk,
+			allocs: 4,
+			frees:  1,
+		},
+		simpleCase{
+			name:     "at_sync: an internal dependency when the device refuses",
 			policy:   "async-pool",
+			settings: sync,
 			capacity: 2 * chunk,
 			trace: `
-malloc id=1 size=32MiB stream=1   # 0: A at devBase
-malloc id=2 size=32MiB stream=2   # 1: B at devBase+32MiB; the device is full
-free id=1 stream=1                # 2: pending on stream 1
-malloc id=3 size=32MiB stream=2   # 3: not ordered after it; a segment is refused: stream 2 waits for
+malloc id=1 size=32MiB stream=1   # 0: A at devBase, chunk 0
+malloc id=2 size=32MiB stream=2   # 1: B at devBase+32MiB, chunk 1; the device is full
+free id=1 stream=1                # 2: pending on stream 1: chunk 0 is not idle
+malloc id=3 size=32MiB stream=2   # 3: not ordered after it; chunk 2 is refused: stream 2 waits for
                                   #    stream 1 and takes A
-malloc id=4 size=1MiB stream=2    # 4: nothing free, refused, nothing to give back: OOM
+malloc id=4 size=1MiB stream=2    # 4: chunk 2 refused, nothing pending: OOM
 `,
 			blocks: []policies.Block{{devBase, chunk}, {devBase + chunk, chunk}, {devBase, chunk}},
 			ooms:   []int{4},
@@ -197,15 +236,15 @@ malloc id=4 size=1MiB stream=2    # 4: nothing free, refused, nothing to give ba
 			allocs: 2,
 		},
 		simpleCase{
-			name:     "no internal dependencies",
+			name:     "at_sync: no internal dependencies",
 			policy:   "async-pool",
-			settings: policies.Settings{"reuse_allow_internal_dependencies": "false"},
+			settings: with("reuse_allow_internal_dependencies", "false"),
 			capacity: 2 * chunk,
 			trace: `
 malloc id=1 size=32MiB stream=1   # 0: A at devBase
 malloc id=2 size=32MiB stream=2   # 1: B at devBase+32MiB
 free id=1 stream=1                # 2: pending on stream 1
-malloc id=3 size=32MiB stream=2   # 3: refused; A's free is not complete, so not given back: OOM
+malloc id=3 size=32MiB stream=2   # 3: chunk 2 refused, A not reusable: OOM
 malloc id=4 size=1MiB stream=2    # 4: OOM
 `,
 			blocks: []policies.Block{{devBase, chunk}, {devBase + chunk, chunk}},
@@ -214,9 +253,9 @@ malloc id=4 size=1MiB stream=2    # 4: OOM
 			allocs: 2,
 		},
 		simpleCase{
-			name:     "no event dependencies",
+			name:     "at_sync: no event dependencies",
 			policy:   "async-pool",
-			settings: policies.Settings{"reuse_follow_event_dependencies": "false"},
+			settings: with("reuse_follow_event_dependencies", "false"),
 			trace: `
 malloc id=1 size=32MiB stream=1
 free id=1 stream=1
@@ -229,30 +268,12 @@ malloc id=2 size=32MiB stream=2   # the wait does not count: B at devBase+32MiB
 			allocs: 2,
 		},
 		simpleCase{
-			name:     "a retry after giving unused memory back",
-			policy:   "async-pool",
-			settings: policies.Settings{"release_threshold": "max"},
-			capacity: 2 * chunk,
-			trace: `
-malloc id=1 size=32MiB stream=1   # A at devBase
-free id=1 stream=1
-stream_sync stream=1              # complete; kept
-malloc id=2 size=64MiB stream=1   # A is too small; 64 MiB more is refused; A goes back; the retry gets
-                                  # devBase+32MiB
-`,
-			blocks:  []policies.Block{{devBase, chunk}, {devBase + chunk, 2 * chunk}},
-			peak:    2 * chunk,
-			allocs:  2,
-			frees:   1,
-			retries: 1,
-		},
-		simpleCase{
 			name:     "empty_cache: a device synchronize and a trim to 0",
 			policy:   "async-pool",
 			settings: policies.Settings{"release_threshold": "max"},
 			trace: `
 malloc id=1 size=1MiB stream=1
-free id=1 stream=1   # pending: no synchronize yet
+free id=1 stream=1   # not known complete: no synchronize yet
 empty_cache          # complete, and back whatever the threshold
 `,
 			blocks:    []policies.Block{{devBase, sMiB}},
@@ -281,6 +302,7 @@ func TestAsyncPoolSettings(t *testing.T) {
 		{"async-pool", policies.Settings{"reuse_follow_event_dependencies": "x"}, "reuse_follow_event_dependencies"},
 		{"async-pool", policies.Settings{"reuse_allow_internal_dependencies": "x"}, "reuse_allow_internal_dependencies"},
 		{"async-pool", policies.Settings{"reuse_allow_opportunistic": "false"}, "reuse_allow_opportunistic"},
+		{"async-pool", policies.Settings{"frees_complete": "later"}, "frees_complete"},
 	})
 }
 
@@ -290,6 +312,8 @@ func TestAsyncPoolInvariants(t *testing.T) {
 		{"release_threshold": "max"},
 		{"release_threshold": "100MiB", "granularity": "2MiB", "alignment": "256"},
 		{"reuse_follow_event_dependencies": "false", "reuse_allow_internal_dependencies": "false"},
+		{"frees_complete": "at_sync"},
+		{"frees_complete": "at_sync", "release_threshold": "max", "granularity": "4MiB"},
 	} {
 		t.Run(fmtSettings(s), func(t *testing.T) {
 			checkHookInvariants(t, "async-pool", s, 256*sMiB, 0, true)

@@ -128,16 +128,26 @@ func (p *AsyncPool) CheckTiling() error {
 			}
 		}
 	}
-	var reserved, free uint64
+	var used uint64
 	allocated := 0
-	for i, s := range p.segments {
-		if s.index != i {
-			return fmt.Errorf("segment %#x: index %d at %d", s.addr, s.index, i)
-		}
-		reserved += s.size
+	busy := make([]uint64, len(p.busy))
+	if s := p.seg; s != nil {
 		err := checkSegmentTiling(s.addr, s.size, s.first, s, func(b *flBlock) error {
+			if !b.free || b.pend.s != nil {
+				// Live or pending: on mapped chunks, counted busy.
+				first, last := p.chunks(b.addr, b.size)
+				for c := first; c <= last; c++ {
+					if c >= uint64(len(p.mapped)) || !p.mapped[c] {
+						return fmt.Errorf("block %#x+%d on chunk %d, not mapped", b.addr, b.size, c)
+					}
+					lo := max(b.addr, p.base+c*p.granularity)
+					hi := min(b.addr+b.size, p.base+(c+1)*p.granularity)
+					busy[c] += hi - lo
+				}
+			}
 			if !b.free {
 				allocated++
+				used += b.size
 				if v, _ := p.ready.live.Get(b.addr); v != b {
 					return fmt.Errorf("allocated block %#x not live", b.addr)
 				}
@@ -146,7 +156,6 @@ func (p *AsyncPool) CheckTiling() error {
 				}
 				return nil
 			}
-			free += b.size
 			if inTree[b] == nil {
 				return fmt.Errorf("free block %#x+%d in no treap", b.addr, b.size)
 			}
@@ -157,13 +166,22 @@ func (p *AsyncPool) CheckTiling() error {
 			return err
 		}
 	}
+	var reserved uint64
+	for c, m := range p.mapped {
+		if m {
+			reserved += p.granularity
+		}
+		if busy[c] != p.busy[c] {
+			return fmt.Errorf("chunk %d: %d busy bytes, counted %d", c, busy[c], p.busy[c])
+		}
+	}
 	switch {
 	case len(inTree) > 0:
 		return fmt.Errorf("%d treap blocks in no segment", len(inTree))
 	case allocated != p.ready.live.Len():
 		return fmt.Errorf("%d allocated blocks, %d live", allocated, p.ready.live.Len())
-	case reserved != p.reserved || free != p.freeBytes:
-		return fmt.Errorf("reserved %d, free %d; counted %d, %d", reserved, free, p.reserved, p.freeBytes)
+	case reserved != p.reserved || used != p.used:
+		return fmt.Errorf("reserved %d, used %d; counted %d, %d", reserved, used, p.reserved, p.used)
 	}
 	return nil
 }

@@ -136,7 +136,7 @@ func hooked(cs ...simpleCase) []hookCase {
 // A hint of 0 is not given.
 func checkHookInvariants(t *testing.T, name string, s policies.Settings, capacity, hint uint64, exact bool) {
 	t.Helper()
-	dev := sim.NewDevice(capacity)
+	dev := trackPages(sim.NewDevice(capacity))
 	p, err := policies.New(name, dev, s)
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,9 @@
 // segments, each tiled by its live blocks and the free space between them
 // (one inactive block per gap), as a snapshot's "segments" list holds
 // them. Mapped pages of expandable segments make one segment per run of
-// adjacent mapped bytes of one stream, as PyTorch reports them.
+// adjacent mapped bytes of one stream, as PyTorch reports them, and runs
+// of several streams are one where a block crosses between them (the
+// one range of async-pool).
 package viz
 
 import (
@@ -251,6 +253,21 @@ func (r *Recorder) segments() ([]pytorch.Segment, error) {
 		baddrs = append(baddrs, a)
 	}
 	sort.Slice(baddrs, func(i, j int) bool { return baddrs[i] < baddrs[j] })
+	// Adjacent mapped runs of different streams are one when a block
+	// crosses from one into the other: a pool's range mapped for several
+	// streams (async-pool).
+	joined := pieces[:0]
+	for _, pc := range pieces {
+		if n := len(joined); n > 0 && pc.expandable && joined[n-1].expandable && joined[n-1].addr+joined[n-1].size == pc.addr {
+			k := sort.Search(len(baddrs), func(i int) bool { return baddrs[i] >= pc.addr })
+			if k > 0 && baddrs[k-1] >= joined[n-1].addr && baddrs[k-1]+r.blocks[baddrs[k-1]].size > pc.addr {
+				joined[n-1].size += pc.size
+				continue
+			}
+		}
+		joined = append(joined, pc)
+	}
+	pieces = joined
 
 	out := make([]pytorch.Segment, 0, len(pieces))
 	k := 0
