@@ -190,6 +190,15 @@ func (p *Process) count() (counts, error) {
 // written as 0; stream 0 of a per-thread-stream call as 0x2
 // (cudaStreamPerThread). When the process called exec, each later image
 // starts with a marker "exec COMMAND".
+//
+// The virtual memory API: a cuMemMap is a device malloc of the bytes it
+// maps at the address it maps them (PyTorch's expandable segments map one
+// page per call, XLA one buffer), a cuMemUnmap the free of each mapping
+// inside the range it unmaps (a marker where it takes part of one); a
+// failed cuMemCreate is the malloc that failed (the driver refused the
+// memory); the other calls (cuMemAddressReserve and Free, cuMemCreate,
+// cuMemRelease) are counted in the header's metadata only. A pool trimmed
+// (cudaMemPoolTrimTo, cuMemPoolTrimTo) is a marker.
 func (p *Process) Source(t0 int64, meta map[string]string) (trace.Source, error) {
 	c, err := p.count()
 	if err != nil {
@@ -229,12 +238,21 @@ type source struct {
 	rr   *recordReader
 	maps []mapping
 	last int64
+	// mapped holds the live cuMemMap mappings by address (their sizes);
+	// queue the events of an unmap that took several away.
+	mapped map[uint64]uint64
+	queue  []trace.Event
 }
 
 func (s *source) Header() trace.Header { return s.h }
 
 func (s *source) Next() (trace.Event, error) {
 	for {
+		if len(s.queue) > 0 {
+			ev := s.queue[0]
+			s.queue = s.queue[1:]
+			return ev, nil
+		}
 		if s.rr == nil {
 			if s.img >= len(s.p.images) {
 				return trace.Event{}, io.EOF
@@ -286,7 +304,7 @@ func (s *source) event(r record) (trace.Event, bool) {
 		stream = streamPerThread
 	}
 	ev := trace.Event{Time: s.clamp(r.Time), Thread: uint64(r.Tid), Stream: stream}
-	if r.RC != 0 && a.class != classMalloc {
+	if r.RC != 0 && a.class != classMalloc && a.class != classCreate {
 		ev.Op, ev.Addr, ev.Stream = trace.OpMarker, r.Addr, 0
 		ev.Label = fmt.Sprintf("%s failed: error %d", a.name, r.RC)
 		return ev, true
@@ -324,6 +342,66 @@ func (s *source) event(r record) (trace.Event, bool) {
 		ev.Op, ev.Addr = trace.OpStreamWaitEvent, r.Addr
 	case classEventSync:
 		ev.Op, ev.Addr, ev.Stream = trace.OpEventSync, r.Addr, 0
+	case classMap:
+		ev.Stream = 0
+		ev.Op, ev.Kind, ev.Size, ev.Addr = trace.OpMalloc, a.kind, r.Size, r.Addr
+		if s.mapped == nil {
+			s.mapped = map[uint64]uint64{}
+		}
+		s.mapped[r.Addr] = r.Size
+		if r.Caller != 0 {
+			ev.Label = a.name + "@" + site(s.maps, r.Caller)
+		}
+	case classUnmap:
+		return s.unmap(ev, r.Addr, r.Size)
+	case classVMM:
+		return ev, false
+	case classCreate:
+		if r.RC == 0 {
+			return ev, false
+		}
+		ev.Op, ev.Kind, ev.Size, ev.Stream = trace.OpMallocFailed, a.kind, r.Size, 0
+		if r.Caller != 0 {
+			ev.Label = a.name + "@" + site(s.maps, r.Caller)
+		}
+	case classTrim:
+		ev.Op, ev.Stream = trace.OpMarker, 0
+		ev.Label = fmt.Sprintf("%s of pool %#x to %d bytes", a.name, r.Addr, r.Size)
 	}
 	return ev, true
+}
+
+// unmap converts a cuMemUnmap of [addr, addr+size): a free of each mapping
+// inside it, in address order (the first returned, the others queued); a
+// marker where it takes part of a mapping or nothing mapped.
+func (s *source) unmap(ev trace.Event, addr, size uint64) (trace.Event, bool) {
+	ev.Stream = 0
+	var in []uint64
+	partial := false
+	for a, n := range s.mapped {
+		switch {
+		case a >= addr && a+n <= addr+size:
+			in = append(in, a)
+		case a < addr+size && addr < a+n:
+			partial = true
+		}
+	}
+	if partial || len(in) == 0 {
+		ev.Op, ev.Addr = trace.OpMarker, addr
+		ev.Label = fmt.Sprintf("cuMemUnmap of %d bytes: no whole mapping", size)
+		if partial {
+			ev.Label = fmt.Sprintf("cuMemUnmap of %d bytes: part of a mapping", size)
+		}
+		return ev, true
+	}
+	sort.Slice(in, func(i, j int) bool { return in[i] < in[j] })
+	for _, a := range in {
+		delete(s.mapped, a)
+		f := ev
+		f.Op, f.Addr = trace.OpFree, a
+		s.queue = append(s.queue, f)
+	}
+	first := s.queue[0]
+	s.queue = s.queue[1:]
+	return first, true
 }

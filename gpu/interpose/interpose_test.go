@@ -56,7 +56,7 @@ func build(t *testing.T) {
 			{"-O2", "-Wall", "-shared", "-fPIC", "-o", built.lib, "preload/interpose.c", "-ldl", "-lpthread"},
 			{"-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcuda.so.1"), "testdata/fakecuda.c", "-lpthread"},
 			{"-O2", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcudart.so.13"), "testdata/fakecudart.c", "-ldl", "-lpthread"},
-			{"-O2", "-o", built.dyn, "testdata/prog.c", "-L" + dir, "-l:libcudart.so.13", "-Wl,-rpath," + dir, "-lpthread"},
+			{"-O2", "-o", built.dyn, "testdata/prog.c", "-L" + dir, "-l:libcudart.so.13", "-Wl,-rpath," + dir, "-ldl", "-lpthread"},
 			{"-O2", "-o", built.static, "testdata/prog.c", "testdata/fakecudart.c", "-ldl", "-lpthread"},
 		}
 		for _, s := range steps {
@@ -205,6 +205,58 @@ free addr=0x4 t=0 thread=1
 free addr=0x5 t=0 thread=1
 free addr=0x6 t=0 thread=1
 `
+
+// TestVMM records a program mapping memory through the driver's virtual
+// memory API, with the entry points from dlsym (as XLA gets them) and from
+// cuGetProcAddress (as PyTorch's expandable segments get them through the
+// runtime): each mapping a malloc, an unmap the frees of the mappings in
+// it, a refused cuMemCreate the malloc that failed, the rest counted.
+func TestVMM(t *testing.T) {
+	build(t)
+	const want = `
+malloc addr=0x1 size=2097152 t=0 thread=1
+malloc addr=0x2 size=2097152 t=0 thread=1
+malloc addr=0x3 size=4194304 t=0 thread=1
+malloc_failed size=1125899906842624 t=0 thread=1
+free addr=0x1 t=0 thread=1
+free addr=0x2 t=0 thread=1
+marker addr=0x3 t=0 thread=1 label="cuMemUnmap of 2097152 bytes: part of a mapping"
+free addr=0x3 t=0 thread=1
+marker t=0 thread=1 label="cuMemPoolTrimTo of pool 0x9001 to 0 bytes"
+`
+	for _, mode := range []string{"vmm", "vmm-proc"} {
+		t.Run(mode, func(t *testing.T) {
+			rec := recordRun(t, built.dyn, mode)
+			if rec.res.ExitCode != 0 || len(rec.traces) != 1 {
+				t.Fatalf("exit %d, %d traces", rec.res.ExitCode, len(rec.traces))
+			}
+			lines, apis := normalize(rec.traces[0].evs)
+			checkLines(t, lines, want)
+			if got, w := strings.Join(apis, " "), "cuMemMap cuMemMap cuMemMap cuMemCreate"; got != w {
+				t.Errorf("functions %q, want %q", got, w)
+			}
+			md := rec.traces[0].h.Metadata
+			for k, v := range map[string]string{
+				"calls.cuMemAddressReserve": "1", "calls.cuMemAddressFree": "1", "calls.cuMemCreate": "4",
+				"failed.cuMemCreate": "1", "calls.cuMemRelease": "3", "calls.cuMemMap": "3", "calls.cuMemUnmap": "3",
+				"calls.cuMemPoolTrimTo": "1",
+			} {
+				if md[k] != v {
+					t.Errorf("metadata %s = %q, want %q", k, md[k], v)
+				}
+			}
+			cmd := exec.Command(built.dyn, mode)
+			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+built.dir)
+			plain, err := cmd.Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.stdout != string(plain) {
+				t.Errorf("output under the interposer:\n%s\nwithout:\n%s", rec.stdout, plain)
+			}
+		})
+	}
+}
 
 // TestAll records every intercepted call, with a failed malloc, a failed
 // sync, a failed free and the no-ops (a malloc of 0 bytes, a free of NULL),

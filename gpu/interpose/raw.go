@@ -45,6 +45,20 @@ const (
 	classEventRecord
 	classStreamWaitEvent
 	classEventSync
+	// classMap is a cuMemMap: device memory mapped into a reserved range,
+	// a malloc of the trace; classUnmap a cuMemUnmap, the frees of the
+	// mappings it takes away.
+	classMap
+	classUnmap
+	// classVMM is a call of the virtual memory API that neither maps nor
+	// unmaps (a range reserved or freed, physical memory created or
+	// released): counted, no event.
+	classVMM
+	// classTrim is a memory pool trimmed: a marker.
+	classTrim
+	// classCreate is a cuMemCreate: physical memory for a mapping, no
+	// event; when it fails, the malloc that failed.
+	classCreate
 )
 
 // api describes one intercepted function.
@@ -72,6 +86,7 @@ var apis = map[uint32]api{
 	13: {"cudaStreamWaitEvent", classStreamWaitEvent, 0},
 	14: {"cudaEventSynchronize", classEventSync, 0},
 	15: {"cudaEventRecordWithFlags", classEventRecord, 0},
+	16: {"cudaMemPoolTrimTo", classTrim, 0},
 	21: {"cuMemAlloc", classMalloc, trace.KindDevice},
 	22: {"cuMemFree", classFree, trace.KindDevice},
 	23: {"cuMemAllocAsync", classMalloc, trace.KindAsync},
@@ -87,6 +102,13 @@ var apis = map[uint32]api{
 	33: {"cuStreamWaitEvent", classStreamWaitEvent, 0},
 	34: {"cuEventSynchronize", classEventSync, 0},
 	35: {"cuEventRecordWithFlags", classEventRecord, 0},
+	36: {"cuMemAddressReserve", classVMM, 0},
+	37: {"cuMemAddressFree", classVMM, 0},
+	38: {"cuMemCreate", classCreate, trace.KindDevice},
+	39: {"cuMemRelease", classVMM, 0},
+	42: {"cuMemMap", classMap, trace.KindDevice},
+	43: {"cuMemUnmap", classUnmap, trace.KindDevice},
+	44: {"cuMemPoolTrimTo", classTrim, 0},
 }
 
 // flagPTSZ marks a call through a per-thread default stream entry point.

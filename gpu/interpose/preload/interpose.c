@@ -54,7 +54,8 @@
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 #define RA() ((uint64_t)(uintptr_t)__builtin_return_address(0))
 
-// The api numbers of records. Runtime calls 1..19, driver calls 21..39.
+// The api numbers of records. Runtime calls 1..19, driver calls 21..39 and
+// 42.. (40 and 41 are the entry-point queries).
 enum {
 	A_NONE = 0,
 	A_cudaMalloc = 1,
@@ -72,6 +73,7 @@ enum {
 	A_cudaStreamWaitEvent = 13,
 	A_cudaEventSynchronize = 14,
 	A_cudaEventRecordWithFlags = 15,
+	A_cudaMemPoolTrimTo = 16,
 	A_cuMemAlloc = 21,
 	A_cuMemFree = 22,
 	A_cuMemAllocAsync = 23,
@@ -87,10 +89,19 @@ enum {
 	A_cuStreamWaitEvent = 33,
 	A_cuEventSynchronize = 34,
 	A_cuEventRecordWithFlags = 35,
+	// The virtual memory management API: a range reserved, physical
+	// memory created, mapped into the range, unmapped, released.
+	A_cuMemAddressReserve = 36,
+	A_cuMemAddressFree = 37,
+	A_cuMemCreate = 38,
+	A_cuMemRelease = 39,
 	// Not recorded: the driver's entry-point query, wrapped to hand out
 	// wrappers.
 	A_cuGetProcAddress = 40,
 	A_cuGetProcAddress_v2 = 41,
+	A_cuMemMap = 42,
+	A_cuMemUnmap = 43,
+	A_cuMemPoolTrimTo = 44,
 	NAPI
 };
 
@@ -549,6 +560,72 @@ static int body_es(int api, int k, uint64_t ra, void *e) {
 	return rc;
 }
 
+// The virtual memory management calls. A reserve, create or map records
+// after the call, an unmap, release or address free before it (as a
+// malloc and a free do).
+typedef int (*fn_ar)(uint64_t *, size_t, size_t, uint64_t, unsigned long long);
+static int body_ar(int api, int k, uint64_t ra, uint64_t *p, size_t n, size_t al, uint64_t a,
+                   unsigned long long f) {
+	PROLOGUE(fn_ar, p, n, al, a, f)
+	int rc = real(p, n, al, a, f);
+	t_depth--;
+	commit(reserve(), api, rc, rc == 0 && p ? *p : 0, n, 0, a, ra, fl);
+	return rc;
+}
+
+// af is cuMemAddressFree and cuMemUnmap: an address and a size.
+typedef int (*fn_af)(uint64_t, size_t);
+static int body_af(int api, int k, uint64_t ra, uint64_t a, size_t n) {
+	PROLOGUE(fn_af, a, n)
+	struct rec *r = reserve();
+	int rc = real(a, n);
+	t_depth--;
+	commit(r, api, rc, a, n, 0, 0, ra, fl);
+	return rc;
+}
+
+// mc is cuMemCreate: the handle goes in addr.
+typedef int (*fn_mc)(uint64_t *, size_t, const void *, unsigned long long);
+static int body_mc(int api, int k, uint64_t ra, uint64_t *h, size_t n, const void *prop, unsigned long long f) {
+	PROLOGUE(fn_mc, h, n, prop, f)
+	int rc = real(h, n, prop, f);
+	t_depth--;
+	commit(reserve(), api, rc, rc == 0 && h ? *h : 0, n, 0, f, ra, fl);
+	return rc;
+}
+
+typedef int (*fn_rl)(uint64_t);
+static int body_rl(int api, int k, uint64_t ra, uint64_t h) {
+	PROLOGUE(fn_rl, h)
+	struct rec *r = reserve();
+	int rc = real(h);
+	t_depth--;
+	commit(r, api, rc, h, 0, 0, 0, ra, fl);
+	return rc;
+}
+
+// mm is cuMemMap: the range's address and size, the handle in aux.
+typedef int (*fn_mm)(uint64_t, size_t, size_t, uint64_t, unsigned long long);
+static int body_mm(int api, int k, uint64_t ra, uint64_t a, size_t n, size_t off, uint64_t h,
+                   unsigned long long f) {
+	PROLOGUE(fn_mm, a, n, off, h, f)
+	int rc = real(a, n, off, h, f);
+	t_depth--;
+	commit(reserve(), api, rc, a, n, 0, h, ra, fl);
+	return rc;
+}
+
+// pt is cudaMemPoolTrimTo and cuMemPoolTrimTo: the pool in addr, the
+// bytes to keep in size.
+typedef int (*fn_pt)(void *, size_t);
+static int body_pt(int api, int k, uint64_t ra, void *pool, size_t keep) {
+	PROLOGUE(fn_pt, pool, keep)
+	int rc = real(pool, keep);
+	t_depth--;
+	commit(reserve(), api, rc, U(pool), keep, 0, 0, ra, fl);
+	return rc;
+}
+
 // ---- cuGetProcAddress ----
 
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
@@ -575,6 +652,13 @@ static int proc_api(const char *s, int ver) {
 	    {"cuEventRecordWithFlags", A_cuEventRecordWithFlags, 0},
 	    {"cuStreamWaitEvent", A_cuStreamWaitEvent, 0},
 	    {"cuEventSynchronize", A_cuEventSynchronize, 0},
+	    {"cuMemAddressReserve", A_cuMemAddressReserve, 0},
+	    {"cuMemAddressFree", A_cuMemAddressFree, 0},
+	    {"cuMemCreate", A_cuMemCreate, 0},
+	    {"cuMemRelease", A_cuMemRelease, 0},
+	    {"cuMemMap", A_cuMemMap, 0},
+	    {"cuMemUnmap", A_cuMemUnmap, 0},
+	    {"cuMemPoolTrimTo", A_cuMemPoolTrimTo, 0},
 	};
 	if (s[0] != 'c' || s[1] != 'u')
 		return A_NONE;
@@ -650,6 +734,18 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 #define C_swe s, e, f
 #define P_es (void *e)
 #define C_es e
+#define P_ar (uint64_t *p, size_t n, size_t al, uint64_t a, unsigned long long f)
+#define C_ar p, n, al, a, f
+#define P_af (uint64_t a, size_t n)
+#define C_af a, n
+#define P_mc (uint64_t *h, size_t n, const void *prop, unsigned long long f)
+#define C_mc h, n, prop, f
+#define P_rl (uint64_t h)
+#define C_rl h
+#define P_mm (uint64_t a, size_t n, size_t off, uint64_t h, unsigned long long f)
+#define C_mm a, n, off, h, f
+#define P_pt (void *pool, size_t keep)
+#define C_pt pool, keep
 #define P_gp4 (const char *sym, void **pfn, int ver, uint64_t flags)
 #define C_gp4 sym, pfn, ver, flags
 #define P_gp5 (const char *sym, void **pfn, int ver, uint64_t flags, void *status)
@@ -677,6 +773,7 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 	X(swe, cudaStreamWaitEvent, cudaStreamWaitEvent)                 \
 	X(es, cudaEventSynchronize, cudaEventSynchronize)                \
 	X(erf, cudaEventRecordWithFlags, cudaEventRecordWithFlags)       \
+	X(pt, cudaMemPoolTrimTo, cudaMemPoolTrimTo)                      \
 	X(m2, cuMemAlloc, cuMemAlloc_v2)                                 \
 	X(f1, cuMemFree, cuMemFree_v2)                                   \
 	X(ma, cuMemAllocAsync, cuMemAllocAsync)                          \
@@ -692,6 +789,13 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 	X(swe, cuStreamWaitEvent, cuStreamWaitEvent)                     \
 	X(es, cuEventSynchronize, cuEventSynchronize)                    \
 	X(erf, cuEventRecordWithFlags, cuEventRecordWithFlags)           \
+	X(ar, cuMemAddressReserve, cuMemAddressReserve)                  \
+	X(af, cuMemAddressFree, cuMemAddressFree)                        \
+	X(mc, cuMemCreate, cuMemCreate)                                  \
+	X(rl, cuMemRelease, cuMemRelease)                                \
+	X(mm, cuMemMap, cuMemMap)                                        \
+	X(af, cuMemUnmap, cuMemUnmap)                                    \
+	X(pt, cuMemPoolTrimTo, cuMemPoolTrimTo)                          \
 	X(gp4, cuGetProcAddress, cuGetProcAddress)                       \
 	X(gp5, cuGetProcAddress_v2, cuGetProcAddress_v2)
 

@@ -82,6 +82,41 @@ int cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { (void)s; (void)f; ret
 int cuEventSynchronize(CUevent e) { return e ? 0 : 400; }
 int cuDeviceGetCount(int *n) { *n = 1; return 0; }
 
+// The virtual memory API, over nothing: a range is a counter of addresses,
+// a handle a counter; a create of more than 1 TiB returns
+// CUDA_ERROR_OUT_OF_MEMORY, a map or unmap of 0 bytes
+// CUDA_ERROR_INVALID_VALUE.
+static unsigned long long next_va = 0x7f0000000000ull, next_handle = 0x100;
+int cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr, unsigned long long f) {
+	(void)align; (void)addr; (void)f;
+	if (!p || n == 0)
+		return 1;
+	pthread_mutex_lock(&mu);
+	*p = next_va;
+	next_va += (n + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+int cuMemAddressFree(CUdeviceptr p, size_t n) { return p && n ? 0 : 1; }
+int cuMemCreate(unsigned long long *h, size_t n, const void *prop, unsigned long long f) {
+	(void)prop; (void)f;
+	if (!h || n == 0)
+		return 1;
+	if (n > (1ull << 40))
+		return 2;
+	pthread_mutex_lock(&mu);
+	*h = next_handle++;
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+int cuMemRelease(unsigned long long h) { return h ? 0 : 1; }
+int cuMemMap(CUdeviceptr p, size_t n, size_t off, unsigned long long h, unsigned long long f) {
+	(void)off; (void)f;
+	return p && n && h ? 0 : 1;
+}
+int cuMemUnmap(CUdeviceptr p, size_t n) { return p && n ? 0 : 1; }
+int cuMemPoolTrimTo(void *pool, size_t keep) { (void)keep; return pool ? 0 : 1; }
+
 int cuGetProcAddress(const char *sym, void **pfn, int ver, unsigned long long flags);
 int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status);
 
@@ -105,6 +140,13 @@ static const struct {
     {"cuStreamWaitEvent", (void *)cuStreamWaitEvent, 0},
     {"cuEventSynchronize", (void *)cuEventSynchronize, 0},
     {"cuDeviceGetCount", (void *)cuDeviceGetCount, 0},
+    {"cuMemAddressReserve", (void *)cuMemAddressReserve, 0},
+    {"cuMemAddressFree", (void *)cuMemAddressFree, 0},
+    {"cuMemCreate", (void *)cuMemCreate, 0},
+    {"cuMemRelease", (void *)cuMemRelease, 0},
+    {"cuMemMap", (void *)cuMemMap, 0},
+    {"cuMemUnmap", (void *)cuMemUnmap, 0},
+    {"cuMemPoolTrimTo", (void *)cuMemPoolTrimTo, 0},
 };
 
 int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {

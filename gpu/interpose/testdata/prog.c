@@ -3,6 +3,7 @@
 // argument picks a scenario; it prints every return code, so that a run
 // with and without the interposer can be compared.
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -64,6 +65,60 @@ static void all(void) {
 	R(cudaFreeHost(h));
 	R(cudaFreeHost(h2));
 	R(cudaFree(m));
+}
+
+// vmm maps memory through the driver's virtual memory API, reaching it as
+// PyTorch does (entry points from cuGetProcAddress, as the runtime's
+// cudaGetDriverEntryPoint hands them out) with via "proc", and as XLA does
+// (dlsym on libcuda.so.1) otherwise: a range, two pages mapped, a third
+// mapping, an unmap of the first two at once, an unmap of part of the
+// third, a create refused, a pool trimmed.
+typedef int (*reserve_fn)(unsigned long long *, size_t, size_t, unsigned long long, unsigned long long);
+typedef int (*free_fn)(unsigned long long, size_t);
+typedef int (*create_fn)(unsigned long long *, size_t, const void *, unsigned long long);
+typedef int (*release_fn)(unsigned long long);
+typedef int (*map_fn)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long);
+typedef int (*trim_fn)(void *, size_t);
+typedef int (*proc_fn)(const char *, void **, int, unsigned long long, int *);
+
+static void vmm(int via_proc) {
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+	if (!lib) {
+		fprintf(stderr, "%s\n", dlerror());
+		exit(1);
+	}
+	proc_fn proc = (proc_fn)dlsym(lib, "cuGetProcAddress_v2");
+	void *f[7];
+	const char *names[] = {"cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemPoolTrimTo"};
+	for (int i = 0; i < 7; i++) {
+		f[i] = NULL;
+		if (via_proc)
+			proc(names[i], &f[i], 12000, 0, NULL);
+		else
+			f[i] = dlsym(lib, names[i]);
+		if (!f[i]) {
+			fprintf(stderr, "no %s\n", names[i]);
+			exit(1);
+		}
+	}
+	const size_t page = 2u << 20;
+	unsigned long long va, h1, h2, h3, hx;
+	R(((reserve_fn)f[0])(&va, 16 * page, 0, 0, 0));
+	R(((create_fn)f[2])(&h1, page, NULL, 0));
+	R(((create_fn)f[2])(&h2, page, NULL, 0));
+	R(((create_fn)f[2])(&h3, 2 * page, NULL, 0));
+	R(((map_fn)f[4])(va, page, 0, h1, 0));
+	R(((map_fn)f[4])(va + page, page, 0, h2, 0));
+	R(((map_fn)f[4])(va + 4 * page, 2 * page, 0, h3, 0));
+	R(((create_fn)f[2])(&hx, 1ull << 50, NULL, 0));
+	R(((free_fn)f[5])(va, 2 * page));
+	R(((free_fn)f[5])(va + 4 * page, page));
+	R(((free_fn)f[5])(va + 4 * page, 2 * page));
+	R(((release_fn)f[3])(h1));
+	R(((release_fn)f[3])(h2));
+	R(((release_fn)f[3])(h3));
+	R(((free_fn)f[1])(va, 16 * page));
+	R(((trim_fn)f[6])(POOL, 0));
 }
 
 static int per_thread;
@@ -186,6 +241,10 @@ int main(int argc, char **argv) {
 		exec_self(argv[0]);
 	else if (!strcmp(mode, "after-exec"))
 		after_exec();
+	else if (!strcmp(mode, "vmm"))
+		vmm(0);
+	else if (!strcmp(mode, "vmm-proc"))
+		vmm(1);
 	else if (!strcmp(mode, "bench"))
 		bench(atoi(argv[2]));
 	else if (!strcmp(mode, "exit"))
