@@ -9,8 +9,25 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpualloc/allocsim/gpu"
 	"github.com/gpualloc/allocsim/gpu/interpose"
 )
+
+// card asks the CUDA runtime (the one at path, or the first of
+// gpu.DefaultLibraries) for the current device's name and total memory
+// (cudaMemGetInfo); a zero Card when there is none.
+func card(path string) interpose.Card {
+	rt, err := gpu.Open(path)
+	if err != nil {
+		return interpose.Card{}
+	}
+	defer rt.Close()
+	_, total, err := rt.MemGetInfo()
+	if err != nil {
+		return interpose.Card{}
+	}
+	return interpose.Card{Name: rt.DeviceName, Memory: total}
+}
 
 // exitStatus is the error of a recorded program that did not exit with 0:
 // main exits with its code, so that the program's status passes through.
@@ -61,6 +78,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	res, err := interpose.Run(interpose.Options{
 		Program: prog, Args: fs.Args()[1:], Output: *out, Library: *lib, Cudart: *cudart,
 		Stdin: os.Stdin, Stdout: stdout, Stderr: stderr,
+		Card: func() interpose.Card { return card(*cudart) },
 	})
 	if err != nil {
 		return fmt.Errorf("run: %w", err)

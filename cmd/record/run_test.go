@@ -109,3 +109,26 @@ func TestRunErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestCard reads the GPU's name and total memory through a runtime, here
+// the fake one of package gpu's tests, and gives a zero Card without one.
+func TestCard(t *testing.T) {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "gcc"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		t.Skipf("no C compiler: %v", err)
+	}
+	lib := filepath.Join(t.TempDir(), "libfakecudart.so")
+	if out, err := exec.Command(cc, "-O1", "-shared", "-fPIC", "-o", lib, "../../gpu/testdata/fakecudart.c").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Setenv("FAKECUDA_TOTAL", "150000000000")
+	if c := card(lib); c != (interpose.Card{Name: "Fake CUDA Device", Memory: 150000000000}) {
+		t.Errorf("card = %+v", c)
+	}
+	if c := card(filepath.Join(t.TempDir(), "none.so")); c != (interpose.Card{}) {
+		t.Errorf("card of no runtime = %+v", c)
+	}
+}

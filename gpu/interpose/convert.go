@@ -178,7 +178,7 @@ func (p *Process) count() (counts, error) {
 // Source returns the process's events as a trace source. Times are
 // nanoseconds since t0 (a CLOCK_MONOTONIC time, the same for all processes
 // of a recording, so that their traces line up), made non-decreasing.
-// meta is added to the header's metadata.
+// meta is added to the header's metadata, card names the GPU in it.
 //
 // Each call becomes one event: a successful allocation a malloc (of the
 // memory kind of the function; its label is the function and the call
@@ -199,13 +199,13 @@ func (p *Process) count() (counts, error) {
 // memory); the other calls (cuMemAddressReserve and Free, cuMemCreate,
 // cuMemRelease) are counted in the header's metadata only. A pool trimmed
 // (cudaMemPoolTrimTo, cuMemPoolTrimTo) is a marker.
-func (p *Process) Source(t0 int64, meta map[string]string) (trace.Source, error) {
+func (p *Process) Source(t0 int64, meta map[string]string, card Card) (trace.Source, error) {
 	c, err := p.count()
 	if err != nil {
 		return nil, err
 	}
 	first := p.images[0].hdr
-	h := trace.Header{Source: "record", Metadata: map[string]string{
+	h := trace.Header{Source: "record", Device: card.Name, DeviceMemory: card.Memory, Metadata: map[string]string{
 		"pid":     strconv.Itoa(p.Pid),
 		"ppid":    strconv.Itoa(p.Ppid),
 		"command": p.Command(),

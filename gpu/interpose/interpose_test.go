@@ -101,6 +101,7 @@ func recordRun(t *testing.T, prog string, args ...string) recording {
 		Program: prog, Args: args, Output: out, Library: built.lib,
 		Env:    append(os.Environ(), "LD_LIBRARY_PATH="+built.dir),
 		Stdout: &stdout, Stderr: os.Stderr,
+		Card:   func() Card { return Card{Name: "Fake GPU", Memory: 80 << 30} },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -286,6 +287,9 @@ func TestAll(t *testing.T) {
 			checkLines(t, lines, allWant)
 			if got := strings.Join(apis, " "); got != tc.apis {
 				t.Errorf("functions %q, want %q", got, tc.apis)
+			}
+			if h := rec.traces[0].h; h.Device != "Fake GPU" || h.DeviceMemory != 80<<30 {
+				t.Errorf("header names the card %q of %d bytes", h.Device, h.DeviceMemory)
 			}
 			md := rec.traces[0].h.Metadata
 			for k, v := range tc.calls {

@@ -52,6 +52,18 @@ type Options struct {
 	// recorded descendants that still run (0: 2 seconds). Their traces
 	// hold the events up to then.
 	Linger time.Duration
+	// Card, if not nil, is asked once the program has exited (so that it
+	// takes no memory from the program) for the GPU the program ran on:
+	// its name and total memory in bytes (cudaMemGetInfo), written into
+	// every trace's header (Device, DeviceMemory); a zero Card when it
+	// cannot tell.
+	Card func() Card
+}
+
+// Card is a GPU as a trace header names it.
+type Card struct {
+	Name   string
+	Memory uint64 // total memory in bytes
 }
 
 // Result is what a recording produced.
@@ -191,6 +203,10 @@ func Run(opts Options) (*Result, error) {
 	if s := getenv(env, "PYTORCH_CUDA_ALLOC_CONF"); s != "" {
 		rootMeta["PYTORCH_CUDA_ALLOC_CONF"] = s
 	}
+	var card Card
+	if opts.Card != nil {
+		card = opts.Card()
+	}
 	var rootProc *Process
 	for _, p := range procs {
 		if p.Pid == root {
@@ -199,7 +215,7 @@ func Run(opts Options) (*Result, error) {
 	}
 	if rootProc == nil {
 		// No recorded call: an empty trace says so.
-		h := trace.Header{Source: "record", Metadata: map[string]string{
+		h := trace.Header{Source: "record", Device: card.Name, DeviceMemory: card.Memory, Metadata: map[string]string{
 			"pid": strconv.Itoa(root), "command": commandLine(opts.Program, append([]string{opts.Program}, opts.Args...)),
 		}}
 		for k, v := range rootMeta {
@@ -217,7 +233,7 @@ func Run(opts Options) (*Result, error) {
 		if p == rootProc {
 			path, meta = opts.Output, rootMeta
 		}
-		src, err := p.Source(t0, meta)
+		src, err := p.Source(t0, meta, card)
 		if err != nil {
 			return nil, err
 		}
