@@ -101,7 +101,7 @@ func recordRun(t *testing.T, prog string, args ...string) recording {
 		Program: prog, Args: args, Output: out, Library: built.lib,
 		Env:    append(os.Environ(), "LD_LIBRARY_PATH="+built.dir),
 		Stdout: &stdout, Stderr: os.Stderr,
-		Card:   func() Card { return Card{Name: "Fake GPU", Memory: 80 << 30} },
+		Card: func() Card { return Card{Name: "Fake GPU", Memory: 80 << 30} },
 	})
 	if err != nil {
 		t.Fatal(err)
