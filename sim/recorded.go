@@ -92,6 +92,24 @@ func (r *Replay) End() error {
 // withRecorded returns c with the settings that replay a trace of header h
 // as recorded, when c asks for it and its policy follows recordings of h's
 // source; else c as is.
+// ContextBytes is the memory in bytes a device's context holds before the
+// first allocation, as measured on an H200 (CUDA 13.0, driver 580.159;
+// ../shared/reference/CUDA_MEASURED.md, "Footprint"): a card's memory less
+// it is what allocations can take.
+const ContextBytes = 552402944
+
+// withCard gives a config with CardCapacity and no capacity the capacity of
+// the card the trace was recorded on (h.DeviceMemory, record run's
+// cudaMemGetInfo total) less its context (ContextBytes), so that a malloc
+// the card refused fails in the replay too.
+func (c Config) withCard(h trace.Header) Config {
+	if c.CardCapacity && c.Capacity == 0 && c.Backend == nil && h.DeviceMemory > ContextBytes {
+		c.Capacity = h.DeviceMemory - ContextBytes
+		c.CardCapacityUsed = true
+	}
+	return c
+}
+
 func (c Config) withRecorded(h trace.Header) (Config, error) {
 	if !c.AsRecorded {
 		return c, nil

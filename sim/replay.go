@@ -20,6 +20,11 @@ type Config struct {
 	Settings policies.Settings
 	// Capacity is the simulated device's capacity in bytes, 0 for unlimited.
 	Capacity uint64
+	// CardCapacity, with Capacity 0, takes the capacity from the card the
+	// trace names (Header.DeviceMemory) less its context (ContextBytes);
+	// unlimited when it names none. CardCapacityUsed says it did (set by
+	// Prepare).
+	CardCapacity, CardCapacityUsed bool
 	// Observer, if not nil, is told of every action of the allocator (see
 	// Observer), for recording its history.
 	Observer Observer
@@ -165,12 +170,13 @@ func NewReplay(cfg Config) (*Replay, error) {
 	r.timer, _ = back.(PolicyTimer)
 	r.startRecorded()
 	r.res = Result{
-		Trace:         cfg.Trace,
-		Policy:        p.Name(),
-		Settings:      cfg.Settings,
-		Capacity:      cfg.Capacity,
-		FirstOOMEvent: -1,
-		BuildError:    buildErr,
+		Trace:            cfg.Trace,
+		Policy:           p.Name(),
+		Settings:         cfg.Settings,
+		Capacity:         cfg.Capacity,
+		CapacityFromCard: cfg.CardCapacityUsed,
+		FirstOOMEvent:    -1,
+		BuildError:       buildErr,
 	}
 	return r, nil
 }
@@ -648,7 +654,7 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 	}
 	reps := make([]*Replay, len(cfgs))
 	for k, c := range cfgs {
-		c, err := c.withRecorded(src.Header())
+		c, err := c.withCard(src.Header()).withRecorded(src.Header())
 		if err != nil {
 			return nil, nil, err
 		}
@@ -657,6 +663,7 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 			return nil, nil, err
 		}
 		rep.Reconstructed(ReconstructedEvents(src.Header()))
+		rep.res.TraceSource = src.Header().Source
 		reps[k] = rep
 	}
 	src, err = plan(src, reps)

@@ -12,6 +12,11 @@ type Result struct {
 	Settings map[string]string `json:"settings,omitempty"`
 	// Capacity is the simulated device's capacity, 0 if unlimited.
 	Capacity uint64 `json:"capacity_bytes"`
+	// TraceSource is the trace header's Source ("pytorch", "record", ...).
+	TraceSource string `json:"trace_source,omitempty"`
+	// CapacityFromCard says Capacity is the recorded card's memory less
+	// its context (Config.CardCapacity), no capacity given.
+	CapacityFromCard bool `json:"capacity_from_card,omitempty"`
 	// Events is the number of trace events read.
 	Events int64 `json:"events"`
 	// Mallocs and Frees count the device-memory mallocs and frees replayed.

@@ -88,5 +88,16 @@ func capacityHint(r *sim.Result) string {
 	if r == nil || r.Capacity != 0 || r.SourceOOMs == 0 {
 		return ""
 	}
-	return fmt.Sprintf("the recording has %d failed malloc(s), which this replay without a capacity served: the peaks count them as if the card had given them; the job probably ran under a memory cap, which a snapshot does not record: replay with --capacity set to that cap (e.g. torch.cuda.set_per_process_memory_fraction times the device memory; for a record run trace, the card's memory)", r.SourceOOMs)
+	var remedy string
+	switch r.TraceSource {
+	case "pytorch":
+		remedy = "the job probably ran under a memory cap, which a snapshot does not record: replay with --capacity set to that cap (torch.cuda.set_per_process_memory_fraction times the device memory)"
+	case "rmm":
+		remedy = "the pool probably had a maximum size, which the log does not record: replay with --capacity set to it (maximum_pool_size of the pool_memory_resource), or to the card's memory"
+	case "record":
+		remedy = "the trace does not name its card (a record run before the card was written): replay with --capacity set to the card's memory less its context (the H200's context is 552402944 bytes)"
+	default:
+		remedy = "replay with --capacity set to the memory the job had"
+	}
+	return fmt.Sprintf("the recording has %d failed malloc(s), which this replay without a capacity served: the peaks (requested, allocated and reserved alike) count them as if the card had given them; %s", r.SourceOOMs, remedy)
 }

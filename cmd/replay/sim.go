@@ -24,7 +24,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	policyList := fs.String("policy", "all", "policies to replay: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
-	capacity := fs.String("capacity", "0", "device capacity: bytes or a size like 4000MiB, 24GiB (0 = unlimited)")
+	capacity := fs.String("capacity", "0", "device capacity: bytes or a size like 4000MiB, 24GiB (0 = unlimited; not given: the card a record run trace names, less its context)")
 	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE` (- for stdout)")
@@ -68,7 +68,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	for _, path := range fs.Args() {
 		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
-			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
+			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
 		}
 		vr, err := vd.start(path, cfgs)
 		if err != nil {
@@ -185,6 +185,13 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 		if r.PeakOffline > 0 && !bounds[r.Trace] {
 			bounds[r.Trace] = true
 			fmt.Fprintf(w, "%s: hard lower bound (peak requested) %d bytes; achievable baseline (offline peak reserved) %d bytes\n", r.Trace, r.PeakRequested, r.PeakOffline)
+		}
+	}
+	carded := map[string]bool{}
+	for _, r := range results {
+		if r.CapacityFromCard && !carded[r.Trace] {
+			carded[r.Trace] = true
+			fmt.Fprintf(w, "%s: capacity %d bytes: the recorded card's %d bytes less its %d-byte context (--capacity overrides)\n", r.Trace, r.Capacity, r.Capacity+sim.ContextBytes, uint64(sim.ContextBytes))
 		}
 	}
 	hinted := map[string]bool{}

@@ -16,10 +16,8 @@ import (
 )
 
 // DefaultContext is the memory in bytes the device's context holds before
-// the first allocation, as measured on an H200 (CUDA 13.0, driver
-// 580.159; ../shared/reference/CUDA_MEASURED.md): a card's memory less it
-// is what allocations can take.
-const DefaultContext = 552402944
+// the first allocation (sim.ContextBytes).
+const DefaultContext = sim.ContextBytes
 
 // DefaultCards are the nominal card sizes answered for, in GB of 10^9
 // bytes, as cards are sold: 16, 24, 40, 48, 80, 94 and 141 GB.

@@ -29,6 +29,8 @@ var columns = []column{
 	{"policy", func(r *sim.Result) string { return r.Policy }},
 	{"settings", func(r *sim.Result) string { return policies.Settings(r.Settings).Join(";") }},
 	{"capacity_bytes", func(r *sim.Result) string { return u(r.Capacity) }},
+	{"trace_source", func(r *sim.Result) string { return r.TraceSource }},
+	{"capacity_from_card", func(r *sim.Result) string { return strconv.FormatBool(r.CapacityFromCard) }},
 	{"events", func(r *sim.Result) string { return i(r.Events) }},
 	{"mallocs", func(r *sim.Result) string { return i(r.Mallocs) }},
 	{"frees", func(r *sim.Result) string { return i(r.Frees) }},
