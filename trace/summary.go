@@ -12,6 +12,8 @@ import (
 type Summary struct {
 	Trace         string            `json:"trace"`
 	Source        string            `json:"source"`
+	Device        string            `json:"device,omitempty"`
+	DeviceMemory  uint64            `json:"device_memory_bytes,omitempty"`
 	Events        int64             `json:"events"`
 	DurationNs    int64             `json:"duration_ns"`
 	Ops           map[string]int64  `json:"ops"`
@@ -73,7 +75,7 @@ var SummaryKinds = []Kind{KindDevice, KindAsync, KindPinned, KindManaged}
 func (s *Stats) Summary(path string, h Header) Summary {
 	n, b := s.LiveBytes()
 	d := Summary{
-		Trace: path, Source: h.Source, Events: s.Events, DurationNs: s.LastTime - s.FirstTime,
+		Trace: path, Source: h.Source, Device: h.Device, DeviceMemory: h.DeviceMemory, Events: s.Events, DurationNs: s.LastTime - s.FirstTime,
 		Ops: map[string]int64{}, Mallocs: map[string]int64{},
 		PeakLive: s.PeakLive, PeakLiveEvent: s.PeakLiveEvent, PeakPinned: s.PeakPinned, PeakManaged: s.PeakManaged,
 		LiveAtEnd: n, LiveBytes: b, UnknownFrees: s.UnknownFrees,

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -134,6 +136,23 @@ func maxBucket(h *trace.Histogram) int64 {
 
 func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top int) {
 	fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, humanNs(uint64(max(s.LastTime-s.FirstTime, 0))))
+	if h.Device != "" || h.DeviceMemory != 0 {
+		fmt.Fprintf(w, "card: %s, %s (%d bytes)\n", cmp.Or(h.Device, "unnamed"), humanBytes(h.DeviceMemory), h.DeviceMemory)
+	}
+	var calls []string
+	for k, v := range h.Metadata {
+		if name, ok := strings.CutPrefix(k, "calls."); ok {
+			c := name + " " + v
+			if f := h.Metadata["failed."+name]; f != "" {
+				c += " (" + f + " failed)"
+			}
+			calls = append(calls, c)
+		}
+	}
+	if len(calls) > 0 {
+		slices.Sort(calls)
+		fmt.Fprintf(w, "recorded calls: %s\n", strings.Join(calls, ", "))
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ops:")
 	for _, op := range trace.SummaryOps {

@@ -137,3 +137,23 @@ func TestStatsCheckErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestStatsCard: the card and the recorded calls a record run header
+// carries are shown.
+func TestStatsCard(t *testing.T) {
+	path := writeTrace(t, `header source=record device="NVIDIA H200" device_memory=150754820096 meta.calls.cuMemMap=3 meta.calls.cudaMalloc=2 meta.failed.cudaMalloc=1
+malloc id=1 size=1GiB t=0
+`)
+	out, _, err := runCmd(t, "stats", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"card: NVIDIA H200, 140.4 GiB (150754820096 bytes)\n",
+		"recorded calls: cuMemMap 3, cudaMalloc 2 (1 failed)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+}

@@ -670,10 +670,24 @@ static int proc_api(const char *s, int ver) {
 	return A_NONE;
 }
 
+// debug_lookup prints an entry-point lookup when ALLOCSIM_RECORD_DEBUG is
+// set: how a program reaches the driver, for finding what it calls.
+static void debug_lookup(const char *how, const char *sym, int api) {
+	static int on = -1;
+	if (on < 0)
+		on = getenv("ALLOCSIM_RECORD_DEBUG") != NULL;
+	if (!on)
+		return;
+	char msg[160];
+	snprintf(msg, sizeof msg, "allocsim interposer: %s %s%s\n", how, sym, api != A_NONE ? " (wrapped)" : "");
+	say(msg);
+}
+
 static void wrap_proc(const char *sym, void **pfn, int ver, uint64_t flags) {
 	if (!sym || !pfn || !*pfn)
 		return;
 	int api = proc_api(sym, ver);
+	debug_lookup("cuGetProcAddress", sym, api);
 	if (api != A_NONE)
 		*pfn = wrap(api, *pfn, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) ? F_PTSZ : 0);
 }
@@ -837,6 +851,7 @@ EXPORT void *dlsym(void *handle, const char *sym) {
 		return real_dlsym(handle, sym);
 	uint32_t flags;
 	int api = dlsym_api(sym, &flags);
+	debug_lookup("dlsym", sym, api);
 	if (api == A_NONE)
 		return real_dlsym(handle, sym);
 	return wrap(api, real_dlsym(handle, sym), flags);
