@@ -195,9 +195,12 @@ func (p *Process) count() (counts, error) {
 // maps at the address it maps them (PyTorch's expandable segments map one
 // page per call, XLA one buffer), a cuMemUnmap the free of each mapping
 // inside the range it unmaps (a marker where it takes part of one); a
-// failed cuMemCreate is the malloc that failed (the driver refused the
-// memory); the other calls (cuMemAddressReserve and Free, cuMemCreate,
-// cuMemRelease) are counted in the header's metadata only. A pool trimmed
+// cuMemCreate refused for lack of memory (CUDA_ERROR_OUT_OF_MEMORY) is the
+// malloc that failed, one failed otherwise a marker (PyTorch tries a
+// handle type that the driver may not support, then another); the other
+// calls (cuMemAddressReserve and Free, cuMemCreate, cuMemRelease,
+// cuMemSetAccess: one per map of PyTorch's expandable segments, over its
+// pages) are counted in the header's metadata only. A pool trimmed
 // (cudaMemPoolTrimTo, cuMemPoolTrimTo) is a marker.
 func (p *Process) Source(t0 int64, meta map[string]string, card Card) (trace.Source, error) {
 	c, err := p.count()
@@ -293,6 +296,10 @@ func (s *source) clamp(t int64) int64 {
 	return t
 }
 
+// cudaErrorOutOfMemory is CUDA_ERROR_OUT_OF_MEMORY (and the runtime's
+// cudaErrorMemoryAllocation).
+const cudaErrorOutOfMemory = 2
+
 // event converts one record; false for a no-op.
 func (s *source) event(r record) (trace.Event, bool) {
 	a := apis[r.API]
@@ -304,7 +311,7 @@ func (s *source) event(r record) (trace.Event, bool) {
 		stream = streamPerThread
 	}
 	ev := trace.Event{Time: s.clamp(r.Time), Thread: uint64(r.Tid), Stream: stream}
-	if r.RC != 0 && a.class != classMalloc && a.class != classCreate {
+	if r.RC != 0 && a.class != classMalloc && (a.class != classCreate || r.RC != cudaErrorOutOfMemory) {
 		ev.Op, ev.Addr, ev.Stream = trace.OpMarker, r.Addr, 0
 		ev.Label = fmt.Sprintf("%s failed: error %d", a.name, r.RC)
 		return ev, true

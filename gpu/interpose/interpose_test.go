@@ -215,6 +215,7 @@ free addr=0x6 t=0 thread=1
 func TestVMM(t *testing.T) {
 	build(t)
 	const want = `
+marker t=0 thread=1 label="failed: error 801"
 malloc addr=0x1 size=2097152 t=0 thread=1
 malloc addr=0x2 size=2097152 t=0 thread=1
 malloc addr=0x3 size=4194304 t=0 thread=1
@@ -233,14 +234,14 @@ marker t=0 thread=1 label="cuMemPoolTrimTo of pool 0x9001 to 0 bytes"
 			}
 			lines, apis := normalize(rec.traces[0].evs)
 			checkLines(t, lines, want)
-			if got, w := strings.Join(apis, " "), "cuMemMap cuMemMap cuMemMap cuMemCreate"; got != w {
+			if got, w := strings.Join(apis, " "), "cuMemCreate cuMemMap cuMemMap cuMemMap cuMemCreate"; got != w {
 				t.Errorf("functions %q, want %q", got, w)
 			}
 			md := rec.traces[0].h.Metadata
 			for k, v := range map[string]string{
-				"calls.cuMemAddressReserve": "1", "calls.cuMemAddressFree": "1", "calls.cuMemCreate": "4",
-				"failed.cuMemCreate": "1", "calls.cuMemRelease": "3", "calls.cuMemMap": "3", "calls.cuMemUnmap": "3",
-				"calls.cuMemPoolTrimTo": "1",
+				"calls.cuMemAddressReserve": "1", "calls.cuMemAddressFree": "1", "calls.cuMemCreate": "5",
+				"failed.cuMemCreate": "2", "calls.cuMemRelease": "3", "calls.cuMemMap": "3", "calls.cuMemUnmap": "3",
+				"calls.cuMemPoolTrimTo": "1", "calls.cuMemSetAccess": "1",
 			} {
 				if md[k] != v {
 					t.Errorf("metadata %s = %q, want %q", k, md[k], v)

@@ -57,7 +57,8 @@ const (
 	// classTrim is a memory pool trimmed: a marker.
 	classTrim
 	// classCreate is a cuMemCreate: physical memory for a mapping, no
-	// event; when it fails, the malloc that failed.
+	// event; when the driver refuses the memory
+	// (CUDA_ERROR_OUT_OF_MEMORY), the malloc that failed.
 	classCreate
 )
 
@@ -109,6 +110,7 @@ var apis = map[uint32]api{
 	42: {"cuMemMap", classMap, trace.KindDevice},
 	43: {"cuMemUnmap", classUnmap, trace.KindDevice},
 	44: {"cuMemPoolTrimTo", classTrim, 0},
+	45: {"cuMemSetAccess", classVMM, 0},
 }
 
 // flagPTSZ marks a call through a per-thread default stream entry point.

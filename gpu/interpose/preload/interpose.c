@@ -102,6 +102,7 @@ enum {
 	A_cuMemMap = 42,
 	A_cuMemUnmap = 43,
 	A_cuMemPoolTrimTo = 44,
+	A_cuMemSetAccess = 45,
 	NAPI
 };
 
@@ -615,6 +616,17 @@ static int body_mm(int api, int k, uint64_t ra, uint64_t a, size_t n, size_t off
 	return rc;
 }
 
+// sa is cuMemSetAccess: a range made accessible, once per map of PyTorch's
+// expandable segments (over the pages of one map).
+typedef int (*fn_sa)(uint64_t, size_t, const void *, size_t);
+static int body_sa(int api, int k, uint64_t ra, uint64_t a, size_t n, const void *desc, size_t count) {
+	PROLOGUE(fn_sa, a, n, desc, count)
+	int rc = real(a, n, desc, count);
+	t_depth--;
+	commit(reserve(), api, rc, a, n, 0, count, ra, fl);
+	return rc;
+}
+
 // pt is cudaMemPoolTrimTo and cuMemPoolTrimTo: the pool in addr, the
 // bytes to keep in size.
 typedef int (*fn_pt)(void *, size_t);
@@ -659,6 +671,7 @@ static int proc_api(const char *s, int ver) {
 	    {"cuMemMap", A_cuMemMap, 0},
 	    {"cuMemUnmap", A_cuMemUnmap, 0},
 	    {"cuMemPoolTrimTo", A_cuMemPoolTrimTo, 0},
+	    {"cuMemSetAccess", A_cuMemSetAccess, 0},
 	};
 	if (s[0] != 'c' || s[1] != 'u')
 		return A_NONE;
@@ -758,6 +771,8 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 #define C_rl h
 #define P_mm (uint64_t a, size_t n, size_t off, uint64_t h, unsigned long long f)
 #define C_mm a, n, off, h, f
+#define P_sa (uint64_t a, size_t n, const void *desc, size_t count)
+#define C_sa a, n, desc, count
 #define P_pt (void *pool, size_t keep)
 #define C_pt pool, keep
 #define P_gp4 (const char *sym, void **pfn, int ver, uint64_t flags)
@@ -810,6 +825,7 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 	X(mm, cuMemMap, cuMemMap)                                        \
 	X(af, cuMemUnmap, cuMemUnmap)                                    \
 	X(pt, cuMemPoolTrimTo, cuMemPoolTrimTo)                          \
+	X(sa, cuMemSetAccess, cuMemSetAccess)                            \
 	X(gp4, cuGetProcAddress, cuGetProcAddress)                       \
 	X(gp5, cuGetProcAddress_v2, cuGetProcAddress_v2)
 

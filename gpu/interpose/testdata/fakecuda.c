@@ -84,7 +84,8 @@ int cuDeviceGetCount(int *n) { *n = 1; return 0; }
 
 // The virtual memory API, over nothing: a range is a counter of addresses,
 // a handle a counter; a create of more than 1 TiB returns
-// CUDA_ERROR_OUT_OF_MEMORY, a map or unmap of 0 bytes
+// CUDA_ERROR_OUT_OF_MEMORY, one with flags 1 CUDA_ERROR_NOT_SUPPORTED
+// (801, as an unsupported handle type), a map or unmap of 0 bytes
 // CUDA_ERROR_INVALID_VALUE.
 static unsigned long long next_va = 0x7f0000000000ull, next_handle = 0x100;
 int cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr, unsigned long long f) {
@@ -99,11 +100,13 @@ int cuMemAddressReserve(CUdeviceptr *p, size_t n, size_t align, CUdeviceptr addr
 }
 int cuMemAddressFree(CUdeviceptr p, size_t n) { return p && n ? 0 : 1; }
 int cuMemCreate(unsigned long long *h, size_t n, const void *prop, unsigned long long f) {
-	(void)prop; (void)f;
+	(void)prop;
 	if (!h || n == 0)
 		return 1;
 	if (n > (1ull << 40))
 		return 2;
+	if (f == 1)
+		return 801;
 	pthread_mutex_lock(&mu);
 	*h = next_handle++;
 	pthread_mutex_unlock(&mu);
@@ -116,6 +119,10 @@ int cuMemMap(CUdeviceptr p, size_t n, size_t off, unsigned long long h, unsigned
 }
 int cuMemUnmap(CUdeviceptr p, size_t n) { return p && n ? 0 : 1; }
 int cuMemPoolTrimTo(void *pool, size_t keep) { (void)keep; return pool ? 0 : 1; }
+int cuMemSetAccess(CUdeviceptr p, size_t n, const void *desc, size_t count) {
+	(void)desc;
+	return p && n && count ? 0 : 1;
+}
 
 int cuGetProcAddress(const char *sym, void **pfn, int ver, unsigned long long flags);
 int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status);
@@ -147,6 +154,7 @@ static const struct {
     {"cuMemMap", (void *)cuMemMap, 0},
     {"cuMemUnmap", (void *)cuMemUnmap, 0},
     {"cuMemPoolTrimTo", (void *)cuMemPoolTrimTo, 0},
+    {"cuMemSetAccess", (void *)cuMemSetAccess, 0},
 };
 
 int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {

@@ -70,15 +70,17 @@ static void all(void) {
 // vmm maps memory through the driver's virtual memory API, reaching it as
 // PyTorch does (entry points from cuGetProcAddress, as the runtime's
 // cudaGetDriverEntryPoint hands them out) with via "proc", and as XLA does
-// (dlsym on libcuda.so.1) otherwise: a range, two pages mapped, a third
-// mapping, an unmap of the first two at once, an unmap of part of the
-// third, a create refused, a pool trimmed.
+// (dlsym on libcuda.so.1) otherwise: a range, a create of an unsupported
+// handle type, two pages mapped and made accessible, a third mapping, an
+// unmap of the first two at once, an unmap of part of the third, a create
+// refused for lack of memory, a pool trimmed.
 typedef int (*reserve_fn)(unsigned long long *, size_t, size_t, unsigned long long, unsigned long long);
 typedef int (*free_fn)(unsigned long long, size_t);
 typedef int (*create_fn)(unsigned long long *, size_t, const void *, unsigned long long);
 typedef int (*release_fn)(unsigned long long);
 typedef int (*map_fn)(unsigned long long, size_t, size_t, unsigned long long, unsigned long long);
 typedef int (*trim_fn)(void *, size_t);
+typedef int (*access_fn)(unsigned long long, size_t, const void *, size_t);
 typedef int (*proc_fn)(const char *, void **, int, unsigned long long, int *);
 
 static void vmm(int via_proc) {
@@ -88,9 +90,9 @@ static void vmm(int via_proc) {
 		exit(1);
 	}
 	proc_fn proc = (proc_fn)dlsym(lib, "cuGetProcAddress_v2");
-	void *f[7];
-	const char *names[] = {"cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemPoolTrimTo"};
-	for (int i = 0; i < 7; i++) {
+	void *f[8];
+	const char *names[] = {"cuMemAddressReserve", "cuMemAddressFree", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemPoolTrimTo", "cuMemSetAccess"};
+	for (int i = 0; i < 8; i++) {
 		f[i] = NULL;
 		if (via_proc)
 			proc(names[i], &f[i], 12000, 0, NULL);
@@ -104,11 +106,14 @@ static void vmm(int via_proc) {
 	const size_t page = 2u << 20;
 	unsigned long long va, h1, h2, h3, hx;
 	R(((reserve_fn)f[0])(&va, 16 * page, 0, 0, 0));
+	R(((create_fn)f[2])(&h1, page, NULL, 1));
 	R(((create_fn)f[2])(&h1, page, NULL, 0));
 	R(((create_fn)f[2])(&h2, page, NULL, 0));
 	R(((create_fn)f[2])(&h3, 2 * page, NULL, 0));
 	R(((map_fn)f[4])(va, page, 0, h1, 0));
 	R(((map_fn)f[4])(va + page, page, 0, h2, 0));
+	char desc[16] = {0};
+	R(((access_fn)f[7])(va, 2 * page, desc, 1));
 	R(((map_fn)f[4])(va + 4 * page, 2 * page, 0, h3, 0));
 	R(((create_fn)f[2])(&hx, 1ull << 50, NULL, 0));
 	R(((free_fn)f[5])(va, 2 * page));
