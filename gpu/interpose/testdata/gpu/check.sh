@@ -26,4 +26,10 @@ for r in 1 2; do
 	bin/record run -o $OUT/torch.trace -- python3 $D/torch_prog.py $OUT/torch$r > $OUT/torch.rec$r.txt 2>&1
 	echo "exit $?" >> $OUT/torch.rec$r.txt
 done
+# The virtual memory API (testdata/h200 holds these two recordings): PyTorch
+# with expandable segments, and JAX with the platform allocator beside the
+# same job under XLA's BFC allocator (its num_allocs).
+PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True bin/record run -o $OUT/torch_expandable.trace -- python3 $D/torch_prog.py $OUT/torch_expandable > $OUT/torch_expandable.txt 2>&1
+XLA_PYTHON_CLIENT_ALLOCATOR=platform bin/record run -o $OUT/jax_platform.trace -- python3 $D/jax_prog.py $OUT/jax_platform.json > $OUT/jax_platform.txt 2>&1
+python3 $D/jax_prog.py $OUT/jax_default.json > $OUT/jax_default.txt 2>&1
 ls -la $OUT

@@ -1,0 +1,108 @@
+package interpose
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+// The recordings in testdata/h200 were made with `record run` on an H200
+// (PyTorch 2.11, JAX 0.11.2, CUDA 13.0; 2026-12-01) of the programs in
+// testdata/gpu, beside the figures the frameworks report for the same job
+// (NAME.json):
+//   - torch_expandable: torch_prog.py with expandable_segments:True, and
+//     its memory_stats;
+//   - jax_platform: jax_prog.py with XLA_PYTHON_CLIENT_ALLOCATOR=platform
+//     (one mapping per buffer), and jax_default.json, the same job with
+//     XLA's BFC allocator and its memory_stats.
+//
+// TestH200Recordings checks that every device allocation was recorded.
+func TestH200Recordings(t *testing.T) {
+	read := func(name string) (trace.Header, map[trace.Op]int, map[trace.Kind]int) {
+		t.Helper()
+		f, err := tracefile.Open(filepath.Join("testdata", "h200", name), tracefile.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		ops, kinds := map[trace.Op]int{}, map[trace.Kind]int{}
+		for {
+			ev, err := f.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ops[ev.Op]++
+			if ev.Op == trace.OpMalloc {
+				kinds[ev.Kind]++
+			}
+		}
+		return f.Header(), ops, kinds
+	}
+	stats := func(name string, v any) {
+		t.Helper()
+		raw, err := os.ReadFile(filepath.Join("testdata", "h200", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := func(h trace.Header, name string) int {
+		n, _ := strconv.Atoi(h.Metadata["calls."+name])
+		return n
+	}
+
+	t.Run("torch_expandable", func(t *testing.T) {
+		h, ops, kinds := read("torch_expandable.trace")
+		var st struct {
+			DeviceAllocs int `json:"num_device_alloc"`
+		}
+		stats("torch_expandable.json", &st)
+		// PyTorch counts a device alloc per map of a range of pages, which
+		// makes the range accessible once (cuMemSetAccess) after a
+		// cuMemCreate and a cuMemMap per page.
+		if n := calls(h, "cuMemSetAccess"); n != st.DeviceAllocs || n == 0 {
+			t.Errorf("%d cuMemSetAccess, memory_stats num_device_alloc %d", n, st.DeviceAllocs)
+		}
+		if maps, allocs := calls(h, "cuMemMap"), calls(h, "cuMemAlloc"); kinds[trace.KindDevice] != maps+allocs {
+			t.Errorf("%d device mallocs, %d cuMemMap + %d cuMemAlloc", kinds[trace.KindDevice], maps, allocs)
+		}
+		// The handle type PyTorch tries first and the driver refuses is no
+		// OOM.
+		if ops[trace.OpMallocFailed] != 0 || h.Metadata["failed.cuMemCreate"] != "1" {
+			t.Errorf("%d failed mallocs, %q failed cuMemCreate", ops[trace.OpMallocFailed], h.Metadata["failed.cuMemCreate"])
+		}
+		if h.Device != "NVIDIA H200" || h.DeviceMemory != 150109880320 {
+			t.Errorf("card %q of %d bytes", h.Device, h.DeviceMemory)
+		}
+	})
+	t.Run("jax_platform", func(t *testing.T) {
+		h, _, kinds := read("jax_platform.trace")
+		var st struct {
+			Stats struct {
+				Allocs int `json:"num_allocs"`
+			} `json:"stats"`
+		}
+		stats("jax_default.json", &st)
+		// XLA's platform allocator maps one range per buffer: as many as
+		// its BFC allocator makes allocations in the same job. The
+		// cuMemAlloc calls are cuBLAS's and cuDNN's workspaces, which no
+		// XLA allocator counts.
+		if n := calls(h, "cuMemMap"); n != st.Stats.Allocs || n == 0 {
+			t.Errorf("%d cuMemMap, BFC num_allocs %d", n, st.Stats.Allocs)
+		}
+		if maps, allocs := calls(h, "cuMemMap"), calls(h, "cuMemAlloc"); kinds[trace.KindDevice] != maps+allocs {
+			t.Errorf("%d device mallocs, %d cuMemMap + %d cuMemAlloc", kinds[trace.KindDevice], maps, allocs)
+		}
+	})
+}
