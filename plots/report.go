@@ -436,7 +436,7 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 		offline = max(offline, r.PeakOffline)
 	}
 	if offline > 0 {
-		facts = append(facts, fact{"offline placement, the achievable baseline", MiBText(offline) + " MiB (" + strconv.FormatFloat(float64(offline)/float64(max(lower, 1)), 'f', 3, 64) + " × lower bound)"})
+		facts = append(facts, fact{"offline placement (clairvoyant heuristic, not the optimum)", MiBText(offline) + " MiB (" + strconv.FormatFloat(float64(offline)/float64(max(lower, 1)), 'f', 3, 64) + " × lower bound)"})
 	}
 	if r0.PeakPinned > 0 || r0.PeakManaged > 0 {
 		facts = append(facts, fact{"peak pinned / managed host memory", MiBText(r0.PeakPinned) + " / " + MiBText(r0.PeakManaged) + " MiB"})
@@ -463,16 +463,18 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 	head := []string{"policy", "settings", "peak reserved MiB", "÷ lower bound", "peak allocated MiB", "fragmentation at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
 	labels := policyLabels(g.sim())
 	best := uint64(math.MaxUint64)
+	var lower uint64 // the trace's: a row with OOMs requested less
 	for _, r := range g.results {
 		if r.OOMs == 0 && r.PeakReserved > 0 {
 			best = min(best, r.PeakReserved)
 		}
+		lower = max(lower, r.PeakRequested)
 	}
 	var rows []row
 	for i, r := range g.results {
 		ratio := "-"
-		if r.PeakRequested > 0 {
-			ratio = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakRequested), 'f', 3, 64)
+		if lower > 0 {
+			ratio = strconv.FormatFloat(float64(r.PeakReserved)/float64(lower), 'f', 3, 64)
 		}
 		reservedClass := "num"
 		if r.PeakReserved == best {
@@ -614,13 +616,17 @@ func overviewTable(groups []*reportGroup) *overview {
 		for i := range ratios {
 			ratios[i] = math.NaN()
 		}
+		var lower uint64 // the trace's: a row with OOMs requested less
+		for _, r := range g.results {
+			lower = max(lower, r.PeakRequested)
+		}
 		for _, r := range g.results {
 			l := labels[k]
 			k++
-			if r.PeakRequested == 0 {
+			if lower == 0 {
 				continue
 			}
-			ratio := float64(r.PeakReserved) / float64(r.PeakRequested)
+			ratio := float64(r.PeakReserved) / float64(lower)
 			ratios[col[l]] = ratio
 			text := strconv.FormatFloat(ratio, 'f', 2, 64)
 			class := "num"

@@ -160,7 +160,7 @@ func TestReportHTML(t *testing.T) {
 		"measured on the GPU for the (gpu) policies", // the latency caption
 		"not monotone in capacity: it runs out of memory at 18432.0 MiB although 17408.0 MiB fits",
 		`<td class="yn no">OOM</td>`, "never",
-		"offline placement, the achievable baseline</th><td>", "1.050 × lower bound",
+		"offline placement (clairvoyant heuristic, not the optimum)</th><td>", "1.050 × lower bound",
 		"best_fit could not be built on this device (device alloc of 80 GiB refused)",
 	} {
 		if !strings.Contains(html, s) {

@@ -134,7 +134,7 @@ type AsyncPool struct {
 
 	reserved uint64 // mapped bytes
 	used     uint64 // bytes of live blocks
-	err      error // a device error at a synchronize, for the next call
+	err      error  // a device error at a synchronize, for the next call
 }
 
 // apRangeBytes is the size of the pool's virtual address range: room for

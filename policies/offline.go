@@ -8,7 +8,8 @@ import (
 )
 
 // OfflineName is the registry name of the Offline policy, whose peak
-// reserved bytes a replay reports as the achievable baseline.
+// reserved bytes a replay reports beside the lower bound: what a placement
+// knowing the future reached (a heuristic's, not the optimum).
 const OfflineName = "offline"
 
 // Offline is a clairvoyant placement: it sees the whole trace before the
@@ -18,9 +19,13 @@ const OfflineName = "offline"
 // minimizing the highest end) once, before the first malloc. The replay
 // then places each malloc at its planned offset inside one device segment
 // (the arena) of exactly the planned height, allocated at the first malloc
-// of a non-zero size. Its peak reserved bytes are what is achievable with
-// the lifetimes known; peak requested live bytes stay the hard lower bound
-// (the two are equal when the plan packs perfectly).
+// of a non-zero size. Its peak reserved bytes are what a placement knowing
+// the lifetimes reached, an upper estimate of the optimum, not the optimum
+// itself: on MiniMalloc's benchmarks A..K, each solvable in 1048576 bytes,
+// it reaches 1.000 (A, F, H, K) to 1.100 (E) times that (C: 0.991) with the
+// default budget; MiniMalloc's own search, with more pruning, solves them
+// all. Peak requested live bytes stay the hard lower bound (the two are
+// equal when the plan packs perfectly).
 //
 // The plan is the best of a portfolio: the classic greedy placements (each
 // block in turn, in an order by size, by lifetime, by area or by the most
@@ -115,7 +120,7 @@ var offlineAbilities = Abilities{Planner: true, Releaser: true, FreeSpacer: true
 func init() {
 	register(Info{
 		Name:   OfflineName,
-		Design: "clairvoyant static placement of the whole trace (dynamic storage allocation), greedy orders and a bounded search: the achievable baseline",
+		Design: "clairvoyant static placement of the whole trace (dynamic storage allocation), greedy orders and a budgeted search after MiniMalloc: a heuristic, not the optimum (MiniMalloc A..K: 1.00 to 1.10 of it)",
 		Settings: []Setting{
 			offlineAlignmentSetting,
 			{Key: "nodes", Default: "200000", Doc: "the search's budget in nodes (0: the greedy orders only), at most 2^40"},

@@ -39,9 +39,10 @@ type Result struct {
 	// results.GPU's Driver).
 	PeakFootprint uint64 `json:"peak_footprint_bytes"`
 	// PeakOffline is the peak reserved bytes of the offline policy (which
-	// places every malloc knowing the whole trace) on the same trace: the
-	// achievable baseline, as PeakRequested is the hard lower bound. It is
-	// 0 when the offline policy was not replayed with this result.
+	// places every malloc knowing the whole trace) on the same trace: what
+	// a clairvoyant heuristic reached, not the optimum (PeakRequested is
+	// the hard lower bound). It is 0 when the offline policy was not
+	// replayed with this result.
 	PeakOffline uint64 `json:"offline_peak_reserved_bytes,omitempty"`
 	// PeakFragmentation is the largest 1 - allocated/reserved seen at a
 	// series point (0..1).

@@ -67,3 +67,22 @@ func TestCardCapacity(t *testing.T) {
 		t.Errorf("with --capacity 0:\n%s", out)
 	}
 }
+
+// TestLowerBoundNote: the note's lower bound is the trace's peak
+// requested, from a policy that served every malloc, not the first row's
+// (buddy, rounding 1 GiB + 1 byte to 2 GiB, runs out of memory under a 2
+// GiB + 1 MiB capacity and requests only the first malloc's bytes).
+func TestLowerBoundNote(t *testing.T) {
+	path := writeTrace(t, `malloc id=1 size=1073741825
+malloc id=2 size=1073741825
+free id=1
+free id=2
+`)
+	out, _, err := runCmd(t, "sim", "--policy", "buddy,cuda,offline", "--capacity", "2148532224", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "hard lower bound (peak requested, every malloc served) 2147483650 bytes") {
+		t.Errorf("no lower bound of 2147483650 bytes:\n%s", out)
+	}
+}

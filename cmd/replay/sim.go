@@ -180,11 +180,22 @@ func writeTable(w io.Writer, results []*sim.Result) {
 // writeNotes prints what a table of results does not say: the bounds, the
 // advice to give a capacity, truncated histories and anomalies.
 func writeNotes(w io.Writer, results []*sim.Result) {
+	// The trace's peak requested is the largest of its results': a policy
+	// with OOMs requested only what it served.
+	lower, served := map[string]uint64{}, map[string]bool{}
+	for _, r := range results {
+		lower[r.Trace] = max(lower[r.Trace], r.PeakRequested)
+		served[r.Trace] = served[r.Trace] || r.OOMs == 0
+	}
 	bounds := map[string]bool{}
 	for _, r := range results {
 		if r.PeakOffline > 0 && !bounds[r.Trace] {
 			bounds[r.Trace] = true
-			fmt.Fprintf(w, "%s: hard lower bound (peak requested) %d bytes; achievable baseline (offline peak reserved) %d bytes\n", r.Trace, r.PeakRequested, r.PeakOffline)
+			how := "every malloc served"
+			if !served[r.Trace] {
+				how = "at least: every policy ran out of memory"
+			}
+			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column only what it served; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", r.Trace, how, lower[r.Trace], r.PeakOffline)
 		}
 	}
 	carded := map[string]bool{}
