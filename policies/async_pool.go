@@ -22,11 +22,19 @@ import (
 //     MiB, 100 MiB from the start of the range 128 MiB, and an allocation
 //     straddles the end of the mapped chunks by mapping the next ones.
 //   - Allocations are rounded up to 512 bytes (1..512 take 512, 513 take
-//     1024) and placed first fit by address over the whole range, mapped or
-//     not: a malloc maps a chunk below free mapped memory rather than use
-//     that memory.
-//   - A chunk that no live block (and, with frees_complete=at_sync, no
-//     pending free) lies on is idle. When an allocation needs a chunk
+//     1024) and placed by best fit, the oldest free first among equal
+//     sizes (a merged block dated by its newest): first among the pending
+//     frees the malloc's stream may reuse (its own, at once), else among
+//     the ready blocks, the range's
+//     unmapped part included (so a malloc maps a chunk below free mapped
+//     memory rather than use that memory when it fits better there). When
+//     the block found is the top of the range or needs a chunk mapped, and
+//     frees complete at once, every pending free is made ready first (the
+//     driver has seen them complete by then) and the best fit taken again.
+//     Fitted to the driver's placements on the H200 replays: it picks the
+//     driver's block at 97.6 to 99.9% of the mallocs of train_gpt,
+//     hf_llama_train and kv_decode when given the driver's state.
+//   - A chunk that no live block and no pending free lies on is idle. When an allocation needs a chunk
 //     mapped and an idle chunk exists elsewhere, the driver moves that
 //     chunk's memory (the highest idle chunk) instead of growing: the
 //     reservation stays (measured: 15 freed 100 MiB blocks with 60 MiB
@@ -42,35 +50,33 @@ import (
 //     recorded after the free. A synchronize of another stream gives
 //     nothing back (measured). A threshold keeps whole chunks: 40 MiB keeps
 //     32 MiB.
-//   - frees_complete says when a free is reusable by other streams. In a
-//     replay no kernels run, the GPU keeps up with the frees, and the
-//     driver reuses a completed free for any stream at once
-//     (cudaMemPoolReuseAllowOpportunistic): at_once, the default, matches
-//     the pool's reserved high on the H200 replays. at_sync is the
-//     conservative reading for a busy GPU: memory freed on a stream is
-//     reusable at once by that stream, by another only once it is ordered
-//     after the free, through an event recorded on the freeing stream after
-//     the free and waited for by the other stream
-//     (cudaMemPoolReuseFollowEventDependencies), or once the host has seen
-//     the free complete at a synchronize (measured with the freeing stream
-//     busy: another stream's malloc gets new memory; after an event wait it
-//     gets the freed block). Free blocks of one kind merge: completed with
-//     completed, pending with pending freed on the same stream (then waiting
-//     for the later free of the two).
+//   - frees_complete says when a pending free becomes ready, reusable by
+//     every stream. In a replay no kernels run and the GPU keeps up with
+//     the frees; the driver reuses completed frees for any stream
+//     (cudaMemPoolReuseAllowOpportunistic) once it has seen them complete,
+//     which on the H200 replays it had by the time the pool grew: at_once,
+//     the default, makes every pending free ready when a malloc would grow
+//     the pool (above). at_sync is the reading for a busy GPU: a free
+//     becomes ready only at a synchronize that orders the host after it.
+//     In both, memory freed on a stream is reusable at once by that
+//     stream, and by another once that stream is ordered after the free
+//     through an event recorded on the freeing stream after the free and
+//     waited for (cudaMemPoolReuseFollowEventDependencies; measured with
+//     the freeing stream busy: another stream's malloc gets new memory;
+//     after an event wait it gets the freed block). Pending frees of one
+//     stream merge (then waiting for the later of the two), ready blocks
+//     merge; a pending free and a ready block do not.
 //   - When the device refuses a chunk, the pool reuses memory freed on
 //     another stream by making the malloc's stream wait for the freeing
 //     stream (cudaMemPoolReuseAllowInternalDependencies; measured: while the
 //     pool can grow, it grows instead); else the malloc fails.
 //
-// Not modelled: the driver does not always take the lowest free address;
-// which free block it takes depends on timing (how far the GPU has got with
-// the frees) in a way not worked out, so the addresses drift from the
-// driver's after a few hundred calls. The reserved high is within one chunk
-// of the driver's on 9 of 14 real traces replayed on the H200 (8 to the
-// byte) and up to 10 chunks below it on the others: 64 MiB on mlp (9%), 96
-// MiB on churn_mixed (6%), 192 MiB on train_gpt (2%) and multistream (23%),
-// 320 MiB on hf_llama_train (7%); the table is in
-// sim/asyncpool_h200_test.go.
+// Not modelled: which block the driver takes also depends on timing (how
+// far the GPU has got with the frees, across streams most of all), so the
+// addresses drift from the driver's after a few hundred to a few thousand
+// calls. The reserved high is within one chunk of the driver's on 13 of 14
+// real traces replayed on the H200 (8 to the byte) and 96 MiB below it on
+// multistream (two streams); the table is in sim/asyncpool_h200_test.go.
 //
 // The range is reserved through the device's Mapper (cuMemAddressReserve,
 // then cuMemCreate and cuMemMap of each chunk; one device allocation per
@@ -93,8 +99,8 @@ import (
 //     (the driver's page).
 //   - alignment [512]: allocations are rounded up to a multiple of it, a
 //     power of two from 1 B to 2 MiB.
-//   - frees_complete [at_once]: when another stream may reuse a free:
-//     at_once or at_sync (see above).
+//   - frees_complete [at_once]: when a pending free becomes ready for
+//     every stream: at_once or at_sync (see above).
 //   - reuse_follow_event_dependencies [true]: reuse across streams through
 //     event waits.
 //   - reuse_allow_internal_dependencies [true]: when the device refuses,
@@ -108,11 +114,13 @@ type AsyncPool struct {
 	followEvents bool
 	internalDeps bool
 
-	// ready holds the free blocks whose frees are complete, reusable by
-	// every stream, as an address-ordered tree; it also owns the blocks'
-	// spares and the live map of allocated blocks. The whole unmapped part
-	// of the range is ready free space.
+	// ready owns the blocks' spares and the live map of allocated blocks;
+	// readyT holds the free blocks whose frees are complete, reusable by
+	// every stream, by (size, serial): best fit, the oldest free first.
+	// The whole unmapped part of the range is ready free space.
 	ready   coalescing
+	readyT  freeTree[*flBlock]
+	serial  uint64 // frees so far: a free block's serial is its newest free's
 	streams []*apStream
 	last    *apStream
 	events  map[uint64]apClock // recorded events: what they are ordered after
@@ -129,8 +137,9 @@ type AsyncPool struct {
 	// freed holds, by chunk, the latest free on it of each stream, when
 	// frees complete at once: the chunk goes back only at a synchronize
 	// the host knows them complete through.
-	freed  [][]apFree
-	atOnce bool // frees complete at once (frees_complete=at_once)
+	freed   [][]apFree
+	scratch []*flBlock
+	atOnce  bool // frees complete at once (frees_complete=at_once)
 
 	reserved uint64 // mapped bytes
 	used     uint64 // bytes of live blocks
@@ -148,9 +157,9 @@ type apStream struct {
 	// the count of that stream's frees this stream is ordered after.
 	seq  uint64
 	seen apClock
-	// pend holds the blocks freed on this stream whose frees are not known
-	// complete, as an address-ordered tree (only its free tree is used).
-	pend  coalescing
+	// pend holds the blocks freed on this stream whose frees are not
+	// complete, by (size, serial) as readyT.
+	pend  freeTree[*flBlock]
 	npend int
 }
 
@@ -188,7 +197,7 @@ func init() {
 			{Key: "release_threshold", Default: "0", Doc: "bytes the pool keeps at a synchronize; max keeps everything"},
 			{Key: "granularity", Default: "32MiB", Doc: "the pool's reservation step in bytes, a multiple of 2 MiB"},
 			{Key: "alignment", Default: "512", Doc: "allocations are rounded up to a multiple of it, in bytes: a power of two from 1 B to 2 MiB"},
-			{Key: "frees_complete", Default: "at_once", Doc: "when another stream may reuse a free: at_once (the GPU keeps up, as in a replay; matches the H200) or at_sync (only after an event wait or a synchronize)"},
+			{Key: "frees_complete", Default: "at_once", Doc: "when a pending free becomes reusable by every stream: at_once (when the pool would grow: the GPU keeps up, as in a replay; matches the H200) or at_sync (at a synchronize after it)"},
 			{Key: "reuse_follow_event_dependencies", Default: "true", Doc: "reuse memory across streams through event waits"},
 			{Key: "reuse_allow_internal_dependencies", Default: "true", Doc: "when the device refuses, reuse memory freed on another stream by waiting for it"},
 		},
@@ -256,7 +265,7 @@ func NewAsyncPool(dev Device, s Settings) (*AsyncPool, error) {
 		followEvents: follow,
 		internalDeps: internal,
 		atOnce:       atOnce,
-		ready:        coalescing{name: name, dev: dev, alignment: align, free: freeTree[*flBlock]{byAddr: true}},
+		ready:        coalescing{name: name, dev: dev, alignment: align},
 		events:       map[uint64]apClock{},
 		host:         apClock{},
 	}, nil
@@ -270,7 +279,7 @@ func (p *AsyncPool) Name() string { return "async-pool" }
 // of them (a free block's part in mapped chunks).
 func (p *AsyncPool) FreeSpace() (total, largest uint64) {
 	for _, st := range p.streams {
-		largest = max(largest, st.pend.free.largest())
+		largest = max(largest, st.pend.largest())
 	}
 	if p.seg != nil {
 		// Ready blocks may hold unmapped chunks: walk them.
@@ -315,7 +324,7 @@ func (p *AsyncPool) stream(id uint64) *apStream {
 			return st
 		}
 	}
-	st := &apStream{id: id, seen: apClock{}, pend: coalescing{name: "async-pool", free: freeTree[*flBlock]{byAddr: true}}}
+	st := &apStream{id: id, seen: apClock{}}
 	p.streams = append(p.streams, st)
 	p.last = st
 	return st
@@ -381,68 +390,138 @@ func (p *AsyncPool) reserveRange() error {
 	p.seg = &flSegment{addr: addr, size: apRangeBytes}
 	b := p.ready.newBlock(addr, apRangeBytes, p.seg)
 	p.seg.first = b
-	p.ready.insert(b)
+	p.readyT.insert(b.size, b.serial, b)
 	return nil
 }
 
-// place cuts n bytes for stream st from the lowest free block it may reuse
-// and maps the chunks they touch. When the device refuses a chunk, it
-// reuses another stream's pending block instead (an internal dependency).
-// (No retry after giving idle chunks back: an idle chunk is moved before
-// the device is asked for memory.)
+// place cuts n bytes for stream st from a free block and maps the chunks
+// they touch: the best fit among the pending frees st may reuse (its own,
+// and with event dependencies another stream's it is ordered after), else
+// the best fit among the ready blocks; the oldest free first among equal
+// sizes (measured: on the H200 replays of train_gpt, hf_llama_train and
+// kv_decode this picks the driver's block at 97.6 to 99.9% of the mallocs).
+// When that needs a chunk mapped and frees complete at once, the pending
+// frees of every stream become ready first (the driver has seen them
+// complete by then) and the best fit is taken again. When the device
+// refuses a chunk, it reuses another stream's pending block instead (an
+// internal dependency). (No retry after giving idle chunks back: an idle
+// chunk is moved before the device is asked for memory.)
 func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
-	// The lowest pending block st may reuse, then the ready tree's first
-	// fit below it, taken in the same descent.
-	b, tree := p.findPending(st, n)
-	below := ^uint64(0)
-	if b != nil {
-		below = b.addr
+	if b, tree := p.bestPending(st, n); b != nil {
+		return p.cut(b, n, tree), nil
 	}
-	if r := p.ready.takeFirst(n, below); r != nil {
-		err := p.mapChunks(r.addr, n)
-		if err == nil {
-			p.cover(r.addr, n, true)
-			return r, nil
-		}
-		// Put the cut back, merged with its ready neighbours.
-		p.insertReady(r)
-		if !errors.Is(err, ErrOutOfMemory) {
-			return nil, err
-		}
-		// The pending block st may reuse, above the refused place; else,
-		// with internal dependencies, another stream's that st then waits
-		// for.
-		if b == nil && p.internalDeps {
-			var from *apStream
-			for _, o := range p.streams {
-				if o == st || o.npend == 0 {
-					continue
-				}
-				if c := o.pend.find(n); c != nil && (b == nil || c.addr < b.addr) {
-					b, from, tree = c, o, &o.pend
-				}
-			}
-			if b != nil {
-				st.seen.join(from.clock())
-			}
-		}
-		if b == nil {
-			return nil, err
-		}
-	} else if b == nil {
+	r, ok := p.readyT.best(n)
+	if !ok {
 		return nil, fmt.Errorf("the pool's %d-byte address range is full: %w", uint64(apRangeBytes), ErrOutOfMemory)
 	}
-	// A pending block, mapped and covered already.
-	if b.size == n {
-		tree.remove(b)
-		p.untag(b, tree)
-		return b, nil
+	if p.atOnce && (r.addr+r.size == p.base+apRangeBytes || p.unmapped(r.addr, n)) && p.pending() {
+		for _, o := range p.streams {
+			p.moveDone(o, o.seq)
+		}
+		r, _ = p.readyT.best(n)
 	}
-	// Cut from the front; the rest keeps b's place in its tree.
+	serial := r.serial
+	a := p.cut(r, n, &p.readyT)
+	err := p.mapChunks(a.addr, n)
+	if err == nil {
+		p.cover(a.addr, n, true)
+		return a, nil
+	}
+	// Put the cut back, merged with its ready neighbours.
+	a.free, a.serial = true, serial
+	p.insertReady(a)
+	if !errors.Is(err, ErrOutOfMemory) || !p.internalDeps {
+		return nil, err
+	}
+	var b *flBlock
+	var from *apStream
+	for _, o := range p.streams {
+		if o == st || o.npend == 0 {
+			continue
+		}
+		if c, ok := o.pend.best(n); ok && (b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial) {
+			b, from = c, o
+		}
+	}
+	if b == nil {
+		return nil, err
+	}
+	st.seen.join(from.clock())
+	return p.cut(b, n, &from.pend), nil
+}
+
+// pending reports whether any free is pending.
+func (p *AsyncPool) pending() bool {
+	for _, st := range p.streams {
+		if st.npend > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// unmapped reports whether [addr, addr+n) touches a chunk not mapped.
+func (p *AsyncPool) unmapped(addr, n uint64) bool {
+	first, last := p.chunks(addr, n)
+	for c := first; c <= last; c++ {
+		if c >= uint64(len(p.mapped)) || !p.mapped[c] {
+			return true
+		}
+	}
+	return false
+}
+
+// cut takes n bytes from the front of free block b, in tree, and returns
+// the block of them, out of every tree and not free; the rest keeps b's
+// serial and its pending free.
+func (p *AsyncPool) cut(b *flBlock, n uint64, tree *freeTree[*flBlock]) *flBlock {
+	tree.delete(b.size, b.serial)
+	if b.size == n {
+		if b.pend.s != nil {
+			b.pend.s.npend--
+			b.pend = apFree{}
+		}
+		b.free = false
+		return b
+	}
 	a := p.ready.newBlock(b.addr, n, b.seg)
 	p.ready.linkBefore(b, a)
-	tree.resize(b, b.addr+n, b.size-n)
-	return a, nil
+	b.addr, b.size = b.addr+n, b.size-n
+	tree.insert(b.size, b.serial, b)
+	a.free = false
+	return a
+}
+
+// bestPending returns the best-fitting pending block of at least n bytes
+// that stream st may reuse, and the tree it is in; nil if there is none.
+func (p *AsyncPool) bestPending(st *apStream, n uint64) (*flBlock, *freeTree[*flBlock]) {
+	var b *flBlock
+	var tree *freeTree[*flBlock]
+	better := func(c *flBlock) bool {
+		return b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial
+	}
+	if st.npend > 0 {
+		if c, ok := st.pend.best(n); ok {
+			b, tree = c, &st.pend
+		}
+	}
+	if !p.followEvents {
+		return b, tree
+	}
+	for _, o := range p.streams {
+		if o == st || o.npend == 0 {
+			continue
+		}
+		v := st.seen[o.id]
+		if v == 0 {
+			continue
+		}
+		c, ok := o.pend.bestWhere(n, func(x *flBlock) bool { return x.pend.seq <= v })
+		if ok && better(c) {
+			b, tree = c, &o.pend
+		}
+	}
+	return b, tree
 }
 
 // chunks returns the indexes of the first and last chunk [addr, addr+n)
@@ -570,56 +649,6 @@ func (p *AsyncPool) cover(addr, n uint64, add bool) {
 	}
 }
 
-// untag forgets b's pending free, if b was in a stream's pending tree.
-func (p *AsyncPool) untag(b *flBlock, tree *coalescing) {
-	if tree != &p.ready {
-		b.pend.s.npend--
-		b.pend = apFree{}
-	}
-}
-
-// findPending returns the pending free block with the lowest address of
-// at least n bytes that stream st may reuse, and the tree it is in; nil if
-// there is none.
-func (p *AsyncPool) findPending(st *apStream, n uint64) (*flBlock, *coalescing) {
-	var b *flBlock
-	var tree *coalescing
-	if st.npend > 0 {
-		if c := st.pend.find(n); c != nil && (b == nil || c.addr < b.addr) {
-			b, tree = c, &st.pend
-		}
-	}
-	if !p.followEvents {
-		return b, tree
-	}
-	for _, o := range p.streams {
-		if o == st || o.npend == 0 {
-			continue
-		}
-		v := st.seen[o.id]
-		if v == 0 {
-			continue
-		}
-		var c *flBlock
-		if v >= o.seq {
-			c = o.pend.find(n) // every pending free of o is visible
-		} else {
-			c = p.findVisible(&o.pend, n, v)
-		}
-		if c != nil && (b == nil || c.addr < b.addr) {
-			b, tree = c, &o.pend
-		}
-	}
-	return b, tree
-}
-
-// findVisible returns the lowest-addressed block of at least n bytes in
-// pending list c whose free is at most the v-th of its stream.
-func (p *AsyncPool) findVisible(c *coalescing, n, v uint64) *flBlock {
-	b, _ := c.free.firstWhere(n, func(x *flBlock) bool { return x.pend.seq <= v })
-	return b
-}
-
 // Free takes the block at addr back as a pending free of stream: reusable
 // at once by that stream, by others once ordered after it. It merges with
 // neighbours that are pending frees of the same stream. It returns an error
@@ -638,43 +667,26 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 	p.used -= b.size
 	st := p.stream(stream)
 	st.seq++
+	p.serial++
 	tag := apFree{st, st.seq}
-	if p.atOnce {
-		// Reusable by every stream at once; its chunks go back only at a
-		// synchronize ordered after the free.
-		b.free = true
-		p.cover(b.addr, b.size, false)
-		p.tagChunks(b.addr, b.size, tag)
-		p.insertReady(b)
-		return nil
-	}
+	p.tagChunks(b.addr, b.size, tag)
 	sameStream := func(x *flBlock) bool { return x != nil && x.free && x.pend.s == st }
-	switch pv, nx := b.prev, b.next; {
-	case sameStream(pv):
-		// The free neighbour before grows in place (its key, the address,
-		// stays).
-		size := pv.size + b.size
-		if sameStream(nx) {
-			st.pend.remove(nx)
-			st.npend--
-			size += nx.size
-			p.ready.unlink(nx)
-		}
+	if pv := b.prev; sameStream(pv) {
+		st.pend.delete(pv.size, pv.serial)
+		st.npend--
+		pv.size += b.size
 		p.ready.unlink(b)
-		st.pend.resize(pv, pv.addr, size)
-		pv.pend = tag
-	case sameStream(nx):
-		// The free neighbour after takes b's address: no other block of
-		// the tree lies between them, so its place stays.
-		st.pend.resize(nx, b.addr, nx.size+b.size)
-		p.ready.unlink(b)
-		nx.pend = tag
-	default:
-		b.free = true
-		st.pend.insert(b)
-		b.pend = tag
-		st.npend++
+		b = pv
 	}
+	if nx := b.next; sameStream(nx) {
+		st.pend.delete(nx.size, nx.serial)
+		st.npend--
+		b.size += nx.size
+		p.ready.unlink(nx)
+	}
+	b.free, b.pend, b.serial = true, tag, p.serial
+	st.pend.insert(b.size, b.serial, b)
+	st.npend++
 	return nil
 }
 
@@ -719,64 +731,58 @@ func (p *AsyncPool) EventSync(ev uint64) {
 	p.complete()
 }
 
-// complete moves the pending frees the host knows to be complete to the
-// ready blocks and shrinks the pool to the release threshold. A device
-// error is kept for the next call.
+// complete makes the pending frees the host knows to be complete ready
+// and shrinks the pool to the release threshold. A device error is kept
+// for the next call.
 func (p *AsyncPool) complete() {
-	var done []*flBlock
 	for _, st := range p.streams {
-		h := p.host[st.id]
-		if st.npend == 0 || h == 0 {
-			continue
-		}
-		done = p.collect(&st.pend, h, done[:0])
-		for _, b := range done {
-			st.pend.remove(b)
-			b.pend = apFree{}
-			st.npend--
-			p.cover(b.addr, b.size, false)
-			p.insertReady(b)
-		}
+		p.moveDone(st, p.host[st.id])
 	}
 	if _, err := p.trim(p.threshold); err != nil && p.err == nil {
 		p.err = err
 	}
 }
 
-// collect appends to bs the blocks of pending list c whose frees are at
-// most the h-th of their stream, in address order.
-func (p *AsyncPool) collect(c *coalescing, h uint64, bs []*flBlock) []*flBlock {
-	all := c.free.appendAll(bs)
-	bs = all[:len(bs)]
-	for _, x := range all[len(bs):] {
-		if x.pend.seq <= h {
-			bs = append(bs, x)
+// moveDone makes the pending frees of stream st up to its h-th ready,
+// each merged with its ready neighbours.
+func (p *AsyncPool) moveDone(st *apStream, h uint64) {
+	if st.npend == 0 || h == 0 {
+		return
+	}
+	done := p.scratch[:0]
+	for _, b := range st.pend.appendAll(p.scratch[:0]) {
+		if b.pend.seq <= h {
+			done = append(done, b)
 		}
 	}
-	return bs
+	for _, b := range done {
+		st.pend.delete(b.size, b.serial)
+		st.npend--
+		b.pend = apFree{}
+		p.cover(b.addr, b.size, false)
+		p.insertReady(b)
+	}
+	p.scratch = done[:0]
 }
 
 // insertReady puts free block b, in no tree, into the ready tree, merged
-// with its ready neighbours.
+// with its ready neighbours; the merged block takes the newest serial.
 func (p *AsyncPool) insertReady(b *flBlock) {
-	isReady := func(x *flBlock) bool {
-		if x == nil || !x.free {
-			return false
-		}
-		return x.pend.s == nil
-	}
+	isReady := func(x *flBlock) bool { return x != nil && x.free && x.pend.s == nil }
 	if pv := b.prev; isReady(pv) {
-		p.ready.remove(pv)
+		p.readyT.delete(pv.size, pv.serial)
 		pv.size += b.size
+		pv.serial = max(pv.serial, b.serial)
 		p.ready.unlink(b)
 		b = pv
 	}
 	if nx := b.next; isReady(nx) {
-		p.ready.remove(nx)
+		p.readyT.delete(nx.size, nx.serial)
 		b.size += nx.size
+		b.serial = max(b.serial, nx.serial)
 		p.ready.unlink(nx)
 	}
-	p.ready.insert(b)
+	p.readyT.insert(b.size, b.serial, b)
 }
 
 // trim gives idle chunks (no live block and no pending free on them) back

@@ -70,8 +70,11 @@ type flBlock struct {
 	prev, next *flBlock // address neighbours in the segment, nil at its ends
 	free       bool
 	// pend is async-pool's pending free of a block in a stream's pending
-	// tree (pend.s nil otherwise): its stream and place in its frees.
-	pend apFree
+	// tree (pend.s nil otherwise): its stream and place in its frees;
+	// serial is its newest free among the pool's, its second key in the
+	// pool's trees.
+	pend   apFree
+	serial uint64
 }
 
 // flSegment is a device segment of a coalescing free list.

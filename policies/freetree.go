@@ -251,6 +251,34 @@ func (t *freeTree[B]) firstWhere(n uint64, ok func(B) bool) (B, bool) {
 	return walk(t.root)
 }
 
+// bestWhere returns the first block in t's order of at least n bytes for
+// which ok is true, and whether there is one; t is a best-fit tree (so the
+// smallest such block, the lowest second key among equal sizes).
+func (t *freeTree[B]) bestWhere(n uint64, ok func(B) bool) (B, bool) {
+	var walk func(x *ftNode[B]) (B, bool)
+	walk = func(x *ftNode[B]) (B, bool) {
+		for i := 0; i <= x.n; i++ {
+			// Child i holds the keys below item i: all too small when
+			// item i is.
+			if !x.leaf && (i == x.n || x.sizes[i] >= n) {
+				if b, found := walk(x.kids[i]); found {
+					return b, true
+				}
+			}
+			if i < x.n && x.sizes[i] >= n && ok(x.vals[i]) {
+				return x.vals[i], true
+			}
+		}
+		var zero B
+		return zero, false
+	}
+	if t.root == nil {
+		var zero B
+		return zero, false
+	}
+	return walk(t.root)
+}
+
 // appendAll appends the blocks of t in order.
 func (t *freeTree[B]) appendAll(list []B) []B {
 	var walk func(x *ftNode[B])

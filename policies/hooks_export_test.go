@@ -95,12 +95,56 @@ func checkSegmentTiling(addr, size uint64, first *flBlock, s *flSegment, visit f
 	return nil
 }
 
+// checkSerialTree checks a tree of the async pool, keyed by (size,
+// serial): every block free, in it once with its own key, in key order.
+func checkSerialTree(t *freeTree[*flBlock]) (map[*flBlock]bool, error) {
+	nodes := map[*flBlock]bool{}
+	var prev *flBlock
+	var walk func(x *ftNode[*flBlock]) error
+	walk = func(x *ftNode[*flBlock]) error {
+		for i := 0; i <= x.n; i++ {
+			if !x.leaf {
+				if err := walk(x.kids[i]); err != nil {
+					return err
+				}
+			}
+			if i == x.n {
+				break
+			}
+			size, serial, b := x.sizes[i], x.addrs[i], x.vals[i]
+			switch {
+			case size != b.size || serial != b.serial:
+				return fmt.Errorf("block %#x+%d (serial %d) in the tree as size %d, serial %d", b.addr, b.size, b.serial, size, serial)
+			case nodes[b]:
+				return fmt.Errorf("block %#x+%d twice in the tree", b.addr, b.size)
+			case !b.free:
+				return fmt.Errorf("block %#x+%d: allocated, in a free tree", b.addr, b.size)
+			case prev != nil && (prev.size > b.size || prev.size == b.size && prev.serial >= b.serial):
+				return fmt.Errorf("blocks %#x+%d and %#x+%d out of order", prev.addr, prev.size, b.addr, b.size)
+			}
+			nodes[b] = true
+			prev = b
+		}
+		return nil
+	}
+	if t.root == nil {
+		return nodes, nil
+	}
+	if err := walk(t.root); err != nil {
+		return nil, err
+	}
+	if len(nodes) != t.len {
+		return nil, fmt.Errorf("%d blocks, the tree counts %d", len(nodes), t.len)
+	}
+	return nodes, nil
+}
+
 // CheckTiling checks the async pool's records: segments tiled by their
 // blocks; every free block in the ready treap or, pending, in its stream's;
 // the free, reserved and pending counts; the live map.
 func (p *AsyncPool) CheckTiling() error {
-	inTree := map[*flBlock]*coalescing{}
-	nodes, err := checkTreap(&p.ready)
+	inTree := map[*flBlock]*freeTree[*flBlock]{}
+	nodes, err := checkSerialTree(&p.readyT)
 	if err != nil {
 		return fmt.Errorf("ready: %v", err)
 	}
@@ -108,10 +152,10 @@ func (p *AsyncPool) CheckTiling() error {
 		if b.pend.s != nil {
 			return fmt.Errorf("ready block %#x pending %+v", b.addr, b.pend)
 		}
-		inTree[b] = &p.ready
+		inTree[b] = &p.readyT
 	}
 	for _, st := range p.streams {
-		nodes, err := checkTreap(&st.pend)
+		nodes, err := checkSerialTree(&st.pend)
 		if err != nil {
 			return fmt.Errorf("stream %d: %v", st.id, err)
 		}
@@ -120,11 +164,11 @@ func (p *AsyncPool) CheckTiling() error {
 		}
 		for b := range nodes {
 			if inTree[b] != nil {
-				return fmt.Errorf("block %#x in two treaps", b.addr)
+				return fmt.Errorf("block %#x in two trees", b.addr)
 			}
 			inTree[b] = &st.pend
 			if f := b.pend; f.s != st || f.seq > st.seq {
-				return fmt.Errorf("block %#x: in stream %d's treap, pending %+v", b.addr, st.id, f)
+				return fmt.Errorf("block %#x: in stream %d's tree, pending %+v", b.addr, st.id, f)
 			}
 		}
 	}
