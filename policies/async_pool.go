@@ -23,9 +23,9 @@ import (
 //     straddles the end of the mapped chunks by mapping the next ones.
 //   - Allocations are rounded up to 512 bytes (1..512 take 512, 513 take
 //     1024) and placed by best fit, the oldest free first among equal
-//     sizes (a merged block dated by its newest): first among the pending
-//     frees the malloc's stream may reuse (its own, at once), else among
-//     the ready blocks, the range's
+//     sizes (a merged block dated by its newest): first among the
+//     stream's own pending frees, then among other streams' it may reuse
+//     (below), else among the ready blocks, the range's
 //     unmapped part included (so a malloc maps a chunk below free mapped
 //     memory rather than use that memory when it fits better there). When
 //     the block found is the top of the range or needs a chunk mapped, and
@@ -59,11 +59,13 @@ import (
 //     the pool (above). at_sync is the reading for a busy GPU: a free
 //     becomes ready only at a synchronize that orders the host after it.
 //     In both, memory freed on a stream is reusable at once by that
-//     stream, and by another once that stream is ordered after the free
-//     through an event recorded on the freeing stream after the free and
-//     waited for (cudaMemPoolReuseFollowEventDependencies; measured with
-//     the freeing stream busy: another stream's malloc gets new memory;
-//     after an event wait it gets the freed block). Pending frees of one
+//     stream; by another, with at_once, when none of its own fits (the
+//     GPU has done the free: cudaMemPoolReuseAllowOpportunistic), with
+//     at_sync once that stream is ordered after the free through an event
+//     recorded on the freeing stream after the free and waited for
+//     (cudaMemPoolReuseFollowEventDependencies; measured with the freeing
+//     stream busy: another stream's malloc gets new memory; after an event
+//     wait it gets the freed block). Pending frees of one
 //     stream merge (then waiting for the later of the two), ready blocks
 //     merge; a pending free and a ready block do not.
 //   - When the device refuses a chunk, the pool reuses memory freed on
@@ -75,7 +77,7 @@ import (
 // far the GPU has got with the frees, across streams most of all), so the
 // addresses drift from the driver's after a few hundred to a few thousand
 // calls. The reserved high is within one chunk of the driver's on 13 of 14
-// real traces replayed on the H200 (8 to the byte) and 96 MiB below it on
+// real traces replayed on the H200 (8 to the byte) and 64 MiB above it on
 // multistream (two streams); the table is in sim/asyncpool_h200_test.go.
 //
 // The range is reserved through the device's Mapper (cuMemAddressReserve,
@@ -493,31 +495,34 @@ func (p *AsyncPool) cut(b *flBlock, n uint64, tree *freeTree[*flBlock]) *flBlock
 }
 
 // bestPending returns the best-fitting pending block of at least n bytes
-// that stream st may reuse, and the tree it is in; nil if there is none.
+// that stream st may reuse, and the tree it is in; nil if there is none:
+// its own; else another stream's, when frees complete at once any (the
+// GPU has done them: cudaMemPoolReuseAllowOpportunistic), else one it is
+// ordered after through an event.
 func (p *AsyncPool) bestPending(st *apStream, n uint64) (*flBlock, *freeTree[*flBlock]) {
-	var b *flBlock
-	var tree *freeTree[*flBlock]
-	better := func(c *flBlock) bool {
-		return b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial
-	}
 	if st.npend > 0 {
 		if c, ok := st.pend.best(n); ok {
-			b, tree = c, &st.pend
+			return c, &st.pend
 		}
 	}
-	if !p.followEvents {
-		return b, tree
+	if !p.followEvents && !p.atOnce {
+		return nil, nil
 	}
+	var b *flBlock
+	var tree *freeTree[*flBlock]
 	for _, o := range p.streams {
 		if o == st || o.npend == 0 {
 			continue
 		}
 		v := st.seen[o.id]
+		if p.atOnce {
+			v = o.seq
+		}
 		if v == 0 {
 			continue
 		}
 		c, ok := o.pend.bestWhere(n, func(x *flBlock) bool { return x.pend.seq <= v })
-		if ok && better(c) {
+		if ok && (b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial) {
 			b, tree = c, &o.pend
 		}
 	}

@@ -76,12 +76,58 @@ free id=1 stream=1                  # pending on stream 1 (its first free)
 event_record event=7 stream=1       # event 7 is ordered after that free
 malloc id=2 size=32MiB stream=2     # stream 2 is not: B at devBase+32MiB, chunk 1
 stream_wait_event stream=2 event=7  # now it is
-free id=2 stream=2                  # pending on stream 2
-malloc id=3 size=32MiB stream=2     # A (stream 1's, visible) and B (its own) fit: the lower, devBase
+malloc id=3 size=32MiB stream=2     # no free of its own: A, devBase
 `,
 			blocks: []policies.Block{{devBase, chunk}, {devBase + chunk, chunk}, {devBase, chunk}},
 			peak:   2 * chunk,
 			allocs: 2,
+		},
+		simpleCase{
+			name:   "best fit: a stream's own pending frees first, then another's",
+			policy: "async-pool",
+			trace: `
+malloc id=1 size=2MiB stream=1   # devBase
+malloc id=2 size=1MiB stream=1   # devBase+2MiB
+malloc id=3 size=1MiB stream=2   # devBase+3MiB
+malloc id=4 size=1MiB stream=2   # devBase+4MiB
+free id=1 stream=1               # 2 MiB pending on stream 1
+free id=3 stream=2               # 1 MiB pending on stream 2
+malloc id=5 size=1MiB stream=1   # its own first: devBase, not stream 2's exact fit
+malloc id=6 size=1MiB stream=2   # its own: devBase+3MiB
+malloc id=7 size=1MiB stream=2   # none of its own: stream 1's rest, devBase+1MiB, before the ready rest of the chunk
+`,
+			blocks: []policies.Block{
+				{devBase, 2 * sMiB}, {devBase + 2*sMiB, sMiB}, {devBase + 3*sMiB, sMiB}, {devBase + 4*sMiB, sMiB},
+				{devBase, sMiB}, {devBase + 3*sMiB, sMiB}, {devBase + sMiB, sMiB},
+			},
+			peak:   chunk,
+			allocs: 1,
+		},
+		simpleCase{
+			name:   "best fit among ready blocks, the oldest free first",
+			policy: "async-pool",
+			trace: `
+malloc id=1 size=4MiB stream=1   # devBase
+malloc id=2 size=1MiB stream=1   # devBase+4MiB
+malloc id=3 size=2MiB stream=1   # devBase+5MiB
+malloc id=4 size=1MiB stream=1   # devBase+7MiB
+malloc id=5 size=2MiB stream=1   # devBase+8MiB
+malloc id=6 size=1MiB stream=1   # devBase+10MiB
+free id=5 stream=1               # 2 MiB at devBase+8MiB, pending
+free id=3 stream=1               # 2 MiB at devBase+5MiB, pending, newer
+free id=1 stream=1               # 4 MiB at devBase, pending, newest
+stream_sync stream=1             # all ready; no chunk idle
+malloc id=7 size=2MiB stream=1   # best fit: the two 2 MiB blocks, the older first: devBase+8MiB
+malloc id=8 size=2MiB stream=1   # devBase+5MiB
+malloc id=9 size=1MiB stream=1   # the 4 MiB block (the range's rest is larger): devBase
+`,
+			blocks: []policies.Block{
+				{devBase, 4 * sMiB}, {devBase + 4*sMiB, sMiB}, {devBase + 5*sMiB, 2 * sMiB}, {devBase + 7*sMiB, sMiB},
+				{devBase + 8*sMiB, 2 * sMiB}, {devBase + 10*sMiB, sMiB},
+				{devBase + 8*sMiB, 2 * sMiB}, {devBase + 5*sMiB, 2 * sMiB}, {devBase, sMiB},
+			},
+			peak:   chunk,
+			allocs: 1,
 		},
 		simpleCase{
 			name:     "at_sync: an event recorded before the free orders nothing",
