@@ -807,10 +807,6 @@ func (p *AsyncPool) trim(limit uint64) (int, error) {
 	return n, nil
 }
 
-func (p *AsyncPool) isPending(b *flBlock) bool {
-	return b.pend.s != nil
-}
-
 // EmptyCache is a device synchronize followed by cudaMemPoolTrimTo(0):
 // every wholly free segment goes back to the device, whatever the release
 // threshold.

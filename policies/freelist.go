@@ -408,18 +408,6 @@ func (c *coalescing) split(b *flBlock, n uint64) *flBlock {
 	return b
 }
 
-// find returns the free block the policy places n bytes in, nil if none
-// is large enough.
-func (c *coalescing) find(n uint64) *flBlock {
-	var b *flBlock
-	if c.bestFit {
-		b, _ = c.free.best(n)
-	} else {
-		b, _ = c.free.first(n)
-	}
-	return b
-}
-
 // insert puts free block b into the free tree.
 func (c *coalescing) insert(b *flBlock) { c.free.insert(b.size, b.addr, b) }
 
