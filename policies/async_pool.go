@@ -349,8 +349,8 @@ func (p *AsyncPool) takeErr() error {
 }
 
 // Malloc places size bytes, rounded up to the alignment, in the free block
-// with the lowest address that stream may reuse (the range's unmapped part
-// included), and maps the chunks it touches that are not mapped. It
+// that stream may reuse that fits best (see place; the range's unmapped
+// part included), and maps the chunks it touches that are not mapped. It
 // returns an error wrapping ErrOutOfMemory when the device refuses a chunk
 // and no other stream's pending free fits (or internal dependencies are
 // off).
@@ -808,7 +808,7 @@ func (p *AsyncPool) trim(limit uint64) (int, error) {
 }
 
 // EmptyCache is a device synchronize followed by cudaMemPoolTrimTo(0):
-// every wholly free segment goes back to the device, whatever the release
+// every idle chunk goes back to the device, whatever the release
 // threshold.
 func (p *AsyncPool) EmptyCache() error {
 	saved := p.threshold
