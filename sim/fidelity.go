@@ -61,6 +61,7 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	rep.res.TraceSource = src.Header().Source
 	var made []DeviceCall
 	rep.dev.OnCall(func(c DeviceCall) { made = append(made, c) })
 	out := &FidelityReport{}
