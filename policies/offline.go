@@ -22,9 +22,9 @@ const OfflineName = "offline"
 // of a non-zero size. Its peak reserved bytes are what a placement knowing
 // the lifetimes reached, an upper estimate of the optimum, not the optimum
 // itself: on MiniMalloc's benchmarks A..K, each solvable in 1048576 bytes,
-// it reaches 1.000 (A, F, H, K) to 1.100 (E) times that (C: 0.991) with the
-// default budget; MiniMalloc's own search, with more pruning, solves them
-// all. Peak requested live bytes stay the hard lower bound (the two are
+// it reaches 1.000 (F, H, K) to 1.100 (E) times that (C: 0.991) with the
+// default budget (A 1.080 reaches 1.000 with 2000000 nodes); MiniMalloc's
+// own search, with more pruning, solves them all. Peak requested live bytes stay the hard lower bound (the two are
 // equal when the plan packs perfectly).
 //
 // The plan is the best of a portfolio: the classic greedy placements (each
