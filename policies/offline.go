@@ -120,7 +120,7 @@ var offlineAbilities = Abilities{Planner: true, Releaser: true, FreeSpacer: true
 func init() {
 	register(Info{
 		Name:   OfflineName,
-		Design: "clairvoyant static placement of the whole trace (dynamic storage allocation), greedy orders and a budgeted search after MiniMalloc: a heuristic, not the optimum (MiniMalloc A..K: 1.00 to 1.10 of it)",
+		Design: "clairvoyant static placement of the whole trace (dynamic storage allocation), greedy orders and a budgeted search after MiniMalloc: a heuristic, not the optimum (MiniMalloc A..K, each solvable in 1048576 bytes: 0.99 to 1.10 of that)",
 		Settings: []Setting{
 			offlineAlignmentSetting,
 			{Key: "nodes", Default: "200000", Doc: "the search's budget in nodes (0: the greedy orders only), at most 2^40"},
