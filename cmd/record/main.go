@@ -90,6 +90,9 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("import: want exactly one INPUT, got %d", fs.NArg())
 	}
 	in := fs.Arg(0)
+	if err := atomicfile.CheckOutput(*out, []string{in}); err != nil {
+		return fmt.Errorf("import: -o: %w", err)
+	}
 	n, format, err := tracefile.Import(in, *out, tracefile.Options{From: *from, Device: *device})
 	if err != nil {
 		return err

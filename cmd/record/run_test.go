@@ -132,3 +132,19 @@ func TestCard(t *testing.T) {
 		t.Errorf("card of no runtime = %+v", c)
 	}
 }
+
+// record import refuses to write its output over its input.
+func TestImportOverInput(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.txt")
+	text := []byte("malloc id=1 size=1MiB\nfree id=1\n")
+	if err := os.WriteFile(path, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runCmd(t, "import", "-o", path, path)
+	if err == nil || !strings.Contains(err.Error(), "is also an input") {
+		t.Errorf("err = %v, want a refusal", err)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, text) {
+		t.Errorf("the input changed: %q", got)
+	}
+}

@@ -58,6 +58,9 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("calibrate: unexpected arguments %q", fs.Args())
 	}
+	if err := checkOutputs(*workloads, "output", *out); err != nil {
+		return err
+	}
 	var opt gpu.CalibrateOptions
 	var err error
 	if opt.MaxSize, err = policies.ParseSize(*maxSize); err != nil {

@@ -60,6 +60,9 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return fmt.Errorf("fit: no trace given")
 	}
+	if err := checkOutputs(fs.Args(), "json", *jsonOut); err != nil {
+		return err
+	}
 	names, err := policyNames(*policyList)
 	if err != nil {
 		return err

@@ -68,6 +68,9 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return fmt.Errorf("gpu: no trace given")
 	}
+	if err := checkOutputs(fs.Args(), "json", *jsonOut, "csv", *csvOut, "calls", *callsOut); err != nil {
+		return err
+	}
 	if *repeat < 1 {
 		return fmt.Errorf("--repeat %d: must be at least 1", *repeat)
 	}

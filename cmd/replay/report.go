@@ -50,6 +50,9 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return fmt.Errorf("report: no results given")
 	}
+	if err := checkOutputs(fs.Args(), "out", *out); err != nil {
+		return err
+	}
 	rep := &plots.Report{Title: *title, Inputs: fs.Args()}
 	for _, in := range fs.Args() {
 		if err := readReportInput(rep, in); err != nil {

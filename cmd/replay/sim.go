@@ -45,6 +45,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return fmt.Errorf("sim: no trace given")
 	}
+	if err := checkOutputs(fs.Args(), "json", *jsonOut, "csv", *csvOut); err != nil {
+		return err
+	}
 	capBytes, err := policies.ParseSize(*capacity)
 	if err != nil {
 		return fmt.Errorf("--capacity: %v", err)
@@ -108,6 +111,18 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if *jsonOut != "-" && *csvOut != "-" {
 		writeTable(stdout, results)
 		writeSettingsUsed(stdout, results, settings)
+	}
+	return nil
+}
+
+// checkOutputs returns an error naming the flag when one of the output
+// files (pairs of flag name and path) is one of the inputs
+// (atomicfile.CheckOutput), before any work is done.
+func checkOutputs(inputs []string, flagPaths ...string) error {
+	for i := 0; i+1 < len(flagPaths); i += 2 {
+		if err := atomicfile.CheckOutput(flagPaths[i+1], inputs); err != nil {
+			return fmt.Errorf("--%s: %w", flagPaths[i], err)
+		}
 	}
 	return nil
 }

@@ -147,3 +147,26 @@ func WriteFile(path string, write func(w io.Writer) error) error {
 	}
 	return a.Commit()
 }
+
+// ErrInput is the error of CheckOutput for an output that is an input.
+var ErrInput = errors.New("is also an input: refusing to write over it")
+
+// CheckOutput returns an error wrapping ErrInput when out names one of the
+// files inputs names: the same file by identity (os.SameFile), so another
+// path to it or a link counts. "" (no output) and "-" (stdout) are no
+// file; an output that does not exist yet is no input.
+func CheckOutput(out string, inputs []string) error {
+	if out == "" || out == "-" {
+		return nil
+	}
+	oi, err := os.Stat(out)
+	if err != nil {
+		return nil
+	}
+	for _, in := range inputs {
+		if ii, err := os.Stat(in); err == nil && os.SameFile(oi, ii) {
+			return fmt.Errorf("%s %w", out, ErrInput)
+		}
+	}
+	return nil
+}
