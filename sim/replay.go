@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/bits"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
@@ -58,6 +60,31 @@ type Config struct {
 	NewPolicy policies.Factory
 }
 
+// bytes128 is a count of bytes that cannot wrap: the live requested bytes
+// of a trace whose mallocs together ask for more than 2^64 bytes (an
+// over-size malloc that fails) stay exact, and read saturated.
+type bytes128 struct{ hi, lo uint64 }
+
+func (b *bytes128) add(n uint64) {
+	var c uint64
+	b.lo, c = bits.Add64(b.lo, n, 0)
+	b.hi += c
+}
+
+func (b *bytes128) sub(n uint64) {
+	var c uint64
+	b.lo, c = bits.Sub64(b.lo, n, 0)
+	b.hi -= c
+}
+
+// sat returns the count, math.MaxUint64 when it does not fit in 64 bits.
+func (b bytes128) sat() uint64 {
+	if b.hi > 0 {
+		return math.MaxUint64
+	}
+	return b.lo
+}
+
 // liveAlloc is a malloc of the trace that is live in the replay.
 type liveAlloc struct {
 	block     policies.Block // placement by the policy (zero for host kinds)
@@ -85,8 +112,9 @@ type Replay struct {
 
 	live trace.AddrMap[liveAlloc] // live allocations by trace address
 
-	requested, allocated uint64 // live device bytes
-	pinned, managed      uint64 // live host-side bytes
+	requested       bytes128 // live requested device bytes, never wrapping
+	allocated       uint64   // live allocated device bytes
+	pinned, managed uint64   // live host-side bytes
 
 	series SeriesBuilder
 	obs    *observing // nil unless cfg.Observer
@@ -305,8 +333,8 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	}
 	r.res.Mallocs++
 	// The trace's own live bytes: the lower bound, whatever the policy does.
-	r.requested += ev.Size
-	r.res.PeakRequested = max(r.res.PeakRequested, r.requested)
+	r.requested.add(ev.Size)
+	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
 	b, err := r.policyMalloc(ev.Size, ev.Stream)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
@@ -425,7 +453,9 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	// free, as the program would have held it had the malloc succeeded,
 	// its requested bytes as its allocated ones.
 	r.res.SourceOOMsServed++
-	r.res.PeakRequested = max(r.res.PeakRequested, r.requested+ev.Size)
+	with := r.requested
+	with.add(ev.Size)
+	r.res.PeakRequested = max(r.res.PeakRequested, with.sat())
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {
@@ -509,7 +539,7 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 	}
 	// The requested bytes stay live until the free completes: the block
 	// cannot be reused before, so this is the bound any policy must hold.
-	r.requested -= a.requested
+	r.requested.sub(a.requested)
 	r.res.Frees++
 	if a.failed {
 		// The malloc failed in the replay: nothing to give back.
@@ -548,7 +578,7 @@ func (r *Replay) observe(i, t int64) {
 	} else {
 		reserved = r.back.Reserved()
 	}
-	r.series.Observe(&r.res, r.policy, i, t, r.requested, r.allocated, reserved)
+	r.series.Observe(&r.res, r.policy, i, t, r.requested.sat(), r.allocated, reserved)
 }
 
 func fragmentation(allocated, reserved uint64) float64 {
@@ -740,8 +770,9 @@ func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
 // events go by: a malloc of an address already live and a free of one not
 // live do not count.
 type peakLive struct {
-	sizes      trace.AddrMap[uint64] // live device allocations' requested bytes by address
-	live, peak uint64
+	sizes trace.AddrMap[uint64] // live device allocations' requested bytes by address
+	live  bytes128
+	peak  uint64
 }
 
 func (p *peakLive) add(ev *trace.Event) {
@@ -750,13 +781,13 @@ func (p *peakLive) add(ev *trace.Event) {
 		if ev.Kind.OnDevice() {
 			if n, dup := p.sizes.Ref(ev.Addr); !dup {
 				*n = ev.Size
-				p.live += ev.Size
-				p.peak = max(p.peak, p.live)
+				p.live.add(ev.Size)
+				p.peak = max(p.peak, p.live.sat())
 			}
 		}
 	case trace.OpFreeRequested, trace.OpFree:
 		if n, ok := p.sizes.Take(ev.Addr); ok {
-			p.live -= n
+			p.live.sub(n)
 		}
 	}
 }

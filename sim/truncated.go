@@ -44,7 +44,7 @@ func (r *Replay) Reconstructed(n int64) {
 func (r *Replay) historyBegins() {
 	r.series = SeriesBuilder{}
 	reserved := r.back.Reserved()
-	r.res.PeakRequested = r.requested
+	r.res.PeakRequested = r.requested.sat()
 	r.res.PeakAllocated = r.allocated
 	r.res.PeakReserved = reserved
 	if r.dev != nil {
