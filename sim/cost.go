@@ -273,6 +273,9 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 		if err != nil || us < 0 || math.IsInf(us, 0) || math.IsNaN(us) {
 			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("median_us %q: not a latency", med)}
 		}
+		if us*1000 > maxCallNS {
+			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("median_us %q: more than an hour, not a call's latency", med)}
+		}
 		if isWakeRow(api) {
 			if size == 0 {
 				return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("%s: idle time 0 (size_bytes holds the idle nanoseconds before the call)", api)}
@@ -350,10 +353,21 @@ func (m *CostModel) Latency(call string, size uint64) (int64, bool) {
 	return pointLatency(pts, size), true
 }
 
+// maxCallNS bounds one call's modelled latency: an hour, in nanoseconds.
+const maxCallNS = 3600e9
+
 // pointLatency returns the latency in nanoseconds of size bytes on the
-// curve pts, which must not be empty.
+// curve pts, which must not be empty: at most maxCallNS.
 func pointLatency(pts []costPoint, size uint64) int64 {
-	return int64(math.Round(interpolate(pts, float64(max(size, 1)))))
+	return int64(math.Round(min(interpolate(pts, float64(max(size, 1))), maxCallNS)))
+}
+
+// addNS returns a + b, nanoseconds that saturate instead of wrapping.
+func addNS(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 func interpolate(pts []costPoint, x float64) float64 {
@@ -367,9 +381,13 @@ func interpolate(pts []costPoint, x float64) float64 {
 	case i == 0:
 		return pts[0].ns // below the smallest size: flat
 	case i == len(pts):
-		i = len(pts) - 1 // above the largest: the last slope, never falling
+		// Above the largest: the last slope, never falling and never
+		// faster than linear in the size (a steep last segment would
+		// make a large request cost years).
+		i = len(pts) - 1
 		a, b := pts[i-1], pts[i]
-		return max(b.ns, loglog(a, b, x))
+		slope := min((b.logNS-a.logNS)/(b.logSize-a.logSize), 1)
+		return max(b.ns, math.Exp(b.logNS+slope*(math.Log(x)-b.logSize)))
 	}
 	return loglog(pts[i-1], pts[i], x)
 }
@@ -672,10 +690,10 @@ func (c *costMeter) charge(k int, size uint64) {
 	ns := c.latency(k, ck, size)
 	if c.waking {
 		w := c.wake(k == chargeMallocSuballoc || k == chargeFreeSuballoc)
-		c.woke += w
-		ns += w
+		c.woke = addNS(c.woke, w)
+		ns = addNS(ns, w)
 	}
-	c.total += ns
+	c.total = addNS(c.total, ns)
 	class := sizeClass(size)
 	if class == noSize {
 		class = numSizeClasses

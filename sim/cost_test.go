@@ -67,6 +67,7 @@ func TestParseCostModelErrors(t *testing.T) {
 		{"no median column", "api,size_bytes\n", `x.csv:1: no column "median_us"`, nil},
 		{"bad size", "api,size_bytes,median_us\ncudaMalloc,lots,1\n", `x.csv:2: size_bytes "lots": not an unsigned integer`, nil},
 		{"bad median", "api,size_bytes,median_us\ncudaMalloc,1,-3\n", `x.csv:2: median_us "-3": not a latency`, nil},
+		{"huge median", "api,size_bytes,median_us\ncudaMalloc,1,3\ncudaMalloc,2,4e9\n", `x.csv:3: median_us "4e9": more than an hour`, nil},
 		{"no free", "api,size_bytes,median_us\ncudaMalloc,1,3\n", "x.csv: cost model lacks a row: cudaFree", ErrNoCostRow},
 		{"no suballoc", "api,size_bytes,median_us\ncudaMalloc,1,3\ncudaFree,1,3\n", "cudaMalloc_suballoc (or cudaMalloc_batch up to 64 KiB)", ErrNoCostRow},
 	} {
@@ -80,6 +81,42 @@ func TestParseCostModelErrors(t *testing.T) {
 				t.Errorf("%v does not name %v", err, tc.is)
 			}
 		})
+	}
+}
+
+// A steep cost curve extrapolates at most linearly in the size above its
+// largest point, a call costs at most an hour, and the totals saturate:
+// never a negative allocator time (a 1 PiB malloc on a curve that grows
+// 1000x per doubling above 1 MiB gave -9223372036854775808 ns).
+func TestCostModelBounded(t *testing.T) {
+	m, err := ParseCostModel(strings.NewReader(`api,size_bytes,median_us
+cudaMalloc,1048576,10
+cudaMalloc,2097152,10000
+cudaFree,1,5
+cudaMalloc_suballoc,1,1
+cudaFree_suballoc,1,1
+`), "steep.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Above 2 MiB at most linear: 4 MiB costs twice 2 MiB's 10 ms.
+	if ns, _ := m.Latency(CostMalloc, 4<<20); ns != 20e6 {
+		t.Errorf("4 MiB: %d ns, want 20000000", ns)
+	}
+	if ns, _ := m.Latency(CostMalloc, 1<<50); ns != maxCallNS {
+		t.Errorf("1 PiB: %d ns, want an hour", ns)
+	}
+	var evs []trace.Event
+	for i := range 4000 {
+		evs = append(evs, trace.Event{Op: trace.OpMalloc, Addr: uint64(i+1) << 52, Size: 1 << 50},
+			trace.Event{Op: trace.OpFree, Addr: uint64(i+1) << 52})
+	}
+	rs, err := Run(trace.NewSliceSource(trace.Header{}, evs), Config{Policy: "cuda", CostModel: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs[0]; r.SimAllocTimeNS <= 0 {
+		t.Errorf("allocator time %d ns", r.SimAllocTimeNS)
 	}
 }
 

@@ -229,7 +229,7 @@ func (h *histogram) add(v int64) {
 		h.max = v
 	}
 	h.n++
-	h.total += v
+	h.total = addNS(h.total, v)
 }
 
 // quantile returns the value at quantile q (0..1), clamped to the observed
