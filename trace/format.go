@@ -108,10 +108,14 @@ func NewWriter(w io.Writer, h Header) (*Writer, error) {
 	if _, err := w.Write(head[:8+n]); err != nil {
 		return nil, err
 	}
-	hb, err := msgpack.Marshal(&h)
-	if err != nil {
+	// Map keys sorted, so that the same trace is the same bytes.
+	var hbuf bytes.Buffer
+	he := msgpack.NewEncoder(&hbuf)
+	he.SetSortMapKeys(true)
+	if err := he.Encode(&h); err != nil {
 		return nil, err
 	}
+	hb := hbuf.Bytes()
 	if err := tw.writeFrame(frameHeader, hb); err != nil {
 		return nil, err
 	}
