@@ -124,6 +124,23 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 		}
 	}
 	switch format {
+	case "rmm", "minimalloc", "text":
+		// The text formats: binary data is no such file, and quoting it
+		// in an error helps nobody.
+		if bytes.IndexByte(head, 0) >= 0 || bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
+			what := "binary data"
+			if bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
+				what = "gzip-compressed data"
+			}
+			guess := ""
+			if d := Detect(head); d != "" && d != format {
+				guess = fmt.Sprintf("; it looks like a %s trace (--from auto reads it)", d)
+			}
+			name := map[string]string{"rmm": "an RMM log", "minimalloc": "a MiniMalloc CSV", "text": "the text form"}[format]
+			return nil, "", fmt.Errorf("%s: %s, not %s (--from %s)%s", path, what, name, format, guess)
+		}
+	}
+	switch format {
 	case "native":
 		r, err := trace.NewReader(br, path)
 		return r, format, err

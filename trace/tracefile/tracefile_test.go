@@ -133,3 +133,19 @@ func TestGlob(t *testing.T) {
 		t.Errorf("err = %v, want not exist", err)
 	}
 }
+
+// A binary file read as one of the text formats is refused in one plain
+// line that says what it is, not with its bytes quoted.
+func TestBinaryAsText(t *testing.T) {
+	path := filepath.Join("..", "..", "testdata", "pytorch", "mlp.pickle.gz")
+	for _, from := range []string{"minimalloc", "rmm", "text"} {
+		_, err := Open(path, Options{From: from})
+		if err == nil {
+			t.Fatalf("--from %s: opened", from)
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "gzip-compressed data, not ") || !strings.Contains(msg, "it looks like a pytorch trace") || strings.Contains(msg, `\x`) || strings.Contains(msg, "\n") {
+			t.Errorf("--from %s: %q", from, msg)
+		}
+	}
+}
