@@ -47,7 +47,8 @@ func (e *SyntaxError) Error() string {
 func ParseText(name string, r io.Reader) (Header, []Event, error) {
 	h := Header{Version: Version, Source: "text"}
 	var evs []Event
-	sc := bufio.NewScanner(r)
+	lr := NewLineReader(r, name)
+	sc := bufio.NewScanner(lr)
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	line := 0
 	var lastTime int64 = -1
@@ -89,6 +90,9 @@ func ParseText(name string, r io.Reader) (Header, []Event, error) {
 		evs = append(evs, ev)
 	}
 	if err := sc.Err(); err != nil {
+		if se, ok := err.(*SyntaxError); ok {
+			return h, nil, se
+		}
 		return h, nil, &SyntaxError{name, line + 1, err.Error()}
 	}
 	return h, evs, nil

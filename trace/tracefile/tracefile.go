@@ -154,25 +154,53 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 		src, err := pytorch.Import(in, path, pytorch.Options{Device: opts.Device})
 		return src, format, err
 	case "rmm":
-		src, err := rmm.Import(br, path)
+		lr := trace.NewLineReader(br, path)
+		src, err := rmm.Import(lr, path)
 		if err != nil {
 			return nil, "", err
 		}
-		return src, format, nil
+		return &completeSource{Source: src, lr: lr}, format, nil
 	case "minimalloc":
-		src, err := minimalloc.Import(br, path)
+		// Read whole by Import, so checked at once.
+		lr := trace.NewLineReader(br, path)
+		src, err := minimalloc.Import(lr, path)
+		if err == nil {
+			err = lr.Complete()
+		}
 		if err != nil {
 			return nil, "", err
 		}
 		return src, format, nil
 	case "text":
-		h, evs, err := trace.ParseText(path, br)
+		lr := trace.NewLineReader(br, path)
+		h, evs, err := trace.ParseText(path, lr)
+		if err == nil {
+			err = lr.Complete()
+		}
 		if err != nil {
 			return nil, "", err
 		}
 		return trace.NewSliceSource(h, evs), format, nil
 	}
 	return nil, "", fmt.Errorf("unknown trace format %q (known: auto, %s)", format, strings.Join(Formats, ", "))
+}
+
+// completeSource is a source read from a text file: at its end, the file
+// must have ended with a whole line (trace.LineReader.Complete), else the
+// end is an error instead of io.EOF.
+type completeSource struct {
+	trace.Source
+	lr *trace.LineReader
+}
+
+func (s *completeSource) Next() (trace.Event, error) {
+	ev, err := s.Source.Next()
+	if err == io.EOF {
+		if cerr := s.lr.Complete(); cerr != nil {
+			return ev, cerr
+		}
+	}
+	return ev, err
 }
 
 // Detect names the format of a file from its first bytes: "native",

@@ -3,6 +3,7 @@ package tracefile
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -146,6 +147,51 @@ func TestBinaryAsText(t *testing.T) {
 		msg := err.Error()
 		if !strings.Contains(msg, "gzip-compressed data, not ") || !strings.Contains(msg, "it looks like a pytorch trace") || strings.Contains(msg, `\x`) || strings.Contains(msg, "\n") {
 			t.Errorf("--from %s: %q", from, msg)
+		}
+	}
+}
+
+// A text file cut inside its last line is refused with its line and byte
+// offset (a number cut short is still a number: a MiniMalloc CSV or a
+// text trace cut so read with other figures before), and so is a NUL byte.
+func TestTextCutShort(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, text, want string }{
+		{"t.txt", "malloc id=1 size=1MiB\nfree id=1\nmalloc id=2 size=10", "t.txt:3: the last line has no newline: the file ends inside it at byte offset 51"},
+		{"p.csv", "id,lower,upper,size\n1,0,2,100\n2,1,3,25", "p.csv:3: the last line has no newline: the file ends inside it at byte offset 38"},
+		{"r.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x1000,100,0x0\n1,00:00:00.000002,free,0x1000,100,0x0", "r.csv:3: the last line has no newline"},
+		{"z.txt", strings.Repeat("malloc id=1 size=1\nfree id=1\n", 30) + "free id=1\x00\n", "z.txt:61: a NUL byte at byte offset 879"},
+	} {
+		path := filepath.Join(dir, tc.name)
+		if err := os.WriteFile(path, []byte(tc.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		f, err := Open(path, Options{})
+		if err == nil {
+			for err == nil {
+				_, err = f.Next()
+			}
+			f.Close()
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+		// The same file with its last line whole reads to the end.
+		if !strings.HasSuffix(tc.text, "\n") {
+			if err := os.WriteFile(path, []byte(tc.text+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f, err := Open(path, Options{})
+			if err != nil {
+				t.Fatalf("%s whole: %v", tc.name, err)
+			}
+			for err == nil {
+				_, err = f.Next()
+			}
+			f.Close()
+			if !errors.Is(err, io.EOF) {
+				t.Errorf("%s whole: %v", tc.name, err)
+			}
 		}
 	}
 }
