@@ -2,13 +2,9 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
-	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
@@ -104,12 +100,12 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	}
 	defer rt.Close()
 	fmt.Fprintf(stderr, "calibrating %s on %s (CUDA runtime %d, driver %d)\n", rt.Path, rt.DeviceName, rt.Version, rt.DriverVersion)
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop, interrupted := interruptible()
 	defer stop()
 	rows, err := gpu.Calibrate(ctx, rt, opt)
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("interrupted: everything allocated was freed")
+			return interrupted("interrupted: everything allocated was freed")
 		}
 		return err
 	}

@@ -1,15 +1,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/pflag"
 
@@ -131,7 +127,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	defer rt.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop, interrupted := interruptible()
 	defer stop()
 
 	var rs []*gpu.Result
@@ -155,7 +151,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			if err != nil {
 				if ctx.Err() != nil {
 					writeGPUTable(stdout, rs)
-					return fmt.Errorf("interrupted: everything allocated was freed (%s, %s: %v)", path, name, err)
+					return interrupted(fmt.Sprintf("interrupted: everything allocated was freed (%s, %s: %v)", path, name, err))
 				}
 				return fmt.Errorf("%s: %s: %w", path, name, err)
 			}

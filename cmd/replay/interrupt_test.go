@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestMain runs main in a child of the test binary when asked, so that a
+// test can signal a whole command.
+func TestMain(m *testing.M) {
+	if os.Getenv("ALLOCSIM_REPLAY_MAIN") == "1" {
+		os.Args = append([]string{"replay"}, os.Args[1:]...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// An interrupted replay gpu exits as the shell reports a command the
+// signal killed: 130 for SIGINT, 143 for SIGTERM (it exited 1), after
+// freeing what it allocated.
+func TestGPUInterruptExitStatus(t *testing.T) {
+	lib := fakeCUDA(t, "FAKECUDA_TOTAL=4294967296", "FAKECUDA_LATENCY_NS=600000")
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		code int
+	}{{syscall.SIGINT, 130}, {syscall.SIGTERM, 143}} {
+		t.Run(tc.sig.String(), func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "gpu", "--cudart", lib, "--policy", "cuda", "--no-sim", trainGPT)
+			cmd.Env = append(os.Environ(), "ALLOCSIM_REPLAY_MAIN=1")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1500 * time.Millisecond)
+			cmd.Process.Signal(tc.sig)
+			err := cmd.Wait()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != tc.code {
+				t.Fatalf("exit %v, want status %d; stderr:\n%s", err, tc.code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), "interrupted: everything allocated was freed") {
+				t.Errorf("stderr:\n%s", stderr.String())
+			}
+		})
+	}
+}
