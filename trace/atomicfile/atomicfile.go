@@ -83,8 +83,29 @@ func Create(path string) (*File, error) {
 	return &File{f: f, path: path}, nil
 }
 
-// Write writes to the temporary file.
-func (a *File) Write(p []byte) (int, error) { return a.f.Write(p) }
+// Write writes to the temporary file. An error names the path, not the
+// temporary file (a full disk: "cannot write out.json: no space left on
+// device").
+func (a *File) Write(p []byte) (int, error) {
+	n, err := a.f.Write(p)
+	return n, a.named(err)
+}
+
+// named makes an error of the temporary file name the path instead.
+func (a *File) named(err error) error {
+	if err == nil || a.direct {
+		return err
+	}
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		err = le.Err
+	}
+	return fmt.Errorf("cannot write %s: %w", a.path, err)
+}
 
 // Commit closes the temporary file and renames it to the path.
 func (a *File) Commit() error {
@@ -100,15 +121,15 @@ func (a *File) Commit() error {
 	delete(pending.names, a.f.Name())
 	if err := a.f.Close(); err != nil {
 		os.Remove(a.f.Name())
-		return err
+		return a.named(err)
 	}
 	if err := os.Chmod(a.f.Name(), 0o644); err != nil {
 		os.Remove(a.f.Name())
-		return err
+		return a.named(err)
 	}
 	if err := os.Rename(a.f.Name(), a.path); err != nil {
 		os.Remove(a.f.Name())
-		return err
+		return a.named(err)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -46,5 +47,22 @@ func TestAbort(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stat after Abort: %v, want not exist", err)
+	}
+}
+
+// An error writing the temporary file names the output's path, not the
+// hidden temporary name (a full disk said ".out.json.tmp123: no space left
+// on device").
+func TestWriteErrorNamesPath(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "out.json")
+	a, err := Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Abort()
+	a.f.Close() // every later write fails
+	_, err = a.Write([]byte("x"))
+	if err == nil || !strings.Contains(err.Error(), "cannot write "+path+": ") || strings.Contains(err.Error(), ".tmp") {
+		t.Errorf("err = %v", err)
 	}
 }
