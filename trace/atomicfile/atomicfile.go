@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 )
@@ -69,9 +71,10 @@ func Create(path string) (*File, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
 	}
+	removeStale(path)
 	pending.Lock()
 	defer pending.Unlock()
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+	f, err := os.CreateTemp(filepath.Dir(path), fmt.Sprintf(".%s.tmp-%d-*", filepath.Base(path), os.Getpid()))
 	if err != nil {
 		var pe *os.PathError
 		if errors.As(err, &pe) {
@@ -81,6 +84,24 @@ func Create(path string) (*File, error) {
 	}
 	pending.names[f.Name()] = true
 	return &File{f: f, path: path}, nil
+}
+
+// removeStale removes the temporary files of path left by processes that
+// no longer run (killed while writing it): their names carry the writer's
+// process id. Those of a live process, writing path at the same time, stay.
+func removeStale(path string) {
+	base := "." + filepath.Base(path) + ".tmp-"
+	names, _ := filepath.Glob(filepath.Join(filepath.Dir(path), base+"*"))
+	for _, name := range names {
+		rest := strings.TrimPrefix(filepath.Base(name), base)
+		pid, err := strconv.Atoi(rest[:max(strings.IndexByte(rest, '-'), 0)])
+		if err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			os.Remove(name)
+		}
+	}
 }
 
 // Write writes to the temporary file. An error names the path, not the

@@ -2,8 +2,10 @@ package atomicfile
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -64,5 +66,33 @@ func TestWriteErrorNamesPath(t *testing.T) {
 	_, err = a.Write([]byte("x"))
 	if err == nil || !strings.Contains(err.Error(), "cannot write "+path+": ") || strings.Contains(err.Error(), ".tmp") {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// The temporary file of a run killed while writing (SIGKILL: nothing could
+// remove it) goes at the next write of the same path; one of a process
+// that still runs stays.
+func TestStaleTempRemoved(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "out.trace")
+	cmd := exec.Command("true")
+	if err := cmd.Run(); err != nil {
+		t.Skip(err)
+	}
+	dead := filepath.Join(dir, fmt.Sprintf(".out.trace.tmp-%d-123", cmd.Process.Pid))
+	live := filepath.Join(dir, fmt.Sprintf(".out.trace.tmp-%d-456", os.Getppid()))
+	for _, n := range []string{dead, live} {
+		if err := os.WriteFile(n, []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := WriteFile(path, func(w io.Writer) error { _, err := w.Write([]byte("whole")); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("the dead run's temporary file stays: %v", err)
+	}
+	if _, err := os.Stat(live); err != nil {
+		t.Errorf("the live process's temporary file is gone: %v", err)
 	}
 }
