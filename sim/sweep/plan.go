@@ -39,14 +39,49 @@ type Cell struct {
 	// AsRecorded replays a recording as recorded (sim.Config.AsRecorded):
 	// the result's settings are then those used, the recorded ones with
 	// Settings over them.
-	AsRecorded bool   `json:"as_recorded"`
-	File       string `json:"file"` // under DIR/cells
+	AsRecorded bool `json:"as_recorded"`
+	// TraceID identifies the trace's content (TraceID), so that a file
+	// replaced under the same path is another cell.
+	TraceID string `json:"trace_id,omitempty"`
+	File    string `json:"file"` // under DIR/cells
 }
 
-// Key identifies the cell: its trace, policy, settings, capacity and
-// AsRecorded.
+// Key identifies the cell: its trace (path and content), policy, settings,
+// capacity and AsRecorded.
 func (c *Cell) Key() string {
-	return CellKey(c.Trace, c.Policy, c.Settings, c.Capacity) + "\x00" + strconv.FormatBool(c.AsRecorded)
+	return CellKey(c.Trace, c.Policy, c.Settings, c.Capacity) + "\x00" + strconv.FormatBool(c.AsRecorded) + "\x00" + c.TraceID
+}
+
+// TraceID returns an identity of the content of the file at path: its size
+// and a hash of its first and last 64 KiB (where every format keeps its
+// header and its end), in hex. It returns an error naming the file when it
+// cannot be read.
+func TraceID(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	const part = 64 << 10
+	h := sha256.New()
+	buf := make([]byte, part)
+	n, err := io.ReadFull(f, buf)
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	h.Write(buf[:n])
+	if st.Size() > part {
+		m, err := f.ReadAt(buf, max(st.Size()-part, part))
+		if err != nil && err != io.EOF {
+			return "", fmt.Errorf("%s: %w", path, err)
+		}
+		h.Write(buf[:m])
+	}
+	return fmt.Sprintf("%d-%x", st.Size(), h.Sum(nil)[:8]), nil
 }
 
 // CellKey identifies a cell, and a result, by the trace as given, the
@@ -234,13 +269,17 @@ func (s Spec) Cells() ([]Cell, error) {
 	}
 	var cells []Cell
 	for _, t := range s.Traces {
+		id, err := TraceID(t)
+		if err != nil {
+			return nil, err
+		}
 		for _, c := range s.Capacities {
 			for _, n := range s.Policies {
 				for _, set := range perPolicy[n] {
 					if len(set) == 0 {
 						set = nil
 					}
-					cell := Cell{Index: len(cells), Trace: t, Policy: n, Settings: set, Capacity: c, AsRecorded: s.AsRecorded}
+					cell := Cell{Index: len(cells), Trace: t, Policy: n, Settings: set, Capacity: c, AsRecorded: s.AsRecorded, TraceID: id}
 					sum := sha256.Sum256([]byte(cell.Key()))
 					cell.File = results.TraceName(t) + "." + n + "." + hex.EncodeToString(sum[:6]) + ".json"
 					cells = append(cells, cell)

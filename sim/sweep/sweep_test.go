@@ -18,6 +18,12 @@ const tokenLengths = "../../testdata/pytorch/token_lengths.pickle.gz"
 // TestCells checks the plan order (trace, capacity, policy, grid point),
 // the product of two axes and the errors of bad axes.
 func TestCells(t *testing.T) {
+	t.Chdir(t.TempDir())
+	for _, n := range []string{"a.trace", "b.trace"} {
+		if err := os.WriteFile(n, []byte(n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	spec := Spec{
 		Traces: []string{"a.trace", "b.trace"}, Capacities: []uint64{0, 1 << 30}, Policies: []string{"cuda", "first-fit"},
 		Fixed: map[string]policies.Settings{"first-fit": {"release": "true"}},
@@ -38,6 +44,9 @@ func TestCells(t *testing.T) {
 	}
 	if !strings.HasPrefix(c.File, "a.first-fit.") || !strings.HasSuffix(c.File, ".json") {
 		t.Errorf("file %q", c.File)
+	}
+	if !strings.HasPrefix(c.TraceID, "7-") || cells[6].TraceID == c.TraceID {
+		t.Errorf("trace ids %q, %q", c.TraceID, cells[6].TraceID)
 	}
 	if p := NewPlan(cells, 1, 4); len(p.Cells) != 3 || p.Cells[0].Index != 1 || p.Total != 12 || p.ID != NewPlan(cells, 0, 4).ID {
 		t.Errorf("shard 1/4: %+v", p)
@@ -136,5 +145,44 @@ func TestRunCSVError(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "plan.json")); err != nil {
 		t.Error(err)
+	}
+}
+
+// A trace replaced under the same path is another cell: a rerun of the
+// sweep replays it instead of taking the old file's results ("0 run, 1
+// already done" with the old figures before).
+func TestReplacedTrace(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "job.pickle.gz")
+	run := func(src string) *Runner {
+		t.Helper()
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cells, err := Spec{Traces: []string{path}, Capacities: []uint64{0}, Policies: []string{"cuda"}}.Cells()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &Runner{Dir: filepath.Join(dir, "out"), Plan: NewPlan(cells, 0, 1), Workers: 1}
+		if err := r.Prepare(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Run(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := run(tokenLengths); r.Ran() != 1 {
+		t.Fatalf("first run: %d ran", r.Ran())
+	}
+	if r := run(tokenLengths); r.Ran() != 0 || r.DoneBefore() != 1 {
+		t.Errorf("the same file again: %d ran, %d done before", r.Ran(), r.DoneBefore())
+	}
+	if r := run("../../testdata/pytorch/growing_batch.pickle.gz"); r.Ran() != 1 || r.DoneBefore() != 0 {
+		t.Errorf("another file at the path: %d ran, %d done before", r.Ran(), r.DoneBefore())
 	}
 }
