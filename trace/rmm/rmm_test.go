@@ -140,15 +140,24 @@ func FuzzImport(f *testing.F) {
 	data, _ := os.ReadFile("testdata/midnight.csv")
 	f.Add(data)
 	f.Add([]byte(Header + "\n1,00:00:00.1,allocate,0x1,1,0x0\n"))
+	oneLine := func(t *testing.T, err error) {
+		if msg := err.Error(); strings.Contains(msg, "\n") || !strings.Contains(msg, "fuzz.csv") {
+			t.Fatalf("error %q: not one line naming the file", msg)
+		}
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		src, err := Import(bytes.NewReader(b), "fuzz")
+		src, err := Import(bytes.NewReader(b), "fuzz.csv")
 		if err != nil {
+			oneLine(t, err)
 			return
 		}
 		for i := 0; i < 1<<16; i++ {
 			if _, err := src.Next(); err != nil {
 				if _, err2 := src.Next(); err2 != err {
 					t.Fatalf("error not final: %v then %v", err, err2)
+				}
+				if err != io.EOF {
+					oneLine(t, err)
 				}
 				return
 			}
