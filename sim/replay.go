@@ -307,9 +307,11 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 // trace.Clock finds it; the clock is called only then, so that the event
 // is not copied into it at every step.
 func (r *Replay) checkTime(i int64, ev *trace.Event) {
-	if r.timed && ev.Time < r.lastTime {
+	if ev.Time < 0 || r.timed && ev.Time < r.lastTime {
 		var c trace.Clock
-		c.Check(r.lastIdx, trace.Event{Time: r.lastTime})
+		if r.timed {
+			c.Check(r.lastIdx, trace.Event{Time: r.lastTime})
+		}
 		r.problem = c.Check(i, *ev)
 	} else {
 		r.problem = nil

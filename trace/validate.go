@@ -83,11 +83,14 @@ type Clock struct {
 	started           bool
 }
 
-// Check takes event i's time and returns a problem if it is earlier than
-// the previous event's.
+// Check takes event i's time and returns a problem if it is negative or
+// earlier than the previous event's.
 func (c *Clock) Check(i int64, ev Event) *ValidationError {
 	var err *ValidationError
-	if c.started && ev.Time < c.lastTime {
+	switch {
+	case ev.Time < 0:
+		err = &ValidationError{i, ev.Addr, fmt.Sprintf("negative time: %d ns", ev.Time)}
+	case c.started && ev.Time < c.lastTime:
 		err = &ValidationError{i, ev.Addr, fmt.Sprintf("time goes backwards: %d ns after %d ns at event %d", ev.Time, c.lastTime, c.lastIdx)}
 	}
 	c.lastTime, c.lastIdx, c.started = ev.Time, i, true

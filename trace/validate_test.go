@@ -71,3 +71,18 @@ func TestValidateBounded(t *testing.T) {
 		t.Errorf("malloc of 2^60 bytes: %v", err)
 	}
 }
+
+// A negative absolute time is a problem (replay check let it pass).
+func TestValidateNegativeTime(t *testing.T) {
+	_, evs, err := ParseText("n.txt", strings.NewReader("malloc id=1 size=100 t=-5\nfree id=1 t=3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Validate(NewSliceSource(Header{}, evs), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Error() != "event 0: negative time: -5 ns" {
+		t.Errorf("problems %v", got)
+	}
+}
