@@ -18,7 +18,9 @@ func (e *ValidationError) Error() string { return fmt.Sprintf("event %d: %s", e.
 // address that is live, a free (or free request) of an address that is not
 // live, naming the event that freed it when it is a double free (among the
 // last RecentFrees frees), a malloc of 0 bytes or of more than MaxSize
-// bytes, and time going backwards. Its memory grows with the live
+// bytes, a wait on or synchronize of a CUDA event never recorded (it
+// orders nothing), a negative time and time going backwards. Its memory
+// grows with the live
 // allocations, not with the trace's length. A replay engine that keeps its
 // own table of live allocations makes the same checks with Clock, FreeLog,
 // CheckSize and LiveMalloc.
@@ -26,6 +28,8 @@ type Validator struct {
 	live  AddrMap[int64] // address -> event index of its malloc
 	frees FreeLog
 	clock Clock
+	// recorded holds the CUDA events recorded so far.
+	recorded map[uint64]bool
 }
 
 // RecentFrees is how many of the latest frees a FreeLog remembers to tell
@@ -72,6 +76,15 @@ func (v *Validator) checkOp(i int64, ev Event) error {
 			return v.frees.NotLive(i, ev)
 		}
 		v.frees.Add(ev.Addr, i)
+	case OpEventRecord:
+		if v.recorded == nil {
+			v.recorded = map[uint64]bool{}
+		}
+		v.recorded[ev.Addr] = true
+	case OpStreamWaitEvent, OpEventSync:
+		if !v.recorded[ev.Addr] {
+			return &ValidationError{i, 0, fmt.Sprintf("%s of event %#x, never recorded: it orders nothing", ev.Op, ev.Addr)}
+		}
 	}
 	return nil
 }

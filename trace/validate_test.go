@@ -86,3 +86,33 @@ func TestValidateNegativeTime(t *testing.T) {
 		t.Errorf("problems %v", got)
 	}
 }
+
+// A wait on or a synchronize of an event never recorded is a problem: it
+// orders nothing (replay check let both pass).
+func TestValidateEvents(t *testing.T) {
+	_, evs, err := ParseText("e.txt", strings.NewReader(`event_record event=7 stream=1
+stream_wait_event event=7 stream=2
+stream_wait_event event=8 stream=2
+event_sync event=9
+event_sync event=7
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Validate(NewSliceSource(Header{}, evs), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"event 2: stream_wait_event of event 0x8, never recorded: it orders nothing",
+		"event 3: event_sync of event 0x9, never recorded: it orders nothing",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("problems %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i].Error() != want[i] {
+			t.Errorf("problem %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+}
