@@ -411,13 +411,22 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 	return pg
 }
 
+// lowerBound returns the group's trace's peak requested bytes: the largest
+// of its results', as a row with OOMs requested only what it served.
+func (g *reportGroup) lowerBound() uint64 {
+	var lower uint64
+	for _, r := range g.results {
+		lower = max(lower, r.PeakRequested)
+	}
+	return lower
+}
+
 func traceFacts(g *reportGroup) ([]fact, []string) {
 	r0 := g.results[0]
-	var lower uint64
+	lower := g.lowerBound()
 	var sourceOOMs, anomalies int64
 	var first string
 	for _, r := range g.results {
-		lower = max(lower, r.PeakRequested)
 		sourceOOMs = max(sourceOOMs, r.SourceOOMs)
 		if r.Anomalies > anomalies {
 			anomalies, first = r.Anomalies, r.FirstAnomaly
@@ -463,12 +472,11 @@ func comparisonTable(g *reportGroup) ([]string, []row) {
 	head := []string{"policy", "settings", "peak reserved MiB", "÷ lower bound", "peak allocated MiB", "fragmentation at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
 	labels := policyLabels(g.sim())
 	best := uint64(math.MaxUint64)
-	var lower uint64 // the trace's: a row with OOMs requested less
+	lower := g.lowerBound()
 	for _, r := range g.results {
 		if r.OOMs == 0 && r.PeakReserved > 0 {
 			best = min(best, r.PeakReserved)
 		}
-		lower = max(lower, r.PeakRequested)
 	}
 	var rows []row
 	for i, r := range g.results {
@@ -616,10 +624,7 @@ func overviewTable(groups []*reportGroup) *overview {
 		for i := range ratios {
 			ratios[i] = math.NaN()
 		}
-		var lower uint64 // the trace's: a row with OOMs requested less
-		for _, r := range g.results {
-			lower = max(lower, r.PeakRequested)
-		}
+		lower := g.lowerBound()
 		for _, r := range g.results {
 			l := labels[k]
 			k++

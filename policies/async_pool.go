@@ -161,8 +161,7 @@ type apStream struct {
 	seen apClock
 	// pend holds the blocks freed on this stream whose frees are not
 	// complete, by (size, serial) as readyT.
-	pend  freeTree[*flBlock]
-	npend int
+	pend freeTree[*flBlock]
 }
 
 // apFree is a pending free: its stream and its place in the stream's
@@ -438,7 +437,7 @@ func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
 	var b *flBlock
 	var from *apStream
 	for _, o := range p.streams {
-		if o == st || o.npend == 0 {
+		if o == st || o.pend.len == 0 {
 			continue
 		}
 		if c, ok := o.pend.best(n); ok && (b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial) {
@@ -455,7 +454,7 @@ func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
 // pending reports whether any free is pending.
 func (p *AsyncPool) pending() bool {
 	for _, st := range p.streams {
-		if st.npend > 0 {
+		if st.pend.len > 0 {
 			return true
 		}
 	}
@@ -479,11 +478,7 @@ func (p *AsyncPool) unmapped(addr, n uint64) bool {
 func (p *AsyncPool) cut(b *flBlock, n uint64, tree *freeTree[*flBlock]) *flBlock {
 	tree.delete(b.size, b.serial)
 	if b.size == n {
-		if b.pend.s != nil {
-			b.pend.s.npend--
-			b.pend = apFree{}
-		}
-		b.free = false
+		b.pend, b.free = apFree{}, false
 		return b
 	}
 	a := p.ready.newBlock(b.addr, n, b.seg)
@@ -500,7 +495,7 @@ func (p *AsyncPool) cut(b *flBlock, n uint64, tree *freeTree[*flBlock]) *flBlock
 // GPU has done them: cudaMemPoolReuseAllowOpportunistic), else one it is
 // ordered after through an event.
 func (p *AsyncPool) bestPending(st *apStream, n uint64) (*flBlock, *freeTree[*flBlock]) {
-	if st.npend > 0 {
+	if st.pend.len > 0 {
 		if c, ok := st.pend.best(n); ok {
 			return c, &st.pend
 		}
@@ -511,7 +506,7 @@ func (p *AsyncPool) bestPending(st *apStream, n uint64) (*flBlock, *freeTree[*fl
 	var b *flBlock
 	var tree *freeTree[*flBlock]
 	for _, o := range p.streams {
-		if o == st || o.npend == 0 {
+		if o == st || o.pend.len == 0 {
 			continue
 		}
 		v := st.seen[o.id]
@@ -521,7 +516,7 @@ func (p *AsyncPool) bestPending(st *apStream, n uint64) (*flBlock, *freeTree[*fl
 		if v == 0 {
 			continue
 		}
-		c, ok := o.pend.bestWhere(n, func(x *flBlock) bool { return x.pend.seq <= v })
+		c, ok := o.pend.firstWhere(n, func(x *flBlock) bool { return x.pend.seq <= v })
 		if ok && (b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial) {
 			b, tree = c, &o.pend
 		}
@@ -678,20 +673,17 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 	sameStream := func(x *flBlock) bool { return x != nil && x.free && x.pend.s == st }
 	if pv := b.prev; sameStream(pv) {
 		st.pend.delete(pv.size, pv.serial)
-		st.npend--
 		pv.size += b.size
 		p.ready.unlink(b)
 		b = pv
 	}
 	if nx := b.next; sameStream(nx) {
 		st.pend.delete(nx.size, nx.serial)
-		st.npend--
 		b.size += nx.size
 		p.ready.unlink(nx)
 	}
 	b.free, b.pend, b.serial = true, tag, p.serial
 	st.pend.insert(b.size, b.serial, b)
-	st.npend++
 	return nil
 }
 
@@ -751,7 +743,7 @@ func (p *AsyncPool) complete() {
 // moveDone makes the pending frees of stream st up to its h-th ready,
 // each merged with its ready neighbours.
 func (p *AsyncPool) moveDone(st *apStream, h uint64) {
-	if st.npend == 0 || h == 0 {
+	if st.pend.len == 0 || h == 0 {
 		return
 	}
 	done := p.scratch[:0]
@@ -762,7 +754,6 @@ func (p *AsyncPool) moveDone(st *apStream, h uint64) {
 	}
 	for _, b := range done {
 		st.pend.delete(b.size, b.serial)
-		st.npend--
 		b.pend = apFree{}
 		p.cover(b.addr, b.size, false)
 		p.insertReady(b)

@@ -226,41 +226,24 @@ next:
 	return zero, false
 }
 
-// firstWhere returns the lowest-addressed block of at least n bytes for
-// which ok is true, and whether there is one; t is a first-fit tree.
+// firstWhere returns the first block in t's order of at least n bytes for
+// which ok is true, and whether there is one: in a first-fit tree the
+// lowest-addressed, in a best-fit tree the smallest (the lowest second key
+// among equal sizes).
 func (t *freeTree[B]) firstWhere(n uint64, ok func(B) bool) (B, bool) {
-	var walk func(x *ftNode[B]) (B, bool)
-	walk = func(x *ftNode[B]) (B, bool) {
-		for i := 0; i <= x.n; i++ {
-			if !x.leaf && x.kmax[i] >= n {
-				if b, found := walk(x.kids[i]); found {
-					return b, true
-				}
-			}
-			if i < x.n && x.sizes[i] >= n && ok(x.vals[i]) {
-				return x.vals[i], true
-			}
+	// mayFit reports whether child i of x can hold a block of n bytes: by
+	// its largest size in a first-fit tree; in a best-fit tree, child i
+	// holds the keys below item i, all too small when item i is.
+	mayFit := func(x *ftNode[B], i int) bool {
+		if t.byAddr {
+			return x.kmax[i] >= n
 		}
-		var zero B
-		return zero, false
+		return i == x.n || x.sizes[i] >= n
 	}
-	if t.root == nil {
-		var zero B
-		return zero, false
-	}
-	return walk(t.root)
-}
-
-// bestWhere returns the first block in t's order of at least n bytes for
-// which ok is true, and whether there is one; t is a best-fit tree (so the
-// smallest such block, the lowest second key among equal sizes).
-func (t *freeTree[B]) bestWhere(n uint64, ok func(B) bool) (B, bool) {
 	var walk func(x *ftNode[B]) (B, bool)
 	walk = func(x *ftNode[B]) (B, bool) {
 		for i := 0; i <= x.n; i++ {
-			// Child i holds the keys below item i: all too small when
-			// item i is.
-			if !x.leaf && (i == x.n || x.sizes[i] >= n) {
+			if !x.leaf && mayFit(x, i) {
 				if b, found := walk(x.kids[i]); found {
 					return b, true
 				}

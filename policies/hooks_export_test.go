@@ -159,8 +159,8 @@ func (p *AsyncPool) CheckTiling() error {
 		if err != nil {
 			return fmt.Errorf("stream %d: %v", st.id, err)
 		}
-		if len(nodes) != st.npend {
-			return fmt.Errorf("stream %d: %d pending blocks, counted %d", st.id, len(nodes), st.npend)
+		if len(nodes) != st.pend.len {
+			return fmt.Errorf("stream %d: %d pending blocks, counted %d", st.id, len(nodes), st.pend.len)
 		}
 		for b := range nodes {
 			if inTree[b] != nil {

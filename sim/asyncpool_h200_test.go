@@ -13,7 +13,8 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
-	"github.com/gpualloc/allocsim/trace/pytorch"
+	"github.com/gpualloc/allocsim/sim/sweep"
+	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 // apCall is one allocation call of a pool: a malloc's requested bytes and
@@ -128,15 +129,6 @@ func poolCompare(t *testing.T, snap, log string, s policies.Settings) (real, got
 			t.Fatal(err)
 		}
 	}
-	f, err := os.Open(snap)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	src, err := pytorch.Import(f, snap, pytorch.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var pl *poolLog
 	cfg := sim.Config{Trace: snap, Policy: "async-pool", Settings: s,
 		NewPolicy: func(dev policies.Device, s policies.Settings) (policies.Policy, error) {
@@ -147,7 +139,7 @@ func poolCompare(t *testing.T, snap, log string, s policies.Settings) (real, got
 			pl = &poolLog{Policy: p, dev: dev.(policies.Capacitor)}
 			return pl, nil
 		}}
-	if _, err := sim.Run(src, cfg); err != nil {
+	if _, err := sweep.RunFile(snap, tracefile.Options{}, cfg); err != nil {
 		t.Fatal(err)
 	}
 	return real, pl.calls

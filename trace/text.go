@@ -47,7 +47,12 @@ func (e *SyntaxError) Error() string {
 func ParseText(name string, r io.Reader) (Header, []Event, error) {
 	h := Header{Version: Version, Source: "text"}
 	var evs []Event
-	lr := NewLineReader(r, name)
+	// A LineReader refuses NUL bytes; one the caller passes (to check the
+	// last line afterwards) is not wrapped again.
+	lr, ok := r.(*LineReader)
+	if !ok {
+		lr = NewLineReader(r, name)
+	}
 	sc := bufio.NewScanner(lr)
 	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 	line := 0

@@ -74,38 +74,20 @@ func TestValidateBounded(t *testing.T) {
 
 // A negative absolute time is a problem (replay check let it pass).
 func TestValidateNegativeTime(t *testing.T) {
-	_, evs, err := ParseText("n.txt", strings.NewReader("malloc id=1 size=100 t=-5\nfree id=1 t=3\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := Validate(NewSliceSource(Header{}, evs), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 1 || got[0].Error() != "event 0: negative time: -5 ns" {
-		t.Errorf("problems %v", got)
-	}
+	checkProblems(t, "malloc id=1 size=100 t=-5\nfree id=1 t=3\n", "event 0: negative time: -5 ns")
 }
 
-// A wait on or a synchronize of an event never recorded is a problem: it
-// orders nothing (replay check let both pass).
-func TestValidateEvents(t *testing.T) {
-	_, evs, err := ParseText("e.txt", strings.NewReader(`event_record event=7 stream=1
-stream_wait_event event=7 stream=2
-stream_wait_event event=8 stream=2
-event_sync event=9
-event_sync event=7
-`))
+// checkProblems validates the text-form trace text and checks its
+// problems, in order.
+func checkProblems(t *testing.T, text string, want ...string) {
+	t.Helper()
+	_, evs, err := ParseText("v.txt", strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := Validate(NewSliceSource(Header{}, evs), 0)
 	if err != nil {
 		t.Fatal(err)
-	}
-	want := []string{
-		"event 2: stream_wait_event of event 0x8, never recorded: it orders nothing",
-		"event 3: event_sync of event 0x9, never recorded: it orders nothing",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("problems %v, want %v", got, want)
@@ -115,4 +97,18 @@ event_sync event=7
 			t.Errorf("problem %d = %q, want %q", i, got[i], want[i])
 		}
 	}
+}
+
+// A wait on or a synchronize of an event never recorded is a problem: it
+// orders nothing (replay check let both pass).
+func TestValidateEvents(t *testing.T) {
+	checkProblems(t, `event_record event=7 stream=1
+stream_wait_event event=7 stream=2
+stream_wait_event event=8 stream=2
+event_sync event=9
+event_sync event=7
+`,
+		"event 2: stream_wait_event of event 0x8, never recorded: it orders nothing",
+		"event 3: event_sync of event 0x9, never recorded: it orders nothing",
+	)
 }

@@ -6,6 +6,8 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 // exitError is an error whose command exits with its own status.
@@ -51,9 +53,9 @@ func interruptible() (context.Context, func(), func(msg string) error) {
 	fail := func(msg string) error {
 		mu.Lock()
 		defer mu.Unlock()
-		code := 130
-		if got == syscall.SIGTERM {
-			code = 143
+		code := 130 // no signal seen: as SIGINT
+		if got != nil {
+			code = atomicfile.SignalStatus(got)
 		}
 		return &exitError{code: code, msg: msg}
 	}

@@ -2,7 +2,6 @@ package interpose
 
 import (
 	"encoding/json"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -31,15 +30,12 @@ func TestH200Recordings(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer f.Close()
+		evs, err := trace.ReadAll(f)
+		if err != nil {
+			t.Fatal(err)
+		}
 		ops, kinds := map[trace.Op]int{}, map[trace.Kind]int{}
-		for {
-			ev, err := f.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, ev := range evs {
 			ops[ev.Op]++
 			if ev.Op == trace.OpMalloc {
 				kinds[ev.Kind]++

@@ -171,6 +171,21 @@ func normalize(evs []trace.Event) (lines, apis []string) {
 	return lines, apis
 }
 
+// sameOutput runs prog with args without the interposer and checks that
+// its output (its return codes) is the recording's.
+func sameOutput(t *testing.T, rec recording, prog string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(prog, args...)
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+built.dir)
+	plain, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.stdout != string(plain) {
+		t.Errorf("output under the interposer:\n%s\nwithout:\n%s", rec.stdout, plain)
+	}
+}
+
 func checkLines(t *testing.T, got []string, want string) {
 	t.Helper()
 	w := strings.Split(strings.TrimSpace(want), "\n")
@@ -247,15 +262,7 @@ marker t=0 thread=1 label="cuMemPoolTrimTo of pool 0x9001 to 0 bytes"
 					t.Errorf("metadata %s = %q, want %q", k, md[k], v)
 				}
 			}
-			cmd := exec.Command(built.dyn, mode)
-			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+built.dir)
-			plain, err := cmd.Output()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rec.stdout != string(plain) {
-				t.Errorf("output under the interposer:\n%s\nwithout:\n%s", rec.stdout, plain)
-			}
+			sameOutput(t, rec, built.dyn, mode)
 		})
 	}
 }
@@ -307,15 +314,7 @@ func TestAll(t *testing.T) {
 					t.Errorf("call site %q", ev.Label)
 				}
 			}
-			cmd := exec.Command(tc.prog, "all")
-			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+built.dir)
-			plain, err := cmd.Output()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rec.stdout != string(plain) {
-				t.Errorf("output under the interposer:\n%s\nwithout:\n%s", rec.stdout, plain)
-			}
+			sameOutput(t, rec, tc.prog, "all")
 		})
 	}
 }

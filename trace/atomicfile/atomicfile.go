@@ -38,13 +38,19 @@ func RemoveOnInterrupt() {
 		for name := range pending.names {
 			os.Remove(name)
 		}
-		code := 130
-		if sig == syscall.SIGTERM {
-			code = 143
-		}
 		fmt.Fprintf(os.Stderr, "%s: interrupted (%v): no output written\n", filepath.Base(os.Args[0]), sig)
-		os.Exit(code) // with the lock held: no new file is committed
+		os.Exit(SignalStatus(sig)) // with the lock held: no new file is committed
 	}()
+}
+
+// SignalStatus is the exit status of a command that sig stopped: 128 + the
+// signal's number, as a shell reports it (130 for SIGINT, 143 for
+// SIGTERM).
+func SignalStatus(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return 128 + int(s)
+	}
+	return 130 // os.Interrupt on a system without signal numbers
 }
 
 // File is an output file that appears at its path only when Commit
