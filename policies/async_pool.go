@@ -24,10 +24,14 @@ import (
 //   - Allocations are rounded up to 512 bytes (1..512 take 512, 513 take
 //     1024) and placed by best fit, the oldest free first among equal
 //     sizes (a merged block dated by its newest): first among the
-//     stream's own pending frees, then among other streams' it may reuse
-//     (below), else among the ready blocks, the range's
-//     unmapped part included (so a malloc maps a chunk below free mapped
-//     memory rather than use that memory when it fits better there). When
+//     stream's own pending frees, else among the ready blocks, the range's
+//     unmapped part included, and the pending frees of other streams it
+//     may reuse (below), all together (so a malloc maps a chunk below free
+//     mapped memory rather than use that memory when it fits better there,
+//     and takes a ready block that fits better than another stream's
+//     pending free: on the H200 replay of churn, a 1.6 MB malloc on the
+//     second stream took a 4.4 MB ready block, not the first stream's
+//     pending 44.9 MB). When
 //     the block found is the top of the range or needs a chunk mapped, and
 //     frees complete at once, every pending free is made ready first (the
 //     driver has seen them complete by then) and the best fit taken again.
@@ -76,9 +80,9 @@ import (
 // Not modelled: which block the driver takes also depends on timing (how
 // far the GPU has got with the frees, across streams most of all), so the
 // addresses drift from the driver's after a few hundred to a few thousand
-// calls. The reserved high is within one chunk of the driver's on 13 of 14
-// real traces replayed on the H200 (8 to the byte) and 64 MiB above it on
-// multistream (two streams); the table is in sim/asyncpool_h200_test.go.
+// calls. The reserved high is within one chunk of the driver's on all 14
+// real traces replayed on the H200 (10 to the byte); the table is in
+// sim/asyncpool_h200_test.go.
 //
 // The range is reserved through the device's Mapper (cuMemAddressReserve,
 // then cuMemCreate and cuMemMap of each chunk; one device allocation per
@@ -396,11 +400,12 @@ func (p *AsyncPool) reserveRange() error {
 }
 
 // place cuts n bytes for stream st from a free block and maps the chunks
-// they touch: the best fit among the pending frees st may reuse (its own,
-// and with event dependencies another stream's it is ordered after), else
-// the best fit among the ready blocks; the oldest free first among equal
-// sizes (measured: on the H200 replays of train_gpt, hf_llama_train and
-// kv_decode this picks the driver's block at 97.6 to 99.9% of the mallocs).
+// they touch: the best fit among st's own pending frees, else the best fit
+// among the ready blocks and the pending frees of other streams st may
+// reuse (see bestOther); the oldest free first among equal sizes
+// (measured: on the H200 replays of train_gpt, hf_llama_train and
+// kv_decode, one stream each, this picks the driver's block at 97.6 to
+// 99.9% of the mallocs).
 // When that needs a chunk mapped and frees complete at once, the pending
 // frees of every stream become ready first (the driver has seen them
 // complete by then) and the best fit is taken again. When the device
@@ -408,10 +413,15 @@ func (p *AsyncPool) reserveRange() error {
 // internal dependency). (No retry after giving idle chunks back: an idle
 // chunk is moved before the device is asked for memory.)
 func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
-	if b, tree := p.bestPending(st, n); b != nil {
-		return p.cut(b, n, tree), nil
+	if st.pend.len > 0 {
+		if b, ok := st.pend.best(n); ok {
+			return p.cut(b, n, &st.pend), nil
+		}
 	}
 	r, ok := p.readyT.best(n)
+	if b, tree := p.bestOther(st, n); b != nil && (!ok || fitsBefore(b, r)) {
+		return p.cut(b, n, tree), nil
+	}
 	if !ok {
 		return nil, fmt.Errorf("the pool's %d-byte address range is full: %w", uint64(apRangeBytes), ErrOutOfMemory)
 	}
@@ -440,7 +450,7 @@ func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
 		if o == st || o.pend.len == 0 {
 			continue
 		}
-		if c, ok := o.pend.best(n); ok && (b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial) {
+		if c, ok := o.pend.best(n); ok && (b == nil || fitsBefore(c, b)) {
 			b, from = c, o
 		}
 	}
@@ -489,17 +499,12 @@ func (p *AsyncPool) cut(b *flBlock, n uint64, tree *freeTree[*flBlock]) *flBlock
 	return a
 }
 
-// bestPending returns the best-fitting pending block of at least n bytes
-// that stream st may reuse, and the tree it is in; nil if there is none:
-// its own; else another stream's, when frees complete at once any (the
-// GPU has done them: cudaMemPoolReuseAllowOpportunistic), else one it is
-// ordered after through an event.
-func (p *AsyncPool) bestPending(st *apStream, n uint64) (*flBlock, *freeTree[*flBlock]) {
-	if st.pend.len > 0 {
-		if c, ok := st.pend.best(n); ok {
-			return c, &st.pend
-		}
-	}
+// bestOther returns the best-fitting block of at least n bytes among the
+// pending frees of streams other than st that st may reuse, and the tree it
+// is in; nil if there is none: when frees complete at once any (the GPU has
+// done them: cudaMemPoolReuseAllowOpportunistic), else one st is ordered
+// after through an event.
+func (p *AsyncPool) bestOther(st *apStream, n uint64) (*flBlock, *freeTree[*flBlock]) {
 	if !p.followEvents && !p.atOnce {
 		return nil, nil
 	}
@@ -517,11 +522,17 @@ func (p *AsyncPool) bestPending(st *apStream, n uint64) (*flBlock, *freeTree[*fl
 			continue
 		}
 		c, ok := o.pend.firstWhere(n, func(x *flBlock) bool { return x.pend.seq <= v })
-		if ok && (b == nil || c.size < b.size || c.size == b.size && c.serial < b.serial) {
+		if ok && (b == nil || fitsBefore(c, b)) {
 			b, tree = c, &o.pend
 		}
 	}
 	return b, tree
+}
+
+// fitsBefore reports whether free block a comes before free block b in
+// best-fit order: smaller, or as large and freed earlier.
+func fitsBefore(a, b *flBlock) bool {
+	return a.size < b.size || a.size == b.size && a.serial < b.serial
 }
 
 // chunks returns the indexes of the first and last chunk [addr, addr+n)

@@ -48,6 +48,27 @@ malloc id=2 size=32MiB stream=2  # devBase: no new chunk
 			allocs: 1,
 		},
 		simpleCase{
+			name:   "another stream's pending free only when it fits better than a ready block",
+			policy: "async-pool",
+			trace: `
+malloc id=1 size=4MiB stream=1   # devBase, chunk 0
+malloc id=2 size=1MiB stream=1   # devBase+4MiB
+malloc id=3 size=8MiB stream=1   # devBase+5MiB
+malloc id=4 size=1MiB stream=1   # devBase+13MiB
+free id=1 stream=1               # pending on stream 1
+stream_sync stream=1             # ready: [0, 4 MiB); chunk 0 is busy, kept
+free id=3 stream=1               # pending on stream 1: [5, 13 MiB)
+malloc id=5 size=3MiB stream=2   # the ready 4 MiB fits better than the pending 8 MiB: devBase
+malloc id=6 size=7MiB stream=2   # the pending 8 MiB fits better than the ready rest: devBase+5MiB
+`,
+			blocks: []policies.Block{
+				{devBase, 4 * sMiB}, {devBase + 4*sMiB, sMiB}, {devBase + 5*sMiB, 8 * sMiB}, {devBase + 13*sMiB, sMiB},
+				{devBase, 3 * sMiB}, {devBase + 5*sMiB, 7 * sMiB},
+			},
+			peak:   chunk,
+			allocs: 1,
+		},
+		simpleCase{
 			name:     "at_sync: another stream after a stream synchronize",
 			policy:   "async-pool",
 			settings: sync,
