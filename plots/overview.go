@@ -30,8 +30,10 @@ const (
 // colour, of the policy's peak reserved bytes divided by the trace's lower
 // bound (its peak requested bytes), so that 1 is the best possible (a
 // dashed line; the bars start at 0.9 so that those at 1 show). Bars above
-// 3 are cut at 3 and labelled with their value; a policy that ran out of
-// memory has a cross at the foot of its bar. Policies keep one colour
+// 3 are cut at 3 and labelled with their value; a policy whose peak
+// footprint (the card's memory the driver's pages take) is above its peak
+// reserved has a black tick at footprint ÷ lower bound; a policy that ran
+// out of memory has a cross at the foot of its bar. Policies keep one colour
 // across traces, in order of first appearance. It returns ErrNoResults for
 // no results.
 func Overview(rs []sim.Result) (*plot.Plot, error) {
@@ -82,6 +84,7 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 	bars := newBarSet(overviewBase)
 	bars.Label.Font = font.From(sans, 7)
 	var ooms plotter.XYs
+	var ticks []segment
 	top := 1.0
 	var names []string
 	for gi, g := range groups {
@@ -104,6 +107,11 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 			}
 			bars.Bars = append(bars.Bars, b)
 			top = math.Max(top, b.Value)
+			if r.PeakFootprint > r.PeakReserved {
+				y := math.Min(float64(r.PeakFootprint)/float64(r.PeakRequested), overviewTop)
+				ticks = append(ticks, segment{X0: x - w/2, X1: x + w/2, Y: y, Style: footprintStyle})
+				top = math.Max(top, y)
+			}
 			if r.OOMs > 0 {
 				// Inside the bar, below the lower bound line: clear of
 				// the labels.
@@ -119,6 +127,9 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 		}
 	}
 	p.Add(bars)
+	for _, t := range ticks {
+		p.Add(t)
+	}
 	p.Add(hline{Y: 1, Style: requestedStyle})
 	if len(ooms) > 0 {
 		s, err := plotter.NewScatter(ooms)
@@ -133,6 +144,9 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 	}
 	leg.add("")
 	leg.add("lower bound", lineThumb(requestedStyle))
+	if len(ticks) > 0 {
+		leg.add("peak footprint", lineThumb(footprintStyle))
+	}
 	p.Add(leg)
 	nominalPolicies(p, names, leg.width())
 	step, _ := niceStep((top - 1) / 5)

@@ -332,3 +332,40 @@ func TestWriteAllErrors(t *testing.T) {
 		t.Errorf("WriteAll into a path under a file = %v, %v; want no paths and an error", paths, err)
 	}
 }
+
+// TestFootprintShown: the memory chart draws a policy's device footprint
+// and names it in the legend only where the footprint is above the
+// reserved bytes somewhere, and the overview ticks a peak footprint above
+// the peak reserved.
+func TestFootprintShown(t *testing.T) {
+	odd := result("fp.trace", "cuda", 10*mib, 20*mib)
+	even := result("fp.trace", "pytorch", 10*mib, 20*mib)
+	for i := range odd.Series {
+		odd.Series[i].Footprint = odd.Series[i].Reserved + 2*mib
+		even.Series[i].Footprint = even.Series[i].Reserved
+	}
+	odd.PeakFootprint, even.PeakFootprint = 22*mib, 20*mib
+	svg := func(build func([]sim.Result) (*plot.Plot, error), rs ...sim.Result) string {
+		t.Helper()
+		p, err := build(rs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		if err := plots.Render(&buf, p, "svg"); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	for _, tc := range []struct {
+		build func([]sim.Result) (*plot.Plot, error)
+		label string
+	}{{plots.Memory, "device footprint"}, {plots.Overview, "peak footprint"}} {
+		if s := svg(tc.build, odd, even); !strings.Contains(s, tc.label) {
+			t.Errorf("no %q with a footprint above the reserved bytes", tc.label)
+		}
+		if s := svg(tc.build, even); strings.Contains(s, tc.label) {
+			t.Errorf("%q with the footprint equal to the reserved bytes", tc.label)
+		}
+	}
+}

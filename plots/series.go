@@ -63,6 +63,8 @@ var (
 	reservedWidth   = vg.Points(2)
 	allocatedWidth  = vg.Points(1)
 	allocatedDashes = []vg.Length{vg.Points(3), vg.Points(2)}
+	footprintWidth  = vg.Points(1)
+	footprintDashes = []vg.Length{vg.Points(1), vg.Points(1.5)}
 	requestedStyle  = draw.LineStyle{
 		Color:  black,
 		Width:  vg.Points(1.5),
@@ -147,7 +149,10 @@ func valueRange(p *plot.Plot, top float64, format func(v, step, top float64) str
 
 // Memory returns the chart of memory over the trace for results of one
 // trace: for each policy its reserved bytes (a solid line in the policy's
-// colour) and its allocated bytes (thin, dashed, same colour), and once the
+// colour), its allocated bytes (thin, dashed, same colour), its device
+// footprint where it is above the reserved bytes somewhere (the card's
+// memory the driver's pages take, sim.Point.Footprint: dotted, same
+// colour), and once the
 // trace's requested bytes, the lower bound for every policy (dashed black),
 // against the event index. Bytes are drawn in MiB or GiB (ChooseUnit of the
 // largest value). Where a policy ran out of memory its first OOM is marked
@@ -170,7 +175,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 			req = i
 		}
 		for _, pt := range r.Series {
-			top = max(top, pt.Reserved, pt.Allocated, pt.Requested)
+			top = max(top, pt.Reserved, pt.Allocated, pt.Requested, pt.Footprint)
 		}
 	}
 	capacity := results[0].Capacity
@@ -198,6 +203,17 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 		if err := addCurve(p, seriesXYs(r.Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
 			return nil, err
 		}
+	}
+	anyFootprint := false
+	for i, r := range results {
+		if !footprintAbove(r.Series) {
+			continue
+		}
+		sty := draw.LineStyle{Color: policyColor(i), Width: footprintWidth, Dashes: footprintDashes}
+		if err := addCurve(p, seriesXYs(r.Series, bytes(func(pt sim.Point) uint64 { return pt.Footprint })), sty); err != nil {
+			return nil, err
+		}
+		anyFootprint = true
 	}
 	anyOOM := false
 	for i, r := range results {
@@ -232,6 +248,9 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 	leg.add("")
 	leg.add("reserved", lineThumb{Color: grey, Width: reservedWidth})
 	leg.add("allocated", lineThumb{Color: grey, Width: allocatedWidth, Dashes: allocatedDashes})
+	if anyFootprint {
+		leg.add("device footprint", lineThumb{Color: grey, Width: footprintWidth, Dashes: footprintDashes})
+	}
 	leg.add("requested (lower bound)", lineThumb(requestedStyle))
 	if anyOOM {
 		leg.add("first OOM", glyphThumb(oomGlyph(grey)))
@@ -247,6 +266,18 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 	eventRange(p, results)
 	valueRange(p, math.Max(u.Of(top), minBytesTop), formatFixed)
 	return p, nil
+}
+
+// footprintAbove reports whether a series' footprint is above its reserved
+// bytes at some point: the driver's pages take more than the policy
+// reserves (odd-sized cudaMallocs).
+func footprintAbove(s []sim.Point) bool {
+	for _, pt := range s {
+		if pt.Footprint > pt.Reserved {
+			return true
+		}
+	}
+	return false
 }
 
 // oomPoint returns the series point of r's first OOM: the first point at or

@@ -846,6 +846,22 @@ func pageCeil(size uint64) uint64 {
 // them lives.
 func (c *costMeter) footprint() uint64 { return c.large + uint64(c.pages)*driverPageSize }
 
+// footprintWith returns what footprint would return once one more
+// cudaMalloc of size bytes is placed.
+func (c *costMeter) footprintWith(size uint64) uint64 {
+	f := c.footprint()
+	if size > SubAllocMax {
+		return f + pageCeil(size)
+	}
+	n := (size + SubAllocGranularity - 1) / SubAllocGranularity * SubAllocGranularity
+	if c.holes != nil {
+		if _, ok := c.holes.best(n); ok {
+			return f
+		}
+	}
+	return f + driverPageSize
+}
+
 // release returns [off, off+n) to the holes of page p, merged with its
 // neighbours.
 func (c *costMeter) release(p *driverPage, off, n uint64) {

@@ -21,6 +21,7 @@ const baseAddr = 0x7f0000000000
 // allocations and frees as cudaMalloc and cudaFree calls.
 type Device struct {
 	capacity uint64
+	card     bool // the capacity holds the footprint (HoldFootprint)
 	reserved uint64
 	peak     uint64
 	allocs   int64
@@ -41,16 +42,43 @@ func NewDevice(capacity uint64) *Device {
 	return &Device{capacity: capacity, next: baseAddr, cost: newCostMeter(defaultCostModel())}
 }
 
+// HoldFootprint makes the capacity a card's memory less its context: the
+// device refuses an allocation or a map that would take its footprint (the
+// driver's pages, Footprint) past the capacity, as the card does, rather
+// than one that would take the reserved bytes past it. Without a cost model
+// no footprint is kept, and the reserved bytes are held.
+func (d *Device) HoldFootprint() { d.card = true }
+
+// refuse returns an error wrapping policies.ErrOutOfMemory when a device
+// allocation (what says which) of size bytes more would pass the capacity:
+// the footprint's for a card (HoldFootprint), else the reserved bytes'.
+func (d *Device) refuse(what string, size uint64) error {
+	if d.capacity == 0 {
+		return nil
+	}
+	if d.card && d.cost != nil {
+		if f := d.cost.footprintWith(size); f > d.capacity {
+			return fmt.Errorf("%s of %d bytes would take the card's footprint to %d of %d: %w", what, size, f, d.capacity, policies.ErrOutOfMemory)
+		}
+		return nil
+	}
+	if size > d.capacity || d.reserved > d.capacity-size {
+		return fmt.Errorf("%s of %d bytes with %d of %d reserved: %w", what, size, d.reserved, d.capacity, policies.ErrOutOfMemory)
+	}
+	return nil
+}
+
 // Alloc allocates a segment of size bytes. It returns an error wrapping
 // policies.ErrOutOfMemory when reserved + size would exceed the capacity,
-// like cudaMalloc under a per-process memory fraction. A refused call is not
-// counted as a device allocation.
+// like cudaMalloc under a per-process memory fraction, or for a card
+// (HoldFootprint) when the footprint would. A refused call is not counted
+// as a device allocation.
 func (d *Device) Alloc(size uint64) (uint64, error) {
 	if size == 0 {
 		return 0, fmt.Errorf("device alloc of 0 bytes")
 	}
-	if d.capacity > 0 && (size > d.capacity || d.reserved > d.capacity-size) {
-		return 0, fmt.Errorf("device alloc of %d bytes with %d of %d reserved: %w", size, d.reserved, d.capacity, policies.ErrOutOfMemory)
+	if err := d.refuse("device alloc", size); err != nil {
+		return 0, err
 	}
 	addr := d.place(size)
 	d.live.Put(addr, size)

@@ -199,10 +199,12 @@ func (d *Device) rangeOf(addr, size uint64) *addrRange {
 }
 
 // Map backs [addr, addr+size) of a reserved range with memory: one device
-// allocation, however many pages. It is not held to the capacity: PyTorch
-// checks its memory fraction before it maps (against the size of the
-// segment it would have allocated), then maps whole pages that may pass
-// it. It returns an error for a range not reserved or mapped over.
+// allocation, however many pages. It is held to a card's capacity
+// (HoldFootprint: an error wrapping policies.ErrOutOfMemory, as
+// cuMemCreate's), not to a reserved-bytes capacity: PyTorch checks its
+// memory fraction before it maps (against the size of the segment it would
+// have allocated), then maps whole pages that may pass it. It returns an
+// error for a range not reserved or mapped over.
 func (d *Device) Map(addr, size uint64) error {
 	rg := d.rangeOf(addr, size)
 	if rg == nil || size == 0 {
@@ -210,6 +212,11 @@ func (d *Device) Map(addr, size uint64) error {
 	}
 	if rg.mapped+size > rg.size {
 		return fmt.Errorf("device map of %d bytes at %#x: the range has %d of %d bytes mapped already", size, addr, rg.mapped, rg.size)
+	}
+	if d.card {
+		if err := d.refuse("device map", size); err != nil {
+			return err
+		}
 	}
 	if r := d.rec; r.follow && !r.diverged {
 		if r.head < len(r.hints) && r.hints[r.head] == (DeviceCall{trace.OpSegmentMap, addr, size}) {

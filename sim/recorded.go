@@ -100,12 +100,13 @@ const ContextBytes = 552402944
 
 // withCard gives a config with CardCapacity and no capacity the capacity of
 // the card the trace was recorded on (h.DeviceMemory, record run's
-// cudaMemGetInfo total) less its context (ContextBytes), so that a malloc
-// the card refused fails in the replay too.
+// cudaMemGetInfo total) less its context (ContextBytes), held to the
+// footprint (Card), so that a malloc the card refused fails in the replay
+// too.
 func (c Config) withCard(h trace.Header) Config {
 	if c.CardCapacity && c.Capacity == 0 && c.Backend == nil && h.DeviceMemory > ContextBytes {
 		c.Capacity = h.DeviceMemory - ContextBytes
-		c.CardCapacityUsed = true
+		c.CardCapacityUsed, c.Card = true, true
 	}
 	return c
 }

@@ -27,6 +27,10 @@ type Config struct {
 	// unlimited when it names none. CardCapacityUsed says it did (set by
 	// Prepare).
 	CardCapacity, CardCapacityUsed bool
+	// Card says Capacity is a card's memory less its context: the
+	// simulated device holds its footprint to it, not its reserved bytes
+	// (Device.HoldFootprint). Prepare sets it with CardCapacityUsed.
+	Card bool
 	// Observer, if not nil, is told of every action of the allocator (see
 	// Observer), for recording its history.
 	Observer Observer
@@ -154,6 +158,9 @@ func NewReplay(cfg Config) (*Replay, error) {
 		back, pdev = cfg.Backend, cfg.Backend
 	} else {
 		dev = NewDevice(cfg.Capacity)
+		if cfg.Card {
+			dev.HoldFootprint()
+		}
 		back, pdev = dev, dev
 		if cfg.Check || checkByDefault() {
 			chk = NewChecker(dev)
@@ -576,7 +583,9 @@ func (r *Replay) observe(i, t int64) {
 	var reserved uint64
 	if r.dev != nil {
 		reserved = r.dev.Reserved()
-		r.res.PeakFootprint = max(r.res.PeakFootprint, r.dev.Footprint())
+		fp := r.dev.Footprint()
+		r.res.PeakFootprint = max(r.res.PeakFootprint, fp)
+		r.series.Footprint(fp)
 	} else {
 		reserved = r.back.Reserved()
 	}
@@ -849,6 +858,10 @@ func (s *SeriesBuilder) Add(i, t int64, req, alloc, res uint64) bool {
 	return s.n >= max(s.width, 1)
 }
 
+// Footprint folds the device's footprint in bytes after the event that
+// the next Add (or Observe) folds in into the current point.
+func (s *SeriesBuilder) Footprint(f uint64) { s.cur.Footprint = max(s.cur.Footprint, f) }
+
 // Open reports whether the current point holds events not yet closed.
 func (s *SeriesBuilder) Open() bool { return s.n > 0 }
 
@@ -867,6 +880,7 @@ func (s *SeriesBuilder) Close(frag, ext float64) {
 		b.Requested = max(a.Requested, b.Requested)
 		b.Allocated = max(a.Allocated, b.Allocated)
 		b.Reserved = max(a.Reserved, b.Reserved)
+		b.Footprint = max(a.Footprint, b.Footprint)
 		half = append(half, b)
 	}
 	s.pts = half

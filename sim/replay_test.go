@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -267,5 +268,50 @@ func TestFootprint(t *testing.T) {
 	if r.PeakFootprint != 24<<20 || rep.Device().Footprint() != 2<<20 || r.PeakReserved != 20<<20+512+1024+1<<20 {
 		t.Errorf("peak footprint %d, footprint at the end %d, peak reserved %d; want %d, %d, %d",
 			r.PeakFootprint, rep.Device().Footprint(), r.PeakReserved, 24<<20, 2<<20, 20<<20+512+1024+1<<20)
+	}
+}
+
+// TestCardHoldsFootprint: on a card (Config.Card) the capacity holds the
+// driver's pages, not the reserved bytes. Under 10 MiB, cuda's two 3 MiB +
+// 512 B segments take 4 MiB of pages each and its 1 MiB + 512 B one 2 MiB:
+// 10 MiB with 7341568 bytes reserved, so the 512 B segment after them,
+// which needs a page of its own, is refused at event 3; once the first is
+// freed (6 MiB) the next one gets its page. Under a 10 MiB capacity that
+// holds the reserved bytes every malloc fits and the pages reach 12 MiB.
+func TestCardHoldsFootprint(t *testing.T) {
+	text := "malloc id=1 size=3145729\nmalloc id=2 size=3145729\nmalloc id=3 size=1048577\nmalloc id=4 size=100\nfree id=1\nmalloc id=5 size=100\n"
+	h, evs, err := trace.ParseText("card.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		card           bool
+		ooms, firstOOM int64
+		footprint      uint64
+		reserved       uint64
+	}{{true, 1, 3, 10 << 20, 7341568}, {false, 0, -1, 12 << 20, 7341568 + 512}} {
+		rs, err := Run(trace.NewSliceSource(h, evs), Config{Policy: "cuda", Capacity: 10 << 20, Card: tc.card, Check: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rs[0]; r.OOMs != tc.ooms || r.FirstOOMEvent != tc.firstOOM || r.PeakFootprint != tc.footprint || r.PeakReserved != tc.reserved {
+			t.Errorf("card %v: %d OOMs (first at event %d), peak footprint %d, peak reserved %d; want %d at %d, %d, %d",
+				tc.card, r.OOMs, r.FirstOOMEvent, r.PeakFootprint, r.PeakReserved, tc.ooms, tc.firstOOM, tc.footprint, tc.reserved)
+		}
+	}
+
+	// A map is held to a card, as cuMemCreate is: 2 MiB and then 4 MiB
+	// more do not fit 4 MiB.
+	d := NewDevice(4 << 20)
+	d.HoldFootprint()
+	base, err := d.Reserve(64 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(base, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(base+2<<20, 4<<20); !errors.Is(err, policies.ErrOutOfMemory) {
+		t.Errorf("a map past the card: %v, want an OOM", err)
 	}
 }

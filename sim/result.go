@@ -127,6 +127,10 @@ type Point struct {
 	Requested uint64 `json:"requested"`
 	Allocated uint64 `json:"allocated"`
 	Reserved  uint64 `json:"reserved"`
+	// Footprint is the largest footprint in bytes over the run: the
+	// card's memory the device's segments take as the driver takes them
+	// (Result.PeakFootprint's); 0 on a real GPU.
+	Footprint uint64 `json:"footprint,omitempty"`
 	// Fragmentation is 1 - allocated/reserved at the run's last event, 0
 	// when nothing is reserved.
 	Fragmentation float64 `json:"fragmentation"`

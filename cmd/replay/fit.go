@@ -23,11 +23,12 @@ const fitUsage = `usage: replay fit [--policy LIST|all] [--set NAME.key=value]..
 
 For each trace and policy, the smallest device capacity in bytes at which the
 replay has no OOM (the malloc that failed in the source, if any, included),
-found by bisection over capacities; the smallest card, the context (--context)
-plus the peak footprint at that capacity (the card's memory the segments take
-as the driver takes them: whole 2 MiB pages above 1 MiB); and the answer for
-common card sizes, each replayed at its capacity less the context, where its
-peak footprint must fit too. Results need not be monotone in capacity (a
+found by bisection over capacities (a capacity holds the reserved bytes, as a
+per-process cap does); the smallest card, the context (--context) plus the
+smallest capacity at which the replay on a card has no OOM (a card holds the
+footprint: the memory the segments take as the driver takes them, whole 2 MiB
+pages above 1 MiB); and the answer for common card sizes, each replayed on the
+card, its capacity less the context. Results need not be monotone in capacity (a
 smaller device can make a caching policy release its cache earlier): probes
 above and below the answer check it, and the table says where a capacity
 above the smallest one runs out of memory.
@@ -45,7 +46,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	policyList := fs.String("policy", "all", "policies: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
 	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
 	cardList := fs.String("cards", fit.DefaultCards, "card sizes to answer for (GB are 10^9 bytes)")
-	contextSize := fs.String("context", strconv.FormatUint(fit.DefaultContext, 10), "bytes of a card the device's context holds before the first allocation (the H200's measured; a card fits when its memory less this holds the peak footprint)")
+	contextSize := fs.String("context", strconv.FormatUint(fit.DefaultContext, 10), "bytes of a card the device's context holds before the first allocation (the H200's measured; a card's memory less this holds the footprint)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies searched in parallel")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))

@@ -75,17 +75,19 @@ func Trace(h trace.Header, evs []trace.Event, cfgs []sim.Config, cards []results
 	return rs, nil
 }
 
-// ReplayFunc replays a trace at a capacity in bytes (0: unlimited); a
+// ReplayFunc replays a trace at a capacity in bytes (0: unlimited), a
+// card's when card is true (the device holds its footprint to the
+// capacity: sim.Config.Card), else one that holds the reserved bytes; a
 // replay that runs out of memory may stop at its first OOM.
-type ReplayFunc func(capacity uint64) (*sim.Result, error)
+type ReplayFunc func(capacity uint64, card bool) (*sim.Result, error)
 
 // Replayer returns the ReplayFunc that replays h and evs against cfg's
-// policy (cfg.Capacity and cfg.Observer are its own), stopping a replay at
-// its first OOM.
+// policy (cfg.Capacity, cfg.Card and cfg.Observer are its own), stopping a
+// replay at its first OOM.
 func Replayer(h trace.Header, evs []trace.Event, cfg sim.Config) ReplayFunc {
-	return func(capacity uint64) (*sim.Result, error) {
+	return func(capacity uint64, card bool) (*sim.Result, error) {
 		c := cfg
-		c.Capacity = capacity
+		c.Capacity, c.Card = capacity, card
 		stop := &oomStop{}
 		c.Observer = stop
 		rs, err := sim.Run(stopSource{trace.NewSliceSource(h, evs), stop}, c)
@@ -100,11 +102,11 @@ func Replayer(h trace.Header, evs []trace.Event, cfg sim.Config) ReplayFunc {
 // cfg.Settings name it) on the trace that replay replays: the smallest
 // capacity at which the replay has no OOM, found by bisection, checked by
 // probes above and below it, since results need not be monotone in
-// capacity; the smallest card (minCard); and the answer for each card: the replay at its
-// capacity less the context has no OOM and its peak footprint fits there.
-// It returns the first error of a replay.
+// capacity; the smallest card (minCard); and the answer for each card: the
+// replay on the card, its capacity less the context held to the footprint,
+// has no OOM. It returns the first error of a replay.
 func Search(cfg sim.Config, cards []results.Card, context uint64, replay ReplayFunc) (*results.Fit, error) {
-	f := &fitter{cfg: cfg, run: replay, probes: map[uint64]results.Probe{}, context: context}
+	f := &fitter{cfg: cfg, run: replay, probes: map[uint64]results.Probe{}, onCards: map[uint64]results.Probe{}, context: context}
 	return f.fit(cards)
 }
 
@@ -112,8 +114,9 @@ func Search(cfg sim.Config, cards []results.Card, context uint64, replay ReplayF
 type fitter struct {
 	cfg     sim.Config
 	run     ReplayFunc
-	probes  map[uint64]results.Probe
-	context uint64 // bytes of a card its context holds
+	probes  map[uint64]results.Probe // by capacity, held to the reserved bytes
+	onCards map[uint64]results.Probe // by capacity, held to the footprint
+	context uint64                   // bytes of a card its context holds
 }
 
 // oomStop is an Observer that stops the replay's source at the first OOM,
@@ -138,20 +141,31 @@ func (s stopSource) Next() (trace.Event, error) {
 	return s.Source.Next()
 }
 
-// replay replays the trace at capacity (0 = unlimited), once per capacity.
+// replay replays the trace at capacity (0 = unlimited) held to the
+// reserved bytes, once per capacity.
 func (f *fitter) replay(capacity uint64) (results.Probe, *sim.Result, error) {
-	if p, ok := f.probes[capacity]; ok {
+	return f.probe(f.probes, capacity, false)
+}
+
+// onCard replays the trace on a card of capacity bytes less its context,
+// held to the footprint, once per capacity.
+func (f *fitter) onCard(capacity uint64) (results.Probe, *sim.Result, error) {
+	return f.probe(f.onCards, capacity, true)
+}
+
+func (f *fitter) probe(done map[uint64]results.Probe, capacity uint64, card bool) (results.Probe, *sim.Result, error) {
+	if p, ok := done[capacity]; ok {
 		return p, nil, nil
 	}
-	r, err := f.run(capacity)
+	r, err := f.run(capacity, card)
 	if err != nil {
 		return results.Probe{}, nil, err
 	}
-	p := results.Probe{Capacity: capacity, OOM: r.OOMs > 0, FirstOOMEvent: r.FirstOOMEvent}
+	p := results.Probe{Capacity: capacity, Card: card, OOM: r.OOMs > 0, FirstOOMEvent: r.FirstOOMEvent}
 	if !p.OOM {
 		p.PeakReserved, p.PeakFootprint = r.PeakReserved, r.PeakFootprint
 	}
-	f.probes[capacity] = p
+	done[capacity] = p
 	return p, r, nil
 }
 
@@ -254,13 +268,20 @@ func (f *fitter) fit(cards []results.Card) (*results.Fit, error) {
 }
 
 // bisect returns the smallest capacity in (lo, hi] that fits, hi fitting
-// and lo not (or 0). A replay that fits at c with a smaller peak reserved
-// p is tried at p at once: a policy that reads no capacity behaves the
-// same there, which ends most searches in a few replays.
+// and lo not (or 0), held to the reserved bytes.
 func (f *fitter) bisect(lo, hi uint64) (uint64, error) {
+	return bisectWith(lo, hi, f.replay, func(p results.Probe) uint64 { return p.PeakReserved })
+}
+
+// bisectWith returns the smallest capacity in (lo, hi] at which replay
+// fits, hi fitting and lo not (or 0). A replay that fits at c with a
+// smaller peak p (what peak reads: the bytes the capacity holds) is tried
+// at p at once: a policy that reads no capacity behaves the same there,
+// which ends most searches in a few replays.
+func bisectWith(lo, hi uint64, replay func(uint64) (results.Probe, *sim.Result, error), peak func(results.Probe) uint64) (uint64, error) {
 	for hi-lo > 1 {
 		mid := lo + (hi-lo)/2
-		p, _, err := f.replay(mid)
+		p, _, err := replay(mid)
 		if err != nil {
 			return 0, err
 		}
@@ -269,46 +290,60 @@ func (f *fitter) bisect(lo, hi uint64) (uint64, error) {
 			continue
 		}
 		hi = mid
-		for p.PeakReserved > lo && p.PeakReserved < hi {
-			q, _, err := f.replay(p.PeakReserved)
+		for peak(p) > lo && peak(p) < hi {
+			q, _, err := replay(peak(p))
 			if err != nil {
 				return 0, err
 			}
 			if q.OOM {
-				lo = p.PeakReserved
+				lo = peak(p)
 				break
 			}
-			hi, p = p.PeakReserved, q
+			hi, p = peak(p), q
 		}
 	}
 	return hi, nil
 }
 
 // minCard returns the smallest card found that the trace runs on: the
-// context plus the smallest capacity from minCap up at which the replay has
-// no OOM and its peak footprint fits (a capacity limits the reserved
-// bytes, and the driver's pages can take more), tried from minCap at the
-// footprint each replay reports; 0 if none is found in 32 replays.
+// context plus the smallest capacity at which the replay on a card (held
+// to the footprint) has no OOM. The search starts at the peak footprint of
+// the replay at minCap (held to the reserved bytes, which fits), steps up
+// by 1/64 while the card runs out of memory, and bisects down to minCap
+// (a card holds at least the reserved bytes); 0 if no card fits in 32
+// steps.
 func (f *fitter) minCard(minCap uint64) (uint64, error) {
-	c := minCap
-	for range 32 {
-		p, _, err := f.replay(c)
+	p, _, err := f.replay(minCap)
+	if err != nil {
+		return 0, err
+	}
+	hi := max(minCap, p.PeakFootprint)
+	for k := 0; ; k++ {
+		q, _, err := f.onCard(hi)
 		if err != nil {
 			return 0, err
 		}
-		if !p.OOM && p.PeakFootprint <= c {
-			return f.context + c, nil
-		}
-		next := c + max(c/64, 1)
-		if !p.OOM {
-			next = max(p.PeakFootprint, c+1)
-		}
-		if next > MaxCapacity {
+		if !q.OOM {
 			break
 		}
-		c = next
+		if k == 31 || hi >= MaxCapacity {
+			return 0, nil
+		}
+		hi = min(hi+max(hi/64, 1), MaxCapacity)
 	}
-	return 0, nil
+	if hi > minCap {
+		// The footprint is the usual answer: try just below it first.
+		q, _, err := f.onCard(hi - 1)
+		if err != nil {
+			return 0, err
+		}
+		if !q.OOM {
+			if hi, err = bisectWith(minCap-1, hi-1, f.onCard, func(p results.Probe) uint64 { return p.PeakFootprint }); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return f.context + hi, nil
 }
 
 // finish answers for the cards (a replay at each capacity) and lists the
@@ -326,21 +361,27 @@ func (f *fitter) finish(res *results.Fit, cards []results.Card) (*results.Fit, e
 		fits := false
 		if c.Capacity > f.context {
 			room := c.Capacity - f.context
-			p, _, err := f.replay(room)
+			p, _, err := f.onCard(room)
 			if err != nil {
 				return nil, err
 			}
-			fits = !p.OOM && p.PeakFootprint <= room
+			fits = !p.OOM
 		}
 		res.Cards = append(res.Cards, results.CardFit{Card: c, Fits: fits})
 	}
 	for _, p := range f.probes {
 		res.Probes = append(res.Probes, p)
 	}
-	sort.Slice(res.Probes, func(i, j int) bool { return res.Probes[i].Capacity < res.Probes[j].Capacity })
+	for _, p := range f.onCards {
+		res.Probes = append(res.Probes, p)
+	}
+	sort.Slice(res.Probes, func(i, j int) bool {
+		a, b := res.Probes[i], res.Probes[j]
+		return a.Capacity < b.Capacity || a.Capacity == b.Capacity && !a.Card && b.Card
+	})
 	res.Replays += len(res.Probes)
 	for _, p := range res.Probes {
-		if res.Fits && p.OOM && p.Capacity > res.MinCapacity {
+		if res.Fits && !p.Card && p.OOM && p.Capacity > res.MinCapacity {
 			res.Monotone = false
 			res.NonMonotone = append(res.NonMonotone, p)
 		}

@@ -27,7 +27,7 @@ func TestFitSearch(t *testing.T) {
 		{"never", func(c uint64) bool { return false }, 0, true, nil, []bool{false, false}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			replay := func(c uint64) (*sim.Result, error) {
+			replay := func(c uint64, card bool) (*sim.Result, error) {
 				r := &sim.Result{PeakRequested: 800, FirstOOMEvent: -1}
 				if c == 0 {
 					c = 1200
@@ -74,17 +74,17 @@ func TestFitSearch(t *testing.T) {
 
 // TestFitContext: a card holds the context and the replay's peak
 // footprint. The replay fits from 1000 bytes, reserves min(capacity, 1200)
-// and takes 100 bytes more of the card than it reserves: the footprint
-// fits the capacity only from 1300 on (1200 reserved, 1300 taken), so with
-// a context of 100 bytes the smallest card is 1400; a card of 1350 bytes
-// leaves 1250, where the footprint of 1300 does not fit, and one of 1400
-// leaves 1300, where it does.
+// and takes 100 bytes more of the card than it reserves: on a card it fits
+// only from 1300 on (1200 reserved, 1300 taken), so with a context of 100
+// bytes the smallest card is 1400; a card of 1350 bytes leaves 1250, where
+// the footprint of 1300 does not fit, and one of 1400 leaves 1300, where
+// it does.
 func TestFitContext(t *testing.T) {
-	replay := func(c uint64) (*sim.Result, error) {
+	replay := func(c uint64, card bool) (*sim.Result, error) {
 		if c == 0 {
-			c = 1200
+			c = 1300
 		}
-		if c < 1000 {
+		if c < 1000 || card && c < 1300 {
 			return &sim.Result{PeakRequested: 800, OOMs: 1, FirstOOMEvent: 7}, nil
 		}
 		res := min(c, 1200)
@@ -102,6 +102,55 @@ func TestFitContext(t *testing.T) {
 		if r.Cards[k].Fits != want {
 			t.Errorf("card %s fits %v, want %v", r.Cards[k].Name, r.Cards[k].Fits, want)
 		}
+	}
+}
+
+// TestFitCardPool: a policy that reserves its whole capacity (a pool
+// sized from the device; 1200 bytes unlimited) needs 1000 bytes reserved,
+// and its pages take 100 bytes more than it reserves. Held to the reserved
+// bytes it fits from 1000, taking capacity + 100 of the card; on a card it
+// reserves what the pages leave and fits from 1100. With a context of 100
+// the smallest card is 1200, and a card of 1250 bytes (1150 left) fits,
+// though the reserved-held replay at 1150 takes 1250 there.
+func TestFitCardPool(t *testing.T) {
+	var cardRuns int
+	replay := func(c uint64, card bool) (*sim.Result, error) {
+		if c == 0 {
+			c = 1200
+		}
+		if card {
+			cardRuns++
+			if c < 1100 {
+				return &sim.Result{PeakRequested: 800, OOMs: 1, FirstOOMEvent: 7}, nil
+			}
+			return &sim.Result{PeakRequested: 800, PeakReserved: c - 100, PeakFootprint: c, FirstOOMEvent: -1}, nil
+		}
+		if c < 1000 {
+			return &sim.Result{PeakRequested: 800, OOMs: 1, FirstOOMEvent: 7}, nil
+		}
+		return &sim.Result{PeakRequested: 800, PeakReserved: c, PeakFootprint: c + 100, FirstOOMEvent: -1}, nil
+	}
+	cards := []results.Card{{Name: "1250B", Capacity: 1250}, {Name: "1150B", Capacity: 1150}}
+	r, err := Search(sim.Config{Policy: "p"}, cards, 100, replay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.MinCapacity != 1000 || r.MinCard != 1200 {
+		t.Errorf("min capacity %d, min card %d; want 1000, 1200", r.MinCapacity, r.MinCard)
+	}
+	for k, want := range []bool{true, false} {
+		if r.Cards[k].Fits != want {
+			t.Errorf("card %s fits %v, want %v", r.Cards[k].Name, r.Cards[k].Fits, want)
+		}
+	}
+	var listed int
+	for _, p := range r.Probes {
+		if p.Card {
+			listed++
+		}
+	}
+	if listed != cardRuns || r.Replays != len(r.Probes)+1 {
+		t.Errorf("%d card replays, %d listed; %d replays, %d probes", cardRuns, listed, r.Replays, len(r.Probes))
 	}
 }
 

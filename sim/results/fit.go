@@ -23,20 +23,22 @@ type Fit struct {
 	Monotone    bool    `json:"monotone"`
 	NonMonotone []Probe `json:"non_monotone,omitempty"`
 	// MinCard is the smallest card in bytes found that the policy runs the
-	// trace on: the context plus the smallest capacity from MinCapacity up
-	// at which the replay has no OOM and its peak footprint (the card's
-	// memory the segments take as the driver takes them: whole 2 MiB pages
-	// above 1 MiB) fits; 0 when none fits. Cards above it need not all fit
-	// (a policy that fills its capacity can take more pages there). Context is the bytes the
-	// device's context holds before the first allocation.
+	// trace on: the context plus the smallest capacity at which the replay
+	// on a card has no OOM (the device holds the card's memory the
+	// segments take as the driver takes them, whole 2 MiB pages above 1
+	// MiB, to the capacity, not the reserved bytes); 0 when none fits.
+	// Cards above it need not all fit (a policy that fills its capacity
+	// can take more pages there). Context is the bytes the device's context
+	// holds before the first allocation.
 	MinCard uint64 `json:"min_card_bytes"`
 	Context uint64 `json:"context_bytes"`
 	// Cards says for each card size whether the trace runs on it: the
-	// replay at the card's capacity less the context has no OOM, and its
-	// peak footprint fits there.
+	// replay on the card, its capacity less the context held to the
+	// footprint, has no OOM.
 	Cards []CardFit `json:"cards"`
 	// Replays counts the replays the search took; Probes lists every
-	// capacity replayed, by capacity.
+	// capacity replayed, by capacity (a capacity replayed both ways, the
+	// reserved bytes held first).
 	Replays int     `json:"replays"`
 	Probes  []Probe `json:"probes"`
 }
@@ -45,7 +47,11 @@ type Fit struct {
 // bytes.
 type Probe struct {
 	Capacity uint64 `json:"capacity_bytes"`
-	OOM      bool   `json:"oom"`
+	// Card says the replay was on a card: the device held its footprint
+	// to Capacity (a card's memory less its context), not its reserved
+	// bytes.
+	Card bool `json:"card,omitempty"`
+	OOM  bool `json:"oom"`
 	// PeakReserved is the peak reserved bytes of a replay without OOM
 	// (0 for one that ran out of memory: the replay stops at the first).
 	PeakReserved uint64 `json:"peak_reserved_bytes,omitempty"`
