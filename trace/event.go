@@ -186,12 +186,17 @@ type Header struct {
 // JobEnded reports whether the trace runs to the end of its job, so that
 // an allocation still live at its last event was never freed (a leak): a
 // `record run` trace (Source "record") is written after the program
-// exited, and Metadata "job_ended" = "true" says so for any other. A
+// exited, unless a signal killed it (Metadata "signal") or it still ran
+// when the trace was written (Metadata "running" = "true": a process it
+// started), and Metadata "job_ended" = "true" says so for any other. A
 // snapshot or log taken while the job runs (a PyTorch snapshot, an RMM
-// log) ends with the allocations the job still held: live at the end, not
-// leaked.
+// log), or a program killed mid-run, ends with the allocations the job
+// still held: live at the end, not leaked.
 func (h Header) JobEnded() bool {
-	return h.Source == "record" || h.Metadata["job_ended"] == "true"
+	if h.Metadata["job_ended"] == "true" {
+		return true
+	}
+	return h.Source == "record" && h.Metadata["signal"] == "" && h.Metadata["running"] != "true"
 }
 
 // Source is a stream of events with a header: a Reader over a native trace,

@@ -102,7 +102,11 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 		fmt.Fprintf(w, "%s: %d events, %d problems, %d allocations (%s) live at the end of the job: leaks\n", path, s.Events, problems, n, humanBytes(b))
 		return problems, n, nil
 	default:
-		fmt.Fprintf(w, "%s: %d events, %d problems, %d allocations (%s) live at the end (the trace was taken while the job ran)\n", path, s.Events, problems, n, humanBytes(b))
+		why := "the trace was taken while the job ran"
+		if sig := f.Header().Metadata["signal"]; sig != "" && f.Header().Source == "record" {
+			why = "a signal ended the program: " + sig
+		}
+		fmt.Fprintf(w, "%s: %d events, %d problems, %d allocations (%s) live at the end (%s)\n", path, s.Events, problems, n, humanBytes(b), why)
 	}
 	return problems, 0, nil
 }

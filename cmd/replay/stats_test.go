@@ -114,6 +114,13 @@ func TestCheck(t *testing.T) {
 	if err != nil || out != want {
 		t.Errorf("snapshot-like trace: %v\n%s\nwant:\n%s", err, out, want)
 	}
+	// A recorded program killed by a signal did not end its job: what is
+	// live is not leaked either.
+	killed := writeTrace(t, strings.Replace(statsTrace, "source=text", "source=record meta.exit_status=137 meta.signal=killed", 1))
+	out, _, err = runCmd(t, "check", killed)
+	if want := killed + ": 8 events, 0 problems, 2 allocations (3.0 KiB) live at the end (a signal ended the program: killed)\n"; err != nil || !strings.HasSuffix(out, want) || strings.Contains(out, "leak") {
+		t.Errorf("killed program: %v\n%s\nwant the last line:\n%s", err, out, want)
+	}
 	out, _, err = runCmd(t, "check", writeTrace(t, statsTrace+"free id=1 t=6000\n"))
 	if err == nil || !strings.HasSuffix(err.Error(), ": 1 problems") || !strings.Contains(out, ": live at the end: 0x3") {
 		t.Errorf("snapshot-like trace with a problem: %v\n%s", err, out)

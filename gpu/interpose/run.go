@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -232,6 +233,8 @@ func Run(opts Options) (*Result, error) {
 		path, meta := fmt.Sprintf("%s.%d", opts.Output, p.Pid), map[string]string{}
 		if p == rootProc {
 			path, meta = opts.Output, rootMeta
+		} else if slices.Contains(res.Running, p.Pid) {
+			meta["running"] = "true" // its trace ends while it runs
 		}
 		src, err := p.Source(t0, meta, card)
 		if err != nil {

@@ -1,0 +1,25 @@
+package trace
+
+import "testing"
+
+// TestJobEnded: a record run trace ends with its job unless a signal ended
+// the program or the process still ran; other sources only when they say
+// so.
+func TestJobEnded(t *testing.T) {
+	for _, tc := range []struct {
+		h    Header
+		want bool
+	}{
+		{Header{Source: "record", Metadata: map[string]string{"exit_status": "0"}}, true},
+		{Header{Source: "record", Metadata: map[string]string{"exit_status": "3"}}, true},
+		{Header{Source: "record", Metadata: map[string]string{"exit_status": "137", "signal": "killed"}}, false},
+		{Header{Source: "record", Metadata: map[string]string{"running": "true"}}, false},
+		{Header{Source: "record"}, true},
+		{Header{Source: "pytorch"}, false},
+		{Header{Source: "pytorch", Metadata: map[string]string{"job_ended": "true"}}, true},
+	} {
+		if got := tc.h.JobEnded(); got != tc.want {
+			t.Errorf("%+v: JobEnded %v, want %v", tc.h, got, tc.want)
+		}
+	}
+}
