@@ -127,7 +127,9 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // pickle byte N: unexpected EOF", where N is how many bytes of pickle the
 // file holds, after decompression); a file that is not a snapshot wraps
 // ErrNotSnapshot; an entry with an unknown action wraps ErrUnknownAction;
-// a bad pickle says "NAME: bad pickle at byte N: opcode X: what".
+// a bad pickle says "NAME: bad pickle at byte N: opcode X: what"; bytes
+// after the pickle's STOP are refused, a second pickle there (two
+// snapshots concatenated) as such, with the pickle byte where it starts.
 // Import never panics on bad input, and allocates nothing for a length the
 // file claims beyond its end.
 func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
@@ -143,9 +145,20 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		return nil, decodeError(name, pr, d, err)
 	}
 	// Read to the end, so that a gzip stream's checksum is checked and a
-	// copy of a reader that cannot seek holds the whole file.
-	if _, err := io.Copy(io.Discard, pr); err != nil {
+	// copy of a reader that cannot seek holds the whole file; nothing may
+	// follow the pickle's STOP.
+	in := d.in
+	stop, after := in.offset(), int64(in.end-in.pos)
+	second := after > 0 && in.buf[in.pos] == 0x80
+	n, err := io.Copy(io.Discard, pr)
+	if err != nil {
 		return nil, decodeError(name, pr, d, &inputError{err})
+	}
+	if after += n; after > 0 {
+		if second {
+			return nil, fmt.Errorf("%s: a second pickle follows the snapshot at pickle byte %d (%d bytes): concatenated snapshots are refused; split them into one file each", name, stop, after)
+		}
+		return nil, fmt.Errorf("%s: %d bytes follow the snapshot's end at pickle byte %d: appended data is refused", name, after, stop)
 	}
 	h, entries, err := header(d, name, opts)
 	if err != nil {

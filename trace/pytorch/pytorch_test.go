@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/big"
@@ -642,4 +643,41 @@ func BenchmarkImportKVDecode(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/event")
+}
+
+// TestImportTrailing: nothing may follow a snapshot's STOP. Two snapshots
+// one after the other (cat a.pickle b.pickle, or two gzip members) are
+// refused as concatenated, naming the pickle byte where the second
+// starts; other appended bytes are refused with their count. Before, the
+// first snapshot was read alone and the rest ignored.
+func TestImportTrailing(t *testing.T) {
+	plain, err := os.ReadFile(filepath.Join("testdata", "tiny_proto5.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(plain)
+	zw.Close()
+	n := len(plain)
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{"two.pickle", append(append([]byte{}, plain...), plain...),
+			fmt.Sprintf("two.pickle: a second pickle follows the snapshot at pickle byte %d (%d bytes): concatenated snapshots are refused; split them into one file each", n, n)},
+		{"two.pickle.gz", append(append([]byte{}, gz.Bytes()...), gz.Bytes()...),
+			fmt.Sprintf("two.pickle.gz: a second pickle follows the snapshot at pickle byte %d (%d bytes): concatenated snapshots are refused; split them into one file each", n, n)},
+		{"tail.pickle", append(append([]byte{}, plain...), "junk\n"...),
+			fmt.Sprintf("tail.pickle: 5 bytes follow the snapshot's end at pickle byte %d: appended data is refused", n)},
+	} {
+		path := filepath.Join(t.TempDir(), tc.name)
+		if err := os.WriteFile(path, tc.data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := importFile(t, path, Options{}); err == nil || err.Error() != tc.want {
+			t.Errorf("%s: error %v\nwant %s", tc.name, err, tc.want)
+		}
+	}
 }
