@@ -611,6 +611,7 @@ func (r *Replay) Finish() *Result {
 	if c, ok := r.policy.(policies.Counter); ok {
 		res.AllocRetries = c.Retries()
 	}
+	res.Warnings = res.warnings()
 	return &res
 }
 

@@ -1,5 +1,7 @@
 package sim
 
+import "fmt"
+
 // Result is the outcome of replaying one trace against one policy. Sizes are
 // in bytes, times in nanoseconds; the JSON keys are those of
 // `replay sim --json`.
@@ -92,6 +94,12 @@ type Result struct {
 	Truncated           bool  `json:"truncated,omitempty"`
 	ReconstructedEvents int64 `json:"reconstructed_events,omitempty"`
 
+	// Warnings says, one line each, what makes the figures other than a
+	// clean replay of the whole trace: a truncated history rebuilt, events
+	// that could not be replayed as recorded (Anomalies), failed mallocs of
+	// the recording served for want of a capacity (CapacityWarning).
+	Warnings []string `json:"warnings,omitempty"`
+
 	// PeakPinned and PeakManaged are peak live pinned-host and managed
 	// bytes, counted apart from device memory.
 	PeakPinned  uint64 `json:"peak_pinned_bytes"`
@@ -141,3 +149,39 @@ type Point struct {
 
 // MaxSeriesPoints bounds the length of Result.Series.
 const MaxSeriesPoints = 2000
+
+// warnings returns r's Warnings.
+func (r *Result) warnings() []string {
+	var ws []string
+	if r.Truncated {
+		ws = append(ws, fmt.Sprintf("truncated history (it starts mid-run): %d events at its start rebuild the state before its first entry; peaks count from there", r.ReconstructedEvents))
+	}
+	if r.Anomalies > 0 {
+		ws = append(ws, fmt.Sprintf("%d events could not be replayed as recorded; first: %s", r.Anomalies, r.FirstAnomaly))
+	}
+	if w := CapacityWarning(r); w != "" {
+		ws = append(ws, w)
+	}
+	return ws
+}
+
+// CapacityWarning returns, for a replay without a capacity of a recording
+// with failed mallocs, what that does to the figures and the remedy for
+// the recording's source; "" otherwise.
+func CapacityWarning(r *Result) string {
+	if r == nil || r.Capacity != 0 || r.SourceOOMs == 0 {
+		return ""
+	}
+	var remedy string
+	switch r.TraceSource {
+	case "pytorch":
+		remedy = "the job probably ran under a memory cap, which a snapshot does not record: replay with --capacity set to that cap (torch.cuda.set_per_process_memory_fraction times the device memory)"
+	case "rmm":
+		remedy = "the pool probably had a maximum size, which the log does not record: replay with --capacity set to it (maximum_pool_size of the pool_memory_resource), or to the card's memory"
+	case "record":
+		remedy = "the trace does not name its card (a record run before the card was written): replay with --capacity set to the card's memory less its context (the H200's context is 552402944 bytes)"
+	default:
+		remedy = "replay with --capacity set to the memory the job had"
+	}
+	return fmt.Sprintf("the recording has %d failed malloc(s), which this replay without a capacity served: the peaks (requested, allocated and reserved alike) count them as if the card had given them; %s", r.SourceOOMs, remedy)
+}

@@ -59,7 +59,7 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 		if d := rep.Divergence; d != nil {
 			diverged++
 			fmt.Fprintf(stdout, "%s: diverges at %v\n", name, d)
-			if hint := capacityHint(rep.Result); hint != "" {
+			if hint := sim.CapacityWarning(rep.Result); hint != "" {
 				fmt.Fprintf(stdout, "%s: %s\n", name, hint)
 			}
 			continue
@@ -81,23 +81,3 @@ func settingsText(s map[string]string) string {
 	return policies.Settings(s).Join(" ")
 }
 
-// capacityHint returns advice for a replay without a capacity of a
-// recording whose mallocs failed: the job ran under a memory cap, which
-// a snapshot does not record, and replays as recorded only under it.
-func capacityHint(r *sim.Result) string {
-	if r == nil || r.Capacity != 0 || r.SourceOOMs == 0 {
-		return ""
-	}
-	var remedy string
-	switch r.TraceSource {
-	case "pytorch":
-		remedy = "the job probably ran under a memory cap, which a snapshot does not record: replay with --capacity set to that cap (torch.cuda.set_per_process_memory_fraction times the device memory)"
-	case "rmm":
-		remedy = "the pool probably had a maximum size, which the log does not record: replay with --capacity set to it (maximum_pool_size of the pool_memory_resource), or to the card's memory"
-	case "record":
-		remedy = "the trace does not name its card (a record run before the card was written): replay with --capacity set to the card's memory less its context (the H200's context is 552402944 bytes)"
-	default:
-		remedy = "replay with --capacity set to the memory the job had"
-	}
-	return fmt.Sprintf("the recording has %d failed malloc(s), which this replay without a capacity served: the peaks (requested, allocated and reserved alike) count them as if the card had given them; %s", r.SourceOOMs, remedy)
-}

@@ -101,6 +101,15 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		}
 		answers = append(answers, rs...)
 	}
+	warned := map[[2]string]bool{}
+	for _, a := range answers {
+		for _, w := range a.Warnings {
+			if k := [2]string{a.Trace, w}; !warned[k] {
+				warned[k] = true
+				fmt.Fprintf(stderr, "%s: warning: %s\n", a.Trace, w)
+			}
+		}
+	}
 	if *jsonOut != "" {
 		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteFit(w, answers) }); err != nil {
 			return fmt.Errorf("--json: %w", err)

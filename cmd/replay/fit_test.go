@@ -17,9 +17,14 @@ import (
 func TestFitSplitFragOOM(t *testing.T) {
 	dir := t.TempDir()
 	js := filepath.Join(dir, "fit.json")
-	stdout, _, err := runCmd(t, "fit", "--policy", "pytorch,cuda", "--json", js, splitFragOOM)
+	stdout, stderr, err := runCmd(t, "fit", "--policy", "pytorch,cuda", "--json", js, splitFragOOM)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The unlimited replay served the recording's failed malloc: said once
+	// on stderr, and in each answer's warnings.
+	if strings.Count(stderr, "\n") != 1 || !strings.HasPrefix(stderr, splitFragOOM+": warning: the recording has 1 failed malloc(s)") {
+		t.Errorf("stderr:\n%s", stderr)
 	}
 	data, err := os.ReadFile(js)
 	if err != nil {
@@ -38,7 +43,7 @@ func TestFitSplitFragOOM(t *testing.T) {
 	// bytes (2400 MiB live when it came).
 	for k, want := range []uint64{4500 << 20, 3900 << 20} {
 		r := doc.Results[k]
-		if r.Trace != splitFragOOM || !r.Fits || r.MinCapacity != want || r.LowerBound != 3900<<20 || !r.Monotone {
+		if r.Trace != splitFragOOM || !r.Fits || r.MinCapacity != want || r.LowerBound != 3900<<20 || !r.Monotone || len(r.Warnings) != 1 {
 			t.Errorf("%s: %+v", r.Policy, r)
 		}
 		if len(r.Cards) != 7 || r.Cards[0].Name != "16GB" || r.Cards[0].Capacity != 16e9 || !r.Cards[0].Fits {

@@ -214,6 +214,7 @@ func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Optio
 		}
 		rs = append(rs, res...)
 	}
+	writeWarnings(stderr, rs)
 	if jsonOut != "" {
 		if err := writeOutput(stdout, jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
 			return fmt.Errorf("--json: %w", err)

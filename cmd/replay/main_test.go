@@ -140,20 +140,30 @@ func TestSimBadInput(t *testing.T) {
 }
 
 func TestSimTable(t *testing.T) {
-	out, _, err := runCmd(t, "sim", "--policy", "pytorch,cuda", splitFragOOM)
+	out, errOut, err := runCmd(t, "sim", "--policy", "pytorch,cuda", splitFragOOM)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Two rows, then the note that the recording's failed malloc asks for
-	// the cap it ran under.
+	// Two rows; on stderr, once for both policies, the warning that the
+	// recording's failed malloc asks for the cap it ran under.
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 4 || !strings.Contains(lines[0], "reserved MiB") || !strings.Contains(lines[1], "split_frag_oom.pickle.gz") ||
-		!strings.Contains(lines[1], "pytorch") || !strings.Contains(lines[3], "note: the recording has 1 failed malloc(s)") {
-		t.Errorf("table:\n%s", out)
+	if len(lines) != 3 || !strings.Contains(lines[0], "reserved MiB") || !strings.Contains(lines[1], "split_frag_oom.pickle.gz") ||
+		!strings.Contains(lines[1], "pytorch") || strings.Contains(out, "failed malloc") ||
+		strings.Count(errOut, "\n") != 1 || !strings.HasPrefix(errOut, splitFragOOM+": warning: the recording has 1 failed malloc(s)") {
+		t.Errorf("table:\n%s\nstderr:\n%s", out, errOut)
 	}
-	out, _, err = runCmd(t, "sim", "--policy", "pytorch", "--capacity", "4194304000", splitFragOOM)
-	if err != nil || strings.Contains(out, "note:") {
-		t.Errorf("with the cap: %v\n%s", err, out)
+	out, errOut, err = runCmd(t, "sim", "--policy", "pytorch", "--capacity", "4194304000", splitFragOOM)
+	if err != nil || errOut != "" {
+		t.Errorf("with the cap: %v\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	// --strict: a warning is an error, and nothing is written.
+	js := filepath.Join(t.TempDir(), "r.json")
+	_, errOut, err = runCmd(t, "sim", "--policy", "pytorch", "--strict", "--json", js, splitFragOOM)
+	if err == nil || err.Error() != "--strict: 1 warning(s); nothing written" || !strings.Contains(errOut, ": warning: ") {
+		t.Errorf("--strict with a warning: %v\nstderr:\n%s", err, errOut)
+	}
+	if _, serr := os.Stat(js); serr == nil {
+		t.Errorf("--strict with a warning wrote %s", js)
 	}
 }
 

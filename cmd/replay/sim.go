@@ -33,7 +33,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
-	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it")
+	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it, and exit non-zero with nothing written on any warning")
 	costModel := fs.String("cost-model", "", "charge the device calls to the cost model in `FILE` (from replay calibrate) instead of the embedded H200 one")
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
@@ -87,6 +87,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 		results = append(results, res...)
+	}
+	if n := writeWarnings(stderr, results); n > 0 && *strict {
+		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
 	}
 	if *jsonOut != "" {
 		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
@@ -192,8 +195,8 @@ func writeTable(w io.Writer, results []*sim.Result) {
 	writeNotes(w, results)
 }
 
-// writeNotes prints what a table of results does not say: the bounds, the
-// advice to give a capacity, truncated histories and anomalies.
+// writeNotes prints what a table of results does not say: the bounds and
+// the capacity taken from the card (warnings go to stderr: writeWarnings).
 func writeNotes(w io.Writer, results []*sim.Result) {
 	// The trace's peak requested is the largest of its results': a policy
 	// with OOMs requested only what it served.
@@ -220,23 +223,38 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 			fmt.Fprintf(w, "%s: capacity %d bytes: the recorded card's %d bytes less its %d-byte context (--capacity overrides)\n", r.Trace, r.Capacity, r.Capacity+sim.ContextBytes, uint64(sim.ContextBytes))
 		}
 	}
-	hinted := map[string]bool{}
-	for _, r := range results {
-		if hint := capacityHint(r); hint != "" && !hinted[r.Trace] {
-			hinted[r.Trace] = true
-			fmt.Fprintf(w, "%s: note: %s\n", r.Trace, hint)
+
+}
+
+// writeWarnings prints the results' warnings (sim.Result.Warnings) to w,
+// one line each: "TRACE: warning: TEXT" for one that every result of the
+// trace has, "TRACE: POLICY: warning: TEXT" for one of some policies only;
+// and returns how many lines it printed.
+func writeWarnings(w io.Writer, rs []*sim.Result) int {
+	perTrace := map[string]int{}
+	has := map[[2]string]int{}
+	for _, r := range rs {
+		perTrace[r.Trace]++
+		for _, x := range r.Warnings {
+			has[[2]string{r.Trace, x}]++
 		}
 	}
-	truncated := map[string]bool{}
-	for _, r := range results {
-		if r.Truncated && !truncated[r.Trace] {
-			truncated[r.Trace] = true
-			fmt.Fprintf(w, "%s: truncated history (it starts mid-run): %d events at its start rebuild the state before its first entry; peaks count from there\n", r.Trace, r.ReconstructedEvents)
+	n := 0
+	done := map[[2]string]bool{}
+	for _, r := range rs {
+		for _, x := range r.Warnings {
+			k := [2]string{r.Trace, x}
+			switch {
+			case has[k] < perTrace[r.Trace]:
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, r.Policy, x)
+			case done[k]:
+				continue
+			default:
+				done[k] = true
+				fmt.Fprintf(w, "%s: warning: %s\n", r.Trace, x)
+			}
+			n++
 		}
 	}
-	for _, r := range results {
-		if r.Anomalies > 0 {
-			fmt.Fprintf(w, "%s: %s: %d events could not be replayed as recorded; first: %s\n", r.Trace, r.Policy, r.Anomalies, r.FirstAnomaly)
-		}
-	}
+	return n
 }

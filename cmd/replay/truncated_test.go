@@ -40,19 +40,19 @@ func TestSimTruncated(t *testing.T) {
 	f.Close()
 
 	jsonPath := filepath.Join(dir, "out.json")
-	stdout, _, err := runCmd(t, "sim", "--policy", "pytorch", "--json", jsonPath, path)
+	stdout, stderr, err := runCmd(t, "sim", "--policy", "pytorch", "--json", jsonPath, path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// marker, segment_alloc, malloc and free of the segment, the block,
 	// the free 16 MiB after it and its free.
-	want := path + ": truncated history (it starts mid-run): 7 events at its start rebuild the state before its first entry; peaks count from there"
-	if !strings.Contains(stdout, want+"\n") {
-		t.Errorf("table:\n%s\nwant a line %q", stdout, want)
+	warning := "truncated history (it starts mid-run): 7 events at its start rebuild the state before its first entry; peaks count from there"
+	if want := path + ": warning: " + warning + "\n"; stderr != want || strings.Contains(stdout, "truncated") {
+		t.Errorf("table:\n%s\nstderr:\n%s\nwant on stderr %q", stdout, stderr, want)
 	}
 	rs := readResults(t, jsonPath)
 	if len(rs) != 1 || !rs[0].Truncated || rs[0].ReconstructedEvents != 7 || rs[0].Events != 12 ||
-		rs[0].PeakReserved != 20<<20 || rs[0].Anomalies != 0 {
+		rs[0].PeakReserved != 20<<20 || rs[0].Anomalies != 0 || len(rs[0].Warnings) != 1 || rs[0].Warnings[0] != warning {
 		t.Errorf("results %+v", rs)
 	}
 	raw, err := os.ReadFile(jsonPath)

@@ -182,6 +182,7 @@ func (f *fitter) fit(cards []results.Card) (*results.Fit, error) {
 	res.Settings = r0.Settings // those used, the recorded ones included
 	res.LowerBound = r0.PeakRequested
 	res.UnlimitedPeakReserved = r0.PeakReserved
+	res.Warnings = r0.Warnings
 	res.Replays = 1
 	if p0.OOM {
 		// The policy runs out of memory on its own.

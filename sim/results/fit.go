@@ -36,6 +36,10 @@ type Fit struct {
 	// replay on the card, its capacity less the context held to the
 	// footprint, has no OOM.
 	Cards []CardFit `json:"cards"`
+	// Warnings are those of the replay on an unlimited device
+	// (sim.Result.Warnings): what makes its figures other than a clean
+	// replay of the whole trace.
+	Warnings []string `json:"warnings,omitempty"`
 	// Replays counts the replays the search took; Probes lists every
 	// capacity replayed, by capacity (a capacity replayed both ways, the
 	// reserved bytes held first).
