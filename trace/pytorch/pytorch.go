@@ -175,6 +175,9 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		return nil, fmt.Errorf("%s: device_traces[%d] %w", name, opts.Device, d.entryErr)
 	}
 	h.Metadata["entries"] = strconv.FormatInt(d.entries, 10)
+	if err := check.hist.consistent(d.segments, opts.Device); err != nil {
+		return nil, fmt.Errorf("%s: inconsistent snapshot: device_traces[%d] %w", name, opts.Device, err)
+	}
 	prefix := reconstruct(check.hist, d.segments, opts.Device)
 	if len(prefix) > 0 {
 		h.Metadata["truncated"] = "true"
@@ -195,7 +198,9 @@ func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
 	if err := convertEntry(d, f, &c.ev); err != nil {
 		return err
 	}
-	c.hist.observe(&c.ev)
+	if err := c.hist.observe(&c.ev); err != nil {
+		return fmt.Errorf("inconsistent snapshot at pickle byte %d: %w", d.in.offset(), err)
+	}
 	return nil
 }
 
@@ -267,7 +272,7 @@ func gzipError(name string, n int64, err error) error {
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		return truncated(name, n)
 	}
-	return fmt.Errorf("%s: bad gzip after %d bytes of pickle: %v", name, n, err)
+	return fmt.Errorf("%s: bad gzip at pickle byte %d: %v", name, n, err)
 }
 
 // describeHead says why b, the start of a file (gzip is false) or of its
@@ -283,9 +288,9 @@ func describeHead(b []byte, gzip bool) string {
 		b = b[:4]
 	}
 	if gzip {
-		return fmt.Sprintf("starts with % x, not a pickle of protocol 2..5", b)
+		return fmt.Sprintf("starts with % x at byte 0, not a pickle of protocol 2..5", b)
 	}
-	return fmt.Sprintf("starts with % x, neither gzip nor a pickle of protocol 2..5", b)
+	return fmt.Sprintf("starts with % x at byte 0, neither gzip nor a pickle of protocol 2..5", b)
 }
 
 // header checks the decoded snapshot and returns its header and the value
@@ -313,9 +318,9 @@ func header(d *decoder, name string, opts Options) (trace.Header, value, error) 
 	}
 	if traces.k == 0 {
 		if segments.k != 0 {
-			return h, value{}, fmt.Errorf("%s: snapshot has no device_traces (recorded without _record_memory_history?)", name)
+			return h, value{}, fmt.Errorf("%s: snapshot has no device_traces (recorded without _record_memory_history?): no such key in the top-level dict, from pickle byte 0", name)
 		}
-		return h, value{}, fmt.Errorf("%s: %w (a dict without device_traces or segments)", name, ErrNotSnapshot)
+		return h, value{}, fmt.Errorf("%s: %w (a dict without device_traces or segments, from pickle byte 0)", name, ErrNotSnapshot)
 	}
 	tk, tc := d.kindOf(traces)
 	if tk != pyList || tc == nil {

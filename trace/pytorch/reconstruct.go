@@ -67,16 +67,17 @@ type history struct {
 	// blocks holds the state of every block address the trace touches
 	// (allocated, free requested or freed) and the event that touched it
 	// first.
-	blocks  map[uint64]addrSeen
-	pre     map[uint64]preBlock
-	segs    map[uint64]bool // every segment address the trace touches: true while live
-	preSegs map[uint64]preSegment
-	mapped  bool // the trace maps pages of expandable segments
-	t0      int64
-	started bool
-	first   trace.Event // the first event
-	n       uint32      // events so far
-	sorted  []uint64    // the addresses in blocks, sorted, once needed
+	blocks   map[uint64]addrSeen
+	pre      map[uint64]preBlock
+	segs     map[uint64]bool     // every segment address the trace touches: true while live
+	segSizes map[uint64]addrSeen // the size of each segment the trace allocates
+	preSegs  map[uint64]preSegment
+	mapped   bool // the trace maps pages of expandable segments
+	t0       int64
+	started  bool
+	first    trace.Event // the first event
+	n        uint32      // events so far
+	sorted   []uint64    // the addresses in blocks, sorted, once needed
 }
 
 type blockSeen uint8
@@ -84,6 +85,8 @@ type blockSeen uint8
 type addrSeen struct {
 	state blockSeen
 	first uint32 // index of the event that touched the address first
+	size  uint64 // the requested bytes of its latest malloc in the trace, 0 if none
+	at    uint32 // the index of that malloc
 }
 
 const (
@@ -104,15 +107,20 @@ type preSegment struct{ size, stream uint64 }
 
 func newHistory() *history {
 	return &history{
-		blocks:  map[uint64]addrSeen{},
-		pre:     map[uint64]preBlock{},
-		segs:    map[uint64]bool{},
-		preSegs: map[uint64]preSegment{},
+		blocks:   map[uint64]addrSeen{},
+		pre:      map[uint64]preBlock{},
+		segs:     map[uint64]bool{},
+		segSizes: map[uint64]addrSeen{},
+		preSegs:  map[uint64]preSegment{},
 	}
 }
 
 // observe takes the next event of the trace.
-func (h *history) observe(ev *trace.Event) {
+//
+// A snapshot holds each block's and segment's size twice, at its malloc and
+// at its free: observe returns an error when the two differ (a damaged
+// file, not a history that starts mid-run).
+func (h *history) observe(ev *trace.Event) error {
 	if !h.started {
 		h.started, h.t0, h.first = true, ev.Time, *ev
 	}
@@ -125,32 +133,46 @@ func (h *history) observe(ev *trace.Event) {
 		if !ok {
 			s.first = i
 		}
-		s.state = seenAllocated
+		s.state, s.size, s.at = seenAllocated, ev.Size, i
 		h.blocks[a] = s
 	case trace.OpFreeRequested:
 		if s, ok := h.blocks[a]; ok {
 			if s.state == seenAllocated {
+				if err := sameSize("block", a, ev.Size, s); err != nil {
+					return err
+				}
 				s.state = seenFreeRequested
 				h.blocks[a] = s
 			}
-			return
+			return nil
 		}
 		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, first: i}
-		h.blocks[a] = addrSeen{seenFreeRequested, i}
+		h.blocks[a] = addrSeen{state: seenFreeRequested, first: i}
 	case trace.OpFree:
 		if s, ok := h.blocks[a]; ok {
+			if s.state != seenFreed {
+				if err := sameSize("block", a, ev.Size, s); err != nil {
+					return err
+				}
+			}
 			s.state = seenFreed
 			h.blocks[a] = s
-			return
+			return nil
 		}
 		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, pending: true, first: i}
-		h.blocks[a] = addrSeen{seenFreed, i}
+		h.blocks[a] = addrSeen{state: seenFreed, first: i}
 	case trace.OpSegmentAlloc:
 		h.segs[a] = true
+		h.segSizes[a] = addrSeen{size: ev.Size, at: i}
 	case trace.OpSegmentFree:
 		if _, ok := h.segs[a]; ok {
+			if s, ok := h.segSizes[a]; ok {
+				if err := sameSize("segment", a, ev.Size, s); err != nil {
+					return err
+				}
+			}
 			h.segs[a] = false
-			return
+			return nil
 		}
 		if _, ok := h.preSegs[a]; !ok {
 			h.preSegs[a] = preSegment{size: ev.Size, stream: ev.Stream}
@@ -158,6 +180,16 @@ func (h *history) observe(ev *trace.Event) {
 	case trace.OpSegmentMap, trace.OpSegmentUnmap:
 		h.mapped = true
 	}
+	return nil
+}
+
+// sameSize returns an error when a free of the block or segment at addr
+// gives another size than its malloc, s; a free of size 0 says none.
+func sameSize(what string, addr, size uint64, s addrSeen) error {
+	if size == 0 || s.size == 0 || size == s.size {
+		return nil
+	}
+	return fmt.Errorf("frees the %s at %#x as %d bytes, which entry %d allocated as %d bytes", what, addr, size, s.at, s.size)
 }
 
 // startBlock is a block allocated when the history began.
@@ -272,6 +304,18 @@ func (h *history) freedFirst(addr uint64) bool {
 // touchedBefore returns the lowest block address in [lo, hi] that the
 // trace touched before event i.
 func (h *history) touchedBefore(lo, hi uint64, i uint32) (uint64, bool) {
+	sorted := h.addrs()
+	for k := sort.Search(len(sorted), func(k int) bool { return sorted[k] >= lo }); k < len(sorted) && sorted[k] <= hi; k++ {
+		if h.blocks[sorted[k]].first < i {
+			return sorted[k], true
+		}
+	}
+	return 0, false
+}
+
+// addrs returns the block addresses the trace touches, sorted; to be
+// called once the trace has been observed to its end.
+func (h *history) addrs() []uint64 {
 	if h.sorted == nil {
 		h.sorted = make([]uint64, 0, len(h.blocks))
 		for a := range h.blocks {
@@ -279,12 +323,7 @@ func (h *history) touchedBefore(lo, hi uint64, i uint32) (uint64, bool) {
 		}
 		sort.Slice(h.sorted, func(i, j int) bool { return h.sorted[i] < h.sorted[j] })
 	}
-	for k := sort.Search(len(h.sorted), func(k int) bool { return h.sorted[k] >= lo }); k < len(h.sorted) && h.sorted[k] <= hi; k++ {
-		if h.blocks[h.sorted[k]].first < i {
-			return h.sorted[k], true
-		}
-	}
-	return 0, false
+	return h.sorted
 }
 
 // layout writes the events that lay segments out.
@@ -371,4 +410,50 @@ func (l *layout) free(s *startSegment, from, to uint64) {
 		l.fillers = append(l.fillers, startBlock{addr: from, size: n, stream: s.stream})
 		from += n
 	}
+}
+
+// consistent checks the trace against the final segments of device (the
+// snapshot holds both): in a final segment that lists its blocks, a block
+// the trace leaves allocated must be an active block, and a block the trace
+// last freed must not be one. It returns an error naming the trace entry
+// that allocated the block.
+func (h *history) consistent(final []snapSegment, device int) error {
+	type span struct{ lo, hi uint64 }
+	var spans []span
+	active := map[uint64]bool{}
+	for _, s := range final {
+		if s.bad != "" || (s.device >= 0 && s.device != int64(device)) || len(s.blocks) == 0 {
+			continue
+		}
+		spans = append(spans, span{s.addr, s.addr + s.size})
+		addr := s.addr
+		for _, b := range s.blocks {
+			if b.haveAddr {
+				addr = b.addr
+			}
+			if b.state == blockAllocated || b.state == blockPendingFree {
+				active[addr] = true
+			}
+			addr += b.size
+		}
+	}
+	if len(spans) == 0 {
+		return nil
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+	listed := func(addr uint64) bool {
+		i := sort.Search(len(spans), func(i int) bool { return spans[i].hi > addr })
+		return i < len(spans) && spans[i].lo <= addr
+	}
+	for _, addr := range h.addrs() {
+		s := h.blocks[addr]
+		switch {
+		case !listed(addr):
+		case s.state == seenAllocated && !active[addr]:
+			return fmt.Errorf("entry %d allocates the block at %#x, which the trace never frees and the final segments hold free", s.at, addr)
+		case s.state == seenFreed && s.size != 0 && active[addr]:
+			return fmt.Errorf("the trace frees the block at %#x (allocated at entry %d) for good, which the final segments hold allocated", addr, s.at)
+		}
+	}
+	return nil
 }

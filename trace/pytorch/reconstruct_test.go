@@ -53,14 +53,14 @@ func TestReconstruct(t *testing.T) {
 			// Blocks: 4 MiB allocated before the history and never
 			// touched; 6 MiB free; 2 MiB whose free the first entry
 			// completes (requested 2 MiB - 100, known only from the
-			// trace); 3.5 MiB freed later by the trace (requested 3 MiB -
+			// trace, which allocates it again); 3.5 MiB freed later by the trace (requested 3 MiB -
 			// 600, rounded to 3 MiB - 512, and the 512 KiB + 512 after it
 			// were too little to split off in the large pool); 4.5 MiB
 			// allocated before and never touched.
 			segments: []any{segDict(S, 20*M, "large",
 				[3]any{4 * M, 4*M - 10, "active_allocated"},
 				[3]any{6 * M, 0, "inactive"},
-				[3]any{2 * M, 0, "inactive"},
+				[3]any{2 * M, 2 * M, "active_allocated"},
 				[3]any{3*M + M/2, 0, "inactive"},
 				[3]any{4*M + M/2, 4*M + M/2, "active_allocated"},
 			)},

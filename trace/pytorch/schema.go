@@ -356,9 +356,24 @@ func (d *decoder) setItems(at int64, op byte, target value, items []value) error
 		if !keep {
 			continue
 		}
+		if c.role == roleEntry && d.hasKey(c, key) {
+			// Python never writes a key of a dict twice: two entries
+			// run together by a damaged byte.
+			return d.fail(at, op, "inconsistent snapshot: a trace entry has its key %q twice", knownStrings[key.n])
+		}
 		d.setKey(c, key, val)
 	}
 	return nil
+}
+
+// hasKey reports whether the dict c holds key among its first keys.
+func (d *decoder) hasKey(c *container, key value) bool {
+	for j := 0; j < len(c.items) && j < 128; j += 2 {
+		if c.items[j] == key {
+			return true
+		}
+	}
+	return false
 }
 
 // setKey sets key to val in c, replacing an equal string key among the

@@ -60,7 +60,14 @@ def trace(n, dev, frames=False):
             e["frames"] = [{"filename": "m%d.py" % (i % 3), "line": i, "name": "f"}] * (i % 3)
         es.append(e)
         i += 1
-    return es[:n], (segs if n > 0 else [])
+    es = es[:n]
+    live = set()
+    for e in es:
+        if e["action"] == "alloc":
+            live.add(e["addr"])
+        elif e["action"] == "free_completed":
+            live.discard(e["addr"])
+    return es, (segs if n > 0 else []), live
 
 def expect(es):
     evs = []
@@ -74,11 +81,17 @@ def expect(es):
             evs.append([op, e["addr"], e["size"], e["stream"] % (1 << 64), e["time_us"] * 1000, ""])
     return evs
 
-def segment(addr, nblocks):
-    blocks = [{"address": addr + k * 512, "size": 512, "requested_size": 0, "state": "inactive", "frames": []}
-              for k in range(nblocks - 1)]
-    blocks.append({"address": addr + (nblocks - 1) * 512, "size": (20 << 20) - (nblocks - 1) * 512,
-                   "requested_size": 0, "state": "inactive", "frames": []})
+def segment(addr, nblocks, live=()):
+    # A 512-byte block of its own, active, for each block the trace leaves
+    # allocated in the segment, so that the trace and the segments agree.
+    live = sorted(a for a in live if addr <= a < addr + (20 << 20))
+    starts = sorted(set([addr + k * 512 for k in range(nblocks)] + live + [a + 512 for a in live]))
+    starts = [a for a in starts if a < addr + (20 << 20)]
+    blocks = []
+    for k, a in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else addr + (20 << 20)
+        blocks.append({"address": a, "size": end - a, "requested_size": 0,
+                       "state": "active_allocated" if a in live else "inactive", "frames": []})
     return {"device": 0, "address": addr, "total_size": 20 << 20, "allocated_size": 0, "stream": 0,
             "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
             "blocks": blocks}
@@ -102,11 +115,11 @@ for name, lens, frames, reorder, nseg in cases:
     traces, want = [], []
     segs = []
     for dev, n in enumerate(lens):
-        es, s = trace(n, dev, frames)
+        es, s, live = trace(n, dev, frames)
         traces.append(es)
         want.append(expect(es))
         if dev == 0:
-            segs = [segment(a, 1 if nseg == 1 else 2) for a in s]
+            segs = [segment(a, 1 if nseg == 1 else 2, live) for a in s]
     # More segments, allocated in the trace so that nothing is reconstructed.
     while len(segs) < nseg and traces[0]:
         a = 0x7E0000000000 + len(segs) * (20 << 20)

@@ -51,8 +51,9 @@ func writeSnapshot(t *testing.T, device int, entries []TraceEntry, segs []Segmen
 // TestSnapshotWriterRoundTrip writes the tiny trace and reads it back with
 // Import: the same events and settings.
 func TestSnapshotWriterRoundTrip(t *testing.T) {
+	// The trace frees its block at seg: the final segment holds it free.
 	segs := []Segment{{Address: seg, TotalSize: 2 << 20, Blocks: []Block{
-		{Size: 1024, RequestedSize: 1000, State: StateActiveAllocated},
+		{Size: 1024, State: StateInactive},
 		{Size: 2<<20 - 1024, State: StateInactive},
 	}}}
 	settings := map[string]string{"policy": "pytorch", "max_split_size_mb": "128"}

@@ -107,7 +107,7 @@ func Import(r io.Reader, name string) (*Source, error) {
 	}
 	for k, c := range columns {
 		if s.col[k] < 0 {
-			return nil, fmt.Errorf("%s: %w: the first line has no %s column", name, ErrNotLog, c)
+			return nil, fmt.Errorf("%s: %w: line 1 has no %s column", name, ErrNotLog, c)
 		}
 		s.ncol = max(s.ncol, s.col[k]+1)
 	}

@@ -98,7 +98,7 @@ func TestErrors(t *testing.T) {
 		name, log, want string
 	}{
 		{"empty", "", "log.csv: not an RMM log"},
-		{"no stream column", "Thread,Time,Action,Pointer,Size\n", "the first line has no Stream column"},
+		{"no stream column", "Thread,Time,Action,Pointer,Size\n", "line 1 has no Stream column"},
 		{"bad action", head + "1,00:00:00.1,alloc,0x1,1,0x0\n", `log.csv:2: unknown action "alloc"`},
 		{"bad time", head + "1,25:00:00.1,allocate,0x1,1,0x0\n", `log.csv:2: Time "25:00:00.1"`},
 		{"bad size", head + "1,00:00:00.1,allocate,0x1,-4,0x0\n", `log.csv:2: Size "-4"`},

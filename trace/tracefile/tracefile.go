@@ -120,17 +120,17 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	if format == "" || format == "auto" {
 		format = Detect(head)
 		if format == "" {
-			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem nor the text form (first bytes %q)", path, abbreviate(head))
+			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem nor the text form at byte 0 (first bytes %q)", path, abbreviate(head))
 		}
 	}
 	switch format {
 	case "rmm", "minimalloc", "text":
 		// The text formats: binary data is no such file, and quoting it
 		// in an error helps nobody.
-		if bytes.IndexByte(head, 0) >= 0 || bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
-			what := "binary data"
+		if nul := bytes.IndexByte(head, 0); nul >= 0 || bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
+			what := fmt.Sprintf("binary data (a NUL byte at byte %d)", nul)
 			if bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
-				what = "gzip-compressed data"
+				what = "gzip-compressed data (from byte 0)"
 			}
 			guess := ""
 			if d := Detect(head); d != "" && d != format {

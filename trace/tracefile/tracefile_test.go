@@ -145,7 +145,7 @@ func TestBinaryAsText(t *testing.T) {
 			t.Fatalf("--from %s: opened", from)
 		}
 		msg := err.Error()
-		if !strings.Contains(msg, "gzip-compressed data, not ") || !strings.Contains(msg, "it looks like a pytorch trace") || strings.Contains(msg, `\x`) || strings.Contains(msg, "\n") {
+		if !strings.Contains(msg, "gzip-compressed data (from byte 0), not ") || !strings.Contains(msg, "it looks like a pytorch trace") || strings.Contains(msg, `\x`) || strings.Contains(msg, "\n") {
 			t.Errorf("--from %s: %q", from, msg)
 		}
 	}
