@@ -130,6 +130,11 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // a bad pickle says "NAME: bad pickle at byte N: opcode X: what"; bytes
 // after the pickle's STOP are refused, a second pickle there (two
 // snapshots concatenated) as such, with the pickle byte where it starts.
+// What a snapshot holds twice is cross-checked, and a disagreement is an
+// "inconsistent snapshot" error with the pickle byte or the trace entry: a
+// block's or segment's size at its malloc and at its free, the blocks the
+// trace leaves allocated or frees against the final segments' blocks, a
+// trace entry with a key twice (two entries run together).
 // Import never panics on bad input, and allocates nothing for a length the
 // file claims beyond its end.
 func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
