@@ -80,4 +80,3 @@ func settingsText(s map[string]string) string {
 	}
 	return policies.Settings(s).Join(" ")
 }
-
