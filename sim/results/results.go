@@ -92,7 +92,7 @@ func (e *Error) Error() string {
 	if e.Result < 0 {
 		return fmt.Sprintf("%s: byte offset %d: %v", e.File, e.Offset, e.Err)
 	}
-	return fmt.Sprintf("%s: result %d: %v", e.File, e.Result, e.Err)
+	return fmt.Sprintf("%s: result %d, byte offset %d: %v", e.File, e.Result, e.Offset, e.Err)
 }
 
 func (e *Error) Unwrap() error { return e.Err }

@@ -91,10 +91,10 @@ func TestErrors(t *testing.T) {
 		{"not an object", `[1]`, ErrNoResults, `in.json: byte offset 1: no "results" list`},
 		{"unknown kind", `{"kind": "tune", "results": []}`, ErrUnknownKind, `in.json: byte offset 15: unknown kind of results "tune" (known: sim, gpu, fit)`},
 		{"newer version", `{"kind": "sim", "version": 2, "results": []}`, ErrUnsupportedVersion, `unsupported results version 2 (this replay reads up to 1)`},
-		{"no trace", `{"kind": "sim", "version": 1, "results": [{"trace": "t", "policy": "bfc"}, {"policy": "bfc"}]}`, ErrNoTraceOrPolicy, `in.json: result 1: no trace or policy`},
-		{"bad field", `{"results": [{"trace": "t", "policy": 3}]}`, nil, `in.json: result 0: json: cannot unmarshal number`},
+		{"no trace", `{"kind": "sim", "version": 1, "results": [{"trace": "t", "policy": "bfc"}, {"policy": "bfc"}]}`, ErrNoTraceOrPolicy, `in.json: result 1, byte offset 92: no trace or policy`},
+		{"bad field", `{"results": [{"trace": "t", "policy": 3}]}`, nil, `in.json: result 0, byte offset 40: json: cannot unmarshal number`},
 		{"empty", ``, nil, `in.json: byte offset 0: unexpected EOF`},
-		{"truncated", `{"kind": "sim", "results": [{"trace": "t", "policy": "bfc"}`, nil, `in.json: result 1: unexpected EOF`},
+		{"truncated", `{"kind": "sim", "results": [{"trace": "t", "policy": "bfc"}`, nil, `in.json: result 1, byte offset 59: unexpected EOF`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := readAll(t, tc.data)
