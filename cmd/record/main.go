@@ -76,7 +76,7 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 	fs.SetOutput(stderr)
 	from := fs.String("from", "auto", "input format: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device to import from a multi-device snapshot")
-	out := fs.StringP("output", "o", "", "write the native trace to `OUT`")
+	out := fs.StringP("output", "o", "", "write the native trace to `OUT` (- for stdout)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
@@ -90,10 +90,25 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("import: want exactly one INPUT, got %d", fs.NArg())
 	}
 	in := fs.Arg(0)
+	opts := tracefile.Options{From: *from, Device: *device}
+	if *out == "-" {
+		// The native trace to stdout; the report to stderr.
+		src, err := tracefile.Open(in, opts)
+		if err != nil {
+			return err
+		}
+		defer src.Close()
+		n, err := tracefile.WriteNative(stdout, src)
+		if err != nil {
+			return fmt.Errorf("import: writing to stdout: %w", err)
+		}
+		fmt.Fprintf(stderr, "record: %d events from %s (%s) to stdout\n", n, in, src.Format)
+		return nil
+	}
 	if err := atomicfile.CheckOutput(*out, []string{in}); err != nil {
 		return fmt.Errorf("import: -o: %w", err)
 	}
-	n, format, err := tracefile.Import(in, *out, tracefile.Options{From: *from, Device: *device})
+	n, format, err := tracefile.Import(in, *out, opts)
 	if err != nil {
 		return err
 	}

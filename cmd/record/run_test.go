@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpualloc/allocsim/gpu/interpose"
+	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -146,5 +147,34 @@ func TestImportOverInput(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(path); !bytes.Equal(got, text) {
 		t.Errorf("the input changed: %q", got)
+	}
+}
+
+// TestImportToStdout: -o - writes the native trace to stdout (the report
+// to stderr), and no file named "-".
+func TestImportToStdout(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "t.txt")
+	if err := os.WriteFile(path, []byte("malloc id=1 size=1MiB\nfree id=1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	stdout, stderr, err := runCmd(t, "import", "-o", "-", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(stdout, trace.Magic) || stderr != "record: 2 events from "+path+" (text) to stdout\n" {
+		t.Errorf("stdout %q, stderr %q", stdout, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "-")); err == nil {
+		t.Error(`a file named "-" was written`)
+	}
+	r, err := trace.NewReader(strings.NewReader(stdout), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := trace.ReadAll(r)
+	if err != nil || len(evs) != 2 {
+		t.Errorf("%d events read back: %v", len(evs), err)
 	}
 }

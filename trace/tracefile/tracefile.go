@@ -256,26 +256,32 @@ func abbreviate(b []byte) []byte {
 // atomically (see atomicfile.WriteFile), and returns the number of events written.
 func WriteSource(path string, src trace.Source) (events uint64, err error) {
 	err = atomicfile.WriteFile(path, func(w io.Writer) error {
-		tw, err := trace.NewWriter(w, src.Header())
-		if err != nil {
-			return err
-		}
-		for {
-			ev, err := src.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return err
-			}
-			if err := tw.Write(ev); err != nil {
-				return err
-			}
-		}
-		events = tw.Events()
-		return tw.Close()
+		events, err = WriteNative(w, src)
+		return err
 	})
 	return events, err
+}
+
+// WriteNative writes the events of src to w as a native trace and returns
+// the number of events written.
+func WriteNative(w io.Writer, src trace.Source) (events uint64, err error) {
+	tw, err := trace.NewWriter(w, src.Header())
+	if err != nil {
+		return 0, err
+	}
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return tw.Events(), err
+		}
+		if err := tw.Write(ev); err != nil {
+			return tw.Events(), err
+		}
+	}
+	return tw.Events(), tw.Close()
 }
 
 // Import converts the trace at in (any format Open reads) to a native trace
