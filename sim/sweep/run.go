@@ -145,9 +145,15 @@ func (s *Runner) settingKeys() []string {
 	return results.SettingKeys(rs)
 }
 
+// MaxJobCells bounds the cells of one job: a job's cells are written when
+// its pass over the trace ends, so a sweep interrupted mid-run loses at
+// most the cells of the jobs then running, whatever the grouping.
+const MaxJobCells = 4
+
 // jobs groups the cells to run by trace, and splits a trace's cells into
-// several jobs when there are fewer traces than workers (each job reads
-// the trace again). The largest traces come first.
+// several jobs when there are fewer traces than workers, or more cells
+// than MaxJobCells (each job reads the trace again). The largest traces
+// come first.
 func (s *Runner) jobs() []Job {
 	var order []string
 	byTrace := map[string][]int{}
@@ -167,7 +173,7 @@ func (s *Runner) jobs() []Job {
 	var jobs []Job
 	for _, t := range order {
 		cells := byTrace[t]
-		n := min(per, len(cells))
+		n := min(max(per, (len(cells)+MaxJobCells-1)/MaxJobCells), len(cells))
 		var size int64
 		if st, err := os.Stat(t); err == nil {
 			size = st.Size()

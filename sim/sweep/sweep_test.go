@@ -186,3 +186,55 @@ func TestReplacedTrace(t *testing.T) {
 		t.Errorf("another file at the path: %d ran, %d done before", r.Ran(), r.DoneBefore())
 	}
 }
+
+// TestInterruptedKeepsCells: a sweep stopped after its first job (here by
+// its progress callback, as SIGINT or SIGKILL would stop it between jobs)
+// has that job's cells on disk, and a rerun runs only the others. Before,
+// the 9 cells of the one trace were one job, written only when all were
+// done: an interrupted sweep kept nothing.
+func TestInterruptedKeepsCells(t *testing.T) {
+	cells, err := Spec{Traces: []string{tokenLengths}, Capacities: []uint64{0, 1 << 30, 2 << 30},
+		Policies: []string{"cuda", "best-fit", "first-fit"}}.Cells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	r := &Runner{Dir: dir, Plan: NewPlan(cells, 0, 1), Workers: 1}
+	if err := r.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	jobs := r.jobs()
+	if len(jobs) != 3 {
+		t.Fatalf("%d jobs of %d cells, want 3 of at most %d", len(jobs), len(cells), MaxJobCells)
+	}
+	// The first job's cells are on disk when its job ends.
+	first := len(jobs[0].Cells)
+	stopped := false
+	r.Progress = func(j Job) {
+		if stopped {
+			return
+		}
+		stopped = true
+		files, _ := filepath.Glob(filepath.Join(dir, "cells", "*.json"))
+		if len(files) != first {
+			t.Errorf("after the first job: %d cell files, want %d", len(files), first)
+		}
+		// Stop here: the cells directory is what a killed sweep leaves.
+		cp := t.TempDir()
+		for _, f := range files {
+			data, _ := os.ReadFile(f)
+			os.MkdirAll(filepath.Join(cp, "cells"), 0o755)
+			os.WriteFile(filepath.Join(cp, "cells", filepath.Base(f)), data, 0o644)
+		}
+		again := &Runner{Dir: cp, Plan: NewPlan(cells, 0, 1), Workers: 1}
+		if err := again.Prepare(); err != nil || again.DoneBefore() != first {
+			t.Errorf("rerun after the stop: %d done before, want %d (%v)", again.DoneBefore(), first, err)
+		}
+	}
+	if err := r.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if r.Ran() != len(cells) {
+		t.Errorf("%d ran, want %d", r.Ran(), len(cells))
+	}
+}
