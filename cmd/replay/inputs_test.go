@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/trace/atomicfile"
@@ -49,5 +50,40 @@ func TestNoOutputOverInput(t *testing.T) {
 				t.Errorf("the input changed")
 			}
 		})
+	}
+}
+
+// TestOutputsAllOrNothing: when one output cannot be written (the charts'
+// directory is a file here, a full disk in the field), none is: the JSON
+// and CSV staged before are dropped. Before, --json and --csv were written
+// and --plots failed after them.
+func TestOutputsAllOrNothing(t *testing.T) {
+	dir := t.TempDir()
+	trace := writeTrace(t, "malloc id=1 size=1MiB\nfree id=1\n")
+	notDir := filepath.Join(dir, "plots")
+	if err := os.WriteFile(notDir, []byte("a file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	js, csv := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.csv")
+	_, _, err := runCmd(t, "sim", "--policy", "cuda", "--json", js, "--csv", csv, "--plots", notDir, trace)
+	if err == nil || !strings.HasPrefix(err.Error(), "--plots: ") {
+		t.Fatalf("err = %v, want the --plots error", err)
+	}
+	for _, p := range []string{js, csv} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s was written", p)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".*tmp*")); len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
+	}
+	// With a directory for the charts all three are written.
+	if _, _, err := runCmd(t, "sim", "--policy", "cuda", "--json", js, "--csv", csv, "--plots", filepath.Join(dir, "charts"), trace); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{js, csv, filepath.Join(dir, "charts", "t-memory.png")} {
+		if _, err := os.Stat(p); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -91,23 +94,45 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if n := writeWarnings(stderr, results); n > 0 && *strict {
 		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
 	}
-	if *jsonOut != "" {
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return writeJSON(w, results) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
+	// The outputs are all written or none: the files are staged, the
+	// charts drawn, and the files committed only then.
+	var staged []*stagedOutput
+	defer func() {
+		for _, o := range staged {
+			o.abort()
 		}
-	}
-	if *csvOut != "" {
-		if err := writeOutput(stdout, *csvOut, func(w io.Writer) error { return writeCSV(w, results) }); err != nil {
-			return fmt.Errorf("--csv: %w", err)
+	}()
+	for _, o := range []struct {
+		flag, path string
+		write      func(io.Writer) error
+	}{
+		{"json", *jsonOut, func(w io.Writer) error { return writeJSON(w, results) }},
+		{"csv", *csvOut, func(w io.Writer) error { return writeCSV(w, results) }},
+	} {
+		if o.path == "" {
+			continue
 		}
+		so, err := stageOutput(stdout, o.path, o.write)
+		if err != nil {
+			return fmt.Errorf("--%s: %w", o.flag, err)
+		}
+		staged = append(staged, so)
 	}
 	if *plotDir != "" {
 		flat := make([]sim.Result, len(results))
 		for i, r := range results {
 			flat[i] = *r
 		}
-		if _, err := plots.WriteAll(*plotDir, flat); err != nil {
+		if written, err := plots.WriteAll(*plotDir, flat); err != nil {
+			for _, f := range written {
+				os.Remove(f)
+			}
 			return fmt.Errorf("--plots: %w", err)
+		}
+	}
+	for _, o := range staged {
+		if err := o.commit(); err != nil {
+			return err
 		}
 	}
 	// The table goes to stdout unless the JSON or CSV does.
@@ -128,6 +153,56 @@ func checkOutputs(inputs []string, flagPaths ...string) error {
 		}
 	}
 	return nil
+}
+
+// stagedOutput is an output written but not yet in place: a file's
+// temporary file, or stdout's bytes.
+type stagedOutput struct {
+	file   *atomicfile.File
+	buf    *bytes.Buffer
+	stdout io.Writer
+}
+
+// stageOutput writes an output to a temporary file next to path, or to a
+// buffer for stdout when path is "-", to be committed or aborted.
+func stageOutput(stdout io.Writer, path string, write func(io.Writer) error) (*stagedOutput, error) {
+	if path == "-" {
+		var b bytes.Buffer
+		if err := write(&b); err != nil {
+			return nil, err
+		}
+		return &stagedOutput{buf: &b, stdout: stdout}, nil
+	}
+	f, err := atomicfile.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	bw := bufio.NewWriter(f)
+	if err := write(bw); err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		f.Abort()
+		return nil, err
+	}
+	return &stagedOutput{file: f}, nil
+}
+
+// commit puts a staged output in place (or writes it to stdout).
+func (o *stagedOutput) commit() error {
+	if o.buf != nil {
+		_, err := o.stdout.Write(o.buf.Bytes())
+		o.buf = nil
+		return err
+	}
+	return o.file.Commit()
+}
+
+// abort drops a staged output not committed.
+func (o *stagedOutput) abort() {
+	if o.file != nil {
+		o.file.Abort()
+	}
 }
 
 // writeOutput writes an output file atomically, or to stdout when path is
