@@ -19,17 +19,70 @@ func (e *ValidationError) Error() string { return fmt.Sprintf("event %d: %s", e.
 // live, naming the event that freed it when it is a double free (among the
 // last RecentFrees frees), a malloc of 0 bytes or of more than MaxSize
 // bytes, a wait on or synchronize of a CUDA event never recorded (it
-// orders nothing), a negative time and time going backwards. Its memory
+// orders nothing), a free on one stream of a block allocated on another
+// that nothing orders it after (see streamOrder), a negative time and time
+// going backwards. Its memory
 // grows with the live
 // allocations, not with the trace's length. A replay engine that keeps its
 // own table of live allocations makes the same checks with Clock, FreeLog,
 // CheckSize and LiveMalloc.
 type Validator struct {
-	live  AddrMap[int64] // address -> event index of its malloc
+	live  AddrMap[liveMalloc] // address -> its malloc
 	frees FreeLog
 	clock Clock
-	// recorded holds the CUDA events recorded so far.
-	recorded map[uint64]bool
+	order streamOrder
+}
+
+// liveMalloc is a live allocation's malloc: its event index, its stream,
+// and the stream's count of operations then.
+type liveMalloc struct {
+	event  int64
+	stream uint64
+	at     uint64
+}
+
+// streamOrder follows what each CUDA stream is ordered after, as vector
+// clocks of per-stream operation counts: a stream is ordered after what
+// an event it waited for was recorded after, and every stream after what
+// the host synchronized with (a stream, device or event synchronize: the
+// host issues later work after it). Stream 0, the legacy default stream,
+// is ordered with every other stream.
+type streamOrder struct {
+	ops    map[uint64]uint64            // operations issued, by stream
+	seen   map[uint64]map[uint64]uint64 // by stream: what it is ordered after
+	host   map[uint64]uint64            // what the host has synchronized with
+	events map[uint64]map[uint64]uint64 // recorded CUDA events: what they are ordered after
+}
+
+// op counts an operation on stream s and returns its count.
+func (o *streamOrder) op(s uint64) uint64 {
+	if o.ops == nil {
+		o.ops, o.seen, o.host, o.events = map[uint64]uint64{}, map[uint64]map[uint64]uint64{}, map[uint64]uint64{}, map[uint64]map[uint64]uint64{}
+	}
+	o.ops[s]++
+	return o.ops[s]
+}
+
+// knows returns what stream s is ordered after, its own operations
+// included, as a new clock.
+func (o *streamOrder) knows(s uint64) map[uint64]uint64 {
+	c := map[uint64]uint64{s: o.ops[s]}
+	for k, v := range o.seen[s] {
+		c[k] = max(c[k], v)
+	}
+	return c
+}
+
+func join(dst, src map[uint64]uint64) {
+	for k, v := range src {
+		dst[k] = max(dst[k], v)
+	}
+}
+
+// after reports whether an operation on stream b now is ordered after the
+// at-th operation on stream a.
+func (o *streamOrder) after(b, a, at uint64) bool {
+	return a == b || a == 0 || b == 0 || o.seen[b][a] >= at || o.host[a] >= at
 }
 
 // RecentFrees is how many of the latest frees a FreeLog remembers to tell
@@ -64,26 +117,48 @@ func (v *Validator) checkOp(i int64, ev Event) error {
 		if err := CheckSize(i, ev); err != nil {
 			return err
 		}
-		if j, dup := v.live.Insert(ev.Addr, i); dup {
-			return LiveMalloc(i, ev, j)
+		m := liveMalloc{i, ev.Stream, v.order.op(ev.Stream)}
+		if j, dup := v.live.Insert(ev.Addr, m); dup {
+			return LiveMalloc(i, ev, j.event)
 		}
 	case OpFreeRequested:
 		if _, ok := v.live.Get(ev.Addr); !ok {
 			return v.frees.NotLive(i, ev)
 		}
 	case OpFree:
-		if _, ok := v.live.Take(ev.Addr); !ok {
+		m, ok := v.live.Take(ev.Addr)
+		if !ok {
 			return v.frees.NotLive(i, ev)
 		}
 		v.frees.Add(ev.Addr, i)
-	case OpEventRecord:
-		if v.recorded == nil {
-			v.recorded = map[uint64]bool{}
+		v.order.op(ev.Stream)
+		if !v.order.after(ev.Stream, m.stream, m.at) {
+			return &ValidationError{i, ev.Addr, fmt.Sprintf("free on stream %#x of %#x, allocated on stream %#x at event %d, which no event wait or synchronize orders it after: stream %#x may still use it", ev.Stream, ev.Addr, m.stream, m.event, m.stream)}
 		}
-		v.recorded[ev.Addr] = true
+	case OpEventRecord:
+		v.order.op(ev.Stream)
+		v.order.events[ev.Addr] = v.order.knows(ev.Stream)
 	case OpStreamWaitEvent, OpEventSync:
-		if !v.recorded[ev.Addr] {
+		c, ok := v.order.events[ev.Addr]
+		if !ok {
 			return &ValidationError{i, 0, fmt.Sprintf("%s of event %#x, never recorded: it orders nothing", ev.Op, ev.Addr)}
+		}
+		if ev.Op == OpEventSync {
+			join(v.order.host, c)
+			break
+		}
+		v.order.op(ev.Stream)
+		if v.order.seen[ev.Stream] == nil {
+			v.order.seen[ev.Stream] = map[uint64]uint64{}
+		}
+		join(v.order.seen[ev.Stream], c)
+	case OpStreamSync:
+		v.order.op(ev.Stream)
+		join(v.order.host, v.order.knows(ev.Stream))
+	case OpDeviceSync:
+		v.order.op(0)
+		for s := range v.order.ops {
+			join(v.order.host, v.order.knows(s))
 		}
 	}
 	return nil

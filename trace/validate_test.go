@@ -112,3 +112,40 @@ event_sync event=7
 		"event 3: event_sync of event 0x9, never recorded: it orders nothing",
 	)
 }
+
+// TestValidateCrossStreamFree: a free on one stream of a block allocated
+// on another is a problem unless an event wait or a synchronize orders the
+// freeing stream after the malloc; the legacy default stream (0) is
+// ordered with every stream. JAX's allocations on the H200 re-record
+// events on other streams 67 times, which CUDA allows: not a problem.
+func TestValidateCrossStreamFree(t *testing.T) {
+	checkProblems(t, `malloc id=1 size=1KiB stream=1
+free id=1 stream=2
+malloc id=2 size=1KiB stream=1
+event_record event=5 stream=1
+stream_wait_event event=5 stream=2
+free id=2 stream=2
+event_record event=6 stream=1
+malloc id=3 size=1KiB stream=1
+stream_wait_event event=6 stream=2
+free id=3 stream=2
+malloc id=4 size=1KiB stream=1
+stream_sync stream=1
+free id=4 stream=2
+malloc id=5 size=1KiB stream=1
+free id=5 stream=0
+malloc id=6 size=1KiB stream=0
+free id=6 stream=2
+malloc id=7 size=1KiB stream=1
+event_record event=8 stream=1
+event_sync event=8
+free id=7 stream=3
+malloc id=8 size=1KiB stream=1
+device_sync
+free id=8 stream=2
+event_record event=5 stream=3
+`,
+		"event 1: free on stream 0x2 of 0x1, allocated on stream 0x1 at event 0, which no event wait or synchronize orders it after: stream 0x1 may still use it",
+		"event 9: free on stream 0x2 of 0x3, allocated on stream 0x1 at event 7, which no event wait or synchronize orders it after: stream 0x1 may still use it",
+	)
+}
