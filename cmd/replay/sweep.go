@@ -15,6 +15,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -134,6 +135,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	fmt.Fprintf(stdout, "sweep: %s (%d traces x %d policies and settings x %d capacities): %d run, %d already done, %d failed, in %.1f s with %d workers\n",
 		what, len(traces), len(all)/max(len(traces)*caps, 1), caps, s.Ran(), s.DoneBefore(), len(failed), elapsed.Seconds(), *jobs)
 	fmt.Fprintf(stdout, "sweep: results in %s and %s\n", filepath.Join(*outDir, "results.csv"), filepath.Join(*outDir, "results.json"))
+	writeSweepWarnings(stderr, s.Results())
 	if len(failed) > 0 {
 		for _, f := range failed[:min(len(failed), 5)] {
 			fmt.Fprintf(stderr, "sweep: cell %d: %v\n", f.Index, f.Err)
@@ -211,3 +213,23 @@ func (p *barProgress) jobDone(j sweep.Job) {
 }
 
 func (p *barProgress) finish() { p.bar.Finish() }
+
+// writeSweepWarnings prints the cells' warnings (sim.Result.Warnings) to
+// w, one line per trace and warning with the number of cells that have it.
+func writeSweepWarnings(w io.Writer, rs []*sim.Result) {
+	type key struct{ trace, text string }
+	var order []key
+	cells := map[key]int{}
+	for _, r := range rs {
+		for _, x := range r.Warnings {
+			k := key{r.Trace, x}
+			if cells[k] == 0 {
+				order = append(order, k)
+			}
+			cells[k]++
+		}
+	}
+	for _, k := range order {
+		fmt.Fprintf(w, "%s: warning (%d cells): %s\n", k.trace, cells[k], k.text)
+	}
+}

@@ -256,3 +256,17 @@ func TestSweepCost(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepWarnings: a sweep says on stderr, per trace, how many cells
+// have each warning (here the recording's failed malloc, served in the
+// two cells without a capacity), as replay sim does.
+func TestSweepWarnings(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "sweep")
+	_, stderr, err := runCmd(t, "sweep", "--traces", splitFragOOM, "--policy", "cuda,pytorch", "--capacity", "0,8GiB", "--progress", "none", "-o", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := splitFragOOM + ": warning (2 cells): the recording has 1 failed malloc(s)"; !strings.HasPrefix(stderr, want) || strings.Count(stderr, "\n") != 1 {
+		t.Errorf("stderr:\n%s\nwant one line starting %q", stderr, want)
+	}
+}

@@ -290,13 +290,19 @@ func RunFile(path string, opts tracefile.Options, cfgs ...sim.Config) ([]*sim.Re
 
 // WriteResults writes results.json and results.csv with every finished
 // cell of the plan, in plan order, atomically.
-func (s *Runner) WriteResults() error {
+// Results returns the results of the cells done, in plan order.
+func (s *Runner) Results() []*sim.Result {
 	var rs []*sim.Result
 	for _, r := range s.results {
 		if r != nil {
 			rs = append(rs, r)
 		}
 	}
+	return rs
+}
+
+func (s *Runner) WriteResults() error {
+	rs := s.Results()
 	if err := atomicfile.WriteFile(filepath.Join(s.Dir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
 		return err
 	}
