@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +31,12 @@ rerun skips them), DIR/results.csv (a row per cell as it finishes) and, at the
 end, DIR/results.json (the shape of 'replay sim --json') and results.csv again
 in plan order. --shard i/n (0 <= i < n) runs every n-th cell from the i-th,
 for a job array; give each shard its own DIR and join them with
-'replay merge'.
+'replay merge'. In a Slurm array task the shard is the task's
+(SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT), as with --shard auto; in a
+Kubernetes Indexed Job, --shard auto/N takes it from JOB_COMPLETION_INDEX, N
+the Job's completions. Either way the task writes into DIR/shard-i-of-n, and
+a task run again (after a failure or preemption) resumes there: finished
+cells are kept, partial ones never count.
 
 Flags:
 `
@@ -49,7 +55,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	capacity := fs.String("capacity", "0", "device capacities: a comma-separated list of bytes or sizes like 24GiB (0 = unlimited)")
 	outDir := fs.StringP("out", "o", "", "write the results into `DIR` (required)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "replays run in parallel")
-	shard := fs.String("shard", "", "run only shard `i/n` of the cells (0 <= i < n)")
+	shard := fs.String("shard", "", "run only shard `i/n` of the cells (0 <= i < n); auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX, and writes into DIR/shard-i-of-n")
 	progress := fs.String("progress", "auto", "progress display on stderr: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
@@ -66,9 +72,26 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if *jobs < 1 {
 		return fmt.Errorf("-j %d: want at least 1", *jobs)
 	}
-	shardI, shardN, err := sweep.ParseShard(*shard)
-	if err != nil {
-		return fmt.Errorf("--shard %w", err)
+	var shardI, shardN int
+	if auto, count, ok := autoShard(*shard, fs.Changed("shard")); ok {
+		if count < 0 {
+			return fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", auto)
+		}
+		i, n, found, err := sweep.SchedulerShard(os.Getenv, count)
+		switch {
+		case err != nil:
+			return fmt.Errorf("--shard auto: %w", err)
+		case !found:
+			return fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", auto)
+		}
+		shardI, shardN = i, n
+		*outDir = sweep.ShardDir(*outDir, i, n)
+		fmt.Fprintf(stderr, "sweep: shard %d/%d from the scheduler, into %s\n", i, n, *outDir)
+	} else {
+		var err error
+		if shardI, shardN, err = sweep.ParseShard(*shard); err != nil {
+			return fmt.Errorf("--shard %w", err)
+		}
 	}
 	traces, skipped, err := tracefile.Glob(append(append([]string(nil), *traceGlobs...), fs.Args()...))
 	if err != nil {
@@ -232,4 +255,27 @@ func writeSweepWarnings(w io.Writer, rs []*sim.Result) {
 	for _, k := range order {
 		fmt.Fprintf(w, "%s: warning (%d cells): %s\n", k.trace, cells[k], k.text)
 	}
+}
+
+// autoShard reports whether the shard comes from the scheduler: --shard
+// auto or auto/N (N the number of tasks, for a Kubernetes Indexed Job), or
+// no --shard inside a Slurm array task.
+func autoShard(shard string, given bool) (spec string, count int, ok bool) {
+	if !given {
+		if os.Getenv("SLURM_ARRAY_TASK_ID") != "" {
+			return "auto", 0, true
+		}
+		return "", 0, false
+	}
+	rest, isAuto := strings.CutPrefix(shard, "auto")
+	if !isAuto {
+		return "", 0, false
+	}
+	if n, err := strconv.Atoi(strings.TrimPrefix(rest, "/")); err == nil && strings.HasPrefix(rest, "/") && n > 0 {
+		return shard, n, true
+	}
+	if rest != "" {
+		return shard, -1, true
+	}
+	return shard, 0, true
 }

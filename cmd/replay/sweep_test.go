@@ -270,3 +270,54 @@ func TestSweepWarnings(t *testing.T) {
 		t.Errorf("stderr:\n%s\nwant one line starting %q", stderr, want)
 	}
 }
+
+// TestSweepSchedulerShards: in a Slurm array task the sweep takes its
+// shard from the environment (with no --shard, or --shard auto) and writes
+// DIR/shard-i-of-n; a Kubernetes Indexed Job's pod with --shard auto/N;
+// the merge of the tasks' directories equals the unsharded sweep, and a
+// shard given twice is refused, naming both.
+func TestSweepSchedulerShards(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"sweep", "--traces", tokenLengths, "--traces", growingBatch, "--policy", "cuda,best-fit", "--progress", "none"}
+	whole := filepath.Join(dir, "whole")
+	if _, _, err := runCmd(t, append(base, "-o", whole)...); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "array")
+	t.Setenv("SLURM_ARRAY_TASK_COUNT", "2")
+	t.Setenv("SLURM_ARRAY_TASK_ID", "0")
+	if _, stderr, err := runCmd(t, append(base, "-o", out)...); err != nil || !strings.Contains(stderr, "sweep: shard 0/2 from the scheduler, into "+filepath.Join(out, "shard-0-of-2")) {
+		t.Fatalf("task 0: %v\n%s", err, stderr)
+	}
+	t.Setenv("SLURM_ARRAY_TASK_ID", "1")
+	if _, _, err := runCmd(t, append(base, "--shard", "auto", "-o", out)...); err != nil {
+		t.Fatal(err)
+	}
+	// Run again, as after a preemption: nothing to do.
+	stdout, _, err := runCmd(t, append(base, "--shard", "auto", "-o", out)...)
+	if err != nil || !strings.Contains(stdout, "0 run, 2 already done") {
+		t.Errorf("task 1 again: %v\n%s", err, stdout)
+	}
+	t.Setenv("SLURM_ARRAY_TASK_ID", "")
+	t.Setenv("SLURM_ARRAY_TASK_COUNT", "")
+	merged := filepath.Join(dir, "merged")
+	if _, _, err := runCmd(t, "merge", "-o", merged, filepath.Join(out, "shard-0-of-2"), filepath.Join(out, "shard-1-of-2")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := readResults(t, filepath.Join(merged, "results.json")), readResults(t, filepath.Join(whole, "results.json")); !reflect.DeepEqual(got, want) {
+		t.Errorf("merged tasks differ from the unsharded sweep")
+	}
+	// A shard given twice: the same shard in a second directory.
+	twice := filepath.Join(dir, "twice")
+	t.Setenv("JOB_COMPLETION_INDEX", "1")
+	if _, _, err := runCmd(t, append(base, "--shard", "auto/2", "-o", twice)...); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = runCmd(t, "merge", "-o", filepath.Join(dir, "m2"), filepath.Join(out, "shard-0-of-2"), filepath.Join(out, "shard-1-of-2"), filepath.Join(twice, "shard-1-of-2"))
+	if err == nil || !strings.Contains(err.Error(), "a shard given twice") || !strings.Contains(err.Error(), filepath.Join(out, "shard-1-of-2")) {
+		t.Errorf("a shard twice: %v", err)
+	}
+	if _, _, err := runCmd(t, append(base, "--shard", "auto", "-o", twice)...); err == nil || !strings.Contains(err.Error(), "give the Indexed Job's completions as --shard auto/N") {
+		t.Errorf("an Indexed Job without its count: %v", err)
+	}
+}

@@ -23,8 +23,8 @@ type Merger struct {
 	plans map[string]*planShards // by plan ID
 	order []string               // plan IDs in order of first appearance
 	// Log, if not nil, gets a line for each input that is doubtful: a
-	// shard given twice, a cell file unusable or holding another cell, a
-	// result given twice with different figures.
+	// cell file unusable or holding another cell, a result given twice
+	// with different figures. (A shard given twice is an error of Add.)
 	Log io.Writer
 }
 
@@ -95,7 +95,7 @@ func (m *Merger) Add(in string) error {
 		return fmt.Errorf("%s: shard %d/%d of plan %s, whose other shards say /%d", in, plan.Shard, plan.Shards, plan.ID, ps.shards)
 	}
 	if prev, dup := ps.seen[plan.Shard]; dup {
-		m.logf("merge: %s and %s are both shard %d/%d of plan %s\n", prev, in, plan.Shard, plan.Shards, plan.ID)
+		return fmt.Errorf("%s: shard %d/%d of plan %s, as is %s: a shard given twice (a task run in two directories?); give each shard once", in, plan.Shard, plan.Shards, plan.ID, prev)
 	}
 	ps.seen[plan.Shard] = in
 	for _, c := range plan.Cells {

@@ -16,6 +16,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -180,6 +181,82 @@ func ParseShard(s string) (i, n int, err error) {
 		return 0, 0, fmt.Errorf("%q: want i/n with 0 <= i < n (a job array's index from 0, and its size)", s)
 	}
 	return i, n, nil
+}
+
+// SchedulerShard returns the shard a job array's task runs, from the
+// scheduler's environment (getenv): a Slurm array task
+// (SLURM_ARRAY_TASK_ID, counted from SLURM_ARRAY_TASK_MIN by
+// SLURM_ARRAY_TASK_STEP, of SLURM_ARRAY_TASK_COUNT tasks) or a Kubernetes
+// Indexed Job's pod (JOB_COMPLETION_INDEX, of count tasks: the Job's
+// completions, which its pods are not told). count 0 means none given.
+// found is false when neither scheduler's variables are set. It returns an
+// error naming the variable that is malformed, or for an Indexed Job
+// without a count.
+func SchedulerShard(getenv func(string) string, count int) (i, n int, found bool, err error) {
+	num := func(k string, def int) (int, error) {
+		v := strings.TrimSpace(getenv(k))
+		if v == "" {
+			return def, nil
+		}
+		x, err := strconv.Atoi(v)
+		if err != nil || x < 0 {
+			return 0, fmt.Errorf("%s=%q: not a task number", k, v)
+		}
+		return x, nil
+	}
+	if getenv("SLURM_ARRAY_TASK_ID") != "" {
+		id, err := num("SLURM_ARRAY_TASK_ID", 0)
+		if err != nil {
+			return 0, 0, true, err
+		}
+		lo, err := num("SLURM_ARRAY_TASK_MIN", 0)
+		if err != nil {
+			return 0, 0, true, err
+		}
+		step, err := num("SLURM_ARRAY_TASK_STEP", 1)
+		if err != nil || step == 0 {
+			return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_STEP=%q: not a step", getenv("SLURM_ARRAY_TASK_STEP"))
+		}
+		n, err := num("SLURM_ARRAY_TASK_COUNT", 0)
+		if err != nil {
+			return 0, 0, true, err
+		}
+		if n == 0 {
+			hi, err := num("SLURM_ARRAY_TASK_MAX", -1)
+			if err != nil || hi < lo {
+				return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_COUNT and SLURM_ARRAY_TASK_MAX unset: the array's size is unknown")
+			}
+			n = (hi-lo)/step + 1
+		}
+		if count > 0 && count != n {
+			return 0, 0, true, fmt.Errorf("--shard auto/%d, but the Slurm array has %d tasks", count, n)
+		}
+		if id < lo || (id-lo)%step != 0 || (id-lo)/step >= n {
+			return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_ID=%d: not a task of the array (min %d, step %d, %d tasks)", id, lo, step, n)
+		}
+		return (id - lo) / step, n, true, nil
+	}
+	if getenv("JOB_COMPLETION_INDEX") != "" {
+		id, err := num("JOB_COMPLETION_INDEX", 0)
+		if err != nil {
+			return 0, 0, true, err
+		}
+		if count == 0 {
+			return 0, 0, true, fmt.Errorf("JOB_COMPLETION_INDEX=%d: give the Indexed Job's completions as --shard auto/N", id)
+		}
+		if id >= count {
+			return 0, 0, true, fmt.Errorf("JOB_COMPLETION_INDEX=%d: not below the %d completions of --shard auto/%d", id, count, count)
+		}
+		return id, count, true, nil
+	}
+	return 0, 0, false, nil
+}
+
+// ShardDir is the directory a scheduler's task writes under the sweep's
+// output directory: shard-I-of-N, so that the tasks of one array write
+// apart and a task run again writes where it wrote before.
+func ShardDir(dir string, i, n int) string {
+	return filepath.Join(dir, fmt.Sprintf("shard-%d-of-%d", i, n))
 }
 
 // Axis is a setting of a policy swept over values: one cell per value.

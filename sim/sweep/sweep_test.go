@@ -3,6 +3,7 @@ package sweep
 import (
 	"bufio"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -236,5 +237,34 @@ func TestInterruptedKeepsCells(t *testing.T) {
 	}
 	if r.Ran() != len(cells) {
 		t.Errorf("%d ran, want %d", r.Ran(), len(cells))
+	}
+}
+
+func TestSchedulerShard(t *testing.T) {
+	for _, tc := range []struct {
+		env   map[string]string
+		count int
+		i, n  int
+		found bool
+		err   string
+	}{
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4"}, 0, 2, 4, true, ""},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "5", "SLURM_ARRAY_TASK_MAX": "8"}, 0, 2, 4, true, ""},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "4"}, 0, 3, 4, true, ""},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4"}, 0, 0, 0, true, "SLURM_ARRAY_TASK_ID=5: not a task of the array (min 0, step 1, 4 tasks)"},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "x"}, 0, 0, 0, true, `SLURM_ARRAY_TASK_ID="x": not a task number`},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4"}, 3, 0, 0, true, "--shard auto/3, but the Slurm array has 4 tasks"},
+		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 4, 3, 4, true, ""},
+		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 0, 0, 0, true, "JOB_COMPLETION_INDEX=3: give the Indexed Job's completions as --shard auto/N"},
+		{map[string]string{"JOB_COMPLETION_INDEX": "4"}, 4, 0, 0, true, "JOB_COMPLETION_INDEX=4: not below the 4 completions of --shard auto/4"},
+		{map[string]string{}, 0, 0, 0, false, ""},
+	} {
+		i, n, found, err := SchedulerShard(func(k string) string { return tc.env[k] }, tc.count)
+		if msg := fmt.Sprint(err); tc.err == "" && err != nil || tc.err != "" && msg != tc.err || i != tc.i || n != tc.n || found != tc.found {
+			t.Errorf("%v, count %d: %d/%d found %v err %v; want %d/%d %v %q", tc.env, tc.count, i, n, found, err, tc.i, tc.n, tc.found, tc.err)
+		}
+	}
+	if got := ShardDir("out", 2, 4); got != filepath.Join("out", "shard-2-of-4") {
+		t.Errorf("ShardDir: %s", got)
 	}
 }
