@@ -278,10 +278,19 @@ func TestSweepWarnings(t *testing.T) {
 // shard given twice is refused, naming both.
 func TestSweepSchedulerShards(t *testing.T) {
 	dir := t.TempDir()
-	base := []string{"sweep", "--traces", tokenLengths, "--traces", growingBatch, "--policy", "cuda,best-fit", "--progress", "none"}
+	// offline among them: each result's offline_peak_reserved_bytes is the
+	// offline cell's of its trace and capacity, however the cells are
+	// grouped into jobs and shards (before, it came from the offline cell
+	// of the same job, if any).
+	base := []string{"sweep", "--traces", tokenLengths, "--traces", growingBatch, "--policy", "cuda,best-fit,offline", "--progress", "none"}
 	whole := filepath.Join(dir, "whole")
 	if _, _, err := runCmd(t, append(base, "-o", whole)...); err != nil {
 		t.Fatal(err)
+	}
+	for _, r := range readResults(t, filepath.Join(whole, "results.json")) {
+		if r.PeakOffline == 0 {
+			t.Errorf("%s x %s: no offline peak", r.Trace, r.Policy)
+		}
 	}
 	out := filepath.Join(dir, "array")
 	t.Setenv("SLURM_ARRAY_TASK_COUNT", "2")
@@ -295,7 +304,7 @@ func TestSweepSchedulerShards(t *testing.T) {
 	}
 	// Run again, as after a preemption: nothing to do.
 	stdout, _, err := runCmd(t, append(base, "--shard", "auto", "-o", out)...)
-	if err != nil || !strings.Contains(stdout, "0 run, 2 already done") {
+	if err != nil || !strings.Contains(stdout, "0 run, 3 already done") {
 		t.Errorf("task 1 again: %v\n%s", err, stdout)
 	}
 	t.Setenv("SLURM_ARRAY_TASK_ID", "")

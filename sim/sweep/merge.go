@@ -167,7 +167,8 @@ func settingsNote(s map[string]string) string {
 }
 
 // Results returns the results by plan and cell index, then those of
-// results files in input order.
+// results files in input order, with their PeakOffline from the offline
+// results among them (FillOffline).
 func (m *Merger) Results() []*sim.Result {
 	all := make([]*mergedResult, 0, len(m.byKey))
 	for _, mr := range m.byKey {
@@ -187,6 +188,7 @@ func (m *Merger) Results() []*sim.Result {
 	for i, mr := range all {
 		out[i] = mr.r
 	}
+	FillOffline(out)
 	return out
 }
 

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
@@ -268,8 +269,36 @@ func (s *Runner) runJob(j Job) Job {
 		cfgs[k] = sim.Config{Trace: c.Trace, Policy: c.Policy, Settings: c.Settings, Capacity: c.Capacity, AsRecorded: c.AsRecorded}
 	}
 	j.results, j.Err = RunFile(j.Trace, s.Open, cfgs...)
+	for _, r := range j.results {
+		// sim.Run gives it from an offline cell of the same job, which
+		// depends on the grouping: FillOffline sets it from the plan.
+		r.PeakOffline = 0
+	}
 	j.Elapsed = time.Since(start)
 	return j
+}
+
+// FillOffline sets each result's PeakOffline to the peak reserved bytes of
+// the offline policy's result among rs on the same trace at the same
+// capacity, where it served every malloc; a result with none keeps its
+// own. So a sweep's figures do not depend on how its cells were grouped
+// into jobs or shards.
+func FillOffline(rs []*sim.Result) {
+	type key struct {
+		trace    string
+		capacity uint64
+	}
+	peak := map[key]uint64{}
+	for _, r := range rs {
+		if r.Policy == policies.OfflineName && r.OOMs == 0 {
+			peak[key{r.Trace, r.Capacity}] = r.PeakReserved
+		}
+	}
+	for _, r := range rs {
+		if p, ok := peak[key{r.Trace, r.Capacity}]; ok {
+			r.PeakOffline = p
+		}
+	}
 }
 
 // RunFile replays the trace file at path, opened with opts, against each
@@ -290,7 +319,8 @@ func RunFile(path string, opts tracefile.Options, cfgs ...sim.Config) ([]*sim.Re
 
 // WriteResults writes results.json and results.csv with every finished
 // cell of the plan, in plan order, atomically.
-// Results returns the results of the cells done, in plan order.
+// Results returns the results of the cells done, in plan order, with
+// their PeakOffline from the plan's offline cells (FillOffline).
 func (s *Runner) Results() []*sim.Result {
 	var rs []*sim.Result
 	for _, r := range s.results {
@@ -298,6 +328,7 @@ func (s *Runner) Results() []*sim.Result {
 			rs = append(rs, r)
 		}
 	}
+	FillOffline(rs)
 	return rs
 }
 
