@@ -31,12 +31,13 @@ rerun skips them), DIR/results.csv (a row per cell as it finishes) and, at the
 end, DIR/results.json (the shape of 'replay sim --json') and results.csv again
 in plan order. --shard i/n (0 <= i < n) runs every n-th cell from the i-th,
 for a job array; give each shard its own DIR and join them with
-'replay merge'. In a Slurm array task the shard is the task's
-(SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_COUNT), as with --shard auto; in a
-Kubernetes Indexed Job, --shard auto/N takes it from JOB_COMPLETION_INDEX, N
-the Job's completions. Either way the task writes into DIR/shard-i-of-n, and
-a task run again (after a failure or preemption) resumes there: finished
-cells are kept, partial ones never count.
+'replay merge'. In a Slurm array task (--array=0-N, numbered from 0) the
+shard is the task's, SLURM_ARRAY_TASK_ID of SLURM_ARRAY_TASK_MAX+1, as with
+--shard auto; in a Kubernetes Indexed Job, --shard auto/N takes it from
+JOB_COMPLETION_INDEX, N the Job's completions. Either way the task writes
+into DIR/shard-i-of-n, and a task run again (after a failure or preemption,
+sbatch --array=i alone) resumes there, the number of shards taken from the
+shard directories in DIR: finished cells are kept, partial ones never count.
 
 Flags:
 `
@@ -77,7 +78,14 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		if count < 0 {
 			return fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", auto)
 		}
-		i, n, found, err := sweep.SchedulerShard(os.Getenv, count)
+		done, err := sweep.ShardsIn(*outDir)
+		if err != nil {
+			return fmt.Errorf("--shard auto: %w", err)
+		}
+		if count > 0 && done > 0 && count != done {
+			return fmt.Errorf("--shard %s: %s holds the shards of an array of %d tasks", auto, *outDir, done)
+		}
+		i, n, found, err := sweep.SchedulerShard(os.Getenv, count, done)
 		switch {
 		case err != nil:
 			return fmt.Errorf("--shard auto: %w", err)

@@ -293,7 +293,8 @@ func TestSweepSchedulerShards(t *testing.T) {
 		}
 	}
 	out := filepath.Join(dir, "array")
-	t.Setenv("SLURM_ARRAY_TASK_COUNT", "2")
+	t.Setenv("SLURM_ARRAY_TASK_MIN", "0")
+	t.Setenv("SLURM_ARRAY_TASK_MAX", "1")
 	t.Setenv("SLURM_ARRAY_TASK_ID", "0")
 	if _, stderr, err := runCmd(t, append(base, "-o", out)...); err != nil || !strings.Contains(stderr, "sweep: shard 0/2 from the scheduler, into "+filepath.Join(out, "shard-0-of-2")) {
 		t.Fatalf("task 0: %v\n%s", err, stderr)
@@ -302,13 +303,16 @@ func TestSweepSchedulerShards(t *testing.T) {
 	if _, _, err := runCmd(t, append(base, "--shard", "auto", "-o", out)...); err != nil {
 		t.Fatal(err)
 	}
-	// Run again, as after a preemption: nothing to do.
+	// Run again alone (sbatch --array=1), as after a preemption: the
+	// array's size from the shard directories, nothing to do.
+	t.Setenv("SLURM_ARRAY_TASK_MIN", "1")
 	stdout, _, err := runCmd(t, append(base, "--shard", "auto", "-o", out)...)
-	if err != nil || !strings.Contains(stdout, "0 run, 3 already done") {
+	if err != nil || !strings.Contains(stdout, "shard 1/2: 3 of 6 cells") || !strings.Contains(stdout, "0 run, 3 already done") {
 		t.Errorf("task 1 again: %v\n%s", err, stdout)
 	}
-	t.Setenv("SLURM_ARRAY_TASK_ID", "")
-	t.Setenv("SLURM_ARRAY_TASK_COUNT", "")
+	for _, k := range []string{"SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_MAX"} {
+		t.Setenv(k, "")
+	}
 	merged := filepath.Join(dir, "merged")
 	if _, _, err := runCmd(t, "merge", "-o", merged, filepath.Join(out, "shard-0-of-2"), filepath.Join(out, "shard-1-of-2")); err != nil {
 		t.Fatal(err)
@@ -326,7 +330,7 @@ func TestSweepSchedulerShards(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "a shard given twice") || !strings.Contains(err.Error(), filepath.Join(out, "shard-1-of-2")) {
 		t.Errorf("a shard twice: %v", err)
 	}
-	if _, _, err := runCmd(t, append(base, "--shard", "auto", "-o", twice)...); err == nil || !strings.Contains(err.Error(), "give the Indexed Job's completions as --shard auto/N") {
+	if _, _, err := runCmd(t, append(base, "--shard", "auto", "-o", filepath.Join(dir, "fresh"))...); err == nil || !strings.Contains(err.Error(), "give the Indexed Job's completions as --shard auto/N") {
 		t.Errorf("an Indexed Job without its count: %v", err)
 	}
 }

@@ -184,72 +184,93 @@ func ParseShard(s string) (i, n int, err error) {
 }
 
 // SchedulerShard returns the shard a job array's task runs, from the
-// scheduler's environment (getenv): a Slurm array task
-// (SLURM_ARRAY_TASK_ID, counted from SLURM_ARRAY_TASK_MIN by
-// SLURM_ARRAY_TASK_STEP, of SLURM_ARRAY_TASK_COUNT tasks) or a Kubernetes
-// Indexed Job's pod (JOB_COMPLETION_INDEX, of count tasks: the Job's
-// completions, which its pods are not told). count 0 means none given.
-// found is false when neither scheduler's variables are set. It returns an
-// error naming the variable that is malformed, or for an Indexed Job
-// without a count.
-func SchedulerShard(getenv func(string) string, count int) (i, n int, found bool, err error) {
-	num := func(k string, def int) (int, error) {
+// scheduler's environment (getenv). A Slurm array task's index is its
+// SLURM_ARRAY_TASK_ID, the array numbered from 0 (--array=0-3), without a
+// step; a Kubernetes Indexed Job pod's is its JOB_COMPLETION_INDEX. The
+// number of shards is count when given (--shard auto/N; an Indexed Job's
+// completions, which its pods are not told), else done when the sweep's
+// directory already holds the shards of an earlier run of the array (a
+// task run again, alone or not: Slurm then tells the resubmitted array's
+// size, not the first one's), else the Slurm array's
+// (SLURM_ARRAY_TASK_MAX + 1, which a partial array, SLURM_ARRAY_TASK_MIN
+// above 0, cannot tell). found is false when neither scheduler's variables
+// are set. Errors name the variable or say what to give.
+func SchedulerShard(getenv func(string) string, count, done int) (i, n int, found bool, err error) {
+	num := func(k string) (int, error) {
 		v := strings.TrimSpace(getenv(k))
-		if v == "" {
-			return def, nil
-		}
 		x, err := strconv.Atoi(v)
 		if err != nil || x < 0 {
 			return 0, fmt.Errorf("%s=%q: not a task number", k, v)
 		}
 		return x, nil
 	}
-	if getenv("SLURM_ARRAY_TASK_ID") != "" {
-		id, err := num("SLURM_ARRAY_TASK_ID", 0)
+	switch {
+	case getenv("SLURM_ARRAY_TASK_ID") != "":
+		id, err := num("SLURM_ARRAY_TASK_ID")
 		if err != nil {
 			return 0, 0, true, err
 		}
-		lo, err := num("SLURM_ARRAY_TASK_MIN", 0)
-		if err != nil {
-			return 0, 0, true, err
+		if st := strings.TrimSpace(getenv("SLURM_ARRAY_TASK_STEP")); st != "" && st != "1" {
+			return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_STEP=%s: number the array's tasks 0, 1, 2, ... (--array=0-N without a step)", st)
 		}
-		step, err := num("SLURM_ARRAY_TASK_STEP", 1)
-		if err != nil || step == 0 {
-			return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_STEP=%q: not a step", getenv("SLURM_ARRAY_TASK_STEP"))
-		}
-		n, err := num("SLURM_ARRAY_TASK_COUNT", 0)
-		if err != nil {
-			return 0, 0, true, err
+		n := count
+		if n == 0 {
+			n = done
 		}
 		if n == 0 {
-			hi, err := num("SLURM_ARRAY_TASK_MAX", -1)
-			if err != nil || hi < lo {
-				return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_COUNT and SLURM_ARRAY_TASK_MAX unset: the array's size is unknown")
+			lo, err1 := num("SLURM_ARRAY_TASK_MIN")
+			hi, err2 := num("SLURM_ARRAY_TASK_MAX")
+			switch {
+			case err1 != nil:
+				return 0, 0, true, err1
+			case err2 != nil:
+				return 0, 0, true, err2
+			case lo != 0:
+				return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_MIN=%d: a part of an array whose size is unknown here; give it as --shard auto/N", lo)
 			}
-			n = (hi-lo)/step + 1
+			n = hi + 1
 		}
-		if count > 0 && count != n {
-			return 0, 0, true, fmt.Errorf("--shard auto/%d, but the Slurm array has %d tasks", count, n)
+		if id >= n {
+			return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_ID=%d: not a task of an array of %d", id, n)
 		}
-		if id < lo || (id-lo)%step != 0 || (id-lo)/step >= n {
-			return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_ID=%d: not a task of the array (min %d, step %d, %d tasks)", id, lo, step, n)
-		}
-		return (id - lo) / step, n, true, nil
-	}
-	if getenv("JOB_COMPLETION_INDEX") != "" {
-		id, err := num("JOB_COMPLETION_INDEX", 0)
+		return id, n, true, nil
+	case getenv("JOB_COMPLETION_INDEX") != "":
+		id, err := num("JOB_COMPLETION_INDEX")
 		if err != nil {
 			return 0, 0, true, err
 		}
-		if count == 0 {
+		n := count
+		if n == 0 {
+			n = done
+		}
+		if n == 0 {
 			return 0, 0, true, fmt.Errorf("JOB_COMPLETION_INDEX=%d: give the Indexed Job's completions as --shard auto/N", id)
 		}
-		if id >= count {
-			return 0, 0, true, fmt.Errorf("JOB_COMPLETION_INDEX=%d: not below the %d completions of --shard auto/%d", id, count, count)
+		if id >= n {
+			return 0, 0, true, fmt.Errorf("JOB_COMPLETION_INDEX=%d: not below the %d completions", id, n)
 		}
-		return id, count, true, nil
+		return id, n, true, nil
 	}
 	return 0, 0, false, nil
+}
+
+// ShardsIn returns the number of shards of the shard directories
+// (ShardDir) under dir, 0 if there are none; an error names two that
+// disagree.
+func ShardsIn(dir string) (int, error) {
+	names, _ := filepath.Glob(filepath.Join(dir, "shard-*-of-*"))
+	n, first := 0, ""
+	for _, name := range names {
+		var i, k int
+		if _, err := fmt.Sscanf(filepath.Base(name), "shard-%d-of-%d", &i, &k); err != nil || k < 1 {
+			continue
+		}
+		if n != 0 && k != n {
+			return 0, fmt.Errorf("%s holds the shards of arrays of %d (%s) and %d tasks (%s)", dir, n, first, k, name)
+		}
+		n, first = k, name
+	}
+	return n, nil
 }
 
 // ShardDir is the directory a scheduler's task writes under the sweep's

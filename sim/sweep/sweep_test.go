@@ -242,29 +242,42 @@ func TestInterruptedKeepsCells(t *testing.T) {
 
 func TestSchedulerShard(t *testing.T) {
 	for _, tc := range []struct {
-		env   map[string]string
-		count int
-		i, n  int
-		found bool
-		err   string
+		env         map[string]string
+		count, done int
+		i, n        int
+		found       bool
+		err         string
 	}{
-		{map[string]string{"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4"}, 0, 2, 4, true, ""},
-		{map[string]string{"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_MIN": "5", "SLURM_ARRAY_TASK_MAX": "8"}, 0, 2, 4, true, ""},
-		{map[string]string{"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_STEP": "2", "SLURM_ARRAY_TASK_COUNT": "4"}, 0, 3, 4, true, ""},
-		{map[string]string{"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4"}, 0, 0, 0, true, "SLURM_ARRAY_TASK_ID=5: not a task of the array (min 0, step 1, 4 tasks)"},
-		{map[string]string{"SLURM_ARRAY_TASK_ID": "x"}, 0, 0, 0, true, `SLURM_ARRAY_TASK_ID="x": not a task number`},
-		{map[string]string{"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "4"}, 3, 0, 0, true, "--shard auto/3, but the Slurm array has 4 tasks"},
-		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 4, 3, 4, true, ""},
-		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 0, 0, 0, true, "JOB_COMPLETION_INDEX=3: give the Indexed Job's completions as --shard auto/N"},
-		{map[string]string{"JOB_COMPLETION_INDEX": "4"}, 4, 0, 0, true, "JOB_COMPLETION_INDEX=4: not below the 4 completions of --shard auto/4"},
-		{map[string]string{}, 0, 0, 0, false, ""},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "3"}, 0, 0, 2, 4, true, ""},
+		// Task 2 resubmitted alone: the array's size from its shard directories.
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "2", "SLURM_ARRAY_TASK_MAX": "2"}, 0, 4, 2, 4, true, ""},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "2", "SLURM_ARRAY_TASK_MAX": "2"}, 0, 0, 0, 0, true, "SLURM_ARRAY_TASK_MIN=2: a part of an array whose size is unknown here; give it as --shard auto/N"},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "2", "SLURM_ARRAY_TASK_MAX": "2"}, 4, 0, 2, 4, true, ""},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "6", "SLURM_ARRAY_TASK_STEP": "2"}, 0, 0, 0, 0, true, "SLURM_ARRAY_TASK_STEP=2: number the array's tasks 0, 1, 2, ... (--array=0-N without a step)"},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "3"}, 0, 4, 0, 0, true, "SLURM_ARRAY_TASK_ID=5: not a task of an array of 4"},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "x"}, 0, 0, 0, 0, true, `SLURM_ARRAY_TASK_ID="x": not a task number`},
+		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 4, 0, 3, 4, true, ""},
+		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 0, 4, 3, 4, true, ""},
+		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 0, 0, 0, 0, true, "JOB_COMPLETION_INDEX=3: give the Indexed Job's completions as --shard auto/N"},
+		{map[string]string{"JOB_COMPLETION_INDEX": "4"}, 4, 0, 0, 0, true, "JOB_COMPLETION_INDEX=4: not below the 4 completions"},
+		{map[string]string{}, 0, 0, 0, 0, false, ""},
 	} {
-		i, n, found, err := SchedulerShard(func(k string) string { return tc.env[k] }, tc.count)
+		i, n, found, err := SchedulerShard(func(k string) string { return tc.env[k] }, tc.count, tc.done)
 		if msg := fmt.Sprint(err); tc.err == "" && err != nil || tc.err != "" && msg != tc.err || i != tc.i || n != tc.n || found != tc.found {
-			t.Errorf("%v, count %d: %d/%d found %v err %v; want %d/%d %v %q", tc.env, tc.count, i, n, found, err, tc.i, tc.n, tc.found, tc.err)
+			t.Errorf("%v, count %d, done %d: %d/%d found %v err %v; want %d/%d %v %q", tc.env, tc.count, tc.done, i, n, found, err, tc.i, tc.n, tc.found, tc.err)
 		}
 	}
-	if got := ShardDir("out", 2, 4); got != filepath.Join("out", "shard-2-of-4") {
-		t.Errorf("ShardDir: %s", got)
+	dir := t.TempDir()
+	if n, err := ShardsIn(dir); n != 0 || err != nil {
+		t.Errorf("ShardsIn of an empty directory: %d, %v", n, err)
+	}
+	os.MkdirAll(ShardDir(dir, 0, 4), 0o755)
+	os.MkdirAll(ShardDir(dir, 3, 4), 0o755)
+	if n, err := ShardsIn(dir); n != 4 || err != nil {
+		t.Errorf("ShardsIn: %d, %v", n, err)
+	}
+	os.MkdirAll(ShardDir(dir, 1, 2), 0o755)
+	if _, err := ShardsIn(dir); err == nil {
+		t.Error("ShardsIn of shards of 2 and of 4: no error")
 	}
 }
