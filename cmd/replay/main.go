@@ -57,6 +57,8 @@ Commands:
          replay merge [--partial] -o DIR SHARD_DIR|RESULTS.json...
   fit    the smallest device capacity each policy runs a trace in without an OOM, and the cards it fits
          replay fit [--policy LIST|all] [--set NAME.key=value] [--json FILE] TRACE...
+  tune   search PyTorch's allocator settings (PYTORCH_CUDA_ALLOC_CONF) for a trace under a cap or a card
+         replay tune [--capacity SIZE | --card SIZE] [--grid KEY=v1,v2,...] [--json FILE] TRACE...
   report one self-contained HTML page of tables and charts from results of sim, gpu, fit or sweep
          replay report -o report.html [--plots DIR] RESULTS.json...
   fidelity  replay traces as recorded and compare with the recording event by event (exit 1 if any differs)
@@ -98,6 +100,8 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runMerge(stdout, stderr, args[1:])
 	case "fit":
 		return runFit(stdout, stderr, args[1:])
+	case "tune":
+		return runTune(stdout, stderr, args[1:])
 	case "report":
 		return runReport(stdout, stderr, args[1:])
 	case "policies":
