@@ -156,6 +156,14 @@ func genTrace(t *rapid.T) []trace.Event {
 			s := live[i].stream
 			if rapid.IntRange(0, 4).Draw(t, "otherStream") == 0 {
 				s = stream("freeStream")
+				if s != live[i].stream {
+					// As a program must (replay check): order the
+					// freeing stream after the malloc's first.
+					ev := nextEvent
+					nextEvent++
+					emit(trace.Event{Op: trace.OpEventRecord, Addr: ev, Stream: live[i].stream})
+					emit(trace.Event{Op: trace.OpStreamWaitEvent, Addr: ev, Stream: s})
+				}
 			}
 			free(i, s)
 		default:
