@@ -68,7 +68,10 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	if *capacity != "" && *card != "" {
 		return fmt.Errorf("tune: --capacity and --card are exclusive")
 	}
-	base := sim.Config{Policy: "pytorch", CardCapacity: *capacity == "" && *card == ""}
+	// As recorded: the candidates replace the recorded settings, and the
+	// replay follows the program's own actions (empty_cache, late frees),
+	// which is what made the H200 runs of the recommended settings match.
+	base := sim.Config{Policy: "pytorch", AsRecorded: true, CardCapacity: *capacity == "" && *card == ""}
 	switch {
 	case *capacity != "":
 		b, err := policies.ParseSize(*capacity)
@@ -125,9 +128,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		cfg := base
 		cfg.Trace = path
 		// The recorded setting: the trace as recorded.
-		rec := cfg
-		rec.AsRecorded = true
-		rs, err := sim.Run(trace.NewSliceSource(h, evs), rec)
+		rs, err := sim.Run(trace.NewSliceSource(h, evs), cfg)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}

@@ -26,7 +26,7 @@ func TestTune(t *testing.T) {
 		t.Errorf("--json: %d results, want 180", len(rs))
 	}
 	sj := filepath.Join(t.TempDir(), "sim.json")
-	if _, _, err := runCmd(t, "sim", "--policy", "pytorch", "--as-recorded=false", "--set", "pytorch.conf="+m[1], "--json", sj, churn); err != nil {
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch", "--set", "pytorch.conf="+m[1], "--json", sj, churn); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := strconv.ParseUint(m[2], 10, 64)

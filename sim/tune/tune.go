@@ -134,8 +134,10 @@ func Rank(cs []Candidate) {
 // Run replays the trace h, evs under base (its policy, capacity and
 // card) with each setting string of confs, in up to jobs groups at a time
 // (each group one pass over the events), and returns the candidates in
-// the order of confs. base's Settings are replaced by {"conf": conf}, and
-// it is not replayed as recorded.
+// the order of confs. base's Settings are replaced by {"conf": conf}: as
+// recorded (base.AsRecorded) the string replaces the recorded settings
+// whole, and the replay still follows what the program did (its
+// empty_cache calls, its frees that completed late).
 // It returns the first error of a replay.
 func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, jobs int) ([]Candidate, error) {
 	jobs = max(1, min(jobs, len(confs)))
@@ -150,9 +152,7 @@ func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, job
 			var cfgs []sim.Config
 			for k := g; k < len(confs); k += jobs {
 				c := base
-				// Not as recorded: the recorded settings would override
-				// the candidate's string.
-				c.Settings, c.AsRecorded = map[string]string{"conf": confs[k]}, false
+				c.Settings = map[string]string{"conf": confs[k]}
 				idx, cfgs = append(idx, k), append(cfgs, c)
 			}
 			rs, err := sim.Run(trace.NewSliceSource(h, evs), cfgs...)

@@ -1,12 +1,14 @@
 package tune
 
 import (
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 func TestCandidates(t *testing.T) {
@@ -81,6 +83,61 @@ func TestRun(t *testing.T) {
 			if c.Conf != confs[k] || c.Result.PeakReserved != rs[0].PeakReserved || c.Result.OOMs != rs[0].OOMs || c.Result.DeviceAllocs != rs[0].DeviceAllocs {
 				t.Errorf("jobs %d, %q: %+v, alone %d reserved %d OOMs %d allocs", jobs, confs[k], c.Result, rs[0].PeakReserved, rs[0].OOMs, rs[0].DeviceAllocs)
 			}
+		}
+	}
+}
+
+// tuneH200 is tune's recommendations run on the H200 (PyTorch 2.11, CUDA
+// 13.0, driver 580.159; 2026-12-01): testdata/pytorch/record.py --child
+// WORKLOAD LABEL CAP OUT 7 with PYTORCH_CUDA_ALLOC_CONF set to the
+// recommended string, the real allocator's max_memory_reserved,
+// num_device_alloc and num_ooms. exact says the prediction from the
+// recorded trace must equal them: not where the run was capped and the
+// workload caught an OOM and went on differently (it retries smaller and
+// frees half of what it holds), which a trace of the other run cannot
+// show.
+var tuneH200 = []struct {
+	trace    string
+	capacity uint64
+	conf     string
+	reserved uint64
+	allocs   int64
+	ooms     int64
+	exact    bool
+}{
+	{"churn", 0, "roundup_power2_divisions:16,expandable_segments:True", 1746927616, 32, 0, true},
+	{"churn", 0, "roundup_power2_divisions:8,expandable_segments:True", 1788870656, 31, 0, true},
+	{"mlp", 0, "expandable_segments:True", 652214272, 42, 0, true},
+	{"churn_gc", 1454374912, "max_split_size_mb:256,expandable_segments:True", 1369440256, 31, 1, false},
+	{"churn_maxsplit", 1271922688, "max_split_size_mb:64,garbage_collection_threshold:0.6", 1222639616, 53, 1, false},
+	{"churn_oom", 818937856, "expandable_segments:True", 801112064, 28, 1, false},
+}
+
+// TestTuneH200: tune's predictions for the settings run on the H200 equal
+// the real allocator's figures where the workload did not react to an
+// OOM; the others are logged.
+func TestTuneH200(t *testing.T) {
+	for _, tc := range tuneH200 {
+		path := filepath.Join("..", "..", "testdata", "pytorch", tc.trace+".pickle.gz")
+		f, err := tracefile.Open(path, tracefile.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := f.Header()
+		evs, err := trace.ReadAll(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, err := Run(h, evs, sim.Config{Trace: path, Policy: "pytorch", AsRecorded: true, Capacity: tc.capacity}, []string{tc.conf}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := cs[0].Result
+		t.Logf("%s %q: predicted %d bytes, %d allocs, %d OOMs; H200 %d, %d, %d", tc.trace, tc.conf, r.PeakReserved, r.DeviceAllocs, r.OOMs, tc.reserved, tc.allocs, tc.ooms)
+		if tc.exact && (r.PeakReserved != tc.reserved || r.DeviceAllocs != tc.allocs || r.OOMs != tc.ooms) {
+			t.Errorf("%s %q: predicted %d bytes, %d device allocations, %d OOMs; the H200 run had %d, %d, %d",
+				tc.trace, tc.conf, r.PeakReserved, r.DeviceAllocs, r.OOMs, tc.reserved, tc.allocs, tc.ooms)
 		}
 	}
 }
