@@ -440,7 +440,9 @@ func TestErrorFreesEverything(t *testing.T) {
 }
 
 // TestInterrupt cancels the replay as on Ctrl-C: the result covers the
-// events replayed and everything is freed.
+// events replayed (none, cancelled before the first: as when Ctrl-C comes
+// while a snapshot is read; before, the first batch ran anyway and it said
+// "interrupted after 256 events") and everything is freed.
 func TestInterrupt(t *testing.T) {
 	rt := fakeRuntime(t, "")
 	var b strings.Builder
@@ -450,7 +452,7 @@ func TestInterrupt(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	res, err := Replay(ctx, rt, textTrace(t, b.String()), Config{Policy: TargetCUDAAsync, MaxBytes: 1 << 20})
-	if !errors.Is(err, context.Canceled) || res == nil || !res.Interrupted || res.Events != 256 {
+	if !errors.Is(err, context.Canceled) || res == nil || !res.Interrupted || res.Events != 0 {
 		t.Fatalf("got %v, %+v", err, res)
 	}
 	// With the simulation alongside: it is not reported for part of a trace.

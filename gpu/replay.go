@@ -226,6 +226,12 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 			}
 			buf = append(buf, ev)
 		}
+		if ctx.Err() != nil {
+			// Interrupted while the trace was read (a snapshot is read
+			// whole first): before this chunk's first event.
+			r.res.Interrupted = true
+			return nil, ctx.Err()
+		}
 		start := i
 		// Hold the garbage collector off while the device calls run, so
 		// that its assists and pauses stay out of the timings; the chunk

@@ -79,7 +79,10 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 			fmt.Fprintf(w, "C loop of the same %d calls: %.3f ms plain (median; %.3f ms timing each call, %.3f ms in the calls); harness %.3f ms (median): %.0f ns per call over the plain loop (median of the runs, each against its own loop); outside the calls %.0f ns per call in the harness, %.0f in the timed loop\n",
 				c.Calls, ms(c.WallNS), ms(c.TimedWallNS), ms(c.CallsNS), ms(c.HarnessWallNS), c.OverheadPerCallNS, c.OutsideCallsPerCallNS, c.LoopOutsideCallsPerCallNS)
 		}
-		if r.Interrupted {
+		switch {
+		case r.Interrupted && r.Events == 0:
+			fmt.Fprintf(w, "interrupted before the first event was replayed (while the trace was read)\n")
+		case r.Interrupted:
 			fmt.Fprintf(w, "interrupted after %d events\n", r.Events)
 		}
 		if r.Anomalies > 0 {
