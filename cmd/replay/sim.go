@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -36,6 +37,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
+	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies replayed at once, each group of them one pass over the trace (the results are the same)")
 	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it, and exit non-zero with nothing written on any warning")
 	costModel := fs.String("cost-model", "", "charge the device calls to the cost model in `FILE` (from replay calibrate) instead of the embedded H200 one")
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
@@ -54,6 +56,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	capBytes, err := policies.ParseSize(*capacity)
 	if err != nil {
 		return fmt.Errorf("--capacity: %v", err)
+	}
+	if *jobs < 1 {
+		return fmt.Errorf("-j %d: want at least 1", *jobs)
 	}
 	names, err := policyNames(*policyList)
 	if err != nil {
@@ -80,7 +85,11 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		if err != nil {
 			return err
 		}
-		res, err := sweep.RunFile(path, tracefile.Options{From: *from, Device: *device}, cfgs...)
+		j := *jobs
+		if *vizOut != "" {
+			j = 1 // one history recorder for the trace's policies
+		}
+		res, err := sweep.RunFileParallel(path, tracefile.Options{From: *from, Device: *device}, j, cfgs...)
 		if err == nil {
 			err = tracefile.NameError(path, vr.finish())
 		} else {

@@ -10,11 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -315,6 +317,133 @@ func RunFile(path string, opts tracefile.Options, cfgs ...sim.Config) ([]*sim.Re
 		return nil, tracefile.NameError(path, err)
 	}
 	return rs, nil
+}
+
+// RunFileParallel is RunFile with cfgs split into up to jobs groups that
+// replay at once, each group one pass over the trace, which is decoded
+// once for all of them (fanSource): the same results, in the same order.
+// Each result's PeakOffline is the offline config's peak, as sim.Run gives
+// it across all its configs. It returns the error of the first group (in
+// config order) that failed, or the trace's read error.
+func RunFileParallel(path string, opts tracefile.Options, jobs int, cfgs ...sim.Config) ([]*sim.Result, error) {
+	jobs = min(jobs, len(cfgs))
+	if jobs <= 1 {
+		return RunFile(path, opts, cfgs...)
+	}
+	f, err := tracefile.Open(path, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	chans := make([]chan []trace.Event, jobs)
+	for g := range chans {
+		chans[g] = make(chan []trace.Event, 8)
+	}
+	var readErr error
+	go func() {
+		// The decoder: each chunk of events to every group.
+		defer func() {
+			for _, c := range chans {
+				close(c)
+			}
+		}()
+		for {
+			chunk := make([]trace.Event, 0, 4096)
+			for len(chunk) < cap(chunk) {
+				ev, err := f.Next()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					readErr = err
+					break
+				}
+				chunk = append(chunk, ev)
+			}
+			if len(chunk) > 0 {
+				for _, c := range chans {
+					c <- chunk
+				}
+			}
+			if len(chunk) < cap(chunk) {
+				return
+			}
+		}
+	}()
+	out := make([]*sim.Result, len(cfgs))
+	errs := make([]error, jobs)
+	var wg sync.WaitGroup
+	for g := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := &fanSource{h: f.Header(), ch: chans[g], err: &readErr}
+			defer func() {
+				for range chans[g] {
+					// A group that stopped early lets the decoder go on.
+				}
+			}()
+			var idx []int
+			var group []sim.Config
+			for k := g; k < len(cfgs); k += jobs {
+				idx, group = append(idx, k), append(group, cfgs[k])
+			}
+			rs, err := sim.Run(src, group...)
+			if err != nil {
+				errs[g] = tracefile.NameError(path, err)
+				return
+			}
+			for n, k := range idx {
+				out[k] = rs[n]
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	for _, r := range out {
+		r.PeakOffline = 0
+	}
+	for _, r := range out {
+		if r.Policy == policies.OfflineName && r.OOMs == 0 {
+			for _, o := range out {
+				o.PeakOffline = r.PeakReserved
+			}
+			break
+		}
+	}
+	return out, nil
+}
+
+// fanSource is one group's view of a trace that one decoder reads for
+// several: the chunks of events it sends, then the decoder's error (read
+// once the channel is closed) or io.EOF.
+type fanSource struct {
+	h   trace.Header
+	ch  <-chan []trace.Event
+	cur []trace.Event
+	err *error
+}
+
+func (s *fanSource) Header() trace.Header { return s.h }
+
+func (s *fanSource) Next() (trace.Event, error) {
+	for len(s.cur) == 0 {
+		c, ok := <-s.ch
+		if !ok {
+			if *s.err != nil {
+				return trace.Event{}, *s.err
+			}
+			return trace.Event{}, io.EOF
+		}
+		s.cur = c
+	}
+	ev := s.cur[0]
+	s.cur = s.cur[1:]
+	return ev, nil
 }
 
 // WriteResults writes results.json and results.csv with every finished

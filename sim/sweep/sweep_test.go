@@ -2,6 +2,8 @@ package sweep
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,7 +13,9 @@ import (
 	"testing"
 
 	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 const tokenLengths = "../../testdata/pytorch/token_lengths.pickle.gz"
@@ -279,5 +283,38 @@ func TestSchedulerShard(t *testing.T) {
 	os.MkdirAll(ShardDir(dir, 1, 2), 0o755)
 	if _, err := ShardsIn(dir); err == nil {
 		t.Error("ShardsIn of shards of 2 and of 4: no error")
+	}
+}
+
+// TestRunFileParallel: the policies split into groups that replay at once
+// from one decoder give RunFile's results, byte for byte in JSON, offline's
+// peak on every result included.
+func TestRunFileParallel(t *testing.T) {
+	names := policies.Names()
+	for _, path := range []string{tokenLengths, "../../testdata/pytorch/multistream.pickle.gz", "../../testdata/pytorch/churn.pickle.gz"} {
+		cfgs := make([]sim.Config, len(names))
+		for k, n := range names {
+			cfgs[k] = sim.Config{Trace: path, Policy: n, AsRecorded: true}
+		}
+		want, err := RunFile(path, tracefile.Options{}, cfgs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wj, _ := json.Marshal(want)
+		for _, jobs := range []int{2, 3, 7} {
+			got, err := RunFileParallel(path, tracefile.Options{}, jobs, cfgs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gj, _ := json.Marshal(got); !bytes.Equal(gj, wj) {
+				t.Errorf("%s, %d groups: results differ from one pass", path, jobs)
+			}
+		}
+	}
+	// A trace that cannot be read: the error, from every group alike.
+	bad := filepath.Join(t.TempDir(), "bad.txt")
+	os.WriteFile(bad, []byte("malloc id=1 size=1\nmalloc id=2 size=x\n"), 0o644)
+	if _, err := RunFileParallel(bad, tracefile.Options{}, 2, sim.Config{Policy: "cuda"}, sim.Config{Policy: "best-fit"}); err == nil || !strings.Contains(err.Error(), "bad.txt") {
+		t.Errorf("bad trace: %v", err)
 	}
 }
