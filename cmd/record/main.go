@@ -9,6 +9,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
 	"strings"
@@ -26,10 +27,11 @@ func main() {
 	}
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
 		fmt.Fprintf(os.Stderr, "record: %v\n", err)
-		// record run passes the program's exit status through.
-		var es *exitStatus
-		if errors.As(err, &es) {
-			os.Exit(es.ExitCode())
+		// record run passes the program's exit status through; a usage
+		// error exits 2.
+		var ec interface{ ExitCode() int }
+		if errors.As(err, &ec) {
+			os.Exit(ec.ExitCode())
 		}
 		os.Exit(1)
 	}
@@ -44,6 +46,9 @@ Commands:
            record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]
   synth    generate a synthetic workload (record synth --list describes them)
            record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT
+
+'record help COMMAND' shows a command's flags; 'record --version' the version.
+A usage error exits 2, any other error 1.
 `
 
 func run(stdout, stderr io.Writer, args []string) (err error) {
@@ -54,9 +59,12 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	}()
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("no command given")
+		return cli.UsageError{Err: fmt.Errorf("no command given")}
 	}
 	switch args[0] {
+	case "--version", "version":
+		fmt.Fprintln(stdout, cli.Version("record"))
+		return nil
 	case "import":
 		return runImport(stdout, stderr, args[1:])
 	case "run":
@@ -64,11 +72,15 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	case "synth":
 		return runSynth(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[0] == "help" {
+			// help CMD is CMD --help.
+			return run(stdout, stderr, []string{args[1], "--help"})
+		}
 		fmt.Fprint(stdout, usage)
 		return nil
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q", args[0])
+	return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
 }
 
 func runImport(stdout, stderr io.Writer, args []string) error {
@@ -81,7 +93,7 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
-		return err
+		return cli.UsageError{Err: err}
 	}
 	if *out == "" {
 		return fmt.Errorf("import: -o OUT is required")

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
 	"path/filepath"
@@ -56,7 +57,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
-		return err
+		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
 		return fmt.Errorf("run: no program given (record run [-o OUT] -- PROGRAM [ARGS...])")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"text/tabwriter"
 
@@ -49,7 +50,7 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
-		return err
+		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("calibrate: unexpected arguments %q", fs.Args())

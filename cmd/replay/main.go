@@ -15,6 +15,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"io"
 	"os"
@@ -66,7 +67,8 @@ Commands:
   policies  list the policies: the design each follows, its abilities, its settings with defaults
          replay policies [--json]
 
-Run 'replay COMMAND --help' for a command's flags.
+Run 'replay help COMMAND' (or 'replay COMMAND --help') for a command's flags, 'replay --version'
+for the version. A usage error exits 2, an interrupt 130, any other error 1.
 `
 
 // run is the whole command: it parses args (without the program name) and
@@ -79,9 +81,12 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	}()
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return fmt.Errorf("no command given")
+		return cli.UsageError{Err: fmt.Errorf("no command given")}
 	}
 	switch args[0] {
+	case "--version", "version":
+		fmt.Fprintln(stdout, cli.Version("replay"))
+		return nil
 	case "sim":
 		return runSim(stdout, stderr, args[1:])
 	case "fidelity":
@@ -107,9 +112,13 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	case "policies":
 		return runPolicies(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
+		if len(args) > 1 && args[0] == "help" {
+			// help CMD is CMD --help.
+			return run(stdout, stderr, []string{args[1], "--help"})
+		}
 		fmt.Fprint(stdout, usage)
 		return nil
 	}
 	fmt.Fprint(stderr, usage)
-	return fmt.Errorf("unknown command %q", args[0])
+	return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
 }

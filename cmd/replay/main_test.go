@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -190,5 +191,34 @@ func TestSimStrictAndCostModel(t *testing.T) {
 	}
 	if _, _, err := runCmd(t, "sim", "--cost-model", filepath.Join(dir, "none.csv"), splitFragOOM); err == nil || !strings.HasPrefix(err.Error(), "--cost-model: ") {
 		t.Errorf("missing cost model: %v", err)
+	}
+}
+
+// TestUsageExitAndVersion: a usage error (unknown flag or command, no
+// command) exits 2, a runtime error 1; --version names the trace format
+// and results versions; help CMD is CMD --help.
+func TestUsageExitAndVersion(t *testing.T) {
+	code := func(err error) int {
+		var ec interface{ ExitCode() int }
+		if errors.As(err, &ec) {
+			return ec.ExitCode()
+		}
+		return 1
+	}
+	for _, args := range [][]string{{"sim", "--bogus"}, {"nosuch"}, {}, {"tune", "--top", "x"}} {
+		if _, _, err := runCmd(t, args...); err == nil || code(err) != 2 {
+			t.Errorf("%v: %v (exit %d), want a usage error, exit 2", args, err, code(err))
+		}
+	}
+	if _, _, err := runCmd(t, "sim", "no-such-file.trace"); err == nil || code(err) != 1 {
+		t.Errorf("a missing trace: %v (exit %d), want exit 1", err, code(err))
+	}
+	out, _, err := runCmd(t, "--version")
+	if err != nil || !strings.HasPrefix(out, "replay (allocsim) ") || !strings.Contains(out, "; trace format version 1; results version 1\n") {
+		t.Errorf("--version: %v %q", err, out)
+	}
+	_, stderr, err := runCmd(t, "help", "fit")
+	if err != nil || !strings.HasPrefix(stderr, "usage: replay fit ") {
+		t.Errorf("help fit: %v\n%s", err, stderr)
 	}
 }

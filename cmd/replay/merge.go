@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"path/filepath"
 
@@ -37,7 +38,7 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
-		return err
+		return cli.UsageError{Err: err}
 	}
 	if *outDir == "" {
 		return fmt.Errorf("merge: no output directory (-o DIR)")

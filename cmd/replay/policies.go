@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 
 	"github.com/spf13/pflag"
@@ -24,7 +25,7 @@ func runPolicies(stdout, stderr io.Writer, args []string) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
-		return err
+		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("policies: takes no arguments, got %q", fs.Arg(0))

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
 	"path/filepath"
@@ -45,7 +46,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
-		return err
+		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
 		return fmt.Errorf("sim: no trace given")

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
 	"path/filepath"
@@ -65,7 +66,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
 		}
-		return err
+		return cli.UsageError{Err: err}
 	}
 	if *outDir == "" {
 		return fmt.Errorf("sweep: no output directory (-o DIR)")
