@@ -254,6 +254,38 @@ func (f field) String() string {
 // WriteText writes h and evs in the text form that ParseText reads.
 func WriteText(w io.Writer, h Header, evs []Event) error {
 	bw := bufio.NewWriter(w)
+	writeTextHeader(bw, h)
+	for _, ev := range evs {
+		bw.WriteString(FormatText(ev))
+		bw.WriteByte('\n')
+	}
+	return bw.Flush()
+}
+
+// WriteTextSource writes the header and events of src in the text form,
+// one event at a time, and returns the number of events written and the
+// first error of src or w.
+func WriteTextSource(w io.Writer, src Source) (n int64, err error) {
+	bw := bufio.NewWriter(w)
+	writeTextHeader(bw, src.Header())
+	for {
+		ev, err := src.Next()
+		if err == io.EOF {
+			return n, bw.Flush()
+		}
+		if err != nil {
+			return n, err
+		}
+		bw.WriteString(FormatText(ev))
+		if err := bw.WriteByte('\n'); err != nil {
+			return n, err
+		}
+		n++
+	}
+}
+
+// writeTextHeader writes h's line of the text form.
+func writeTextHeader(bw *bufio.Writer, h Header) {
 	fmt.Fprintf(bw, "header source=%s", quoteIfNeeded(h.Source))
 	if h.Device != "" {
 		fmt.Fprintf(bw, " device=%s", quoteIfNeeded(h.Device))
@@ -268,11 +300,6 @@ func WriteText(w io.Writer, h Header, evs []Event) error {
 		fmt.Fprintf(bw, " meta.%s=%s", quoteIfNeeded(k), quoteIfNeeded(h.Metadata[k]))
 	}
 	bw.WriteByte('\n')
-	for _, ev := range evs {
-		bw.WriteString(FormatText(ev))
-		bw.WriteByte('\n')
-	}
-	return bw.Flush()
 }
 
 // FormatText returns ev as one line of the text form, without a newline.

@@ -49,6 +49,8 @@ Commands:
          replay calibrate [-o FILE] [--cudart PATH] [--max-size SIZE] [--n N]
   stats  summarize traces: counts by op, sizes, lifetimes, peak live bytes, streams, threads
          replay stats [--json] [--top N] TRACE...
+  dump   print a trace in the text form
+         replay dump [--from FORMAT] [--device N] TRACE
   check  validate traces and list the allocations live at their end (exit 1 if any)
          replay check [--limit N] TRACE...
   sweep  replay every (trace, policy, setting, capacity) in parallel, resumable, into a directory
@@ -93,6 +95,8 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runFidelity(stdout, stderr, args[1:])
 	case "stats":
 		return runStats(stdout, stderr, args[1:])
+	case "dump":
+		return runDump(stdout, stderr, args[1:])
 	case "check":
 		return runCheck(stdout, stderr, args[1:])
 	case "gpu":

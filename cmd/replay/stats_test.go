@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 const statsTrace = `header source=text
@@ -162,5 +164,30 @@ malloc id=1 size=1GiB t=0
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
 		}
+	}
+}
+
+// TestDump: a native trace dumped in the text form reads back as the same
+// header and events.
+func TestDump(t *testing.T) {
+	dir := t.TempDir()
+	native := filepath.Join(dir, "t.trace")
+	h, evs, err := trace.ParseText("t.txt", strings.NewReader(statsTrace))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tracefile.WriteSource(native, trace.NewSliceSource(h, evs)); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runCmd(t, "dump", native)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2, evs2, err := trace.ParseText("dump", strings.NewReader(out))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if !reflect.DeepEqual(evs2, evs) || h2.Source != h.Source {
+		t.Errorf("dump reads back as\n%v\n%+v\nwant\n%v\n%+v", h2, evs2, h, evs)
 	}
 }
