@@ -83,10 +83,23 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
 }
 
+const importUsage = `usage: record import [--from FORMAT] [--device N] -o OUT|- INPUT
+
+Converts a trace (a PyTorch snapshot, plain or gzipped; an RMM log; a
+MiniMalloc CSV; the text form; a native trace) to the native format, written
+atomically to OUT, or to stdout with -o -. OUT may not be the input.
+
+Flags:
+`
+
 func runImport(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("import", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	from := fs.String("from", "auto", "input format: auto, "+strings.Join(tracefile.Formats, ", "))
+	fs.Usage = func() {
+		fmt.Fprint(stderr, importUsage)
+		fs.PrintDefaults()
+	}
+	from := fs.String("from", "auto", "input `FORMAT`: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device to import from a multi-device snapshot")
 	out := fs.StringP("output", "o", "", "write the native trace to `OUT` (- for stdout)")
 	if err := fs.Parse(args); err != nil {

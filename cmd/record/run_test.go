@@ -178,3 +178,14 @@ func TestImportToStdout(t *testing.T) {
 		t.Errorf("%d events read back: %v", len(evs), err)
 	}
 }
+
+// TestRecordHelp: every record command's --help has a synopsis, and no
+// flag shows a bare "string" for its value.
+func TestRecordHelp(t *testing.T) {
+	for _, cmd := range []string{"import", "run", "synth"} {
+		_, stderr, err := runCmd(t, cmd, "--help")
+		if err != nil || !strings.HasPrefix(stderr, "usage: record "+cmd) || strings.Contains(stderr, " string ") {
+			t.Errorf("record %s --help: %v\n%s", cmd, err, stderr)
+		}
+	}
+}

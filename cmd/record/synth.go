@@ -6,6 +6,7 @@ import (
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -18,15 +19,19 @@ import (
 func runSynth(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("synth", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	workload := fs.String("workload", "", "the workload to generate: "+strings.Join(synth.Names(), ", "))
+	workload := fs.String("workload", "", "the workload `NAME` to generate: "+strings.Join(synth.Names(), ", "))
 	seed := fs.Uint64("seed", 1, "random seed")
 	out := fs.StringP("output", "o", "", "write the native trace to `OUT`")
 	list := fs.Bool("list", false, "list the workloads and their parameters")
 	// Every workload parameter is a flag; defaults differ per workload.
 	owners := map[string][]string{}
+	kinds := map[string]string{} // the value's kind, from a default: N, SIZE or X
 	for _, w := range synth.Workloads {
 		for _, p := range w.Params {
 			owners[p.Name] = append(owners[p.Name], w.Name)
+			if _, ok := kinds[p.Name]; !ok {
+				kinds[p.Name] = valueKind(p.Default)
+			}
 		}
 	}
 	names := make([]string, 0, len(owners))
@@ -36,7 +41,7 @@ func runSynth(stdout, stderr io.Writer, args []string) error {
 	sort.Strings(names)
 	vals := map[string]*string{}
 	for _, n := range names {
-		vals[n] = fs.String(n, "", "parameter of "+strings.Join(owners[n], ", ")+" (see --list)")
+		vals[n] = fs.String(n, "", "a parameter of "+strings.Join(owners[n], ", ")+" (see --list): `"+kinds[n]+"`")
 	}
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "usage: record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT\n       record synth --list\n")
@@ -110,4 +115,16 @@ func wrap(s string, width int) string {
 		line += len(word)
 	}
 	return b.String()
+}
+
+// valueKind names the kind of a parameter's value from its default: N for
+// a whole number, SIZE for bytes with a unit (64MiB), X for a fraction.
+func valueKind(def string) string {
+	if _, err := strconv.ParseInt(def, 10, 64); err == nil {
+		return "N"
+	}
+	if _, err := strconv.ParseFloat(def, 64); err == nil {
+		return "X"
+	}
+	return "SIZE"
 }

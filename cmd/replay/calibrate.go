@@ -39,8 +39,8 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	fs.Usage = func() { fmt.Fprint(stderr, calibrateUsage); fs.PrintDefaults() }
 	out := fs.StringP("output", "o", "", "write the cost model to `FILE` (default: stdout)")
 	cudart := fs.String("cudart", "", "`PATH` of the CUDA runtime library")
-	maxSize := fs.String("max-size", "4GiB", "largest size measured")
-	maxBytes := fs.String("max-bytes", "0", "device memory held at once, never exceeded (0: free memory at the start minus 1 GiB)")
+	maxSize := fs.String("max-size", "4GiB", "largest `SIZE` measured")
+	maxBytes := fs.String("max-bytes", "0", "device memory `SIZE` held at once, never exceeded (0: free memory at the start minus 1 GiB)")
 	n := fs.Int("n", 100, "calls per size up to 256 MiB (fewer above)")
 	events := fs.Int("workload-events", 50000, "events of each workload replayed for the sub-allocation costs")
 	wakeReps := fs.Int("wake-reps", 7, "calls timed at each idle time for the wake-up curves")

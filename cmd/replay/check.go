@@ -13,6 +13,17 @@ import (
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
+const checkUsage = `usage: replay check [--limit N] [--from FORMAT] [--device N] TRACE...
+
+Validates each trace (double and unknown frees, mallocs of live addresses,
+of 0 bytes or over 1 PiB, time going backwards, waits on events never
+recorded, frees on a stream nothing orders after the malloc's) and lists
+what is live at its end: leaks for a record run trace of a program that
+exited (exit 1), live at the end for a snapshot taken while the job ran.
+
+Flags:
+`
+
 // runCheck validates traces and lists the allocations live at their end.
 // It returns an error, so that replay exits with 1, when a trace has a
 // problem or a leak: an allocation live at the end of a trace that runs to
@@ -21,7 +32,11 @@ import (
 func runCheck(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("check", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	fs.Usage = func() {
+		fmt.Fprint(stderr, checkUsage)
+		fs.PrintDefaults()
+	}
+	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to read from multi-device traces")
 	limit := fs.Int("limit", 20, "list at most `N` problems and N allocations live at the end per trace (0: all)")
 	if err := fs.Parse(args); err != nil {

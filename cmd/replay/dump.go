@@ -29,7 +29,7 @@ func runDump(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprint(stderr, dumpUsage)
 		fs.PrintDefaults()
 	}
-	from := fs.String("from", "auto", "format of the trace: auto, "+strings.Join(tracefile.Formats, ", "))
+	from := fs.String("from", "auto", "`FORMAT` of the trace: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to dump from a multi-device trace")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

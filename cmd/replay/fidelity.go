@@ -23,13 +23,18 @@ import (
 func runFidelity(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("fidelity", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	capacity := fs.String("capacity", "0", "device capacity: bytes or a size like 4000MiB (the recording's memory cap; 0 = none)")
-	policy := fs.String("policy", "pytorch", "the policy that simulates the recorded allocator")
-	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	capacity := fs.String("capacity", "0", "device capacity `SIZE`: bytes or a size like 4000MiB (the recording's memory cap; 0 = none)")
+	policy := fs.String("policy", "pytorch", "the `POLICY` that simulates the recorded allocator")
+	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: replay fidelity [--capacity SIZE] TRACE...")
-		fmt.Fprintln(stderr, "Replays each trace as recorded and compares the simulated device calls and placements with the recorded ones, event by event.")
+		fmt.Fprint(stderr, `usage: replay fidelity [--policy NAME] [--capacity SIZE] [--from FORMAT] [--device N] TRACE...
+
+Replays each trace as recorded and compares the simulated device calls and
+placements with the recorded ones, event by event (exit 1 if any differs).
+
+Flags:
+`)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -44,13 +44,13 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprint(stderr, fitUsage)
 		fs.PrintDefaults()
 	}
-	policyList := fs.String("policy", "all", "policies: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
-	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
-	cardList := fs.String("cards", fit.DefaultCards, "card sizes to answer for (GB are 10^9 bytes)")
-	contextSize := fs.String("context", strconv.FormatUint(fit.DefaultContext, 10), "bytes of a card the device's context holds before the first allocation (the H200's measured; a card's memory less this holds the footprint)")
+	policyList := fs.String("policy", "all", "policies, a comma-separated `LIST` of names, or all ("+strings.Join(policies.Names(), ", ")+")")
+	sets := fs.StringArray("set", nil, "a policy setting `NAME.key=value` (repeatable)")
+	cardList := fs.String("cards", fit.DefaultCards, "card `SIZES` to answer for, comma-separated (GB are 10^9 bytes)")
+	contextSize := fs.String("context", strconv.FormatUint(fit.DefaultContext, 10), "`BYTES` of a card the device's context holds before the first allocation (the H200's measured; a card's memory less this holds the footprint)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies searched in parallel")
-	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {

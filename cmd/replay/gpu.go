@@ -35,13 +35,13 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("gpu", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, gpuUsage); fs.PrintDefaults() }
-	policyList := fs.String("policy", gpu.TargetCUDA, "targets, comma-separated, or all: "+strings.Join(gpu.Targets(), ", "))
-	sets := fs.StringArray("set", nil, "a setting NAME.key=value (repeatable), e.g. cuda-async.release_threshold=max, cuda-async.pool=default")
+	policyList := fs.String("policy", gpu.TargetCUDA, "targets, a comma-separated `LIST`, or all: "+strings.Join(gpu.Targets(), ", "))
+	sets := fs.StringArray("set", nil, "a setting `NAME.key=value` (repeatable), e.g. cuda-async.release_threshold=max, cuda-async.pool=default")
 	cudart := fs.String("cudart", "", "`PATH` of the CUDA runtime library (default: the first of "+strings.Join(gpu.DefaultLibraries, ", ")+")")
-	maxBytes := fs.String("max-bytes", "0", "device memory the replay may hold, never exceeded (0: free memory at the start minus --margin)")
-	margin := fs.String("margin", "1GiB", "memory left free when --max-bytes is 0")
-	maxPinned := fs.String("max-pinned", "4GiB", "live pinned host memory the replay may hold")
-	costModel := fs.String("cost-model", "", "cost model CSV (from replay calibrate) for the simulation alongside (default: the embedded H200 model)")
+	maxBytes := fs.String("max-bytes", "0", "device memory `SIZE` the replay may hold, never exceeded (0: free memory at the start minus --margin)")
+	margin := fs.String("margin", "1GiB", "`SIZE` of memory left free when --max-bytes is 0")
+	maxPinned := fs.String("max-pinned", "4GiB", "live pinned host memory `SIZE` the replay may hold")
+	costModel := fs.String("cost-model", "", "cost model CSV `FILE` (from replay calibrate) for the simulation alongside (default: the embedded H200 model)")
 	noSim := fs.Bool("no-sim", false, "do not simulate alongside")
 	simOnly := fs.Bool("sim-only", false, "only simulate, with the cost model (no GPU needed)")
 	callsOut := fs.String("calls", "", "write every runtime call as CSV (call,size,ptr,ns,pool_reserved; the last for cuda-async) to `FILE`; with several runs, -TRACE-TARGET goes before its extension")
@@ -54,7 +54,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
 	table := fs.Bool("table", false, "print the table also when writing --json or --csv")
-	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

@@ -13,6 +13,14 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 )
 
+const policiesUsage = `usage: replay policies [--json]
+
+Lists every policy: the design it follows (and the source file of the real
+allocator it copies), its abilities, and its settings with their defaults.
+
+Flags:
+`
+
 // runPolicies lists every registered policy: the design it follows, its
 // abilities and its settings with their defaults, as a text table, or with
 // --json as {"policies": [...], "gpu_targets": [...]}, and the direct
@@ -20,6 +28,10 @@ import (
 func runPolicies(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("policies", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, policiesUsage)
+		fs.PrintDefaults()
+	}
 	jsonOut := fs.Bool("json", false, "print JSON instead of a table")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

@@ -38,7 +38,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	}
 	out := fs.StringP("out", "o", "", "write the page to `FILE` (required)")
 	plotDir := fs.String("plots", "", "also write every chart as PNG and SVG into `DIR`")
-	title := fs.String("title", "", "the page's title")
+	title := fs.String("title", "", "the page's `TITLE`")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil

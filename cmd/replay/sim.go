@@ -25,17 +25,37 @@ import (
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
+const simUsage = `usage: replay sim [--policy NAME[,NAME...]|all] [--capacity SIZE] [--set NAME.key=value]...
+                  [--json FILE] [--csv FILE] [--plots DIR] [--viz DIR] [-j N] TRACE...
+
+Replays each trace against the policies on a simulated device and prints,
+per trace and policy, the peak requested, allocated and reserved bytes and
+the device footprint (MiB), reserved against requested and against offline,
+fragmentation at the peak, device calls, simulated allocator time (ms, the
+H200 cost model), retries and OOMs. A recording is replayed as recorded
+(its allocator settings, its addresses); --set overrides one setting. The
+capacity holds the reserved bytes (a per-process cap); without --capacity a
+record run trace is replayed on its card, less the context. Warnings go to
+stderr and into the JSON.
+
+Flags:
+`
+
 func runSim(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	policyList := fs.String("policy", "all", "policies to replay: a comma-separated list of names, or all ("+strings.Join(policies.Names(), ", ")+")")
-	capacity := fs.String("capacity", "0", "device capacity: bytes or a size like 4000MiB, 24GiB (0 = unlimited; not given: the card a record run trace names, less its context)")
-	sets := fs.StringArray("set", nil, "a policy setting NAME.key=value (repeatable)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, simUsage)
+		fs.PrintDefaults()
+	}
+	policyList := fs.String("policy", "all", "policies to replay, a comma-separated `LIST` of names, or all ("+strings.Join(policies.Names(), ", ")+")")
+	capacity := fs.String("capacity", "0", "device capacity `SIZE`: bytes or a size like 4000MiB, 24GiB (0 = unlimited; not given: the card a record run trace names, less its context)")
+	sets := fs.StringArray("set", nil, "a policy setting `NAME.key=value` (repeatable)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE` (- for stdout)")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
 	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
-	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies replayed at once, each group of them one pass over the trace (the results are the same)")

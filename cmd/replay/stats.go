@@ -18,10 +18,23 @@ import (
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
+const statsUsage = `usage: replay stats [--json] [--top N] [--from FORMAT] [--device N] TRACE...
+
+Summarizes each trace: events by op, mallocs by kind, sizes (bytes, by power
+of two), lifetimes (events and ns), peak live bytes, streams and threads,
+and for a record run trace its card and calls by function.
+
+Flags:
+`
+
 func runStats(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("stats", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	from := fs.String("from", "auto", "format of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	fs.Usage = func() {
+		fmt.Fprint(stderr, statsUsage)
+		fs.PrintDefaults()
+	}
+	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to read from multi-device traces")
 	jsonOut := fs.Bool("json", false, "print JSON instead of tables")
 	top := fs.Int("top", 10, "list at most `N` streams and threads")
