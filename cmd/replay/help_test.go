@@ -43,3 +43,35 @@ func TestHelpGolden(t *testing.T) {
 		}
 	}
 }
+
+// TestCompactTableGolden: replay sim's default table, which fits 120
+// columns, on a small real snapshot; --wide has every column.
+func TestCompactTableGolden(t *testing.T) {
+	out, _, err := runCmd(t, "sim", "--policy", "pytorch,cuda,best-fit,bfc", "--capacity", "4194304000", splitFragOOM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "MiB") && len([]rune(line)) > 120 {
+			t.Errorf("a table line of %d columns: %q", len([]rune(line)), line)
+		}
+	}
+	path := filepath.Join("testdata", "help", "sim-table.golden")
+	if *updateHelp {
+		if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run TestCompactTableGolden -update-help)", err)
+	}
+	if out != string(want) {
+		t.Errorf("the table differs from %s:\n%s", path, out)
+	}
+	wide, _, err := runCmd(t, "sim", "--wide", "--policy", "pytorch", splitFragOOM)
+	if err != nil || !strings.Contains(wide, "first OOM (event, bytes)") || !strings.Contains(wide, "allocated MiB") {
+		t.Errorf("--wide: %v\n%s", err, wide)
+	}
+}

@@ -9,7 +9,7 @@ import (
 // --set over them, and says under the table which were used.
 func TestSimAsRecorded(t *testing.T) {
 	const snap = "../../testdata/pytorch/churn_maxsplit.pickle.gz"
-	out, errOut, err := runCmd(t, "sim", "--policy", "pytorch", "--capacity", "1271922688", snap)
+	out, errOut, err := runCmd(t, "sim", "--wide", "--policy", "pytorch", "--capacity", "1271922688", snap)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errOut)
 	}

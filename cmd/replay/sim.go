@@ -58,6 +58,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
+	wide := fs.Bool("wide", false, "print every column of the table (requested, allocated, retries, the first OOM...), not the compact one that fits 120 columns")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies replayed at once, each group of them one pass over the trace (the results are the same)")
 	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it, and exit non-zero with nothing written on any warning")
 	costModel := fs.String("cost-model", "", "charge the device calls to the cost model in `FILE` (from replay calibrate) instead of the embedded H200 one")
@@ -167,7 +168,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	}
 	// The table goes to stdout unless the JSON or CSV does.
 	if *jsonOut != "-" && *csvOut != "-" {
-		writeTable(stdout, results)
+		writeTable(stdout, results, *wide)
 		writeSettingsUsed(stdout, results, settings)
 	}
 	return nil
@@ -271,7 +272,11 @@ func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, 
 // mib formats bytes as MiB with one decimal (plots.MiBText).
 func mib(b uint64) string { return plots.MiBText(b) }
 
-func writeTable(w io.Writer, results []*sim.Result) {
+func writeTable(w io.Writer, results []*sim.Result, wide bool) {
+	if !wide {
+		writeCompactTable(w, results)
+		return
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\t1-allocated/reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	for _, r := range results {
@@ -295,6 +300,33 @@ func writeTable(w io.Writer, results []*sim.Result) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
 			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
 			ratio, vsOffline, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
+	}
+	tw.Flush()
+	writeNotes(w, results)
+}
+
+// writeCompactTable prints the table that fits 120 columns: per trace and
+// policy the peak reserved bytes and footprint (MiB), reserved against
+// the peak requested and against offline, fragmentation at the peak
+// (1 - allocated/reserved), device calls (allocations and frees),
+// simulated allocator time (ms) and OOMs; --wide prints every column.
+func writeCompactTable(w io.Writer, results []*sim.Result) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tcalls\talloc ms\tOOMs\t")
+	ratio := func(a, b uint64) string {
+		if b == 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(float64(a)/float64(b), 'f', 3, 64)
+	}
+	for _, r := range results {
+		frag := 0.0
+		if r.PeakReserved > 0 && r.PeakAllocated < r.PeakReserved {
+			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%.1f\t%d\t\n",
+			filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
+			100*frag, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
 	}
 	tw.Flush()
 	writeNotes(w, results)
