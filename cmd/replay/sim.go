@@ -8,7 +8,6 @@ import (
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -277,6 +276,7 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 		writeCompactTable(w, results)
 		return
 	}
+	names := resultNames(results)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\t1-allocated/reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	for _, r := range results {
@@ -298,7 +298,7 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
-			filepath.Base(r.Trace), r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
+			names[r.Trace], r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
 			ratio, vsOffline, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
@@ -311,6 +311,7 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 // (1 - allocated/reserved), device calls (allocations and frees),
 // simulated allocator time (ms) and OOMs; --wide prints every column.
 func writeCompactTable(w io.Writer, results []*sim.Result) {
+	names := resultNames(results)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tcalls\talloc ms\tOOMs\t")
 	ratio := func(a, b uint64) string {
@@ -325,7 +326,7 @@ func writeCompactTable(w io.Writer, results []*sim.Result) {
 			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%.1f\t%d\t\n",
-			filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
+			names[r.Trace], r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
 			100*frag, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
 	}
 	tw.Flush()
