@@ -52,3 +52,32 @@ func TestGPUInterruptExitStatus(t *testing.T) {
 		})
 	}
 }
+
+// An interrupted sweep says how many cells it kept and how to resume (it
+// said "no output written" while it had kept them). The child waits for
+// its first cell files before it is signalled.
+func TestSweepInterruptSaysWhatItKept(t *testing.T) {
+	out := t.TempDir()
+	cmd := exec.Command(os.Args[0], "sweep", "--traces", trainGPT, "--policy", "all", "--capacity", "0,8GiB,9GiB,10GiB,11GiB,12GiB", "-j", "1", "--progress", "none", "-o", out)
+	cmd.Env = append(os.Environ(), "ALLOCSIM_REPLAY_MAIN=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for range 600 {
+		if cells, _ := os.ReadDir(out + "/cells"); len(cells) >= 1 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Fatalf("exit %v, want 130; stderr:\n%s", err, stderr.String())
+	}
+	if s := stderr.String(); !strings.Contains(s, "interrupted (interrupt): ") || !strings.Contains(s, " of the 108 cells kept in ") || !strings.Contains(s, "run the same sweep again to resume") {
+		t.Errorf("stderr:\n%s", s)
+	}
+}

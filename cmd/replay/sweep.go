@@ -19,6 +19,7 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/sweep"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -144,6 +145,12 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	}
 	plan := sweep.NewPlan(all, shardI, shardN)
 	s := &sweep.Runner{Dir: *outDir, Plan: plan, Workers: *jobs, Open: tracefile.Options{From: *from, Device: *device}, Log: stderr}
+	dir := *outDir
+	atomicfile.SetInterruptNote(func() string {
+		// The cell files on disk: what a rerun skips.
+		cells, _ := filepath.Glob(filepath.Join(dir, "cells", "*.json"))
+		return fmt.Sprintf("%d of the %d cells kept in %s; run the same sweep again to resume (results.json is written when all are done)", len(cells), len(plan.Cells), filepath.Join(dir, "cells"))
+	})
 	start := time.Now()
 	if err := s.Prepare(); err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -38,10 +39,23 @@ func RemoveOnInterrupt() {
 		for name := range pending.names {
 			os.Remove(name)
 		}
-		fmt.Fprintf(os.Stderr, "%s: interrupted (%v): no output written\n", filepath.Base(os.Args[0]), sig)
+		what := "no output written"
+		if f, _ := interruptNote.Load().(func() string); f != nil {
+			what = f()
+		}
+		fmt.Fprintf(os.Stderr, "%s: interrupted (%v): %s\n", filepath.Base(os.Args[0]), sig, what)
 		os.Exit(SignalStatus(sig)) // with the lock held: no new file is committed
 	}()
 }
+
+// interruptNote holds the func that says what an interrupted command
+// kept (SetInterruptNote).
+var interruptNote atomic.Value
+
+// SetInterruptNote makes RemoveOnInterrupt say what note returns instead
+// of "no output written": for a command that keeps finished work, as a
+// sweep keeps its finished cells. note runs on the signal's goroutine.
+func SetInterruptNote(note func() string) { interruptNote.Store(note) }
 
 // SignalStatus is the exit status of a command that sig stopped: 128 + the
 // signal's number, as a shell reports it (130 for SIGINT, 143 for
