@@ -149,7 +149,13 @@ func maxBucket(h *trace.Histogram) int64 {
 }
 
 func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top int) {
-	fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, humanNs(uint64(max(s.LastTime-s.FirstTime, 0))))
+	// A trace whose times are logical steps (a MiniMalloc problem's
+	// lower and upper) shows them as steps, not as nanoseconds.
+	times := humanNs
+	if h.Metadata["time"] == "logical" {
+		times = func(n uint64) string { return fmt.Sprintf("%d steps", n) }
+	}
+	fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, times(uint64(max(s.LastTime-s.FirstTime, 0))))
 	if h.Device != "" || h.DeviceMemory != 0 {
 		fmt.Fprintf(w, "card: %s, %s (%d bytes)\n", cmp.Or(h.Device, "unnamed"), humanBytes(h.DeviceMemory), h.DeviceMemory)
 	}
@@ -194,7 +200,7 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 		fmt.Fprintf(w, "frees of an address not live: %d\n", s.UnknownFrees)
 	}
 	writeHist(w, "sizes (mallocs, requested bytes)", &s.Sizes, humanBytes)
-	writeHist(w, "lifetimes (malloc to free)", &s.Lifetimes, humanNs)
+	writeHist(w, "lifetimes (malloc to free)", &s.Lifetimes, times)
 
 	ids := make([]uint64, 0, len(s.Streams))
 	for id := range s.Streams {

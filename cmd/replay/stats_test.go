@@ -191,3 +191,16 @@ func TestDump(t *testing.T) {
 		t.Errorf("dump reads back as\n%v\n%+v\nwant\n%v\n%+v", h2, evs2, h, evs)
 	}
 }
+
+// TestStatsLogicalTime: a MiniMalloc problem's lower and upper are steps,
+// and stats says so (it printed them as nanoseconds: "over 1.0 ms").
+func TestStatsLogicalTime(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.csv")
+	if err := os.WriteFile(path, []byte("id,lower,upper,size\n0,0,10,4096\n1,5,2000,512\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runCmd(t, "stats", path)
+	if err != nil || !strings.Contains(out, "4 events over 2000 steps") || !strings.Contains(out, "max 1995 steps") || strings.Contains(out, "µs") {
+		t.Errorf("stats: %v\n%s", err, out)
+	}
+}

@@ -225,6 +225,7 @@ func Import(r io.Reader, name string) (*trace.SliceSource, error) {
 		"format":  "MiniMalloc problem CSV (id,lower,upper,size)",
 		"buffers": strconv.Itoa(len(bufs)),
 		"addr":    "1-based row number of the buffer",
+		"time":    "logical", // lower and upper are steps, not nanoseconds
 	}}
 	if c, ok := capacityFromName(name); ok {
 		h.Metadata["capacity"] = strconv.FormatUint(c, 10)
