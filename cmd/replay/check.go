@@ -46,7 +46,7 @@ func runCheck(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("check: no trace given")
+		return cli.UsageError{Err: fmt.Errorf("check: no trace given")}
 	}
 	var bad []string
 	for _, path := range fs.Args() {

@@ -44,11 +44,11 @@ Flags:
 		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("fidelity: no trace given")
+		return cli.UsageError{Err: fmt.Errorf("fidelity: no trace given")}
 	}
 	capBytes, err := policies.ParseSize(*capacity)
 	if err != nil {
-		return fmt.Errorf("--capacity: %v", err)
+		return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
 	}
 	diverged := 0
 	for _, path := range fs.Args() {

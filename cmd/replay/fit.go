@@ -60,7 +60,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("fit: no trace given")
+		return cli.UsageError{Err: fmt.Errorf("fit: no trace given")}
 	}
 	if err := checkOutputs(fs.Args(), "json", *jsonOut); err != nil {
 		return err
@@ -75,11 +75,11 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	}
 	context, err := policies.ParseSize(*contextSize)
 	if err != nil {
-		return fmt.Errorf("--context: %v", err)
+		return cli.UsageError{Err: fmt.Errorf("--context: %v", err)}
 	}
 	cards, err := fit.ParseCards(*cardList)
 	if err != nil {
-		return fmt.Errorf("--cards %w", err)
+		return cli.UsageError{Err: fmt.Errorf("--cards %w", err)}
 	}
 	var answers []*results.Fit
 	for _, path := range fs.Args() {

@@ -63,7 +63,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("gpu: no trace given")
+		return cli.UsageError{Err: fmt.Errorf("gpu: no trace given")}
 	}
 	if err := checkOutputs(fs.Args(), "json", *jsonOut, "csv", *csvOut, "calls", *callsOut); err != nil {
 		return err
@@ -87,15 +87,15 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	}
 	names, err := policies.ParseList(*policyList, gpu.Targets())
 	if err != nil {
-		return fmt.Errorf("--policy: %w", err)
+		return cli.UsageError{Err: fmt.Errorf("--policy: %w", err)}
 	}
 	settings, err := policies.ParseSets(*sets, gpu.Targets(), names)
 	if err != nil {
-		return fmt.Errorf("--set %w", err)
+		return cli.UsageError{Err: fmt.Errorf("--set %w", err)}
 	}
 	for _, n := range names {
 		if err := gpu.CheckSettings(n, settings[n]); err != nil {
-			return fmt.Errorf("--set: %w", err)
+			return cli.UsageError{Err: fmt.Errorf("--set: %w", err)}
 		}
 	}
 	model := sim.DefaultCostModel()

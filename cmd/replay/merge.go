@@ -41,10 +41,10 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if *outDir == "" {
-		return fmt.Errorf("merge: no output directory (-o DIR)")
+		return cli.UsageError{Err: fmt.Errorf("merge: no output directory (-o DIR)")}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("merge: no input given")
+		return cli.UsageError{Err: fmt.Errorf("merge: no input given")}
 	}
 	m := sweep.NewMerger(stderr)
 	for _, in := range fs.Args() {

@@ -46,10 +46,10 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if *out == "" {
-		return fmt.Errorf("report: no output file (-o report.html)")
+		return cli.UsageError{Err: fmt.Errorf("report: no output file (-o report.html)")}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("report: no results given")
+		return cli.UsageError{Err: fmt.Errorf("report: no results given")}
 	}
 	if err := checkOutputs(fs.Args(), "out", *out); err != nil {
 		return err

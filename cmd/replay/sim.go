@@ -69,17 +69,17 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("sim: no trace given")
+		return cli.UsageError{Err: fmt.Errorf("sim: no trace given")}
 	}
 	if err := checkOutputs(fs.Args(), "json", *jsonOut, "csv", *csvOut); err != nil {
 		return err
 	}
 	capBytes, err := policies.ParseSize(*capacity)
 	if err != nil {
-		return fmt.Errorf("--capacity: %v", err)
+		return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
 	}
 	if *jobs < 1 {
-		return fmt.Errorf("-j %d: want at least 1", *jobs)
+		return cli.UsageError{Err: fmt.Errorf("-j %d: want at least 1", *jobs)}
 	}
 	names, err := policyNames(*policyList)
 	if err != nil {
@@ -248,7 +248,7 @@ func writeOutput(stdout io.Writer, path string, write func(io.Writer) error) err
 func policyNames(list string) ([]string, error) {
 	names, err := policies.ParseList(list, policies.Names())
 	if err != nil {
-		return nil, fmt.Errorf("--policy: %w", err)
+		return nil, cli.UsageError{Err: fmt.Errorf("--policy: %w", err)}
 	}
 	return names, nil
 }
@@ -257,7 +257,7 @@ func policyNames(list string) ([]string, error) {
 func parseSets(sets []string, names []string) (map[string]policies.Settings, error) {
 	out, err := policies.ParseSets(sets, policies.Names(), names)
 	if err != nil {
-		return nil, fmt.Errorf("--set %w", err)
+		return nil, cli.UsageError{Err: fmt.Errorf("--set %w", err)}
 	}
 	return out, nil
 }

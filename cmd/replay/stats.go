@@ -45,7 +45,7 @@ func runStats(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if fs.NArg() == 0 {
-		return fmt.Errorf("stats: no trace given")
+		return cli.UsageError{Err: fmt.Errorf("stats: no trace given")}
 	}
 	var docs []trace.Summary
 	for i, path := range fs.Args() {

@@ -70,29 +70,29 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: err}
 	}
 	if *outDir == "" {
-		return fmt.Errorf("sweep: no output directory (-o DIR)")
+		return cli.UsageError{Err: fmt.Errorf("sweep: no output directory (-o DIR)")}
 	}
 	if *jobs < 1 {
-		return fmt.Errorf("-j %d: want at least 1", *jobs)
+		return cli.UsageError{Err: fmt.Errorf("-j %d: want at least 1", *jobs)}
 	}
 	var shardI, shardN int
 	if auto, count, ok := autoShard(*shard, fs.Changed("shard")); ok {
 		if count < 0 {
-			return fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", auto)
+			return cli.UsageError{Err: fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", auto)}
 		}
 		done, err := sweep.ShardsIn(*outDir)
 		if err != nil {
-			return fmt.Errorf("--shard auto: %w", err)
+			return cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
 		}
 		if count > 0 && done > 0 && count != done {
-			return fmt.Errorf("--shard %s: %s holds the shards of an array of %d tasks", auto, *outDir, done)
+			return cli.UsageError{Err: fmt.Errorf("--shard %s: %s holds the shards of an array of %d tasks", auto, *outDir, done)}
 		}
 		i, n, found, err := sweep.SchedulerShard(os.Getenv, count, done)
 		switch {
 		case err != nil:
-			return fmt.Errorf("--shard auto: %w", err)
+			return cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
 		case !found:
-			return fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", auto)
+			return cli.UsageError{Err: fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", auto)}
 		}
 		shardI, shardN = i, n
 		*outDir = sweep.ShardDir(*outDir, i, n)
@@ -100,7 +100,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	} else {
 		var err error
 		if shardI, shardN, err = sweep.ParseShard(*shard); err != nil {
-			return fmt.Errorf("--shard %w", err)
+			return cli.UsageError{Err: fmt.Errorf("--shard %w", err)}
 		}
 	}
 	traces, skipped, err := tracefile.Glob(append(append([]string(nil), *traceGlobs...), fs.Args()...))
@@ -111,7 +111,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprintf(stderr, "sweep: %s\n", s)
 	}
 	if len(traces) == 0 {
-		return fmt.Errorf("sweep: no trace given (--traces GLOB)")
+		return cli.UsageError{Err: fmt.Errorf("sweep: no trace given (--traces GLOB)")}
 	}
 	spec := sweep.Spec{Traces: traces, AsRecorded: *asRecorded}
 	if spec.Policies, err = policyNames(*policyList); err != nil {
@@ -123,23 +123,23 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	for _, g := range *grids {
 		ax, err := sweep.ParseAxis(g)
 		if err != nil {
-			return fmt.Errorf("--grid %w", err)
+			return cli.UsageError{Err: fmt.Errorf("--grid %w", err)}
 		}
 		spec.Axes = append(spec.Axes, ax)
 	}
 	for _, c := range policies.SplitList(*capacity) {
 		b, err := policies.ParseSize(c)
 		if err != nil {
-			return fmt.Errorf("--capacity %q: %v", c, err)
+			return cli.UsageError{Err: fmt.Errorf("--capacity %q: %v", c, err)}
 		}
 		spec.Capacities = append(spec.Capacities, b)
 	}
 	if len(spec.Capacities) == 0 {
-		return fmt.Errorf("--capacity: no capacity given")
+		return cli.UsageError{Err: fmt.Errorf("--capacity: no capacity given")}
 	}
 	all, err := spec.Cells()
 	if ae := (*sweep.AxisError)(nil); errors.As(err, &ae) {
-		return fmt.Errorf("--grid %w", err)
+		return cli.UsageError{Err: fmt.Errorf("--grid %w", err)}
 	} else if err != nil {
 		return err
 	}

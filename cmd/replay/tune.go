@@ -64,10 +64,16 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
-		return fmt.Errorf("tune: no trace given")
+		return cli.UsageError{Err: fmt.Errorf("tune: no trace given")}
 	}
 	if *capacity != "" && *card != "" {
-		return fmt.Errorf("tune: --capacity and --card are exclusive")
+		return cli.UsageError{Err: fmt.Errorf("tune: --capacity and --card are exclusive")}
+	}
+	if *top < 0 {
+		return cli.UsageError{Err: fmt.Errorf("--top %d: want 0 or more", *top)}
+	}
+	if *jobs < 1 {
+		return cli.UsageError{Err: fmt.Errorf("-j %d: want at least 1", *jobs)}
 	}
 	// As recorded: the candidates replace the recorded settings, and the
 	// replay follows the program's own actions (empty_cache, late frees),
@@ -77,7 +83,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	case *capacity != "":
 		b, err := policies.ParseSize(*capacity)
 		if err != nil {
-			return fmt.Errorf("--capacity %q: %v", *capacity, err)
+			return cli.UsageError{Err: fmt.Errorf("--capacity %q: %v", *capacity, err)}
 		}
 		base.Capacity = b
 	case *card != "":
@@ -94,7 +100,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	for _, g := range *grids {
 		key, vals, ok := strings.Cut(g, "=")
 		if !ok || key == "" {
-			return fmt.Errorf("--grid %q: want KEY=v1,v2,...", g)
+			return cli.UsageError{Err: fmt.Errorf("--grid %q: want KEY=v1,v2,...", g)}
 		}
 		ax := tune.Axis{Key: strings.TrimSpace(key)}
 		for _, v := range strings.Split(vals, ",") {
@@ -142,7 +148,12 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			all = append(all, c.Result)
 		}
 		tune.Rank(cs)
-		writeTune(stdout, path, h, recorded, cs, *top)
+		// The recorded replay's warnings (a failed malloc served for want
+		// of a capacity...) apply to every candidate.
+		writeWarnings(stderr, []*sim.Result{recorded})
+		if *jsonOut != "-" {
+			writeTune(stdout, path, h, recorded, cs, *top)
+		}
 	}
 	if *jsonOut != "" {
 		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {

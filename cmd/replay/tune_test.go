@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -40,5 +41,27 @@ func TestTune(t *testing.T) {
 		if _, _, err := runCmd(t, args...); err == nil {
 			t.Errorf("%v: no error", args)
 		}
+	}
+}
+
+// TestTuneFlags: bad --top and -j are usage errors (--top -1 panicked),
+// --json - gives JSON alone on stdout, and the recorded replay's warnings
+// go to stderr (a recording with a failed malloc said nothing).
+func TestTuneFlags(t *testing.T) {
+	churn := "../../testdata/pytorch/churn.pickle.gz"
+	for _, args := range [][]string{{"tune", "--top", "-1", churn}, {"tune", "-j", "0", churn}} {
+		_, _, err := runCmd(t, args...)
+		var ec interface{ ExitCode() int }
+		if err == nil || !errors.As(err, &ec) || ec.ExitCode() != 2 || strings.Contains(err.Error(), "internal error") {
+			t.Errorf("%v: %v, want a usage error", args, err)
+		}
+	}
+	stdout, _, err := runCmd(t, "tune", "--top", "1", "--json", "-", churn)
+	if err != nil || !strings.HasPrefix(stdout, "{") {
+		t.Errorf("--json -: %v, stdout starts %.40q", err, stdout)
+	}
+	_, stderr, err := runCmd(t, "tune", "--top", "1", splitFragOOM)
+	if err != nil || !strings.HasPrefix(stderr, splitFragOOM+": warning: the recording has 1 failed malloc(s)") {
+		t.Errorf("warnings: %v\n%s", err, stderr)
 	}
 }
