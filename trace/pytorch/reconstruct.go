@@ -83,10 +83,11 @@ type history struct {
 type blockSeen uint8
 
 type addrSeen struct {
-	state blockSeen
-	first uint32 // index of the event that touched the address first
-	size  uint64 // the requested bytes of its latest malloc in the trace, 0 if none
-	at    uint32 // the index of that malloc
+	state  blockSeen
+	first  uint32 // index of the event that touched the address first
+	size   uint64 // the requested bytes of its latest malloc in the trace, 0 if none
+	stream uint64 // that malloc's stream
+	at     uint32 // the index of that malloc
 }
 
 const (
@@ -133,12 +134,15 @@ func (h *history) observe(ev *trace.Event) error {
 		if !ok {
 			s.first = i
 		}
-		s.state, s.size, s.at = seenAllocated, ev.Size, i
+		s.state, s.size, s.stream, s.at = seenAllocated, ev.Size, ev.Stream, i
 		h.blocks[a] = s
 	case trace.OpFreeRequested:
 		if s, ok := h.blocks[a]; ok {
 			if s.state == seenAllocated {
 				if err := sameSize("block", a, ev.Size, s); err != nil {
+					return err
+				}
+				if err := sameStream(a, ev.Stream, s); err != nil {
 					return err
 				}
 				s.state = seenFreeRequested
@@ -152,6 +156,9 @@ func (h *history) observe(ev *trace.Event) error {
 		if s, ok := h.blocks[a]; ok {
 			if s.state != seenFreed {
 				if err := sameSize("block", a, ev.Size, s); err != nil {
+					return err
+				}
+				if err := sameStream(a, ev.Stream, s); err != nil {
 					return err
 				}
 			}
@@ -190,6 +197,16 @@ func sameSize(what string, addr, size uint64, s addrSeen) error {
 		return nil
 	}
 	return fmt.Errorf("frees the %s at %#x as %d bytes, which entry %d allocated as %d bytes", what, addr, size, s.at, s.size)
+}
+
+// sameStream returns an error when a free of the block at addr names
+// another stream than its malloc, s: PyTorch records both on the block's
+// stream.
+func sameStream(addr, stream uint64, s addrSeen) error {
+	if s.size == 0 || stream == s.stream {
+		return nil
+	}
+	return fmt.Errorf("frees the block at %#x on stream %#x, which entry %d allocated on stream %#x", addr, stream, s.at, s.stream)
 }
 
 // startBlock is a block allocated when the history began.

@@ -49,10 +49,10 @@ def trace(n, dev, frames=False):
             e = {"action": "oom", "device_free": 5, "size": 1 << 40, "stream": -1}
         elif kind == 1:
             e = {"action": "alloc", "addr": a, "size": 100 + g, "stream": 7 if g % 2 else -1}
-        elif kind == 2:
-            e = {"action": "free_requested", "addr": a, "size": 100 + g, "stream": 0}
+        elif kind == 2:  # frees on the block's stream, as PyTorch records them
+            e = {"action": "free_requested", "addr": a, "size": 100 + g, "stream": 7 if g % 2 else -1}
         else:
-            e = {"action": "free_completed", "addr": a, "size": 100 + g, "stream": 0}
+            e = {"action": "free_completed", "addr": a, "size": 100 + g, "stream": 7 if g % 2 else -1}
         e["time_us"] = T0 + i
         e["compile_context"] = "N/A"
         e["user_metadata"] = ""
