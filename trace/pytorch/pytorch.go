@@ -165,6 +165,17 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		}
 		return nil, fmt.Errorf("%s: %d bytes follow the snapshot's end at pickle byte %d: appended data is refused", name, after, stop)
 	}
+	if pr.gzip {
+		// After the gzip member: nothing either.
+		head, _ := pr.file.Peek(2)
+		if len(head) > 0 {
+			rest, _ := io.Copy(io.Discard, pr.file)
+			if len(head) == 2 && isGzip(head) {
+				return nil, fmt.Errorf("%s: a second gzip stream follows the snapshot's (%d bytes after pickle byte %d): concatenated snapshots are refused; split them into one file each", name, rest, stop)
+			}
+			return nil, fmt.Errorf("%s: %d bytes follow the snapshot's gzip stream (after pickle byte %d): appended data is refused", name, rest, stop)
+		}
+	}
 	h, entries, err := header(d, name, opts)
 	if err != nil {
 		return nil, err
@@ -227,10 +238,12 @@ func decodeError(name string, pr *pickleStream, d *decoder, err error) error {
 	return fmt.Errorf("%s: %v", name, err)
 }
 
-// pickleStream is the pickle in a file, decompressed if it is gzip.
+// pickleStream is the pickle in a file, decompressed if it is gzip (one
+// gzip member: file holds what follows it).
 type pickleStream struct {
 	io.Reader
 	gzip bool
+	file *bufio.Reader // the compressed file, for a gzip pickle
 }
 
 // openPickle checks the first bytes of r and returns the pickle in it.
@@ -254,6 +267,8 @@ func openPickle(r io.Reader, name string) (*pickleStream, error) {
 		if err != nil {
 			return nil, gzipError(name, 0, err)
 		}
+		// One member: what follows it is appended data, not more pickle.
+		zr.Multistream(false)
 		zb := bufio.NewReaderSize(zr, 4)
 		head, err := zb.Peek(4)
 		if err != nil && err != io.EOF && !(errors.Is(err, io.ErrUnexpectedEOF) && len(head) >= 2) {
@@ -262,7 +277,7 @@ func openPickle(r io.Reader, name string) (*pickleStream, error) {
 		if len(head) < 2 || !isPickle(head) {
 			return nil, fmt.Errorf("%s: %w (gzip content %s)", name, ErrNotSnapshot, describeHead(head, true))
 		}
-		return &pickleStream{Reader: zb, gzip: true}, nil
+		return &pickleStream{Reader: zb, gzip: true, file: br}, nil
 	}
 	return nil, fmt.Errorf("%s: %w (file %s)", name, ErrNotSnapshot, describeHead(head, false))
 }

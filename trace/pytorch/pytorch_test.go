@@ -668,7 +668,11 @@ func TestImportTrailing(t *testing.T) {
 		{"two.pickle", append(append([]byte{}, plain...), plain...),
 			fmt.Sprintf("two.pickle: a second pickle follows the snapshot at pickle byte %d (%d bytes): concatenated snapshots are refused; split them into one file each", n, n)},
 		{"two.pickle.gz", append(append([]byte{}, gz.Bytes()...), gz.Bytes()...),
-			fmt.Sprintf("two.pickle.gz: a second pickle follows the snapshot at pickle byte %d (%d bytes): concatenated snapshots are refused; split them into one file each", n, n)},
+			fmt.Sprintf("two.pickle.gz: a second gzip stream follows the snapshot's (%d bytes after pickle byte %d): concatenated snapshots are refused; split them into one file each", gz.Len(), n)},
+		// Bytes after the gzip stream: appended, not a truncated snapshot
+		// (as it was called).
+		{"tail.pickle.gz", append(append([]byte{}, gz.Bytes()...), "garbage"...),
+			fmt.Sprintf("tail.pickle.gz: 7 bytes follow the snapshot's gzip stream (after pickle byte %d): appended data is refused", n)},
 		{"tail.pickle", append(append([]byte{}, plain...), "junk\n"...),
 			fmt.Sprintf("tail.pickle: 5 bytes follow the snapshot's end at pickle byte %d: appended data is refused", n)},
 	} {
