@@ -77,6 +77,9 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 		return 0, 0, err
 	}
 	defer f.Close()
+	if n := truncatedNote(f.Header()); n != "" {
+		fmt.Fprintf(w, "%s: %s\n", path, n)
+	}
 	v := trace.NewValidator()
 	s := trace.NewStats()
 	err = readAll(f, path, func(i int64, ev trace.Event) {
@@ -125,4 +128,13 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 		fmt.Fprintf(w, "%s: %d events, %d problems, %d allocations (%s) live at the end (%s)\n", path, s.Events, problems, n, humanBytes(b), why)
 	}
 	return problems, 0, nil
+}
+
+// truncatedNote says that a snapshot's history was cut and rebuilt (the
+// importer's truncated and reconstructed_events), "" for a whole one.
+func truncatedNote(h trace.Header) string {
+	if h.Metadata["truncated"] != "true" {
+		return ""
+	}
+	return fmt.Sprintf("truncated history (it starts mid-run): its first %s events rebuild the state before its first entry", h.Metadata["reconstructed_events"])
 }

@@ -156,6 +156,9 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 		times = func(n uint64) string { return fmt.Sprintf("%d steps", n) }
 	}
 	fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, times(uint64(max(s.LastTime-s.FirstTime, 0))))
+	if n := truncatedNote(h); n != "" {
+		fmt.Fprintln(w, n)
+	}
 	if h.Device != "" || h.DeviceMemory != 0 {
 		fmt.Fprintf(w, "card: %s, %s (%d bytes)\n", cmp.Or(h.Device, "unnamed"), humanBytes(h.DeviceMemory), h.DeviceMemory)
 	}

@@ -62,4 +62,11 @@ func TestSimTruncated(t *testing.T) {
 	if !strings.Contains(string(raw), `"truncated": true`) || !strings.Contains(string(raw), `"reconstructed_events": 7`) {
 		t.Errorf("JSON lacks truncated or reconstructed_events:\n%s", raw)
 	}
+	// check and stats say it too (they were silent where sim warned).
+	for _, cmd := range []string{"check", "stats"} {
+		out, _, _ := runCmd(t, cmd, path)
+		if !strings.Contains(out, "truncated history (it starts mid-run): its first 7 events rebuild the state before its first entry") {
+			t.Errorf("%s:\n%s", cmd, out)
+		}
+	}
 }
