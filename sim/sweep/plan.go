@@ -197,12 +197,18 @@ func ParseShard(s string) (i, n int, err error) {
 // are set. Errors name the variable or say what to give.
 func SchedulerShard(getenv func(string) string, count, done int) (i, n int, found bool, err error) {
 	num := func(k string) (int, error) {
-		v := strings.TrimSpace(getenv(k))
+		v := getenv(k)
+		if v == "" {
+			return 0, fmt.Errorf("%s is not set", k)
+		}
 		x, err := strconv.Atoi(v)
 		if err != nil || x < 0 {
 			return 0, fmt.Errorf("%s=%q: not a task number", k, v)
 		}
 		return x, nil
+	}
+	if getenv("SLURM_ARRAY_TASK_ID") != "" && getenv("JOB_COMPLETION_INDEX") != "" {
+		return 0, 0, true, fmt.Errorf("both SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX are set: a Slurm task or a Kubernetes pod, not both; give --shard i/n")
 	}
 	switch {
 	case getenv("SLURM_ARRAY_TASK_ID") != "":
@@ -225,6 +231,8 @@ func SchedulerShard(getenv func(string) string, count, done int) (i, n int, foun
 				return 0, 0, true, err1
 			case err2 != nil:
 				return 0, 0, true, err2
+			case lo > hi:
+				return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_MIN=%d is above SLURM_ARRAY_TASK_MAX=%d", lo, hi)
 			case lo != 0:
 				return 0, 0, true, fmt.Errorf("SLURM_ARRAY_TASK_MIN=%d: a part of an array whose size is unknown here; give it as --shard auto/N", lo)
 			}

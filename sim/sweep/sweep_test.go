@@ -265,6 +265,10 @@ func TestSchedulerShard(t *testing.T) {
 		{map[string]string{"JOB_COMPLETION_INDEX": "3"}, 0, 0, 0, 0, true, "JOB_COMPLETION_INDEX=3: give the Indexed Job's completions as --shard auto/N"},
 		{map[string]string{"JOB_COMPLETION_INDEX": "4"}, 4, 0, 0, 0, true, "JOB_COMPLETION_INDEX=4: not below the 4 completions"},
 		{map[string]string{}, 0, 0, 0, 0, false, ""},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "1"}, 0, 0, 0, 0, true, "SLURM_ARRAY_TASK_MIN is not set"},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": " 1", "SLURM_ARRAY_TASK_MIN": "0", "SLURM_ARRAY_TASK_MAX": "3"}, 0, 0, 0, 0, true, `SLURM_ARRAY_TASK_ID=" 1": not a task number`},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "2", "SLURM_ARRAY_TASK_MAX": "0"}, 0, 0, 0, 0, true, "SLURM_ARRAY_TASK_MIN=2 is above SLURM_ARRAY_TASK_MAX=0"},
+		{map[string]string{"SLURM_ARRAY_TASK_ID": "1", "JOB_COMPLETION_INDEX": "1"}, 2, 0, 0, 0, true, "both SLURM_ARRAY_TASK_ID and JOB_COMPLETION_INDEX are set: a Slurm task or a Kubernetes pod, not both; give --shard i/n"},
 	} {
 		i, n, found, err := SchedulerShard(func(k string) string { return tc.env[k] }, tc.count, tc.done)
 		if msg := fmt.Sprint(err); tc.err == "" && err != nil || tc.err != "" && msg != tc.err || i != tc.i || n != tc.n || found != tc.found {
