@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"math/bits"
+	"sync"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
@@ -668,14 +669,66 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	for k, rep := range reps {
 		out[k] = rep.Finish()
 	}
-	for _, r := range out {
+	setPeakOffline(out)
+	return out, nil
+}
+
+// setPeakOffline gives every result the peak reserved bytes of the offline
+// result among them that served every malloc, if there is one, else 0.
+func setPeakOffline(rs []*Result) {
+	var peak uint64
+	for _, r := range rs {
 		if r.Policy == policies.OfflineName && r.OOMs == 0 {
-			for _, o := range out {
-				o.PeakOffline = r.PeakReserved
-			}
+			peak = r.PeakReserved
 			break
 		}
 	}
+	for _, r := range rs {
+		r.PeakOffline = peak
+	}
+}
+
+// RunSplit is Run with cfgs split round robin into up to jobs groups that
+// replay at once, group g reading the source that source(g) returns (each
+// the whole of one trace) and calling its done func when it stops: the
+// results of Run, in the order of cfgs, PeakOffline set across all the
+// groups. It returns the error of the first group (in group order) that
+// failed.
+func RunSplit(jobs int, source func(g int) (src trace.Source, done func()), cfgs ...Config) ([]*Result, error) {
+	jobs = max(1, min(jobs, len(cfgs)))
+	out := make([]*Result, len(cfgs))
+	errs := make([]error, jobs)
+	var wg sync.WaitGroup
+	for g := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src, done := source(g)
+			if done != nil {
+				defer done()
+			}
+			var idx []int
+			var group []Config
+			for k := g; k < len(cfgs); k += jobs {
+				idx, group = append(idx, k), append(group, cfgs[k])
+			}
+			rs, err := Run(src, group...)
+			if err != nil {
+				errs[g] = err
+				return
+			}
+			for n, k := range idx {
+				out[k] = rs[n]
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	setPeakOffline(out)
 	return out, nil
 }
 

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/gpualloc/allocsim/policies"
@@ -370,52 +369,17 @@ func RunFileParallel(path string, opts tracefile.Options, jobs int, cfgs ...sim.
 			}
 		}
 	}()
-	out := make([]*sim.Result, len(cfgs))
-	errs := make([]error, jobs)
-	var wg sync.WaitGroup
-	for g := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			src := &fanSource{h: f.Header(), ch: chans[g], err: &readErr}
-			defer func() {
-				for range chans[g] {
-					// A group that stopped early lets the decoder go on.
-				}
-			}()
-			var idx []int
-			var group []sim.Config
-			for k := g; k < len(cfgs); k += jobs {
-				idx, group = append(idx, k), append(group, cfgs[k])
+	rs, err := sim.RunSplit(jobs, func(g int) (trace.Source, func()) {
+		return &fanSource{h: f.Header(), ch: chans[g], err: &readErr}, func() {
+			for range chans[g] {
+				// A group that stopped early lets the decoder go on.
 			}
-			rs, err := sim.Run(src, group...)
-			if err != nil {
-				errs[g] = tracefile.NameError(path, err)
-				return
-			}
-			for n, k := range idx {
-				out[k] = rs[n]
-			}
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
 		}
+	}, cfgs...)
+	if err != nil {
+		return nil, tracefile.NameError(path, err)
 	}
-	for _, r := range out {
-		r.PeakOffline = 0
-	}
-	for _, r := range out {
-		if r.Policy == policies.OfflineName && r.OOMs == 0 {
-			for _, o := range out {
-				o.PeakOffline = r.PeakReserved
-			}
-			break
-		}
-	}
-	return out, nil
+	return rs, nil
 }
 
 // fanSource is one group's view of a trace that one decoder reads for

@@ -15,7 +15,6 @@ package tune
 import (
 	"sort"
 	"strings"
-	"sync"
 
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
@@ -140,37 +139,18 @@ func Rank(cs []Candidate) {
 // empty_cache calls, its frees that completed late).
 // It returns the first error of a replay.
 func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, jobs int) ([]Candidate, error) {
-	jobs = max(1, min(jobs, len(confs)))
-	out := make([]Candidate, len(confs))
-	errs := make([]error, jobs)
-	var wg sync.WaitGroup
-	for g := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var idx []int
-			var cfgs []sim.Config
-			for k := g; k < len(confs); k += jobs {
-				c := base
-				c.Settings = map[string]string{"conf": confs[k]}
-				idx, cfgs = append(idx, k), append(cfgs, c)
-			}
-			rs, err := sim.Run(trace.NewSliceSource(h, evs), cfgs...)
-			if err != nil {
-				errs[g] = err
-				return
-			}
-			for n, k := range idx {
-				rs[n].PeakOffline = 0
-				out[k] = Candidate{Conf: confs[k], Result: rs[n]}
-			}
-		}()
+	cfgs := make([]sim.Config, len(confs))
+	for k, conf := range confs {
+		cfgs[k] = base
+		cfgs[k].Settings = map[string]string{"conf": conf}
 	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
+	rs, err := sim.RunSplit(jobs, func(int) (trace.Source, func()) { return trace.NewSliceSource(h, evs), nil }, cfgs...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Candidate, len(confs))
+	for k, r := range rs {
+		out[k] = Candidate{Conf: confs[k], Result: r}
 	}
 	return out, nil
 }
