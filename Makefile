@@ -23,7 +23,9 @@ demo: build
 
 # bench runs the benchmarks of import, decode and every policy's replay on
 # kv_decode (from ../shared/traces, or $$ALLOCSIM_TRACES) and on a synthetic
-# 10M-event trace, then prints one BENCH line per measurement.
+# 10M-event trace, and the bytes held per live allocation with 10M live at
+# once (pytorch, best-fit, check), then prints one BENCH line per
+# measurement.
 bench:
 	$(GO) test ./sim -run '^$$' -bench . -benchtime 2x -timeout 60m
 

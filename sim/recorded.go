@@ -66,7 +66,7 @@ func (r *Replay) followed(ev *trace.Event) {
 // (free_completed) ev: through FreeLate when the program asked for the free
 // (free_requested) before other events than this one.
 func (r *Replay) freeBlock(i int64, ev *trace.Event, a liveAlloc) error {
-	if f := r.rec.follower; f != nil && a.released && !(r.rec.reqEvent == i-1 && r.rec.reqAddr == ev.Addr) {
+	if f := r.rec.follower; f != nil && a.released() && !(r.rec.reqEvent == i-1 && r.rec.reqAddr == ev.Addr) {
 		if r.timer != nil {
 			r.timer.BeginPolicy()
 			defer r.timer.EndPolicy()

@@ -90,20 +90,45 @@ func (b bytes128) sat() uint64 {
 	return b.lo
 }
 
-// liveAlloc is a malloc of the trace that is live in the replay.
+// liveAlloc is a malloc of the trace that is live in the replay: 32 bytes,
+// the index of its event, its kind and two flags packed in one word.
 type liveAlloc struct {
 	block     policies.Block // placement by the policy (zero for host kinds)
 	requested uint64         // requested bytes
-	kind      trace.Kind
-	// released is set at the free request: the program no longer holds
-	// the bytes, but the block is reusable only at the free.
-	released bool
-	// failed is set when the malloc failed in the replay: there is no
-	// block to give back at the free.
-	failed bool
-	// event is the index of the malloc's event.
-	event int64
+	// bits is the index of the malloc's event over 8 bits of flags: the
+	// kind in the low 4, then failed and released.
+	bits uint64
 }
+
+const (
+	liveKindMask = 0x0f
+	// liveFailed is set when the malloc failed in the replay: there is no
+	// block to give back at the free.
+	liveFailed = 0x10
+	// liveReleased is set at the free request: the program no longer
+	// holds the bytes, but the block is reusable only at the free.
+	liveReleased = 0x20
+)
+
+// newLive returns the live allocation of the malloc at event i (at most
+// 2^56-1) of kind k, placed at b.
+func newLive(b policies.Block, requested uint64, k trace.Kind, i int64) liveAlloc {
+	return liveAlloc{block: b, requested: requested, bits: uint64(i)<<8 | uint64(k)&liveKindMask}
+}
+
+// failedLive returns the live allocation of a malloc at event i that
+// failed in the replay.
+func failedLive(requested uint64, k trace.Kind, i int64) liveAlloc {
+	a := newLive(policies.Block{}, requested, k, i)
+	a.bits |= liveFailed
+	return a
+}
+
+func (a *liveAlloc) event() int64     { return int64(a.bits >> 8) }
+func (a *liveAlloc) kind() trace.Kind { return trace.Kind(a.bits & liveKindMask) }
+func (a *liveAlloc) failed() bool     { return a.bits&liveFailed != 0 }
+func (a *liveAlloc) released() bool   { return a.bits&liveReleased != 0 }
+func (a *liveAlloc) setReleased()     { a.bits |= liveReleased }
 
 // Replay replays the events of one trace against one policy on a simulated
 // device, one event at a time, and accumulates a Result.
@@ -335,7 +360,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	// policy does not touch the table meanwhile.
 	slot, dup := r.live.Ref(ev.Addr)
 	if dup {
-		r.problem = trace.LiveMalloc(i, *ev, slot.event)
+		r.problem = trace.LiveMalloc(i, *ev, slot.event())
 		return nil
 	}
 	if !ev.Kind.OnDevice() {
@@ -352,10 +377,10 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 		}
 		r.oom(i, ev.Size)
 		// The requested bytes stay counted: the source had them live.
-		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true, event: i}
+		*slot = failedLive(ev.Size, ev.Kind, i)
 		return nil
 	}
-	*slot = liveAlloc{block: b, requested: ev.Size, kind: ev.Kind, event: i}
+	*slot = newLive(b, ev.Size, ev.Kind, i)
 	if r.check != nil {
 		if err := r.check.Malloc(b, ev.Size); err != nil {
 			return err
@@ -377,7 +402,7 @@ func (r *Replay) hostMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 			return fmt.Errorf("event %d: %s malloc of %d bytes: %w", i, ev.Kind, ev.Size, err)
 		}
 		r.oom(i, ev.Size)
-		*slot = liveAlloc{requested: ev.Size, kind: ev.Kind, failed: true, event: i}
+		*slot = failedLive(ev.Size, ev.Kind, i)
 		return nil
 	}
 	if ev.Kind == trace.KindPinned {
@@ -387,13 +412,16 @@ func (r *Replay) hostMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 		r.managed += ev.Size
 		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
 	}
-	*slot = liveAlloc{block: policies.Block{Addr: addr, Size: ev.Size}, requested: ev.Size, kind: ev.Kind, event: i}
+	*slot = newLive(policies.Block{Addr: addr, Size: ev.Size}, ev.Size, ev.Kind, i)
 	return nil
 }
 
 // sync replays a synchronization: on the device, then told to the policy.
 func (r *Replay) sync(i int64, ev *trace.Event) error {
-	if err := r.back.Sync(ev); err != nil {
+	// The backend is an interface: given ev itself, every event of the
+	// replay would be moved to the heap; a copy moves only syncs.
+	evc := *ev
+	if err := r.back.Sync(&evc); err != nil {
 		return fmt.Errorf("event %d (%s): %w", i, ev.Op, err)
 	}
 	s, ok := r.policy.(policies.Syncer)
@@ -504,13 +532,13 @@ func (r *Replay) freeRequested(i int64, ev *trace.Event) {
 		r.problem = r.frees.NotLive(i, *ev)
 		return
 	}
-	if p.released {
+	if p.released() {
 		return
 	}
-	p.released = true
+	p.setReleased()
 	a := *p
 	r.release(a)
-	if a.kind.OnDevice() && !a.failed {
+	if a.kind().OnDevice() && !a.failed() {
 		r.obs.tell(ActionFreeRequested, a.block, a.requested)
 	}
 }
@@ -518,7 +546,7 @@ func (r *Replay) freeRequested(i int64, ev *trace.Event) {
 // release takes a live allocation's bytes out of the live figures at its
 // free request: its allocated bytes, or a host kind's bytes.
 func (r *Replay) release(a liveAlloc) {
-	switch a.kind {
+	switch a.kind() {
 	case trace.KindPinned:
 		r.pinned -= a.requested
 	case trace.KindManaged:
@@ -535,15 +563,15 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 		return nil
 	}
 	r.frees.Add(ev.Addr, i)
-	if !a.released {
+	if !a.released() {
 		r.release(a)
 	}
-	if !a.kind.OnDevice() {
-		if a.failed {
+	if !a.kind().OnDevice() {
+		if a.failed() {
 			return nil
 		}
-		if err := r.back.HostFree(a.kind, a.block.Addr, a.block.Size); err != nil {
-			return fmt.Errorf("event %d: %s free of %#x: %w", i, a.kind, ev.Addr, err)
+		if err := r.back.HostFree(a.kind(), a.block.Addr, a.block.Size); err != nil {
+			return fmt.Errorf("event %d: %s free of %#x: %w", i, a.kind(), ev.Addr, err)
 		}
 		return nil
 	}
@@ -551,7 +579,7 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 	// cannot be reused before, so this is the bound any policy must hold.
 	r.requested.sub(a.requested)
 	r.res.Frees++
-	if a.failed {
+	if a.failed() {
 		// The malloc failed in the replay: nothing to give back.
 		return nil
 	}
@@ -560,7 +588,7 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 			return err
 		}
 	}
-	if !a.released {
+	if !a.released() {
 		r.obs.tell(ActionFreeRequested, a.block, a.requested)
 	}
 	r.obs.tell(ActionFreeCompleted, a.block, a.requested)

@@ -111,7 +111,7 @@ type Stats struct {
 
 	ops     [numOps]int64
 	mallocs [numKinds]int64
-	live    map[uint64]LiveAlloc
+	live    AddrMap[LiveAlloc]
 	cur     [numKinds]uint64
 }
 
@@ -121,7 +121,6 @@ func NewStats() *Stats {
 		PeakLiveEvent: -1,
 		Streams:       map[uint64]*StreamStats{},
 		Threads:       map[uint64]int64{},
-		live:          map[uint64]LiveAlloc{},
 	}
 }
 
@@ -181,11 +180,12 @@ func (s *Stats) Add(ev Event) {
 		}
 		s.mallocs[ev.Kind]++
 		s.Sizes.Add(ev.Size)
-		if old, ok := s.live[ev.Addr]; ok {
+		p, had := s.live.Ref(ev.Addr)
+		if had {
 			// A malloc over a live address: the old one is gone.
-			s.cur[old.Kind] -= old.Size
+			s.cur[p.Kind] -= p.Size
 		}
-		s.live[ev.Addr] = LiveAlloc{ev.Addr, ev.Size, ev.Stream, ev.Kind, ev.Thread, i, ev.Time, ev.Label}
+		*p = LiveAlloc{ev.Addr, ev.Size, ev.Stream, ev.Kind, ev.Thread, i, ev.Time, ev.Label}
 		s.cur[ev.Kind] += ev.Size
 		switch ev.Kind {
 		case KindPinned:
@@ -198,12 +198,11 @@ func (s *Stats) Add(ev Event) {
 			}
 		}
 	case OpFree:
-		a, ok := s.live[ev.Addr]
+		a, ok := s.live.Take(ev.Addr)
 		if !ok {
 			s.UnknownFrees++
 			return
 		}
-		delete(s.live, ev.Addr)
 		s.cur[a.Kind] -= a.Size
 		s.Lifetimes.Add(uint64(max(ev.Time-a.Time, 0)))
 	}
@@ -215,14 +214,14 @@ func (s *Stats) LiveBytes() (n int, bytes uint64) {
 	for _, c := range s.cur {
 		bytes += c
 	}
-	return len(s.live), bytes
+	return s.live.Len(), bytes
 }
 
 // Live returns the allocations live after the events added, in the order
 // of their mallocs.
 func (s *Stats) Live() []LiveAlloc {
-	out := make([]LiveAlloc, 0, len(s.live))
-	for _, a := range s.live {
+	out := make([]LiveAlloc, 0, s.live.Len())
+	for _, a := range s.live.All() {
 		out = append(out, a)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Event < out[j].Event })
