@@ -1,9 +1,12 @@
 package sim
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
 )
 
@@ -32,6 +35,10 @@ type FidelityReport struct {
 	// Divergence is the first divergence, nil if the replay is identical
 	// to the recording.
 	Divergence *Divergence
+	// RetryEvents are the indices of the events at which the simulated
+	// allocator retried a malloc after releasing its cache (a
+	// policies.Counter's retries).
+	RetryEvents []int64
 }
 
 // recordedCall is a device call of the recording, at its event.
@@ -62,6 +69,7 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 		return nil, err
 	}
 	rep.res.TraceSource = src.Header().Source
+	rep.res.PrivatePools = privatePools(cfg.Policy, src.Header())
 	var made []DeviceCall
 	rep.dev.OnCall(func(c DeviceCall) { made = append(made, c) })
 	out := &FidelityReport{}
@@ -118,6 +126,11 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 		if err := rep.Step(i, ev); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
 		}
+		if c, ok := rep.policy.(policies.Counter); ok {
+			for n := c.Retries(); int64(len(out.RetryEvents)) < n; {
+				out.RetryEvents = append(out.RetryEvents, i)
+			}
+		}
 		if out.Divergence = match(i, acting); out.Divergence != nil {
 			break
 		}
@@ -166,4 +179,89 @@ func (o *fidelityObserver) Observe(a Action) {
 	if o.next != nil {
 		o.next.Observe(a)
 	}
+}
+
+// Measured is what the real allocator reported for a recording: a
+// NAME.stats.json beside a snapshot, in the shape of the shared trace
+// collection (torch.cuda.max_memory_reserved, max_memory_allocated,
+// memory_stats and the per-process cap the job ran under).
+type Measured struct {
+	Cap         uint64 `json:"mem_cap_bytes"`        // bytes; 0 for none
+	Reserved    uint64 `json:"max_memory_reserved"`  // bytes
+	Allocated   uint64 `json:"max_memory_allocated"` // bytes
+	MemoryStats struct {
+		DeviceAllocs *int64 `json:"num_device_alloc"`
+		DeviceFrees  *int64 `json:"num_device_free"`
+		Retries      *int64 `json:"num_alloc_retries"`
+		OOMs         *int64 `json:"num_ooms"`
+	} `json:"memory_stats"`
+}
+
+// ReadMeasured reads the measured figures at path. Errors name the file.
+func ReadMeasured(path string) (*Measured, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var m Measured
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	return &m, nil
+}
+
+// CompareMeasured returns, one line each, the figures of a replay as
+// recorded that differ from the real allocator's: peak reserved and
+// allocated bytes, device allocations (cudaMalloc, or maps of expandable
+// segments) and frees (or unmaps), retries and OOMs, each with the events
+// where the simulation made them when known. A counter m lacks is not
+// compared. It returns nil when all agree.
+func CompareMeasured(rep *FidelityReport, m *Measured) []string {
+	r := rep.Result
+	var out []string
+	differ := func(name string, real, sim any, where string) {
+		if real != sim {
+			out = append(out, fmt.Sprintf("%s: real allocator %v, simulation %v%s", name, real, sim, where))
+		}
+	}
+	differ("peak reserved bytes", m.Reserved, r.PeakReserved, "")
+	differ("peak allocated bytes", m.Allocated, r.PeakAllocated, "")
+	ms := m.MemoryStats
+	if ms.DeviceAllocs != nil {
+		differ("device allocations", *ms.DeviceAllocs, r.DeviceAllocs, "")
+	}
+	if ms.DeviceFrees != nil {
+		differ("device frees", *ms.DeviceFrees, r.DeviceFrees, "")
+	}
+	if ms.Retries != nil {
+		where := ""
+		if len(rep.RetryEvents) > 0 {
+			where = fmt.Sprintf(" (at events %s)", joinEvents(rep.RetryEvents))
+		} else if *ms.Retries > 0 {
+			where = " (none made)"
+		}
+		differ("retries", *ms.Retries, r.AllocRetries, where)
+	}
+	if ms.OOMs != nil {
+		where := ""
+		if r.FirstOOMEvent >= 0 {
+			where = fmt.Sprintf(" (the first at event %d)", r.FirstOOMEvent)
+		}
+		differ("OOMs", *ms.OOMs, r.OOMs, where)
+	}
+	return out
+}
+
+func joinEvents(evs []int64) string {
+	s := ""
+	for k, e := range evs {
+		if k == 8 {
+			return s + fmt.Sprintf(" and %d more", len(evs)-k)
+		}
+		if k > 0 {
+			s += ", "
+		}
+		s += fmt.Sprint(e)
+	}
+	return s
 }

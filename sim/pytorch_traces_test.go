@@ -56,6 +56,12 @@ var ptAcceptance = []struct {
 	{name: "pytorch/churn_expandable_capped"},
 	{name: "pytorch/mlp"},
 	{name: "pytorch/mlp_expandable"},
+	{name: "pytorch/graph_step", pending: "CUDA graph private pools are not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs", "device frees"}},
+	{name: "pytorch/graph_step_expandable", pending: "CUDA graph private pools are not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs", "device frees"}},
+	{name: "pytorch/serve_graphs", pending: "CUDA graph private pools are not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs"}},
+	{name: "pytorch/compile_ro", pending: "CUDA graph private pools are not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs"}},
+	{name: "pytorch/mempool", pending: "MemPool is not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs", "device frees"}},
+	{name: "pytorch/pending_retry", pending: "the retry of a malloc whose fitting block's free is pending on another stream is not counted (issue 14)", pendingFigures: []string{"retries"}},
 }
 
 // ptTruth is what the real allocator reported.

@@ -787,6 +787,7 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 		}
 		rep.Reconstructed(ReconstructedEvents(src.Header()))
 		rep.res.TraceSource = src.Header().Source
+		rep.res.PrivatePools = privatePools(c.Policy, src.Header())
 		reps[k] = rep
 	}
 	src, err = plan(src, reps)

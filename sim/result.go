@@ -94,6 +94,13 @@ type Result struct {
 	Truncated           bool  `json:"truncated,omitempty"`
 	ReconstructedEvents int64 `json:"reconstructed_events,omitempty"`
 
+	// PrivatePools lists, for the policy that simulates the recording's
+	// allocator, the private pools the recording shows in use (a PyTorch
+	// snapshot's segment_pool_id values other than (0,0) in its final
+	// segments: CUDA graphs' and MemPools'), which the policy does not
+	// model; "" if none.
+	PrivatePools string `json:"private_pools,omitempty"`
+
 	// Warnings says, one line each, what makes the figures other than a
 	// clean replay of the whole trace: a truncated history rebuilt, events
 	// that could not be replayed as recorded (Anomalies), failed mallocs of
@@ -161,6 +168,9 @@ func (r *Result) warnings() []string {
 	}
 	if w := CapacityWarning(r); w != "" {
 		ws = append(ws, w)
+	}
+	if r.PrivatePools != "" {
+		ws = append(ws, fmt.Sprintf("the recording has blocks in private pools %s (segment_pool_id of its final segments: a CUDA graph capture or a MemPool), which the %s policy does not model: it places them in the default pools, so its figures are not the real allocator's (a private pool keeps segments of its own)", r.PrivatePools, r.Policy))
 	}
 	return ws
 }

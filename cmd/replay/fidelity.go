@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -23,7 +24,7 @@ import (
 func runFidelity(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("fidelity", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	capacity := fs.String("capacity", "0", "device capacity `SIZE`: bytes or a size like 4000MiB (the recording's memory cap; 0 = none)")
+	capacity := fs.String("capacity", "", "device capacity `SIZE`: bytes or a size like 4000MiB (the recording's memory cap; 0 = none; default: the mem_cap_bytes of the measured figures beside the trace, else none)")
 	policy := fs.String("policy", "pytorch", "the `POLICY` that simulates the recorded allocator")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
@@ -31,7 +32,11 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprint(stderr, `usage: replay fidelity [--policy NAME] [--capacity SIZE] [--from FORMAT] [--device N] TRACE...
 
 Replays each trace as recorded and compares the simulated device calls and
-placements with the recorded ones, event by event (exit 1 if any differs).
+placements with the recorded ones, event by event, and, where the real
+allocator's figures lie beside the trace (NAME.stats.json for NAME.pickle.gz:
+max_memory_reserved, max_memory_allocated, memory_stats, mem_cap_bytes),
+the peaks and counters with them: peak reserved and allocated bytes, device
+allocations and frees, retries and OOMs (exit 1 if anything differs).
 
 Flags:
 `)
@@ -46,12 +51,27 @@ Flags:
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("fidelity: no trace given")}
 	}
-	capBytes, err := policies.ParseSize(*capacity)
-	if err != nil {
-		return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
+	var capBytes uint64
+	if *capacity != "" {
+		c, err := policies.ParseSize(*capacity)
+		if err != nil {
+			return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
+		}
+		capBytes = c
 	}
 	diverged := 0
 	for _, path := range fs.Args() {
+		var measured *sim.Measured
+		mpath := measuredPath(path)
+		if _, err := os.Stat(mpath); err == nil {
+			if measured, err = sim.ReadMeasured(mpath); err != nil {
+				return err
+			}
+		}
+		capBytes := capBytes
+		if *capacity == "" && measured != nil {
+			capBytes = measured.Cap
+		}
 		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
 		if err != nil {
 			return err
@@ -70,13 +90,41 @@ Flags:
 			}
 			continue
 		}
-		fmt.Fprintf(stdout, "%s: identical (%d device calls, %d mallocs; settings %s)\n",
-			name, rep.Calls, rep.Mallocs, settingsText(rep.Result.Settings))
+		if measured != nil {
+			if diffs := sim.CompareMeasured(rep, measured); len(diffs) > 0 {
+				diverged++
+				fmt.Fprintf(stdout, "%s: same device calls and placements, but figures differ from the real allocator's (%s):\n", name, filepath.Base(mpath))
+				for _, d := range diffs {
+					fmt.Fprintf(stdout, "%s:   %s\n", name, d)
+				}
+				continue
+			}
+		}
+		against := "no measured figures beside it"
+		if measured != nil {
+			against = "peaks and counters as measured in " + filepath.Base(mpath)
+		}
+		fmt.Fprintf(stdout, "%s: identical (%d device calls, %d mallocs; %s; settings %s)\n",
+			name, rep.Calls, rep.Mallocs, against, settingsText(rep.Result.Settings))
 	}
 	if diverged > 0 {
 		return fmt.Errorf("fidelity: %d of %d traces diverge from their recording", diverged, fs.NArg())
 	}
 	return nil
+}
+
+// measuredPath returns where the real allocator's figures for the trace at
+// path lie: NAME.stats.json beside NAME.pickle.gz (or NAME.pickle, or any
+// other file NAME.EXT).
+func measuredPath(path string) string {
+	base := path
+	for _, ext := range []string{".gz", ".pickle", ".trace"} {
+		base = strings.TrimSuffix(base, ext)
+	}
+	if base == path {
+		base = strings.TrimSuffix(path, filepath.Ext(path))
+	}
+	return base + ".stats.json"
 }
 
 // settingsText writes settings as key=value pairs, sorted, or "default".

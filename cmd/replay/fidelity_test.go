@@ -9,12 +9,32 @@ import (
 	"testing"
 )
 
+// fidelityPending are the recordings whose replay parts from the real
+// allocator's for want of a rule not modelled yet (issue 14), with the
+// first difference fidelity reports: the test fails when it changes, so
+// that the list follows the model.
+var fidelityPending = map[string]string{
+	// A CUDA graph's private pool keeps segments of its own: the real
+	// allocator makes a small segment for the capture where the simulation
+	// reuses the default pool's.
+	"graph_step":            "graph_step.pickle.gz: diverges at event 283: real allocator: segment_alloc of 2097152 bytes at 0x7fa29be00000; simulation: no device call by event 284",
+	"graph_step_expandable": "graph_step_expandable.pickle.gz: diverges at event 282: real allocator: segment_map of 2097152 bytes at 0x10004000000; simulation: no device call by event 283",
+	"serve_graphs":          "serve_graphs.pickle.gz: diverges at event 26: real allocator: segment_alloc of 2097152 bytes at 0x7f9a4bc00000; simulation: no device call by event 27",
+	"compile_ro":            "compile_ro.pickle.gz: diverges at event 157: real allocator: segment_alloc of 2097152 bytes at 0x7fa71da00000; simulation: no device call by event 158",
+	// A MemPool's blocks: the same, and nothing in the snapshot says so.
+	"mempool": "mempool.pickle.gz: diverges at event 32: real allocator: segment_alloc of 20971520 bytes at 0x7fd71a000000; simulation: no device call by event 33",
+	// The free pending on another stream completes inside the malloc's
+	// retry; the simulation frees it before and counts no retry.
+	"pending_retry": "pending_retry.pickle.gz: same device calls and placements, but figures differ from the real allocator's (pending_retry.stats.json):\npending_retry.pickle.gz:   retries: real allocator 1, simulation 0 (none made)",
+}
+
 // TestFidelity is the project's regression suite against real allocators:
 // every PyTorch snapshot in testdata/pytorch and in the shared trace
 // collection (../../shared/traces, or $ALLOCSIM_TRACES, when present)
 // replayed as recorded under the cap it was recorded with must be
 // identical to its recording, device call by device call and placement by
-// placement.
+// placement, and give the real allocator's peaks and counters (its
+// stats.json); those of fidelityPending must differ as listed there.
 func TestFidelity(t *testing.T) {
 	var snaps []string
 	dirs := []string{filepath.Join("..", "..", "testdata", "pytorch")}
@@ -55,7 +75,13 @@ func TestFidelity(t *testing.T) {
 				t.Fatal(err)
 			}
 			out, errOut, err := runCmd(t, "fidelity", "--capacity", strconv.FormatUint(st.Cap, 10), snap)
-			if err != nil || !strings.Contains(out, ": identical (") {
+			if want, ok := fidelityPending[name]; ok {
+				if err == nil || strings.TrimSpace(out) != want {
+					t.Errorf("replay fidelity: %v\n%s%s\nwant (pending, issue 14):\n%s", err, out, errOut, want)
+				}
+				return
+			}
+			if err != nil || !strings.Contains(out, ": identical (") || !strings.Contains(out, "peaks and counters as measured in "+name+".stats.json") {
 				t.Errorf("replay fidelity: %v\n%s%s", err, out, errOut)
 			}
 			t.Log(strings.TrimSpace(out))
@@ -66,7 +92,7 @@ func TestFidelity(t *testing.T) {
 // TestFidelityDiverges: a recording replayed under another cap than its
 // own takes another path, and fidelity says where, and fails.
 func TestFidelityDiverges(t *testing.T) {
-	out, _, err := runCmd(t, "fidelity", "../../testdata/pytorch/churn_oom.pickle.gz")
+	out, _, err := runCmd(t, "fidelity", "--capacity", "0", "../../testdata/pytorch/churn_oom.pickle.gz")
 	const want = "churn_oom.pickle.gz: diverges at event 180: real allocator: no device call; simulation: segment_alloc of 127926272 bytes at "
 	if err == nil || !strings.Contains(err.Error(), "1 of 1 traces diverge") || !strings.HasPrefix(out, want) {
 		t.Errorf("replay fidelity without the cap: %v\n%s\nwant %s...", err, out, want)
@@ -76,5 +102,95 @@ func TestFidelityDiverges(t *testing.T) {
 	}
 	if _, _, err := runCmd(t, "fidelity", "--capacity", "lots", splitFragOOM); err == nil || !strings.Contains(err.Error(), "--capacity") {
 		t.Errorf("replay fidelity --capacity lots: %v, want an error naming --capacity", err)
+	}
+}
+
+// TestFidelityCounters: the same device calls with other counters than the
+// real allocator's measured figures (a planted difference of one retry in
+// a copy of churn_maxsplit's stats.json) fail, naming the counter and the
+// events of the simulation's retries; without a stats.json beside it, a
+// trace is compared by its device calls only, and says so.
+func TestFidelityCounters(t *testing.T) {
+	dir := t.TempDir()
+	src := "../../testdata/pytorch/churn_maxsplit"
+	snap, err := os.ReadFile(src + ".pickle.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats map[string]any
+	raw, err := os.ReadFile(src + ".stats.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &stats); err != nil {
+		t.Fatal(err)
+	}
+	ms := stats["memory_stats"].(map[string]any)
+	if ms["num_alloc_retries"].(float64) != 3 {
+		t.Fatalf("churn_maxsplit's num_alloc_retries = %v, want 3", ms["num_alloc_retries"])
+	}
+	ms["num_alloc_retries"] = 4
+	planted, _ := json.Marshal(stats)
+	path := filepath.Join(dir, "planted.pickle.gz")
+	if err := os.WriteFile(path, snap, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "planted.stats.json"), planted, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runCmd(t, "fidelity", path)
+	const want = "planted.pickle.gz: same device calls and placements, but figures differ from the real allocator's (planted.stats.json):\n" +
+		"planted.pickle.gz:   retries: real allocator 4, simulation 3 (at events "
+	if err == nil || !strings.HasPrefix(out, want) {
+		t.Errorf("replay fidelity with one retry planted: %v\n%s\nwant %s...", err, out, want)
+	}
+	os.Remove(filepath.Join(dir, "planted.stats.json"))
+	out, _, err = runCmd(t, "fidelity", "--capacity", strconv.FormatFloat(stats["mem_cap_bytes"].(float64), 'f', 0, 64), path)
+	if err != nil || !strings.Contains(out, "identical (") || !strings.Contains(out, "no measured figures beside it") {
+		t.Errorf("replay fidelity without a stats.json: %v\n%s", err, out)
+	}
+}
+
+// TestPrivatePoolWarning: `replay sim` on a snapshot whose final segments
+// are in private pools (a CUDA graph capture, torch.compile's cudagraph
+// trees) warns on stderr and in the JSON that the pytorch policy does not
+// model them, naming the pools; other policies and a snapshot without
+// private pools get no such warning.
+func TestPrivatePoolWarning(t *testing.T) {
+	for _, tc := range []struct{ name, pools string }{
+		{"graph_step", "(1,0)"}, {"serve_graphs", "(0,1)"}, {"compile_ro", "(0,1)"}, {"train_gpt", ""},
+	} {
+		js := filepath.Join(t.TempDir(), "out.json")
+		_, errOut, err := runCmd(t, "sim", "--policy", "pytorch,best-fit", "--json", js, "../../testdata/pytorch/"+tc.name+".pickle.gz")
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", tc.name, err, errOut)
+		}
+		want := "pytorch: warning: the recording has blocks in private pools " + tc.pools + " (segment_pool_id"
+		if got := strings.Contains(errOut, want); got != (tc.pools != "") || strings.Contains(errOut, "best-fit: warning: the recording has blocks") {
+			t.Errorf("%s: stderr %q, want the warning %q: %v", tc.name, errOut, want, tc.pools != "")
+		}
+		raw, err := os.ReadFile(js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			Results []struct {
+				Policy       string   `json:"policy"`
+				PrivatePools string   `json:"private_pools"`
+				Warnings     []string `json:"warnings"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal(raw, &doc); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range doc.Results {
+			want := ""
+			if r.Policy == "pytorch" {
+				want = tc.pools
+			}
+			if r.PrivatePools != want || (want != "") != (len(r.Warnings) > 0) {
+				t.Errorf("%s, %s: private_pools %q, warnings %q; want pools %q", tc.name, r.Policy, r.PrivatePools, r.Warnings, want)
+			}
+		}
 	}
 }

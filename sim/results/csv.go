@@ -54,6 +54,7 @@ var columns = []column{
 	{"first_anomaly", func(r *sim.Result) string { return r.FirstAnomaly }},
 	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
 	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
+	{"private_pools", func(r *sim.Result) string { return r.PrivatePools }},
 	{"peak_pinned_bytes", func(r *sim.Result) string { return u(r.PeakPinned) }},
 	{"peak_managed_bytes", func(r *sim.Result) string { return u(r.PeakManaged) }},
 	{"sim_alloc_time_ns", func(r *sim.Result) string { return i(r.SimAllocTimeNS) }},

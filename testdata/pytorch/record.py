@@ -3,6 +3,7 @@
 allocator settings and caps, with the real allocator's figures beside each.
 
     python3 record.py OUTDIR
+    python3 record.py --pools OUTDIR    (the private-pool recordings)
 
 For each run it writes OUTDIR/NAME.pickle.gz (torch.cuda.memory._dump_snapshot,
 gzip-compressed) and OUTDIR/NAME.stats.json (max_memory_reserved,
@@ -25,6 +26,10 @@ Workloads (seeded, deterministic in their requests):
          quarter of the size after freeing half of the live tensors.
   mlp    a 4-layer MLP trained with Adam on batches of 64..4096 rows;
          empty_cache() after steps 3 and 6.
+With --pools, the private-pool workloads (CUDA graphs, torch.compile's
+cudagraph trees, MemPool, the pending-free retry under a cap): graph_step,
+serve_graphs, compile_ro, mempool, pending_retry, each described in its
+docstring.
 """
 import gzip
 import json
@@ -106,7 +111,144 @@ def mlp(torch, rng, steps=8):
     return []
 
 
-WORKLOADS = {"churn": churn, "mlp": mlp}
+def _step_mlp(torch):
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(1024, 2048), nn.GELU(), nn.Linear(2048, 1024)).cuda()
+
+
+def graph_step(torch, rng, replays=6, eager=3):
+    """A whole training step captured in a CUDA graph (the PyTorch docs'
+    whole-network capture): warm-up on a side stream, capture (its grads and
+    optimizer temporaries go to the graph's private pool), replays on new
+    data, the graph dropped, eager steps after, empty_cache at the end."""
+    model = _step_mlp(torch)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, capturable=True)
+    x = torch.randn(512, 1024, device="cuda")
+    y = torch.randn(512, 1024, device="cuda")
+
+    def step():
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        loss = step()
+    for _ in range(replays):
+        x.copy_(torch.randn(512, 1024, device="cuda"))
+        y.copy_(torch.randn(512, 1024, device="cuda"))
+        g.replay()
+    torch.cuda.synchronize()
+    del g, loss
+    for _ in range(eager):
+        opt.zero_grad(set_to_none=True)
+        rows = rng.randint(256, 2048)
+        xe = torch.randn(rows, 1024, device="cuda")
+        ye = torch.randn(rows, 1024, device="cuda")
+        torch.nn.functional.mse_loss(model(xe), ye).backward()
+        opt.step()
+        del xe, ye
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return []
+
+
+def serve_graphs(torch, rng, steps=40):
+    """A serving loop: one CUDA graph per decode batch size, captured largest
+    first into one shared pool (graph_pool_handle), replayed between eager
+    prefills of random lengths."""
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        for bs in (64, 32, 16, 8):
+            x = torch.randn(bs, 1024, device="cuda")
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model(x)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = model(x)
+            graphs[bs] = (g, x, out)
+        for _ in range(steps):
+            p = model(torch.randn(rng.randint(100, 3000), 1024, device="cuda"))
+            del p
+            bs = rng.choice((8, 16, 32, 64))
+            g, x, out = graphs[bs]
+            x.copy_(torch.randn(bs, 1024, device="cuda"))
+            g.replay()
+    torch.cuda.synchronize()
+    return []
+
+
+def compile_ro(torch, rng):
+    """torch.compile(mode="reduce-overhead") (cudagraph trees) fed several
+    batch sizes, each compiled and recorded once, then replayed."""
+    model = _step_mlp(torch)
+    cm = torch.compile(model, mode="reduce-overhead", dynamic=False)
+    with torch.no_grad():
+        for bs in (8, 32, 16, 32, 8, 16, 8):
+            for _ in range(3):
+                out = cm(torch.randn(bs, 1024, device="cuda"))
+            out = out.clone()
+            del out
+    torch.cuda.synchronize()
+    return []
+
+
+def mempool(torch, rng, rounds=3):
+    """MemPool and use_mem_pool: each round makes a pool, allocates into it
+    and into the default pool, frees half, allocates into it again (reusing
+    its blocks), frees everything, deletes the pool and calls empty_cache."""
+    MB = MiB
+    for _ in range(rounds):
+        pool = torch.cuda.MemPool()
+        with torch.cuda.use_mem_pool(pool):
+            ts = [torch.empty(rng.randint(1, 64 * MB), dtype=torch.uint8, device="cuda") for _ in range(16)]
+        ds = [torch.empty(rng.randint(1, 64 * MB), dtype=torch.uint8, device="cuda") for _ in range(8)]
+        del ts[::2]
+        with torch.cuda.use_mem_pool(pool):
+            ts += [torch.empty(rng.randint(1, 32 * MB), dtype=torch.uint8, device="cuda") for _ in range(8)]
+            ts += [torch.empty(rng.randint(1, 4096), dtype=torch.uint8, device="cuda") for _ in range(8)]
+        del ts, ds
+        del pool
+        torch.cuda.empty_cache()
+    return []
+
+
+def pending_retry(torch, rng):
+    """A malloc under a cap that fails while a fitting block's free is still
+    pending on another stream (record_stream; pytorch#189504): the allocator
+    synchronizes its events, the free completes, the cached block is
+    released and the malloc retried (num_alloc_retries 1)."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1 << 29)  # about 0.3 s: the free waits for it
+        a.record_stream(side)
+    del a
+    b = torch.empty(n, dtype=torch.uint8, device="cuda")
+    del b
+    torch.cuda.synchronize()
+    return []
+
+
+WORKLOADS = {"churn": churn, "mlp": mlp, "graph_step": graph_step, "serve_graphs": serve_graphs,
+             "compile_ro": compile_ro, "mempool": mempool, "pending_retry": pending_retry}
 
 
 def child(workload, label, cap, outdir, seed):
@@ -226,6 +368,18 @@ def spawn(outdir, workload, label, conf="", cap=0, seed=7):
         return json.load(f)
 
 
+def pools(outdir):
+    """The private-pool recordings: CUDA graphs, torch.compile's cudagraph
+    trees, MemPool, and the pending-free retry under a cap."""
+    os.makedirs(outdir, exist_ok=True)
+    spawn(outdir, "graph_step", "graph_step")
+    spawn(outdir, "graph_step", "graph_step_expandable", "expandable_segments:True")
+    spawn(outdir, "serve_graphs", "serve_graphs")
+    spawn(outdir, "mempool", "mempool")
+    spawn(outdir, "pending_retry", "pending_retry", "", odd_mib(1.5 * (1 << 30)))
+    spawn(outdir, "compile_ro", "compile_ro")
+
+
 def odd_mib(x):
     return (int(x) // (2 * MiB)) * 2 * MiB + MiB
 
@@ -237,6 +391,9 @@ def main():
         return
     if sys.argv[1] == "--probe":
         probe(sys.argv[2])
+        return
+    if sys.argv[1] == "--pools":
+        pools(sys.argv[2])
         return
     outdir = sys.argv[1]
     os.makedirs(outdir, exist_ok=True)

@@ -111,6 +111,11 @@ func (d *decoder) segment(v value) snapSegment {
 			if val.k == vInt {
 				s.device = val.n
 			}
+		case sSegmentPoolID:
+			if pc := d.container(val); pc != nil && pc.kind == pyTuple && len(pc.items) == 2 {
+				s.pool[0], _ = d.uintOf(pc.items[0])
+				s.pool[1], _ = d.uintOf(pc.items[1])
+			}
 		case sBlocks:
 			bc := d.container(val)
 			if bc == nil || bc.role != roleBlocks && bc.role != roleKeep {

@@ -51,12 +51,15 @@ package pytorch
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -191,6 +194,9 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		return nil, fmt.Errorf("%s: device_traces[%d] %w", name, opts.Device, d.entryErr)
 	}
 	h.Metadata["entries"] = strconv.FormatInt(d.entries, 10)
+	if p := privatePools(d.segments, opts.Device); p != "" {
+		h.Metadata["private_pools"] = p
+	}
 	if err := check.hist.consistent(d.segments, opts.Device); err != nil {
 		return nil, fmt.Errorf("%s: inconsistent snapshot: device_traces[%d] %w", name, opts.Device, err)
 	}
@@ -200,6 +206,34 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
 	return &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}, nil
+}
+
+// privatePools returns the segment_pool_id values other than (0, 0) of the
+// final segments of device dev, sorted and space-separated ("(0,1) (1,0)"),
+// or "": the private pools (CUDA graphs' and MemPools') that the snapshot
+// shows in use at its end. A pool whose segments were all freed before the
+// snapshot was taken leaves no trace in it.
+func privatePools(segs []snapSegment, dev int) string {
+	seen := map[[2]uint64]bool{}
+	var ids [][2]uint64
+	for _, s := range segs {
+		if (s.device >= 0 && s.device != int64(dev)) || s.pool == [2]uint64{} || seen[s.pool] {
+			continue
+		}
+		seen[s.pool] = true
+		ids = append(ids, s.pool)
+	}
+	slices.SortFunc(ids, func(a, b [2]uint64) int {
+		if c := cmp.Compare(a[0], b[0]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a[1], b[1])
+	})
+	out := make([]string, len(ids))
+	for k, id := range ids {
+		out[k] = fmt.Sprintf("(%d,%d)", id[0], id[1])
+	}
+	return strings.Join(out, " ")
 }
 
 // checker is the sink of Import's first reading: it converts each entry,

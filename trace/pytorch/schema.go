@@ -44,6 +44,7 @@ const (
 	sSmall
 	sActiveAllocated
 	sActivePendingFree
+	sSegmentPoolID
 	// The actions, in actionOps order.
 	sFirstAction
 )
@@ -55,6 +56,7 @@ var knownStrings = []string{
 	sIsExpandable: "is_expandable", sDevice: "device", sBlocks: "blocks",
 	sRequestedSize: "requested_size", sState: "state", sSmall: "small",
 	sActiveAllocated: "active_allocated", sActivePendingFree: "active_pending_free",
+	sSegmentPoolID: "segment_pool_id",
 }
 
 // snapSegment is a segment of the snapshot's final state, as reconstruct
@@ -65,8 +67,11 @@ type snapSegment struct {
 	stream     uint64
 	small      bool // segment_type "small"
 	expandable bool
-	blocks     []snapBlock
-	bad        string // why the segment cannot be used, "" if it can
+	// pool is the segment_pool_id: (0, 0) for the default pools, else a
+	// private pool's (a CUDA graph's or a MemPool's).
+	pool   [2]uint64
+	blocks []snapBlock
+	bad    string // why the segment cannot be used, "" if it can
 }
 
 // snapBlock is a block of a snapSegment.
@@ -256,6 +261,9 @@ func (d *decoder) roleFor(c *container, pos int, key value, k pyKind) role {
 		if key.k == vStr && key.n == sBlocks && k == pyList {
 			return roleBlocks
 		}
+		if key.k == vStr && key.n == sSegmentPoolID && k == pyTuple {
+			return roleKeep
+		}
 		return 0
 	case roleBlocks:
 		if k == pyDict {
@@ -349,7 +357,7 @@ func (d *decoder) setItems(at int64, op byte, target value, items []value) error
 			keep = key.k == vStr && (key.n == sDeviceTraces || key.n == sSegments || key.n == sAllocatorSettings)
 		case roleSegment:
 			keep = key.k == vStr && (key.n == sAddress || key.n == sTotalSize || key.n == sStream || key.n == sSegmentType ||
-				key.n == sIsExpandable || key.n == sDevice || key.n == sBlocks)
+				key.n == sIsExpandable || key.n == sDevice || key.n == sBlocks || key.n == sSegmentPoolID)
 		case roleBlock:
 			keep = key.k == vStr && (key.n == sAddress || key.n == sSize || key.n == sRequestedSize || key.n == sState)
 		}
