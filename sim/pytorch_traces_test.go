@@ -61,7 +61,7 @@ var ptAcceptance = []struct {
 	{name: "pytorch/serve_graphs", pending: "CUDA graph private pools are not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs"}},
 	{name: "pytorch/compile_ro", pending: "CUDA graph private pools are not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs"}},
 	{name: "pytorch/mempool", pending: "MemPool is not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs", "device frees"}},
-	{name: "pytorch/pending_retry", pending: "the retry of a malloc whose fitting block's free is pending on another stream is not counted (issue 14)", pendingFigures: []string{"retries"}},
+	{name: "pytorch/pending_retry"},
 }
 
 // ptTruth is what the real allocator reported.

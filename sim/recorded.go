@@ -32,7 +32,19 @@ type recorded struct {
 	follower policies.Follower // the policy, if it follows recordings
 	reqEvent int64             // event index of the last free_requested, -1 if none
 	reqAddr  uint64            // and its address
+	reqTime  int64             // and its time, ns
 }
+
+// lateGap is the time from a free_requested to the free_completed right
+// after it from which the free counts as late all the same: a block
+// without uses on other streams is freed in the call that requested it
+// (the two entries microseconds apart: at most 5 ms apart, the host
+// descheduled, in the recordings at hand), while a free pending on
+// another stream's work that completes inside the next malloc's retry
+// (synchronize_and_free_events, before release_cached_blocks) is logged
+// when that work ends, with nothing logged in between (pending_retry:
+// 271 ms).
+const lateGap = 20e6
 
 // startRecorded sets up the replay as recorded when cfg asks for it.
 func (r *Replay) startRecorded() {
@@ -44,8 +56,14 @@ func (r *Replay) startRecorded() {
 }
 
 // requested notes the free_requested of addr at event i.
-func (s *recorded) requested(i int64, addr uint64) {
-	s.reqEvent, s.reqAddr = i, addr
+func (s *recorded) requested(i int64, ev *trace.Event) {
+	s.reqEvent, s.reqAddr, s.reqTime = i, ev.Addr, ev.Time
+}
+
+// late reports whether the free ev at event i completes later than its
+// request: other events came between, or lateGap.
+func (s *recorded) late(i int64, ev *trace.Event) bool {
+	return s.reqEvent != i-1 || s.reqAddr != ev.Addr || ev.Time-s.reqTime >= lateGap
 }
 
 // followed shows a recorded device call (event ev) to the device and the
@@ -64,9 +82,10 @@ func (r *Replay) followed(ev *trace.Event) {
 
 // freeBlock gives the block of a back to the policy at event i, the free
 // (free_completed) ev: through FreeLate when the program asked for the free
-// (free_requested) before other events than this one.
+// (free_requested) before other events than this one, or long before it
+// (lateGap).
 func (r *Replay) freeBlock(i int64, ev *trace.Event, a liveAlloc) error {
-	if f := r.rec.follower; f != nil && a.released() && !(r.rec.reqEvent == i-1 && r.rec.reqAddr == ev.Addr) {
+	if f := r.rec.follower; f != nil && a.released() && r.rec.late(i, ev) {
 		if r.timer != nil {
 			r.timer.BeginPolicy()
 			defer r.timer.EndPolicy()

@@ -190,3 +190,41 @@ func TestPyTorchSnapshotsChecked(t *testing.T) {
 		})
 	}
 }
+
+// TestLateFreeRetry: a free_completed right after its free_requested but
+// 30 ms later is a free that was pending on another stream and completed
+// inside the next malloc's retry (pending_retry's shape, by hand: a 1 GiB
+// block, a 1.5 GiB cap, a second 1 GiB malloc that cannot get a segment
+// beside the first): one retry, the segment freed and allocated again.
+// The same entries 1 ms apart are an immediate free and an explicit
+// empty_cache: no retry, the same device calls.
+func TestLateFreeRetry(t *testing.T) {
+	const tr = `header source=pytorch setting.max_split_size=-1 setting.expandable_segments=false setting.garbage_collection_threshold=0
+segment_alloc addr=0x40000000 size=1GiB t=0
+malloc addr=0x40000000 size=1GiB t=1000
+free_requested addr=0x40000000 size=1GiB t=2000
+free addr=0x40000000 size=1GiB t=%d
+segment_free addr=0x40000000 size=1GiB t=%d
+segment_alloc addr=0x80000000 size=1GiB t=%d
+malloc addr=0x80000000 size=1GiB t=%d
+`
+	for _, tc := range []struct {
+		name    string
+		gap     int64 // ns from free_requested to free
+		retries int64
+	}{{"30 ms later", 30e6, 1}, {"1 ms later", 1e6, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			at := 2000 + tc.gap
+			rs, err := sim.Run(recordingSource(t, fmt.Sprintf(tr, at, at+10, at+20, at+30)),
+				sim.Config{Policy: "pytorch", AsRecorded: true, Capacity: 1536 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := rs[0]
+			if r.AllocRetries != tc.retries || r.DeviceAllocs != 2 || r.DeviceFrees != 1 || r.PeakReserved != 1<<30 || r.OOMs != 0 {
+				t.Errorf("retries %d, device allocs %d, frees %d, peak reserved %d, OOMs %d; want %d, 2, 1, %d, 0",
+					r.AllocRetries, r.DeviceAllocs, r.DeviceFrees, r.PeakReserved, r.OOMs, tc.retries, 1<<30)
+			}
+		})
+	}
+}

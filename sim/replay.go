@@ -295,7 +295,7 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 		}
 	case trace.OpFreeRequested:
 		r.freeRequested(i, ev)
-		r.rec.requested(i, ev.Addr)
+		r.rec.requested(i, ev)
 	case trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap:
 		r.followed(ev)
 	case trace.OpMarker:

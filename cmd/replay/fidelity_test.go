@@ -23,9 +23,6 @@ var fidelityPending = map[string]string{
 	"compile_ro":            "compile_ro.pickle.gz: diverges at event 157: real allocator: segment_alloc of 2097152 bytes at 0x7fa71da00000; simulation: no device call by event 158",
 	// A MemPool's blocks: the same, and nothing in the snapshot says so.
 	"mempool": "mempool.pickle.gz: diverges at event 32: real allocator: segment_alloc of 20971520 bytes at 0x7fd71a000000; simulation: no device call by event 33",
-	// The free pending on another stream completes inside the malloc's
-	// retry; the simulation frees it before and counts no retry.
-	"pending_retry": "pending_retry.pickle.gz: same device calls and placements, but figures differ from the real allocator's (pending_retry.stats.json):\npending_retry.pickle.gz:   retries: real allocator 1, simulation 0 (none made)",
 }
 
 // TestFidelity is the project's regression suite against real allocators:
