@@ -28,7 +28,9 @@ func newLiveSource(n int, atPeak func()) *liveSource {
 	return &liveSource{n: n, rng: rand.New(rand.NewPCG(1, 2)), atPeak: atPeak}
 }
 
-func (s *liveSource) Header() trace.Header { return trace.Header{Source: "text", Device: "NVIDIA H200"} }
+func (s *liveSource) Header() trace.Header {
+	return trace.Header{Source: "text", Device: "NVIDIA H200"}
+}
 
 func (s *liveSource) Next() (trace.Event, error) {
 	k := s.i
