@@ -186,9 +186,9 @@ func (o *fidelityObserver) Observe(a Action) {
 // collection (torch.cuda.max_memory_reserved, max_memory_allocated,
 // memory_stats and the per-process cap the job ran under).
 type Measured struct {
-	Cap         uint64 `json:"mem_cap_bytes"`        // bytes; 0 for none
-	Reserved    uint64 `json:"max_memory_reserved"`  // bytes
-	Allocated   uint64 `json:"max_memory_allocated"` // bytes
+	Cap         uint64  `json:"mem_cap_bytes"`        // bytes; 0 for none
+	Reserved    *uint64 `json:"max_memory_reserved"`  // bytes
+	Allocated   *uint64 `json:"max_memory_allocated"` // bytes
 	MemoryStats struct {
 		DeviceAllocs *int64 `json:"num_device_alloc"`
 		DeviceFrees  *int64 `json:"num_device_free"`
@@ -224,8 +224,12 @@ func CompareMeasured(rep *FidelityReport, m *Measured) []string {
 			out = append(out, fmt.Sprintf("%s: real allocator %v, simulation %v%s", name, real, sim, where))
 		}
 	}
-	differ("peak reserved bytes", m.Reserved, r.PeakReserved, "")
-	differ("peak allocated bytes", m.Allocated, r.PeakAllocated, "")
+	if m.Reserved != nil {
+		differ("peak reserved bytes", *m.Reserved, r.PeakReserved, "")
+	}
+	if m.Allocated != nil {
+		differ("peak allocated bytes", *m.Allocated, r.PeakAllocated, "")
+	}
 	ms := m.MemoryStats
 	if ms.DeviceAllocs != nil {
 		differ("device allocations", *ms.DeviceAllocs, r.DeviceAllocs, "")
