@@ -116,7 +116,12 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // was cut, Metadata also holds "truncated" ("true") and
 // "reconstructed_events" (how many events at the start rebuild the state
 // before the first entry; see reconstruct.go); otherwise the events are
-// the entries, one for one.
+// the entries, one for one. When final segments are in private pools (a
+// segment_pool_id other than (0, 0): a CUDA graph's, torch.compile's
+// cudagraph trees', a MemPool's), Metadata "private_pools" lists their ids,
+// sorted ("(0,1) (1,0)"); the trace entries of PyTorch 2.11 do not say
+// which pool a block went to, and a pool freed before the dump leaves no
+// id.
 //
 // In Settings the key "PYTORCH_CUDA_ALLOC_CONF" keeps its raw string; other
 // values are written as Go formats them: booleans "true"/"false", integers
