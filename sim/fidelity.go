@@ -73,6 +73,7 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 	var made []DeviceCall
 	rep.dev.OnCall(func(c DeviceCall) { made = append(made, c) })
 	out := &FidelityReport{}
+	counter, _ := rep.policy.(policies.Counter) // its retries, asked once per event
 	var queue []recordedCall // recorded calls not yet made
 	head := 0
 	// match compares the calls made while replaying event i with the
@@ -126,8 +127,8 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 		if err := rep.Step(i, ev); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
 		}
-		if c, ok := rep.policy.(policies.Counter); ok {
-			for n := c.Retries(); int64(len(out.RetryEvents)) < n; {
+		if counter != nil {
+			for n := counter.Retries(); int64(len(out.RetryEvents)) < n; {
 				out.RetryEvents = append(out.RetryEvents, i)
 			}
 		}
