@@ -57,6 +57,12 @@ const (
 	// OpMarker is an annotation (an iteration boundary, a phase name) whose
 	// text is in Label.
 	OpMarker
+	// OpPoolRelease says that private pool Pool is no longer used by any
+	// CUDA graph (the last graph captured into it was destroyed) or that
+	// its MemPool was deleted: from here its cached segments may be freed
+	// (at an empty_cache or an OOM's release) once all its blocks are
+	// free. PyTorch's releasePool. Since format version 2.
+	OpPoolRelease
 	numOps
 )
 
@@ -77,6 +83,7 @@ var opNames = [numOps]string{
 	OpSegmentMap:      "segment_map",
 	OpSegmentUnmap:    "segment_unmap",
 	OpMarker:          "marker",
+	OpPoolRelease:     "pool_release",
 }
 
 // String returns the op's name as used in the text form.
@@ -147,6 +154,12 @@ func ParseKind(s string) (Kind, bool) {
 type Event struct {
 	Op   Op
 	Kind Kind
+	// Pool is the private pool a malloc (or failed malloc) went to, or the
+	// pool a pool_release releases: 0 for the default pools, else a number
+	// the trace gives each private pool (a CUDA graph's, a MemPool's),
+	// whose source id the header's Metadata "pools" names ("1=(1,0)").
+	// Since format version 2.
+	Pool uint32
 	// Time is the event's time in nanoseconds since an arbitrary origin.
 	Time int64
 	// Addr is the allocation's address or id (malloc, free, segment ops) or
@@ -225,5 +238,6 @@ func ReadAll(src Source) ([]Event, error) {
 	}
 }
 
-// Version is the native format version this package writes.
-const Version = 1
+// Version is the native format version this package writes. Version 2
+// added Event.Pool and OpPoolRelease; version 1 files still read.
+const Version = 2

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -21,9 +22,11 @@ import (
 //
 // The first frame ('H') holds the Header as a msgpack map. Event frames
 // ('E') hold a msgpack uint count and then that many events, each a msgpack
-// array [op, time delta, address delta, size, stream, kind, thread, label]
-// with trailing zero fields left out; the time and address deltas are signed
-// differences from the previous event's (starting from 0). The last frame
+// array [op, time delta, address delta, size, stream, kind, thread, label,
+// pool] with trailing zero fields left out (label "" is zero); the time and
+// address deltas are signed differences from the previous event's (starting
+// from 0). Version 1, which had no pool, is read as well: its arrays end at
+// the label, and its events are all of the default pools. The last frame
 // ('T') is the trailer, a msgpack map {"events": total events, "crc32c": the
 // CRC-32C of every event frame's payload in order}, after which the file
 // must end. So truncation anywhere and corruption of any byte are detected.
@@ -158,12 +161,15 @@ func (w *Writer) Write(ev Event) error {
 		ev.Thread,
 	}
 	n := len(fields)
-	if ev.Label == "" {
+	switch {
+	case ev.Pool != 0:
+		n += 2
+	case ev.Label != "":
+		n++
+	default:
 		for n > 1 && fields[n-1] == 0 {
 			n--
 		}
-	} else {
-		n++
 	}
 	w.enc.EncodeArrayLen(n)
 	for k := 0; k < n && k < len(fields); k++ {
@@ -173,8 +179,11 @@ func (w *Writer) Write(ev Event) error {
 			w.enc.EncodeUint(fields[k])
 		}
 	}
-	if ev.Label != "" {
+	if n > len(fields) {
 		w.enc.EncodeString(ev.Label)
+	}
+	if ev.Pool != 0 {
+		w.enc.EncodeUint(uint64(ev.Pool))
 	}
 	w.prevT, w.prevA = ev.Time, ev.Addr
 	w.inFrame++
@@ -226,10 +235,11 @@ func (w *Writer) Events() uint64 { return w.events }
 // Reader reads a native trace as a stream of events; it holds one frame in
 // memory at a time.
 type Reader struct {
-	name   string
-	r      *bufio.Reader
-	off    int64 // bytes consumed from r
-	header Header
+	name    string
+	version int // the file's format version
+	r       *bufio.Reader
+	off     int64 // bytes consumed from r
+	header  Header
 
 	frame    []byte
 	frameOff int64 // file offset of the current frame's payload
@@ -267,9 +277,10 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	if v != Version {
-		return nil, tr.errAt(8, -1, fmt.Errorf("%w %d (this build reads version %d)", ErrUnsupportedVersion, v, Version))
+	if v < 1 || v > Version {
+		return nil, tr.errAt(8, -1, fmt.Errorf("%w %d (this build reads versions 1 to %d)", ErrUnsupportedVersion, v, Version))
 	}
+	tr.version = int(v)
 	kind, payload, err := tr.readFrame()
 	if err != nil {
 		return nil, err
@@ -420,8 +431,8 @@ func (r *Reader) decodeEvent() (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
-	if n < 1 || n > 8 {
-		return Event{}, fmt.Errorf("event has %d fields", n)
+	if maxFields := 8 + min(r.version-1, 1); n < 1 || n > maxFields {
+		return Event{}, fmt.Errorf("event has %d fields (version %d has at most %d)", n, r.version, maxFields)
 	}
 	var ev Event
 	for k := 0; k < n; k++ {
@@ -432,7 +443,7 @@ func (r *Reader) decodeEvent() (Event, error) {
 				return ev, err
 			}
 			ev.Op = Op(v)
-			if v > 255 || !ev.Op.Valid() {
+			if v > 255 || !ev.Op.Valid() || ev.Op == OpPoolRelease && r.version < 2 {
 				return ev, fmt.Errorf("invalid op %d", v)
 			}
 		case 1, 2:
@@ -469,6 +480,15 @@ func (r *Reader) decodeEvent() (Event, error) {
 				return ev, err
 			}
 			ev.Label = s
+		case 8:
+			v, err := r.dec.DecodeUint64()
+			if err != nil {
+				return ev, err
+			}
+			if v == 0 || v > math.MaxUint32 {
+				return ev, fmt.Errorf("invalid pool %d", v)
+			}
+			ev.Pool = uint32(v)
 		}
 	}
 	if n <= 1 {

@@ -9,6 +9,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 func readSmall(t *testing.T) (Header, []Event) {
@@ -66,8 +68,8 @@ func TestParseTextSmall(t *testing.T) {
 	if h.Device != "NVIDIA H200" || h.DeviceMemory != 150000000000 || h.Settings["PYTORCH_CUDA_ALLOC_CONF"] != "expandable_segments:True" || h.Metadata["job"] != "demo" {
 		t.Errorf("header = %+v", h)
 	}
-	if len(evs) != 19 {
-		t.Fatalf("got %d events, want 19", len(evs))
+	if len(evs) != 22 {
+		t.Fatalf("got %d events, want 22", len(evs))
 	}
 	want := Event{Op: OpMalloc, Addr: 0x7f0000000000, Size: 1000, Time: 1001, Thread: 7}
 	if evs[1] != want {
@@ -81,6 +83,69 @@ func TestParseTextSmall(t *testing.T) {
 	}
 	if evs[16].Label != "step 1" || evs[6].Addr != 3 || evs[6].Stream != 0x55aa {
 		t.Errorf("events 6, 16 = %+v, %+v", evs[6], evs[16])
+	}
+	if want := (Event{Op: OpMalloc, Addr: 0x7f0000200000, Size: 512, Stream: 0x55aa, Pool: 1, Time: 3100}); evs[19] != want {
+		t.Errorf("event 19 = %+v, want %+v", evs[19], want)
+	}
+	if want := (Event{Op: OpPoolRelease, Pool: 1, Time: 3200}); evs[21] != want {
+		t.Errorf("event 21 = %+v, want %+v", evs[21], want)
+	}
+}
+
+// TestFormatVersion1 reads a file written by a build of format version 1
+// (before pools): the same events as the text form's first 19.
+func TestFormatVersion1(t *testing.T) {
+	h, evs := readSmall(t)
+	data, err := os.ReadFile("testdata/small_v1.trace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if data[8] != 1 {
+		t.Fatalf("small_v1.trace has version byte %d, want 1", data[8])
+	}
+	h1, evs1, err := decodeAll(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Version = 1
+	if !reflect.DeepEqual(h, h1) {
+		t.Errorf("header: got %+v, want %+v", h1, h)
+	}
+	if !reflect.DeepEqual(evs[:19], evs1) {
+		t.Errorf("events differ:\ngot  %+v\nwant %+v", evs1, evs[:19])
+	}
+	// A version 1 file has no pool field and no pool_release.
+	for _, ev := range []Event{{Op: OpMalloc, Size: 1, Pool: 1}, {Op: OpPoolRelease, Pool: 1}} {
+		v2 := encode(t, Header{}, []Event{ev})
+		v1 := append([]byte(nil), v2...)
+		v1[8] = 1
+		if _, _, err := decodeAll(v1); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%v in a version 1 file: got %v, want corrupt", ev.Op, err)
+		}
+	}
+}
+
+// TestFormatPoolBytes pins the encoding of the pool: a 9th field after the
+// label, which is written (empty) to carry it; an event without a pool is
+// the bytes version 1 wrote.
+func TestFormatPoolBytes(t *testing.T) {
+	for _, tc := range []struct {
+		ev   Event
+		want string
+	}{
+		{Event{Op: OpMalloc, Size: 512}, "94 01 00 00 cd 02 00"},
+		{Event{Op: OpMalloc, Size: 512, Pool: 3}, "99 01 00 00 cd 02 00 00 00 00 a0 03"},
+		{Event{Op: OpMalloc, Size: 512, Pool: 3, Label: "x"}, "99 01 00 00 cd 02 00 00 00 00 a1 78 03"},
+		{Event{Op: OpPoolRelease, Pool: 1}, "99 10 00 00 00 00 00 00 a0 01"},
+	} {
+		var w Writer
+		w.enc = msgpack.NewEncoder(&w.buf)
+		if err := w.Write(tc.ev); err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprintf("% x", w.buf.Bytes()); got != tc.want {
+			t.Errorf("%+v: got %s, want %s", tc.ev, got, tc.want)
+		}
 	}
 }
 
@@ -198,7 +263,7 @@ func TestFormatBadStart(t *testing.T) {
 		{"", ErrTruncated, "x.trace: byte offset 0: truncated: empty file"},
 		{"GPUTR", ErrTruncated, "x.trace: byte offset 5: truncated: the file ends inside the magic"},
 		{"PK\x03\x04 a zip file", ErrBadMagic, "x.trace: byte offset 0: not a native trace (bad magic)"},
-		{"GPUTRACE\x07", ErrUnsupportedVersion, "x.trace: byte offset 8: unsupported format version 7 (this build reads version 1)"},
+		{"GPUTRACE\x07", ErrUnsupportedVersion, "x.trace: byte offset 8: unsupported format version 7 (this build reads versions 1 to 2)"},
 	} {
 		_, _, err := decodeAll([]byte(tc.in))
 		if !errors.Is(err, tc.want) || err.Error() != tc.msg {

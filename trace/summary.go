@@ -64,7 +64,7 @@ func (h *Histogram) summary() HistogramSummary {
 var SummaryOps = []Op{
 	OpMalloc, OpFree, OpFreeRequested, OpMallocFailed, OpStreamSync,
 	OpDeviceSync, OpEventRecord, OpStreamWaitEvent, OpEventSync, OpEmptyCache,
-	OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap, OpMarker,
+	OpSegmentAlloc, OpSegmentFree, OpSegmentMap, OpSegmentUnmap, OpMarker, OpPoolRelease,
 }
 
 // SummaryKinds lists the memory kinds in the order summaries and tables

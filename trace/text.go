@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,7 +22,8 @@ import (
 // Each line is an op name (Op.String) followed by key=value fields: addr
 // (or id), size, stream, kind (device, async, pinned, managed), t (time in
 // nanoseconds; when absent, the previous event's time plus one), thread,
-// event (the CUDA event id of event ops, stored in Addr) and label. Numbers
+// pool (the private pool of a malloc or pool_release, 0 for the default
+// pools), event (the CUDA event id of event ops, stored in Addr) and label. Numbers
 // are decimal or 0x-prefixed hex; sizes also take suffixes (4KiB, 2MiB).
 // Values holding spaces are double-quoted. An optional header line, before
 // any event, sets Header fields; setting.KEY and meta.KEY fill Settings and
@@ -148,6 +150,12 @@ func setEventField(ev *Event, k, v string) error {
 		ev.Stream, err = parseNumber(v)
 	case "thread":
 		ev.Thread, err = parseNumber(v)
+	case "pool":
+		var n uint64
+		if n, err = parseNumber(v); err == nil && n > math.MaxUint32 {
+			return fmt.Errorf("pool=%q: above %d", v, uint32(math.MaxUint32))
+		}
+		ev.Pool = uint32(n)
 	case "t":
 		var n int64
 		n, err = strconv.ParseInt(v, 0, 64)
@@ -326,6 +334,9 @@ func FormatText(ev Event) string {
 	fmt.Fprintf(&b, " t=%d", ev.Time)
 	if ev.Thread != 0 {
 		fmt.Fprintf(&b, " thread=%d", ev.Thread)
+	}
+	if ev.Pool != 0 {
+		fmt.Fprintf(&b, " pool=%d", ev.Pool)
 	}
 	if ev.Label != "" {
 		fmt.Fprintf(&b, " label=%s", quoteIfNeeded(ev.Label))

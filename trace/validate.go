@@ -18,7 +18,8 @@ func (e *ValidationError) Error() string { return fmt.Sprintf("event %d: %s", e.
 // address that is live, a free (or free request) of an address that is not
 // live, naming the event that freed it when it is a double free (among the
 // last RecentFrees frees), a malloc of 0 bytes or of more than MaxSize
-// bytes, a wait on or synchronize of a CUDA event never recorded (it
+// bytes, a pool where no pool belongs (CheckPool), a wait on or
+// synchronize of a CUDA event never recorded (it
 // orders nothing), a free on one stream of a block allocated on another
 // that nothing orders it after (see streamOrder), a negative time and time
 // going backwards. Its memory
@@ -112,6 +113,13 @@ func (v *Validator) Check(i int64, ev Event) error {
 }
 
 func (v *Validator) checkOp(i int64, ev Event) error {
+	if err := v.applyOp(i, ev); err != nil {
+		return err
+	}
+	return CheckPool(i, ev)
+}
+
+func (v *Validator) applyOp(i int64, ev Event) error {
 	switch ev.Op {
 	case OpMalloc:
 		if err := CheckSize(i, ev); err != nil {
@@ -160,6 +168,19 @@ func (v *Validator) checkOp(i int64, ev Event) error {
 		for s := range v.order.ops {
 			join(v.order.host, v.order.knows(s))
 		}
+	}
+	return nil
+}
+
+// CheckPool returns a problem with event i's pool: a pool on an op other
+// than a malloc, a failed malloc or a pool_release, or a pool_release of
+// the default pools (pool 0), which are never released.
+func CheckPool(i int64, ev Event) error {
+	switch {
+	case ev.Op == OpPoolRelease && ev.Pool == 0:
+		return &ValidationError{i, 0, "pool_release of pool 0, the default pools, which are never released"}
+	case ev.Pool != 0 && ev.Op != OpMalloc && ev.Op != OpMallocFailed && ev.Op != OpPoolRelease:
+		return &ValidationError{i, ev.Addr, fmt.Sprintf("%s with pool %d: only a malloc, a failed malloc or a pool_release names a pool", ev.Op, ev.Pool)}
 	}
 	return nil
 }

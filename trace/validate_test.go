@@ -149,3 +149,17 @@ event_record event=5 stream=3
 		"event 9: free on stream 0x2 of 0x3, allocated on stream 0x1 at event 7, which no event wait or synchronize orders it after: stream 0x1 may still use it",
 	)
 }
+
+// A pool belongs to a malloc, a failed malloc or a pool_release, and the
+// default pools (0) are never released.
+func TestValidatePools(t *testing.T) {
+	checkProblems(t, `malloc id=1 size=1KiB pool=2
+malloc_failed size=1GiB pool=2
+free id=1 pool=2
+pool_release pool=2
+pool_release
+`,
+		"event 2: free with pool 2: only a malloc, a failed malloc or a pool_release names a pool",
+		"event 4: pool_release of pool 0, the default pools, which are never released",
+	)
+}
