@@ -112,6 +112,23 @@ type Counter interface {
 	Retries() int64
 }
 
+// Pooler is implemented by policies that keep private pools apart from
+// their default ones, as PyTorch's caching allocator does for CUDA graph
+// captures and MemPools (trace.Event.Pool). A replay gives a policy that
+// is none the mallocs of private pools as plain mallocs, and says so.
+type Pooler interface {
+	// MallocPool is Malloc of size bytes on stream into private pool
+	// pool (never 0, the default pools): a malloc made while a CUDA
+	// graph was captured into the pool, or inside its MemPool's
+	// use_mem_pool context. The pool is created by its first malloc.
+	MallocPool(size, stream uint64, pool uint32) (Block, error)
+	// ReleasePool says that no graph uses pool any more, or that its
+	// MemPool was deleted: from here the policy may give its cached
+	// segments back once its blocks are free. Releasing a pool that had
+	// no malloc does nothing.
+	ReleasePool(pool uint32) error
+}
+
 // Planner is implemented by clairvoyant policies, which place mallocs
 // knowing the whole trace (offline): the replay calls Plan with every event
 // of the trace before the first Malloc, and then replays the same events.

@@ -14,9 +14,9 @@ import (
 // malloc, get_free_block, garbage_collect_cached_blocks, alloc_block,
 // release_available_cached_blocks, release_cached_blocks, release_block,
 // free_block, should_split, round_size, get_allocation_size), as PyTorch
-// 2.11 runs it. Expandable segments are in pytorch_expandable.go, the
-// settings in pytorch_conf.go, following a recording in
-// pytorch_follow.go.
+// 2.11 runs it. Expandable segments are in pytorch_expandable.go, private
+// pools in pytorch_pools.go, the settings in pytorch_conf.go, following a
+// recording in pytorch_follow.go.
 
 // PyTorch caching allocator constants, in bytes.
 const (
@@ -86,6 +86,11 @@ func defaultPytorchConfig() pytorchConfig {
 // and pool, pages of 2 MiB or 20 MiB mapped on demand, which needs a device
 // that is a Mapper).
 //
+// Private pools (pytorch_pools.go, a Pooler): the mallocs of a CUDA graph
+// capture or of a MemPool go to their pool's own small and large pools,
+// with segments of their own, and a pool's segments are freed only after
+// ReleasePool, at the next release.
+//
 // Blocks freed on another stream than their own return to their own
 // stream's free blocks. A free that completes late (FreeLate, for a block
 // used on other streams) is taken back at the next malloc, or at the
@@ -100,6 +105,11 @@ type PyTorch struct {
 
 	large, small ptPool
 	active       trace.AddrMap[*ptBlock] // allocated blocks by address
+
+	// Private pools (pytorch_pools.go): by id, and those released, in the
+	// order of their release (graph_pools, graph_pools_freeable).
+	pools    map[uint32]*ptPrivate
+	freeable []*ptPrivate
 
 	reserved  uint64 // bytes in live segments and mapped pages (total_allocated_memory)
 	freeBytes uint64 // bytes in cached free blocks
@@ -123,6 +133,7 @@ var (
 	_ FreeSpacer = (*PyTorch)(nil)
 	_ Counter    = (*PyTorch)(nil)
 	_ Follower   = (*PyTorch)(nil)
+	_ Pooler     = (*PyTorch)(nil)
 )
 
 func init() {
@@ -137,7 +148,7 @@ func init() {
 			{Key: ptKeyGCThreshold, Default: "off", Derived: true, Doc: "under a capacity, the oldest unused cached segments are freed before reserved bytes pass this fraction of it, in (0.0, 1.0)"},
 			{Key: ptKeyExpandableSegments, Default: "False", Doc: "True maps pages of one growing range per stream and pool on demand; it needs a device that is a Mapper"},
 		},
-		Abilities: Abilities{Releaser: true, Follower: true, FreeSpacer: true, Counter: true, MapperSetting: ptKeyExpandableSegments},
+		Abilities: Abilities{Releaser: true, Follower: true, FreeSpacer: true, Counter: true, Pooler: true, MapperSetting: ptKeyExpandableSegments},
 	}, func(dev Device, s Settings) (Policy, error) { return NewPyTorch(dev, s) })
 	registerRecorded("pytorch", pytorchRecorded)
 }
@@ -197,6 +208,7 @@ func (b *ptBlock) isSplit() bool { return b.prev != nil || b.next != nil }
 // by (size, address); the streams in ascending order.
 type ptPool struct {
 	small   bool
+	owner   *ptPrivate        // the private pool it is part of, nil for a default one
 	page    uint64            // page size of its expandable segments
 	streams []*ptStreamBlocks // sorted by stream
 	last    *ptStreamBlocks   // the last looked up, or nil
@@ -336,6 +348,12 @@ func (p *PyTorch) gcActive() bool {
 // error wrapping ErrOutOfMemory when the retry fails too, and any other
 // error of the device as it is.
 func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
+	return p.malloc(size, stream, nil)
+}
+
+// malloc is Malloc into the private pool priv, or the default pools when
+// priv is nil.
+func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 	if size == 0 {
 		// PyTorch hands out a null pointer for 0 bytes and allocates
 		// nothing (NativeCachingAllocator::allocate).
@@ -347,8 +365,14 @@ func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
 	}
 	rsize := p.roundSize(size)
 	pool := &p.large
+	if priv != nil {
+		pool = &priv.large
+	}
 	if rsize <= ptSmallSize {
 		pool = &p.small
+		if priv != nil {
+			pool = &priv.small
+		}
 	}
 	segSize := allocationSize(rsize)
 	if len(p.staged) > 0 || p.releasesSeen > 0 {
@@ -409,6 +433,11 @@ func (p *PyTorch) findOrAllocate(pool *ptPool, stream, rsize, segSize uint64) (*
 		if b, err = p.allocBlock(pool, stream, rsize, segSize); b != nil || err != nil {
 			return b, err
 		}
+	}
+	if pool.owner != nil {
+		// A capture (or a MemPool's context) is under way: malloc frees
+		// nothing more and does not retry.
+		return nil, nil
 	}
 	if err := p.releaseCachedBlocks(); err != nil {
 		return nil, err
@@ -510,6 +539,9 @@ func (p *PyTorch) allocBlock(pool *ptPool, stream, rsize, segSize uint64) (*ptBl
 		return nil, fmt.Errorf("pytorch: device alloc of %d bytes: %w", segSize, err)
 	}
 	p.reserved += segSize
+	if pool.owner != nil {
+		pool.owner.devAllocs++
+	}
 	b := p.newBlock()
 	*b = ptBlock{addr: addr, size: segSize, stream: stream, pool: pool}
 	return b, nil
@@ -617,7 +649,16 @@ func (p *PyTorch) releaseBlocks(list []*ptBlock) error {
 // large pool first, each in (stream, size, address) order.
 func (p *PyTorch) releaseCachedBlocks() error {
 	p.completePending()
-	for _, pool := range [...]*ptPool{&p.large, &p.small} {
+	if err := p.releasePools(&p.large, &p.small); err != nil {
+		return err
+	}
+	return p.releaseFreeable()
+}
+
+// releasePools frees the cached segments that are not split and unmaps the
+// free pages of expandable segments of each pool, in turn.
+func (p *PyTorch) releasePools(pools ...*ptPool) error {
+	for _, pool := range pools {
 		list := p.scratch[:0]
 		for _, sb := range pool.streams {
 			list = sb.tree.appendIf(list, func(b *ptBlock) bool { return b.seg != nil || !b.isSplit() })
@@ -657,6 +698,9 @@ func (p *PyTorch) releaseBlock(b *ptBlock) error {
 	}
 	p.removeFree(b)
 	p.reserved -= b.size
+	if b.pool.owner != nil {
+		b.pool.owner.devAllocs--
+	}
 	p.recycle(b)
 	return nil
 }
@@ -731,12 +775,18 @@ func (p *PyTorch) EmptyCache() error {
 // FreeSpace returns the bytes in cached free blocks and the size in bytes
 // of the largest.
 func (p *PyTorch) FreeSpace() (total, largest uint64) {
-	for _, pool := range [...]*ptPool{&p.large, &p.small} {
+	largestOf := func(pool *ptPool) {
 		for _, sb := range pool.streams {
 			if b := sb.tree.max(); b != nil && b.size > largest {
 				largest = b.size
 			}
 		}
+	}
+	largestOf(&p.large)
+	largestOf(&p.small)
+	for _, pp := range p.pools {
+		largestOf(&pp.large)
+		largestOf(&pp.small)
 	}
 	return p.freeBytes, largest
 }

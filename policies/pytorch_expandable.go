@@ -154,6 +154,9 @@ func (p *PyTorch) mapBlock(b *ptBlock, size uint64) (bool, error) {
 	p.tryMerge(b, b.next)
 	p.insertFree(b)
 	p.reserved += msize
+	if pool.owner != nil {
+		pool.owner.devAllocs++
+	}
 	return true, nil
 }
 
@@ -197,6 +200,9 @@ func (p *PyTorch) unmapBlock(b *ptBlock) error {
 	p.tryMerge(b, b.next)
 	pool.insertUnmapped(b)
 	p.reserved -= usize
+	if pool.owner != nil {
+		pool.owner.devAllocs--
+	}
 	if b.prev == nil && b.next == nil {
 		pool.removeUnmapped(b)
 		for i, s := range p.segments {

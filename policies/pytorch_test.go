@@ -46,20 +46,25 @@ type ptCase struct {
 	retries       int64
 
 	freeTotal, freeLargest uint64 // FreeSpace at the end
+
+	// frees lists the device frees in order, as B+offset:size, when set.
+	freeCalls string
 }
 
 // ptRun is what ptDrive saw.
 type ptRun struct {
 	dev           *sim.Device
 	p             policies.Policy
+	freeCalls     []policies.Block // the device frees, in order
 	blocks        []policies.Block
 	ooms          int
 	peakAllocated uint64
 }
 
 // ptDrive replays a text-form trace against the pytorch policy: malloc
-// and free by trace address, malloc_failed as an attempt freed at once,
-// empty_cache. Errors other than OOMs fail the test.
+// and free by trace address (into its pool: MallocPool when it names
+// one), malloc_failed as an attempt freed at once, empty_cache,
+// pool_release. Errors other than OOMs fail the test.
 func ptDrive(t testing.TB, capacity uint64, text string) ptRun {
 	t.Helper()
 	_, evs, err := trace.ParseText(t.Name(), strings.NewReader(text))
@@ -72,12 +77,22 @@ func ptDrive(t testing.TB, capacity uint64, text string) ptRun {
 		t.Fatal(err)
 	}
 	r := ptRun{dev: dev, p: p}
+	dev.OnCall(func(c sim.DeviceCall) {
+		if c.Op == trace.OpSegmentFree {
+			r.freeCalls = append(r.freeCalls, policies.Block{Addr: c.Addr, Size: c.Size})
+		}
+	})
 	live := map[uint64]policies.Block{}
 	var allocated uint64
 	for i, ev := range evs {
 		switch ev.Op {
 		case trace.OpMalloc, trace.OpMallocFailed:
-			b, err := p.Malloc(ev.Size, ev.Stream)
+			var b policies.Block
+			if ev.Pool != 0 {
+				b, err = p.(policies.Pooler).MallocPool(ev.Size, ev.Stream, ev.Pool)
+			} else {
+				b, err = p.Malloc(ev.Size, ev.Stream)
+			}
 			if err != nil {
 				if !errors.Is(err, policies.ErrOutOfMemory) {
 					t.Fatalf("event %d: malloc of %d: %v", i, ev.Size, err)
@@ -110,6 +125,10 @@ func ptDrive(t testing.TB, capacity uint64, text string) ptRun {
 			}
 		case trace.OpEmptyCache:
 			if err := p.(policies.Releaser).EmptyCache(); err != nil {
+				t.Fatalf("event %d: %v", i, err)
+			}
+		case trace.OpPoolRelease:
+			if err := p.(policies.Pooler).ReleasePool(ev.Pool); err != nil {
 				t.Fatalf("event %d: %v", i, err)
 			}
 		}
@@ -341,6 +360,94 @@ malloc id=4 size=3MiB`,
 		peakReserved: 22 * M, peakAllocated: 3*M + 2048, reservedEnd: 22 * M,
 		allocs: 3, frees: 1,
 		freeTotal: 2*M - 1024 + 17*M, freeLargest: 17 * M,
+	}, {
+		// Private pools (pytorch_pools.go). A capture's mallocs (pool=1)
+		// get a small and a large segment of their own although the
+		// default pools' segments have room: B small default, B+2M small
+		// of pool 1, B+4M a 20 MiB segment of pool 1, B+24M the default
+		// pools' 20 MiB one.
+		name: "a private pool's mallocs get segments of their own",
+		trace: `malloc id=1 size=1000
+malloc id=2 size=1000 pool=1
+malloc id=3 size=3MiB pool=1
+malloc id=4 size=3MiB`,
+		blocks:       []blk{{B, 1024}, {B + 2*M, 1024}, {B + 4*M, 3 * M}, {B + 24*M, 3 * M}},
+		peakReserved: 44 * M, peakAllocated: 2048 + 6*M, reservedEnd: 44 * M, allocs: 4,
+		freeTotal: 2*(2*M-1024) + 2*17*M, freeLargest: 17 * M,
+	}, {
+		// A block freed goes back to its own pool: the default malloc of
+		// 4 MiB does not take pool 1's free 20 MiB block (a segment of
+		// its own at B+20M), pool 1's next malloc does (at B again).
+		name: "no reuse across pools",
+		trace: `malloc id=1 size=4MiB pool=1
+free id=1
+malloc id=2 size=4MiB
+malloc id=3 size=4MiB pool=1`,
+		blocks:       []blk{{B, 4 * M}, {B + 20*M, 4 * M}, {B, 4 * M}},
+		peakReserved: 40 * M, peakAllocated: 8 * M, reservedEnd: 40 * M, allocs: 2,
+		freeTotal: 32 * M, freeLargest: 16 * M,
+	}, {
+		// Two pools keep apart from each other as from the default ones:
+		// pool 2's malloc gets its own small segment at B+2M, pool 1's
+		// second one follows its first at B+1024.
+		name: "two private pools",
+		trace: `malloc id=1 size=1000 pool=1
+malloc id=2 size=1000 pool=2
+malloc id=3 size=1000 pool=1`,
+		blocks:       []blk{{B, 1024}, {B + 2*M, 1024}, {B + 1024, 1024}},
+		peakReserved: 4 * M, peakAllocated: 3072, reservedEnd: 4 * M, allocs: 2,
+		freeTotal: 2*M - 2048 + 2*M - 1024, freeLargest: 2*M - 1024,
+	}, {
+		// Pool 1's segments, all free, stay through an empty_cache while a
+		// graph uses the pool. After pool_release the next empty_cache
+		// frees them, the small pool's (B+20M) before the large one's (B);
+		// the default 20 MiB segment at B+22M holds a live block, so it
+		// stays.
+		name: "a private pool is freed only after its release",
+		trace: `malloc id=1 size=4MiB pool=1
+malloc id=2 size=1000 pool=1
+free id=1
+free id=2
+empty_cache
+pool_release pool=1
+malloc id=3 size=4MiB
+empty_cache`,
+		blocks:       []blk{{B, 4 * M}, {B + 20*M, 1024}, {B + 22*M, 4 * M}},
+		peakReserved: 42 * M, peakAllocated: 4*M + 1024, reservedEnd: 20 * M, allocs: 3, frees: 2,
+		freeTotal: 16 * M, freeLargest: 16 * M,
+		freeCalls: "[B+0x1400000:2097152 B+0x0:20971520]",
+	}, {
+		// A released pool keeps a segment with a live block; once the
+		// block is freed the next empty_cache frees the segment.
+		name: "a released pool keeps its live blocks",
+		trace: `malloc id=1 size=4MiB pool=1
+malloc id=2 size=4MiB pool=1
+pool_release pool=1
+free id=1
+empty_cache
+free id=2
+empty_cache`,
+		blocks:       []blk{{B, 4 * M}, {B + 4*M, 4 * M}},
+		peakReserved: 20 * M, peakAllocated: 8 * M, reservedEnd: 0, allocs: 1, frees: 1,
+		freeCalls: "[B+0x0:20971520]",
+	}, {
+		// Under a 40 MiB capacity, with pool 1 holding 12 MiB and the
+		// default pools a free 20 MiB segment: pool 1's second 12 MiB
+		// malloc would pass the capacity, and a capture's malloc frees no
+		// cached segment and does not retry, so it fails (an OOM, no
+		// retry). A default malloc of 22 MiB in the same state frees the
+		// free default segment and retries: 12 + 22 MiB fit.
+		name:     "a private pool's malloc does not retry",
+		capacity: 40 * M,
+		trace: `malloc id=1 size=4MiB
+free id=1
+malloc id=2 size=12MiB pool=1
+malloc_failed size=12MiB pool=1
+malloc id=3 size=22MiB`,
+		blocks:       []blk{{B, 4 * M}, {B + 20*M, 12 * M}, {}, {B + 32*M, 22 * M}},
+		ooms:         1,
+		peakReserved: 34 * M, peakAllocated: 34 * M, reservedEnd: 34 * M, allocs: 3, frees: 1, retries: 1,
+		freeCalls: "[B+0x0:20971520]",
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -372,6 +479,9 @@ malloc id=4 size=3MiB`,
 			total, largest := r.p.(policies.FreeSpacer).FreeSpace()
 			if total != tc.freeTotal || largest != tc.freeLargest {
 				t.Errorf("FreeSpace() = %d, %d; want %d, %d", total, largest, tc.freeTotal, tc.freeLargest)
+			}
+			if got := ptFmtBlocks(r.freeCalls); tc.freeCalls != "" && got != tc.freeCalls {
+				t.Errorf("device frees %s, want %s", got, tc.freeCalls)
 			}
 		})
 	}

@@ -68,6 +68,8 @@ type Abilities struct {
 	FreeSpacer bool `json:"free_spacer"`
 	// Counter: the policy counts its allocation retries (Counter).
 	Counter bool `json:"counter"`
+	// Pooler: the policy keeps private pools apart (Pooler).
+	Pooler bool `json:"pooler"`
 	// MapperSetting is the setting that, when on, needs a Device that is a
 	// Mapper (pytorch's expandable_segments); empty when none does.
 	MapperSetting string `json:"mapper_setting,omitempty"`
@@ -89,6 +91,7 @@ func (a Abilities) List() []string {
 		{a.Follower, "follows recordings"},
 		{a.FreeSpacer, "free space"},
 		{a.Counter, "retries"},
+		{a.Pooler, "private pools"},
 	} {
 		if f.on {
 			out = append(out, f.name)

@@ -150,9 +150,10 @@ func TestRegistryAbilities(t *testing.T) {
 			_, follower := p.(policies.Follower)
 			_, spacer := p.(policies.FreeSpacer)
 			_, counter := p.(policies.Counter)
+			_, pooler := p.(policies.Pooler)
 			want := policies.Abilities{
 				Planner: planner, Hinter: hinter, Marker: marker, Syncer: syncer,
-				Releaser: releaser, Follower: follower, FreeSpacer: spacer, Counter: counter,
+				Releaser: releaser, Follower: follower, FreeSpacer: spacer, Counter: counter, Pooler: pooler,
 				MapperSetting: in.Abilities.MapperSetting,
 			}
 			if in.Abilities != want {

@@ -69,12 +69,12 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 		return nil, err
 	}
 	rep.res.TraceSource = src.Header().Source
-	rep.res.PrivatePools = privatePools(cfg.Policy, src.Header())
+	rep.SetPoolNames(src.Header())
 	var made []DeviceCall
 	rep.dev.OnCall(func(c DeviceCall) { made = append(made, c) })
 	out := &FidelityReport{}
 	counter, _ := rep.policy.(policies.Counter) // its retries, asked once per event
-	var queue []recordedCall // recorded calls not yet made
+	var queue []recordedCall                    // recorded calls not yet made
 	head := 0
 	// match compares the calls made while replaying event i with the
 	// recorded ones; acting says whether the allocator acted on it, so that

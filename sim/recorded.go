@@ -108,16 +108,6 @@ func (r *Replay) End() error {
 	return nil
 }
 
-// privatePools returns the private pools that a trace of header h shows in
-// use (its "private_pools" metadata) when the policy called name simulates
-// the allocator h was recorded under; else "".
-func privatePools(name string, h trace.Header) string {
-	if _, ok, _ := policies.Recorded(name, h, nil); !ok {
-		return ""
-	}
-	return h.Metadata["private_pools"]
-}
-
 // ContextBytes is the memory in bytes a device's context holds before the
 // first allocation, as measured on an H200 (CUDA 13.0, driver 580.159;
 // ../shared/reference/CUDA_MEASURED.md, "Footprint"): a card's memory less

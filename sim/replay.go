@@ -6,6 +6,9 @@ import (
 	"io"
 	"math"
 	"math/bits"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/gpualloc/allocsim/policies"
@@ -138,7 +141,14 @@ type Replay struct {
 	back   Backend     // the device: dev, or cfg.Backend
 	dev    *Device     // the simulated device, nil on a Backend
 	timer  PolicyTimer // back's, if it times the policy's calls
+	pooler policies.Pooler
 	res    Result
+
+	// The mallocs into private pools that a policy that is no Pooler
+	// placed in its default pools, by pool; poolNames is the trace's
+	// "pools" metadata, which names them.
+	unpooled  map[uint32]int64
+	poolNames string
 
 	live trace.AddrMap[liveAlloc] // live allocations by trace address
 
@@ -229,6 +239,7 @@ func NewReplay(cfg Config) (*Replay, error) {
 		check:  chk,
 	}
 	r.timer, _ = back.(PolicyTimer)
+	r.pooler, _ = p.(policies.Pooler)
 	r.startRecorded()
 	r.res = Result{
 		Trace:            cfg.Trace,
@@ -280,6 +291,11 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 	if r.check != nil {
 		r.check.Begin(i)
 	}
+	if ev.Pool != 0 || ev.Op == trace.OpPoolRelease {
+		if p := trace.CheckPool(i, *ev); p != nil {
+			r.problem = p
+		}
+	}
 	switch ev.Op {
 	case trace.OpMalloc:
 		if err := r.malloc(i, ev); err != nil {
@@ -307,6 +323,12 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 	case trace.OpStreamSync, trace.OpDeviceSync, trace.OpEventRecord, trace.OpStreamWaitEvent, trace.OpEventSync:
 		if err := r.sync(i, ev); err != nil {
 			return err
+		}
+	case trace.OpPoolRelease:
+		if r.pooler != nil && ev.Pool != 0 {
+			if err := r.pooler.ReleasePool(ev.Pool); err != nil {
+				return fmt.Errorf("event %d: pool_release of pool %d: %w", i, ev.Pool, err)
+			}
 		}
 	case trace.OpEmptyCache:
 		if rel, ok := r.policy.(policies.Releaser); ok {
@@ -370,7 +392,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	// The trace's own live bytes: the lower bound, whatever the policy does.
 	r.requested.add(ev.Size)
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
-	b, err := r.policyMalloc(ev.Size, ev.Stream)
+	b, err := r.policyMalloc(ev.Size, ev.Stream, ev.Pool)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
@@ -445,9 +467,9 @@ func (r *Replay) sync(i int64, ev *trace.Event) error {
 
 // policyMalloc and policyFree call the policy, timed by the backend when
 // it is a PolicyTimer (small enough to be inlined when it is not).
-func (r *Replay) policyMalloc(size, stream uint64) (policies.Block, error) {
-	if r.timer != nil {
-		return r.timedMalloc(size, stream)
+func (r *Replay) policyMalloc(size, stream uint64, pool uint32) (policies.Block, error) {
+	if r.timer != nil || pool != 0 {
+		return r.timedMalloc(size, stream, pool)
 	}
 	return r.policy.Malloc(size, stream)
 }
@@ -459,9 +481,23 @@ func (r *Replay) policyFree(addr, stream uint64) error {
 	return r.policy.Free(addr, stream)
 }
 
-func (r *Replay) timedMalloc(size, stream uint64) (policies.Block, error) {
-	r.timer.BeginPolicy()
-	defer r.timer.EndPolicy()
+// timedMalloc is policyMalloc's slow path: timed, or into a private pool
+// (which a policy that is no Pooler gets as a plain malloc, counted).
+func (r *Replay) timedMalloc(size, stream uint64, pool uint32) (policies.Block, error) {
+	if pool != 0 && r.pooler == nil {
+		if r.unpooled == nil {
+			r.unpooled = map[uint32]int64{}
+		}
+		r.unpooled[pool]++
+		pool = 0
+	}
+	if r.timer != nil {
+		r.timer.BeginPolicy()
+		defer r.timer.EndPolicy()
+	}
+	if pool != 0 {
+		return r.pooler.MallocPool(size, stream, pool)
+	}
 	return r.policy.Malloc(size, stream)
 }
 
@@ -479,7 +515,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	if !ev.Kind.OnDevice() {
 		return nil
 	}
-	b, err := r.policyMalloc(ev.Size, ev.Stream)
+	b, err := r.policyMalloc(ev.Size, ev.Stream, ev.Pool)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
@@ -628,6 +664,45 @@ func fragmentation(allocated, reserved uint64) float64 {
 	return 1 - float64(allocated)/float64(reserved)
 }
 
+// SetPoolNames gives the replay the names of the trace's private pools,
+// from header h's "pools" metadata ("1=(1,0) 2=(0,1)"), for the warning
+// about mallocs into private pools when the policy is no Pooler, and the
+// trace's "pool_warning".
+func (r *Replay) SetPoolNames(h trace.Header) {
+	r.poolNames = h.Metadata["pools"]
+	r.res.PoolWarning = h.Metadata["pool_warning"]
+}
+
+// unpooledPools describes the mallocs into private pools that a policy
+// that is no Pooler placed in its default pools, by pool in ascending
+// order ("(1,0): 37 mallocs, (0,1): 2 mallocs"), named by names (the
+// trace's "pools" metadata) where it names them; "" if none.
+func unpooledPools(counts map[uint32]int64, names string) string {
+	if len(counts) == 0 {
+		return ""
+	}
+	byID := map[string]string{}
+	for _, f := range strings.Fields(names) {
+		if id, name, ok := strings.Cut(f, "="); ok {
+			byID[id] = name
+		}
+	}
+	ids := make([]uint32, 0, len(counts))
+	for id := range counts {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	parts := make([]string, len(ids))
+	for k, id := range ids {
+		name := byID[strconv.FormatUint(uint64(id), 10)]
+		if name == "" {
+			name = "pool " + strconv.FormatUint(uint64(id), 10)
+		}
+		parts[k] = fmt.Sprintf("%s: %d mallocs", name, counts[id])
+	}
+	return strings.Join(parts, ", ")
+}
+
 // Finish returns the result of the replay so far, with the device's and the
 // policy's counters.
 func (r *Replay) Finish() *Result {
@@ -640,6 +715,7 @@ func (r *Replay) Finish() *Result {
 	if c, ok := r.policy.(policies.Counter); ok {
 		res.AllocRetries = c.Retries()
 	}
+	res.PrivatePools = unpooledPools(r.unpooled, r.poolNames)
 	res.Warnings = res.warnings()
 	return &res
 }
@@ -787,7 +863,7 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 		}
 		rep.Reconstructed(ReconstructedEvents(src.Header()))
 		rep.res.TraceSource = src.Header().Source
-		rep.res.PrivatePools = privatePools(c.Policy, src.Header())
+		rep.SetPoolNames(src.Header())
 		reps[k] = rep
 	}
 	src, err = plan(src, reps)

@@ -94,12 +94,15 @@ type Result struct {
 	Truncated           bool  `json:"truncated,omitempty"`
 	ReconstructedEvents int64 `json:"reconstructed_events,omitempty"`
 
-	// PrivatePools lists, for the policy that simulates the recording's
-	// allocator, the private pools the recording shows in use (a PyTorch
-	// snapshot's segment_pool_id values other than (0,0) in its final
-	// segments: CUDA graphs' and MemPools'), which the policy does not
-	// model; "" if none.
+	// PrivatePools describes the mallocs of the trace into private pools
+	// (trace.Event.Pool: a CUDA graph capture's, a MemPool's) that the
+	// policy, which keeps no private pools (no policies.Pooler), placed in
+	// its default pools, by pool: "(1,0): 37 mallocs"; "" if none.
 	PrivatePools string `json:"private_pools,omitempty"`
+	// PoolWarning is the trace's own warning about its pools (the
+	// importer's "pool_warning" metadata: a pool it could not place), ""
+	// if none.
+	PoolWarning string `json:"pool_warning,omitempty"`
 
 	// Warnings says, one line each, what makes the figures other than a
 	// clean replay of the whole trace: a truncated history rebuilt, events
@@ -170,7 +173,10 @@ func (r *Result) warnings() []string {
 		ws = append(ws, w)
 	}
 	if r.PrivatePools != "" {
-		ws = append(ws, fmt.Sprintf("the recording has blocks in private pools %s (segment_pool_id of its final segments: a CUDA graph capture or a MemPool), which the %s policy does not model: it places them in the default pools, so its figures are not the real allocator's (a private pool keeps segments of its own)", r.PrivatePools, r.Policy))
+		ws = append(ws, fmt.Sprintf("the trace's mallocs into private pools (%s: a CUDA graph capture's or a MemPool's) were placed in the default pools: the %s policy keeps no private pools", r.PrivatePools, r.Policy))
+	}
+	if r.PoolWarning != "" {
+		ws = append(ws, r.PoolWarning)
 	}
 	return ws
 }

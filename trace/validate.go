@@ -116,7 +116,10 @@ func (v *Validator) checkOp(i int64, ev Event) error {
 	if err := v.applyOp(i, ev); err != nil {
 		return err
 	}
-	return CheckPool(i, ev)
+	if err := CheckPool(i, ev); err != nil {
+		return err
+	}
+	return nil
 }
 
 func (v *Validator) applyOp(i int64, ev Event) error {
@@ -175,7 +178,7 @@ func (v *Validator) applyOp(i int64, ev Event) error {
 // CheckPool returns a problem with event i's pool: a pool on an op other
 // than a malloc, a failed malloc or a pool_release, or a pool_release of
 // the default pools (pool 0), which are never released.
-func CheckPool(i int64, ev Event) error {
+func CheckPool(i int64, ev Event) *ValidationError {
 	switch {
 	case ev.Op == OpPoolRelease && ev.Pool == 0:
 		return &ValidationError{i, 0, "pool_release of pool 0, the default pools, which are never released"}

@@ -55,6 +55,7 @@ var columns = []column{
 	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
 	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
 	{"private_pools", func(r *sim.Result) string { return r.PrivatePools }},
+	{"pool_warning", func(r *sim.Result) string { return r.PoolWarning }},
 	{"peak_pinned_bytes", func(r *sim.Result) string { return u(r.PeakPinned) }},
 	{"peak_managed_bytes", func(r *sim.Result) string { return u(r.PeakManaged) }},
 	{"sim_alloc_time_ns", func(r *sim.Result) string { return i(r.SimAllocTimeNS) }},
