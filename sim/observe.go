@@ -62,6 +62,9 @@ type Action struct {
 	Size      uint64
 	Requested uint64
 	Free      uint64
+	// Pool is the private pool of the malloc the action belongs to
+	// (trace.Event.Pool), 0 for the default pools.
+	Pool uint32
 }
 
 // Observer is told, in order, of every action of the allocator during a
@@ -96,7 +99,7 @@ func (s *observing) at(i int64, ev *trace.Event) {
 	if s == nil {
 		return
 	}
-	s.cur = Action{Event: i, Time: ev.Time, Stream: ev.Stream}
+	s.cur = Action{Event: i, Time: ev.Time, Stream: ev.Stream, Pool: ev.Pool}
 }
 
 // tell tells the Observer of an action of the current event.

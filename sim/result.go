@@ -173,7 +173,7 @@ func (r *Result) warnings() []string {
 		ws = append(ws, w)
 	}
 	if r.PrivatePools != "" {
-		ws = append(ws, fmt.Sprintf("the trace's mallocs into private pools (%s: a CUDA graph capture's or a MemPool's) were placed in the default pools: the %s policy keeps no private pools", r.PrivatePools, r.Policy))
+		ws = append(ws, fmt.Sprintf("the %s policy keeps no private pools: it placed the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; %s) with the others", r.Policy, r.PrivatePools))
 	}
 	if r.PoolWarning != "" {
 		ws = append(ws, r.PoolWarning)

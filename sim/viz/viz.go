@@ -42,13 +42,16 @@ type Recorder struct {
 	closed   bool
 }
 
-// span is a run of mapped bytes [start, end) of a reserved range.
+// span is a run of mapped bytes [start, end) of a reserved range, of a
+// stream and a private pool (0 for the default pools).
 type span struct {
 	start, end, stream uint64
+	pool               uint32
 }
 
 type segment struct {
 	size, stream uint64
+	pool         uint32
 }
 
 type block struct {
@@ -84,7 +87,7 @@ func (r *Recorder) Observe(a sim.Action) {
 			r.fail(a, "segment %#x is already live", a.Addr)
 			return
 		}
-		r.segs[a.Addr] = segment{size: a.Size, stream: a.Stream}
+		r.segs[a.Addr] = segment{size: a.Size, stream: a.Stream, pool: a.Pool}
 		e.Size = a.Size
 	case sim.ActionSegmentFree:
 		s, ok := r.segs[a.Addr]
@@ -118,7 +121,7 @@ func (r *Recorder) Observe(a sim.Action) {
 		delete(r.blocks, a.Addr)
 		e.Size, e.Stream = b.requested, b.stream
 	case sim.ActionSegmentMap:
-		if err := r.mapRange(a.Addr, a.Size, a.Stream); err != nil {
+		if err := r.mapRange(a.Addr, a.Size, a.Stream, a.Pool); err != nil {
 			r.fail(a, "%v", err)
 			return
 		}
@@ -142,7 +145,7 @@ func (r *Recorder) Observe(a sim.Action) {
 }
 
 // mapRange adds [addr, addr+size) to the mapped ranges.
-func (r *Recorder) mapRange(addr, size, stream uint64) error {
+func (r *Recorder) mapRange(addr, size, stream uint64, pool uint32) error {
 	end := addr + size
 	if size == 0 || end < addr {
 		return fmt.Errorf("a map of %d bytes at %#x", size, addr)
@@ -153,13 +156,13 @@ func (r *Recorder) mapRange(addr, size, stream uint64) error {
 	}
 	r.mapped = append(r.mapped, span{})
 	copy(r.mapped[i+1:], r.mapped[i:])
-	r.mapped[i] = span{addr, end, stream}
-	// Merge with the neighbours of the same stream.
-	if i+1 < len(r.mapped) && r.mapped[i+1].start == end && r.mapped[i+1].stream == stream {
+	r.mapped[i] = span{addr, end, stream, pool}
+	// Merge with the neighbours of the same stream and pool.
+	if i+1 < len(r.mapped) && r.mapped[i+1].start == end && r.mapped[i+1].stream == stream && r.mapped[i+1].pool == pool {
 		r.mapped[i].end = r.mapped[i+1].end
 		r.mapped = append(r.mapped[:i+1], r.mapped[i+2:]...)
 	}
-	if i > 0 && r.mapped[i-1].end == addr && r.mapped[i-1].stream == stream {
+	if i > 0 && r.mapped[i-1].end == addr && r.mapped[i-1].stream == stream && r.mapped[i-1].pool == pool {
 		r.mapped[i-1].end = r.mapped[i].end
 		r.mapped = append(r.mapped[:i], r.mapped[i+1:]...)
 	}
@@ -192,10 +195,10 @@ func (r *Recorder) unmapRange(addr, size uint64) (uint64, error) {
 			break
 		}
 		if sp.start < addr {
-			out = append(out, span{sp.start, addr, sp.stream})
+			out = append(out, span{sp.start, addr, sp.stream, sp.pool})
 		}
 		if sp.end > end {
-			out = append(out, span{end, sp.end, sp.stream})
+			out = append(out, span{end, sp.end, sp.stream, sp.pool})
 		}
 	}
 	r.mapped = out
@@ -239,13 +242,14 @@ func (r *Recorder) segments() ([]pytorch.Segment, error) {
 	type piece struct {
 		addr, size, stream uint64
 		expandable         bool
+		pool               uint32
 	}
 	pieces := make([]piece, 0, len(r.segs)+len(r.mapped))
 	for a, s := range r.segs {
-		pieces = append(pieces, piece{a, s.size, s.stream, false})
+		pieces = append(pieces, piece{a, s.size, s.stream, false, s.pool})
 	}
 	for _, sp := range r.mapped {
-		pieces = append(pieces, piece{sp.start, sp.end - sp.start, sp.stream, true})
+		pieces = append(pieces, piece{sp.start, sp.end - sp.start, sp.stream, true, sp.pool})
 	}
 	sort.Slice(pieces, func(i, j int) bool { return pieces[i].addr < pieces[j].addr })
 	baddrs := make([]uint64, 0, len(r.blocks))
@@ -275,6 +279,9 @@ func (r *Recorder) segments() ([]pytorch.Segment, error) {
 		sa := pc.addr
 		end := sa + pc.size
 		seg := pytorch.Segment{Address: sa, TotalSize: pc.size, Stream: pc.stream, SegmentType: "large", IsExpandable: pc.expandable}
+		if pc.pool != 0 {
+			seg.PoolID = [2]uint64{0, uint64(pc.pool)}
+		}
 		if pc.size <= smallSegment {
 			seg.SegmentType = "small"
 		}

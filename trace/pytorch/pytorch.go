@@ -51,15 +51,12 @@ package pytorch
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -118,10 +115,11 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // before the first entry; see reconstruct.go); otherwise the events are
 // the entries, one for one. When final segments are in private pools (a
 // segment_pool_id other than (0, 0): a CUDA graph's, torch.compile's
-// cudagraph trees', a MemPool's), Metadata "private_pools" lists their ids,
-// sorted ("(0,1) (1,0)"); the trace entries of PyTorch 2.11 do not say
-// which pool a block went to, and a pool freed before the dump leaves no
-// id.
+// cudagraph trees', a MemPool's), Metadata "pools" numbers them by id
+// ("1=(0,1) 2=(1,0)"), each malloc's Pool says which one it went to, and
+// trace.OpPoolRelease events say where a pool was released: the trace
+// entries of PyTorch 2.11 do not say it, so it is inferred (pools.go
+// says from what, and what it cannot see).
 //
 // In Settings the key "PYTORCH_CUDA_ALLOC_CONF" keeps its raw string; other
 // values are written as Go formats them: booleans "true"/"false", integers
@@ -199,9 +197,6 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		return nil, fmt.Errorf("%s: device_traces[%d] %w", name, opts.Device, d.entryErr)
 	}
 	h.Metadata["entries"] = strconv.FormatInt(d.entries, 10)
-	if p := privatePools(d.segments, opts.Device); p != "" {
-		h.Metadata["private_pools"] = p
-	}
 	if err := check.hist.consistent(d.segments, opts.Device); err != nil {
 		return nil, fmt.Errorf("%s: inconsistent snapshot: device_traces[%d] %w", name, opts.Device, err)
 	}
@@ -210,35 +205,55 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["truncated"] = "true"
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
-	return &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}, nil
+	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}
+	if ids, final := finalPools(d.segments, opts.Device); len(ids) > 0 {
+		h.Metadata["pools"] = poolNames(ids)
+		plan, err := inferPools(rw, name, opts.Device, prefix, ids, final)
+		if err != nil {
+			return nil, err
+		}
+		src.labels = newLabeler(plan)
+	}
+	return src, nil
 }
 
-// privatePools returns the segment_pool_id values other than (0, 0) of the
-// final segments of device dev, sorted and space-separated ("(0,1) (1,0)"),
-// or "": the private pools (CUDA graphs' and MemPools') that the snapshot
-// shows in use at its end. A pool whose segments were all freed before the
-// snapshot was taken leaves no trace in it.
-func privatePools(segs []snapSegment, dev int) string {
-	seen := map[[2]uint64]bool{}
-	var ids [][2]uint64
-	for _, s := range segs {
-		if (s.device >= 0 && s.device != int64(dev)) || s.pool == [2]uint64{} || seen[s.pool] {
-			continue
-		}
-		seen[s.pool] = true
-		ids = append(ids, s.pool)
+// inferPools reads the snapshot once more to decide the pool of each
+// malloc (see pools.go).
+func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids [][2]uint64, final []finalRange) (*poolPlan, error) {
+	r, err := rw.again(true)
+	if err != nil {
+		return nil, fmt.Errorf("%s: reading again: %v", name, err)
 	}
-	slices.SortFunc(ids, func(a, b [2]uint64) int {
-		if c := cmp.Compare(a[0], b[0]); c != 0 {
-			return c
-		}
-		return cmp.Compare(a[1], b[1])
-	})
-	out := make([]string, len(ids))
-	for k, id := range ids {
-		out[k] = fmt.Sprintf("(%d,%d)", id[0], id[1])
+	pr, err := openPickle(r, name)
+	if err != nil {
+		return nil, err
 	}
-	return strings.Join(out, " ")
+	sink := &inferSink{units: newUnitTracker(final), unitFreed: map[int]int64{}, prefix: int64(len(prefix))}
+	for k := range prefix {
+		ev := prefix[k]
+		sink.observe(int64(k), &ev)
+	}
+	d := newDecoder(pr, device, sink)
+	d.stopAtTraces = true
+	d.pickle = pr
+	if err := d.run(); err != nil {
+		return nil, decodeError(name, pr, d, err)
+	}
+	if !d.streamed {
+		entries := d.devList
+		if entries.k == 0 {
+			if _, entries, err = header(d, name, Options{Device: device}); err != nil {
+				return nil, err
+			}
+		}
+		if err := d.keptEntries(entries); err != nil {
+			return nil, err
+		}
+	}
+	if d.entryErr != nil {
+		return nil, fmt.Errorf("%s: device_traces[%d] %w", name, device, d.entryErr)
+	}
+	return sink.decide(ids, final), nil
 }
 
 // checker is the sink of Import's first reading: it converts each entry,
@@ -520,6 +535,13 @@ type source struct {
 	q    queue
 	done bool
 	err  error
+
+	// labels puts the private pools on the events (pools.go), nil for a
+	// snapshot without them; nextIdx is the index of the next event before
+	// any pool_release, release the pool_releases to give first.
+	labels  *labeler
+	nextIdx int64
+	release []trace.Event
 }
 
 // queue is the sink of the second reading: the converted events of the
@@ -537,6 +559,25 @@ func (q *queue) entry(d *decoder, index int64, f *entryFields) error {
 func (s *source) Header() trace.Header { return s.h }
 
 func (s *source) Next() (trace.Event, error) {
+	if len(s.release) > 0 {
+		ev := s.release[0]
+		s.release = s.release[1:]
+		return ev, nil
+	}
+	ev, err := s.next()
+	if err != nil || s.labels == nil {
+		return ev, err
+	}
+	if rel := s.labels.label(s.nextIdx, &ev); len(rel) > 0 {
+		s.release = append(rel[1:], ev)
+		ev = rel[0]
+	}
+	s.nextIdx++
+	return ev, nil
+}
+
+// next returns the next event before any labels.
+func (s *source) next() (trace.Event, error) {
 	if len(s.prefix) > 0 {
 		ev := s.prefix[0]
 		s.prefix = s.prefix[1:]
@@ -560,7 +601,7 @@ func (s *source) Next() (trace.Event, error) {
 // fill reads the next batch of entries into s.q.
 func (s *source) fill() error {
 	if s.d == nil {
-		r, err := s.rw.again()
+		r, err := s.rw.again(false)
 		if err != nil {
 			return fmt.Errorf("%s: reading again: %v", s.name, err)
 		}
@@ -633,11 +674,14 @@ func (rw *rewinder) first() io.Reader {
 	return rw.r
 }
 
-// again returns the reader's bytes from the start once more.
-func (rw *rewinder) again() (io.Reader, error) {
+// again returns the reader's bytes from the start once more; after the
+// last time (keep false), no more.
+func (rw *rewinder) again(keep bool) (io.Reader, error) {
 	if rw.copy != nil {
 		b := rw.copy.Bytes()
-		rw.copy = nil
+		if !keep {
+			rw.copy = nil
+		}
 		return bytes.NewReader(b), nil
 	}
 	if rw.seek == nil {
@@ -646,6 +690,8 @@ func (rw *rewinder) again() (io.Reader, error) {
 	if _, err := rw.seek.Seek(rw.start, io.SeekStart); err != nil {
 		return nil, err
 	}
-	rw.seek = nil
+	if !keep {
+		rw.seek = nil
+	}
 	return rw.r, nil
 }

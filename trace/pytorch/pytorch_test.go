@@ -256,6 +256,9 @@ type kv struct {
 	v any
 }
 
+// tuple is a Python tuple for pickleValue.
+type tuple []any
+
 func pickleOf(v any) []byte {
 	var b bytes.Buffer
 	b.Write([]byte{0x80, 2})
@@ -314,6 +317,12 @@ func pickleValue(b *bytes.Buffer, v any) {
 			pickleValue(b, e)
 		}
 		b.WriteByte('e')
+	case tuple:
+		b.WriteByte('(')
+		for _, e := range x {
+			pickleValue(b, e)
+		}
+		b.WriteByte('t')
 	default:
 		panic("pickleValue: unsupported type")
 	}

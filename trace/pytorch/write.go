@@ -39,7 +39,10 @@ type Segment struct {
 	Stream       uint64
 	SegmentType  string // "small" or "large"
 	IsExpandable bool
-	Blocks       []Block
+	// PoolID is the segment_pool_id: (0, 0), the default pools, is left
+	// out of the snapshot, as PyTorch before private pools wrote it.
+	PoolID [2]uint64
+	Blocks []Block
 }
 
 // Block is a block of a Segment: Size bytes, of which RequestedSize were
@@ -251,6 +254,12 @@ func writeSegment(p *pickler, seg Segment) error {
 	} else {
 		p.op(opNewFalse)
 	}
+	if seg.PoolID != [2]uint64{} {
+		p.str("segment_pool_id")
+		p.uint(seg.PoolID[0])
+		p.uint(seg.PoolID[1])
+		p.op(opTuple2)
+	}
 	p.str("frames")
 	p.op(opEmptyList)
 	p.str("blocks")
@@ -297,6 +306,7 @@ const (
 	opProto           = 0x80
 	opNewTrue         = 0x88
 	opNewFalse        = 0x89
+	opTuple2          = 0x86
 	opLong1           = 0x8a
 	opShortBinUnicode = 0x8c
 	opMemoize         = 0x94

@@ -1,0 +1,397 @@
+package pytorch
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// Private pools. The caching allocator of PyTorch 2.11 sends the mallocs
+// made while a CUDA graph is captured (on the capture's streams) to the
+// graph's private pool, and those inside a MemPool's use_mem_pool context
+// to the MemPool's, but its trace entries do not say which pool a malloc
+// went to. What a snapshot does say, and what Import infers from it:
+//
+//   - The final segments carry segment_pool_id: each segment alive at the
+//     dump, with every malloc placed in it over the trace, is of that pool
+//     (a pool's segments hold its blocks only).
+//   - A malloc is in the segment holding its address: a cudaMalloc
+//     segment from its segment_alloc to its segment_free, or an
+//     expandable segment (one address range per stream and pool, whose
+//     pages segment_map entries map at its start and then at or below the
+//     end of what it mapped so far).
+//   - A segment that is gone by the dump has no pool id. Its pool is
+//     inferred from its stream: a capture's mallocs come one after the
+//     other on the capture stream, so a segment with a malloc between two
+//     mallocs of one private pool on its stream is of that pool (repeated
+//     until nothing changes); any other is of the default pools. So the
+//     mallocs torch.cuda.graph makes on the capture stream just before the
+//     capture begins (the generator's seed and offset) are rightly of the
+//     default pools, and a capture's segment whose mallocs all come before
+//     the first malloc of a segment that survives is taken for a default
+//     one: the inference cannot see it.
+//   - A failed malloc (no address) between two mallocs of one private pool
+//     on its stream is of that pool.
+//   - A pool is released (its graphs destroyed, its MemPool deleted) at the
+//     latest when the first of its segments is freed or unmapped: a
+//     trace.OpPoolRelease is put before the run of segment frees and
+//     unmaps that holds the first one. A pool none of whose segments is
+//     freed is never released in the trace.
+//
+// A MemPool deleted before the dump, or a graph pool whose segments were
+// all freed, leaves no pool id at all: its mallocs are taken for the
+// default pools' (the figures of a replay then differ from the real
+// allocator's, and replay fidelity shows where).
+//
+// This needs a reading of the snapshot of its own, made only when the
+// final segments name a private pool; it keeps a record per malloc.
+
+// poolPlan is what the inference decided: the pool of each unit (segment)
+// and failed malloc, and where pools are released.
+type poolPlan struct {
+	ids   [][2]uint64 // pool number k+1 is ids[k]
+	final []finalRange
+	// unitPool is the pool number of each unit, by unit id.
+	unitPool []uint32
+	// failedPool is the pool of failed mallocs not of the default pools,
+	// by entry index.
+	failedPool map[int64]uint32
+	// release lists, by entry index, the pools released before it.
+	release map[int64][]uint32
+}
+
+// finalRange is a final segment as the unit tracker sees it.
+type finalRange struct {
+	addr, size, stream uint64
+	expandable         bool
+	pool               uint32 // its pool number, 0 for the default pools
+}
+
+// finalPools numbers the private pools of the final segments of device dev
+// (by id, ascending) and returns them and the segments.
+func finalPools(segs []snapSegment, dev int) (ids [][2]uint64, final []finalRange) {
+	num := map[[2]uint64]uint32{}
+	for _, s := range segs {
+		if s.bad != "" || (s.device >= 0 && s.device != int64(dev)) {
+			continue
+		}
+		if s.pool != [2]uint64{} {
+			if _, ok := num[s.pool]; !ok {
+				num[s.pool] = 0
+				ids = append(ids, s.pool)
+			}
+		}
+	}
+	slices.SortFunc(ids, func(a, b [2]uint64) int {
+		if c := cmp.Compare(a[0], b[0]); c != 0 {
+			return c
+		}
+		return cmp.Compare(a[1], b[1])
+	})
+	for k, id := range ids {
+		num[id] = uint32(k + 1)
+	}
+	for _, s := range segs {
+		if s.bad != "" || (s.device >= 0 && s.device != int64(dev)) {
+			continue
+		}
+		final = append(final, finalRange{addr: s.addr, size: s.size, stream: s.stream, expandable: s.expandable, pool: num[s.pool]})
+	}
+	return ids, final
+}
+
+// poolNames returns the "pools" metadata: "1=(1,0) 2=(0,1)".
+func poolNames(ids [][2]uint64) string {
+	out := make([]string, len(ids))
+	for k, id := range ids {
+		out[k] = fmt.Sprintf("%d=(%d,%d)", k+1, id[0], id[1])
+	}
+	return strings.Join(out, " ")
+}
+
+// unitTracker gives each segment alloc, map and malloc the unit it belongs
+// to, the same way in the inference's reading and the events' own: a unit
+// is a cudaMalloc segment from its segment_alloc to its segment_free, or
+// an expandable segment's address range (the final segments' expandable
+// ones are units 0 to n-1, in address order).
+type unitTracker struct {
+	segs   []liveUnit   // live cudaMalloc segments, by address
+	ranges []rangeUnit  // expandable ranges, by (stream, base)
+	final  []finalRange // the final segments
+	next   int
+}
+
+type liveUnit struct {
+	addr, size uint64
+	unit       int
+}
+
+type rangeUnit struct {
+	stream, base, hi uint64 // hi: the end of the highest page mapped so far
+	unit             int
+}
+
+func newUnitTracker(final []finalRange) *unitTracker {
+	u := &unitTracker{final: final}
+	for _, f := range final {
+		if f.expandable {
+			u.addRange(rangeUnit{stream: f.stream, base: f.addr, hi: f.addr, unit: u.next})
+			u.next++
+		}
+	}
+	return u
+}
+
+func (u *unitTracker) addRange(r rangeUnit) {
+	i := sort.Search(len(u.ranges), func(i int) bool {
+		x := u.ranges[i]
+		return x.stream > r.stream || x.stream == r.stream && x.base >= r.base
+	})
+	u.ranges = slices.Insert(u.ranges, i, r)
+}
+
+// rangeOf returns the index in u.ranges of the expandable range of stream
+// that holds addr (at or below the end of what it mapped; at is true for a
+// map, which may start right at that end), or -1.
+func (u *unitTracker) rangeOf(stream, addr uint64, at bool) int {
+	i := sort.Search(len(u.ranges), func(i int) bool {
+		x := u.ranges[i]
+		return x.stream > stream || x.stream == stream && x.base > addr
+	}) - 1
+	if i < 0 || u.ranges[i].stream != stream {
+		return -1
+	}
+	if r := u.ranges[i]; addr < r.hi || at && addr == r.hi {
+		return i
+	}
+	return -1
+}
+
+// segOf returns the index in u.segs of the live segment holding addr, or -1.
+func (u *unitTracker) segOf(addr uint64) int {
+	i := sort.Search(len(u.segs), func(i int) bool { return u.segs[i].addr > addr }) - 1
+	if i >= 0 && addr < u.segs[i].addr+u.segs[i].size {
+		return i
+	}
+	return -1
+}
+
+// event follows ev and returns the unit it concerns, -1 for none (an op
+// of no segment, or an address no segment the tracker knows holds).
+func (u *unitTracker) event(ev *trace.Event) int {
+	switch ev.Op {
+	case trace.OpSegmentAlloc:
+		i := sort.Search(len(u.segs), func(i int) bool { return u.segs[i].addr > ev.Addr })
+		u.segs = slices.Insert(u.segs, i, liveUnit{addr: ev.Addr, size: ev.Size, unit: u.next})
+		u.next++
+		return u.next - 1
+	case trace.OpSegmentFree:
+		if i := u.segOf(ev.Addr); i >= 0 && u.segs[i].addr == ev.Addr {
+			unit := u.segs[i].unit
+			u.segs = slices.Delete(u.segs, i, i+1)
+			return unit
+		}
+	case trace.OpSegmentMap:
+		if i := u.rangeOf(ev.Stream, ev.Addr, true); i >= 0 {
+			u.ranges[i].hi = max(u.ranges[i].hi, ev.Addr+ev.Size)
+			return u.ranges[i].unit
+		}
+		u.addRange(rangeUnit{stream: ev.Stream, base: ev.Addr, hi: ev.Addr + ev.Size, unit: u.next})
+		u.next++
+		return u.next - 1
+	case trace.OpSegmentUnmap:
+		if i := u.rangeOf(ev.Stream, ev.Addr, false); i >= 0 {
+			return u.ranges[i].unit
+		}
+	case trace.OpMalloc:
+		if i := u.segOf(ev.Addr); i >= 0 {
+			return u.segs[i].unit
+		}
+		if i := u.rangeOf(ev.Stream, ev.Addr, false); i >= 0 {
+			return u.ranges[i].unit
+		}
+	}
+	return -1
+}
+
+// finalUnits returns the pool number of the units alive at the end that
+// are final segments: unit -> pool.
+func (u *unitTracker) finalUnits() map[int]uint32 {
+	out := map[int]uint32{}
+	k := 0
+	for _, f := range u.final {
+		if f.expandable {
+			out[k] = f.pool // the first units, in address order
+			k++
+			continue
+		}
+		if i := u.segOf(f.addr); i >= 0 && u.segs[i].addr == f.addr {
+			out[u.segs[i].unit] = f.pool
+		}
+	}
+	return out
+}
+
+// inferSink is the sink of the inference's reading.
+type inferSink struct {
+	ev      trace.Event
+	units   *unitTracker
+	mallocs []mallocRec
+	// releases: the first entry of the current run of segment frees and
+	// unmaps, and the run of each unit's first release.
+	runStart  int64
+	inRun     bool
+	unitFreed map[int]int64
+	prefix    int64 // events before the entries (reconstructed)
+}
+
+// mallocRec is a malloc (or failed malloc: unit -1, failed) of the
+// inference's reading.
+type mallocRec struct {
+	index  int64 // event index: entries count from the prefix's length
+	stream uint64
+	unit   int
+	failed bool
+}
+
+func (s *inferSink) observe(index int64, ev *trace.Event) {
+	unit := s.units.event(ev)
+	switch ev.Op {
+	case trace.OpSegmentFree, trace.OpSegmentUnmap:
+		if !s.inRun {
+			s.inRun, s.runStart = true, index
+		}
+		if _, ok := s.unitFreed[unit]; !ok && unit >= 0 {
+			s.unitFreed[unit] = s.runStart
+		}
+		return
+	case trace.OpMalloc:
+		s.mallocs = append(s.mallocs, mallocRec{index: index, stream: ev.Stream, unit: unit})
+	case trace.OpMallocFailed:
+		s.mallocs = append(s.mallocs, mallocRec{index: index, stream: ev.Stream, unit: -1, failed: true})
+	}
+	s.inRun = false
+}
+
+func (s *inferSink) entry(d *decoder, index int64, f *entryFields) error {
+	s.ev = trace.Event{}
+	if err := convertEntry(d, f, &s.ev); err != nil {
+		return err
+	}
+	s.observe(s.prefix+index, &s.ev)
+	return nil
+}
+
+// decide labels the units and failed mallocs the inference read: see the
+// comment at the top of the file.
+func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
+	const unknown = ^uint32(0)
+	label := make([]uint32, s.units.next)
+	for k := range label {
+		label[k] = unknown
+	}
+	for unit, pool := range s.units.finalUnits() {
+		label[unit] = pool
+	}
+	byStream := map[uint64][]int{} // indexes into s.mallocs
+	var streams []uint64
+	for k, m := range s.mallocs {
+		if _, ok := byStream[m.stream]; !ok {
+			streams = append(streams, m.stream)
+		}
+		byStream[m.stream] = append(byStream[m.stream], k)
+	}
+	slices.Sort(streams)
+	failed := map[int64]uint32{}
+	of := func(m mallocRec) uint32 {
+		if m.unit < 0 {
+			return unknown
+		}
+		return label[m.unit]
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, st := range streams {
+			ms := byStream[st]
+			last := -1 // the last malloc of ms with a label
+			for k, mi := range ms {
+				p := of(s.mallocs[mi])
+				if p == unknown {
+					continue
+				}
+				if last >= 0 && p != 0 && of(s.mallocs[ms[last]]) == p {
+					for _, mj := range ms[last+1 : k] {
+						m := s.mallocs[mj]
+						switch {
+						case m.failed:
+							failed[m.index] = p
+						case m.unit >= 0 && label[m.unit] == unknown:
+							label[m.unit] = p
+							changed = true
+						}
+					}
+				}
+				last = k
+			}
+		}
+	}
+	plan := &poolPlan{ids: ids, final: final, unitPool: label, failedPool: failed, release: map[int64][]uint32{}}
+	for k := range label {
+		if label[k] == unknown {
+			label[k] = 0
+		}
+	}
+	first := map[uint32]int64{}
+	for unit, at := range s.unitFreed {
+		if p := label[unit]; p != 0 {
+			if f, ok := first[p]; !ok || at < f {
+				first[p] = at
+			}
+		}
+	}
+	for p, at := range first {
+		plan.release[at] = append(plan.release[at], p)
+	}
+	for _, ps := range plan.release {
+		slices.Sort(ps)
+	}
+	return plan
+}
+
+// labeler puts the plan on the events as they are read: each malloc's
+// pool, and the pool_release events.
+type labeler struct {
+	plan  *poolPlan
+	units *unitTracker
+}
+
+func newLabeler(plan *poolPlan) *labeler {
+	return &labeler{plan: plan, units: newUnitTracker(plan.final)}
+}
+
+// label sets the pool of ev, the event of the given index, and returns the
+// pool_release events that come before it.
+func (l *labeler) label(index int64, ev *trace.Event) []trace.Event {
+	unit := l.units.event(ev)
+	switch ev.Op {
+	case trace.OpMalloc:
+		if unit >= 0 && unit < len(l.plan.unitPool) {
+			ev.Pool = l.plan.unitPool[unit]
+		}
+	case trace.OpMallocFailed:
+		ev.Pool = l.plan.failedPool[index]
+	}
+	ps := l.plan.release[index]
+	if len(ps) == 0 {
+		return nil
+	}
+	out := make([]trace.Event, len(ps))
+	for k, p := range ps {
+		out[k] = trace.Event{Op: trace.OpPoolRelease, Pool: p, Time: ev.Time}
+	}
+	return out
+}

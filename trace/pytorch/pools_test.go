@@ -1,0 +1,111 @@
+package pytorch
+
+import (
+	"bytes"
+	"io"
+	"slices"
+	"testing"
+
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// poolSeg is a final segment of pool id on stream, one block of state.
+func poolSeg(addr, size, stream uint64, typ string, pool tuple, state string, requested int) []kv {
+	return []kv{{"device", 0}, {"address", int64(addr)}, {"total_size", int64(size)}, {"stream", int64(stream)},
+		{"segment_type", typ}, {"segment_pool_id", pool}, {"is_expandable", false}, {"frames", []any{}},
+		{"blocks", []any{[]kv{{"address", int64(addr)}, {"size", int64(size)}, {"requested_size", requested}, {"state", state}, {"frames", []any{}}}}}}
+}
+
+func onStream(e []kv, stream uint64) []kv {
+	for i := range e {
+		if e[i].k == "stream" {
+			e[i].v = int64(stream)
+		}
+	}
+	return e
+}
+
+// TestImportPools: the pool of each malloc, inferred as pools.go says, on
+// a hand-made capture in the shape of torch.cuda.graph's. On the capture
+// stream C: a small default segment D with the generator's two 8-byte
+// mallocs (before the capture), then the capture: a 20 MiB segment L
+// (freed by the end: no pool id), a small segment P that survives in pool
+// (1,0), and mallocs in L between mallocs in P. After the capture, on
+// stream 0, a default segment E. At the end an empty_cache frees D, then
+// L: the pool's release goes before that run.
+func TestImportPools(t *testing.T) {
+	const (
+		C = 0x55
+		M = 1 << 20
+		D = 0x7f0000000000
+		L = 0x7f0000200000
+		P = 0x7f0001600000
+		E = 0x7f0001800000
+	)
+	entries := []any{
+		onStream(entry("segment_alloc", D, 2*M), C),
+		onStream(entry("alloc", D, 8), C),
+		onStream(entry("alloc", D+512, 8), C),
+		onStream(entry("segment_alloc", L, 20*M), C),
+		onStream(entry("alloc", L, 4*M), C),
+		onStream(entry("segment_alloc", P, 2*M), C),
+		onStream(entry("alloc", P, M), C),
+		onStream(entry("alloc", L+4*M, 4*M), C),
+		onStream(entry("alloc", P+M, 512), C),
+		onStream(entry("free_requested", L, 4*M), C),
+		onStream(entry("free_completed", L, 4*M), C),
+		onStream(entry("free_requested", L+4*M, 4*M), C),
+		onStream(entry("free_completed", L+4*M, 4*M), C),
+		onStream(entry("free_requested", P+M, 512), C),
+		onStream(entry("free_completed", P+M, 512), C),
+		entry("segment_alloc", E, 20*M),
+		entry("alloc", E, 3*M),
+		onStream(entry("free_requested", D, 8), C),
+		onStream(entry("free_completed", D, 8), C),
+		onStream(entry("free_requested", D+512, 8), C),
+		onStream(entry("free_completed", D+512, 8), C),
+		onStream(entry("segment_free", D, 2*M), C),
+		onStream(entry("segment_free", L, 20*M), C),
+	}
+	segments := []any{
+		poolSeg(P, 2*M, C, "small", tuple{1, 0}, "active_allocated", M),
+		segDict(E, 20*M, "large", [3]any{3 * M, 3 * M, "active_allocated"}, [3]any{17 * M, 0, "inactive"}),
+	}
+	data := pickleOf([]kv{{"segments", segments}, {"device_traces", []any{entries}}})
+	// Through a reader that cannot seek too: Import keeps its bytes for
+	// the inference's reading and the events'.
+	for _, r := range []io.Reader{bytes.NewReader(data), struct{ io.Reader }{bytes.NewReader(data)}} {
+		src, err := Import(r, "pools.pickle", Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, evs, err := drain(t, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := h.Metadata["pools"]; got != "1=(1,0)" {
+			t.Errorf(`Metadata["pools"] = %q, want "1=(1,0)"`, got)
+		}
+		var pools []uint32
+		release := -1
+		for i, ev := range evs {
+			switch ev.Op {
+			case trace.OpMalloc:
+				pools = append(pools, ev.Pool)
+			case trace.OpPoolRelease:
+				if ev.Pool != 1 || release >= 0 {
+					t.Errorf("event %d: %+v", i, ev)
+				}
+				release = i
+			}
+		}
+		// D's two, L's, P's, L's second, P's second, E's.
+		want := []uint32{0, 0, 1, 1, 1, 1, 0}
+		if !slices.Equal(pools, want) {
+			t.Errorf("malloc pools %v, want %v", pools, want)
+		}
+		if release != 21 || len(evs) != len(entries)+1 || evs[22].Op != trace.OpSegmentFree || evs[22].Addr != D {
+			t.Errorf("pool_release at event %d of %d, want 21, before the run of segment frees", release, len(evs))
+		}
+	}
+}
