@@ -127,6 +127,14 @@ type Pooler interface {
 	// segments back once its blocks are free. Releasing a pool that had
 	// no malloc does nothing.
 	ReleasePool(pool uint32) error
+	// RestoreBlock is a malloc that sets a block of size bytes of private
+	// pool pool back in place, in a restore of the pool's checkpointed
+	// state (PyTorch's setCheckpointPoolState): the block right after the
+	// one restored before it, when that one did not end its segment, else
+	// the first block of one of the pool's segments whose memory is all
+	// free. The policy may serve it as MallocPool when it keeps no such
+	// state; it returns the errors MallocPool does.
+	RestoreBlock(size, stream uint64, pool uint32) (Block, error)
 }
 
 // Planner is implemented by clairvoyant policies, which place mallocs

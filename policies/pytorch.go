@@ -393,20 +393,27 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 			size, stream, segSize, p.reserved, p.freeBytes, ErrOutOfMemory)
 	}
 	if p.shouldSplit(b, rsize) {
-		rest := b
-		b = p.newBlock()
-		*b = ptBlock{addr: rest.addr, size: rsize, stream: stream, pool: pool, prev: rest.prev, next: rest, seg: rest.seg}
-		if b.prev != nil {
-			b.prev.next = b
-		}
-		rest.prev = b
-		rest.addr += rsize
-		rest.size -= rsize
-		p.insertFree(rest)
+		b = p.splitOff(b, rsize)
 	}
 	b.allocated = true
 	p.active.Put(b.addr, b)
 	return Block{Addr: b.addr, Size: b.size}, nil
+}
+
+// splitOff splits the free block b, out of its pool, into a block of its
+// first size bytes, which it returns, and the rest, which stays b and goes
+// back to the pool (the split of alloc_found_block).
+func (p *PyTorch) splitOff(b *ptBlock, size uint64) *ptBlock {
+	front := p.newBlock()
+	*front = ptBlock{addr: b.addr, size: size, stream: b.stream, pool: b.pool, prev: b.prev, next: b, seg: b.seg}
+	if front.prev != nil {
+		front.prev.next = front
+	}
+	b.prev = front
+	b.addr += size
+	b.size -= size
+	p.insertFree(b)
+	return front
 }
 
 // findOrAllocate is the search and allocation path of malloc: it returns

@@ -24,6 +24,9 @@ type ptPrivate struct {
 	id           uint32
 	large, small ptPool
 	released     bool // in freeable
+	// restored is the block a checkpoint restore set back last, nil when
+	// none is under way (RestoreBlock).
+	restored *ptBlock
 	// devAllocs counts its device allocations not freed: segments and
 	// mapped pages of expandable segments (cudaMalloc_count).
 	devAllocs int
@@ -53,6 +56,7 @@ func (p *PyTorch) MallocPool(size, stream uint64, id uint32) (Block, error) {
 		// A new capture into a pool no graph used any more.
 		p.unfree(pp)
 	}
+	pp.restored = nil
 	return p.malloc(size, stream, pp)
 }
 
@@ -76,6 +80,60 @@ func (p *PyTorch) ReleasePool(id uint32) error {
 	pp.released = true
 	p.freeable = append(p.freeable, pp)
 	return nil
+}
+
+// RestoreBlock sets a block of size bytes (a multiple of 512, the
+// block's whole size) of private pool id back in place, as
+// setSegmentStateToCheckpoint does when torch.compile's cudagraph trees
+// restore a pool's checkpointed state: every block of each checkpointed
+// segment is allocated, in address order, and the free ones then freed.
+// The block is the one right after the block restored before it, when
+// that one did not end its segment; else the first block of the smallest
+// of the pool's segments (small or large) whose memory is all free and
+// holds size bytes, the lowest address among equals. The rest of the
+// segment is split off whenever there is any. When there is no such
+// block (a pool not yet malloced into, an expandable segment), it is
+// MallocPool. It returns the errors MallocPool does.
+func (p *PyTorch) RestoreBlock(size, stream uint64, id uint32) (Block, error) {
+	if p.releasesSeen > 0 || len(p.staged) > 0 {
+		if err := p.settle(); err != nil {
+			return Block{}, err
+		}
+	}
+	pp := p.pools[id]
+	if pp == nil || size == 0 || size%ptMinBlockSize != 0 {
+		return p.MallocPool(size, stream, id)
+	}
+	var b *ptBlock
+	if last := pp.restored; last != nil && last.allocated && last.next != nil && !last.next.allocated && !last.next.unmapped && last.next.size >= size {
+		b = last.next
+	} else {
+		for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
+			for _, sb := range pl.streams {
+				for c := sb.tree.lowerBound(size); c != nil; c = sb.tree.successor(c) {
+					if c.isSplit() || c.seg != nil {
+						continue
+					}
+					if b == nil || c.size < b.size || c.size == b.size && c.addr < b.addr {
+						b = c
+					}
+					break
+				}
+			}
+		}
+	}
+	if b == nil {
+		pp.restored = nil
+		return p.MallocPool(size, stream, id)
+	}
+	p.removeFree(b)
+	if b.size > size {
+		b = p.splitOff(b, size)
+	}
+	b.allocated = true
+	p.active.Put(b.addr, b)
+	pp.restored = b
+	return Block{Addr: b.addr, Size: b.size}, nil
 }
 
 // unfree takes pp out of the freeable pools.

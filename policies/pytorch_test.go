@@ -88,7 +88,9 @@ func ptDrive(t testing.TB, capacity uint64, text string) ptRun {
 		switch ev.Op {
 		case trace.OpMalloc, trace.OpMallocFailed:
 			var b policies.Block
-			if ev.Pool != 0 {
+			if ev.Restore {
+				b, err = p.(policies.Pooler).RestoreBlock(ev.Size, ev.Stream, ev.Pool)
+			} else if ev.Pool != 0 {
 				b, err = p.(policies.Pooler).MallocPool(ev.Size, ev.Stream, ev.Pool)
 			} else {
 				b, err = p.Malloc(ev.Size, ev.Stream)
@@ -437,6 +439,25 @@ empty_cache`,
 		// cached segment and does not retry, so it fails (an OOM, no
 		// retry). A default malloc of 22 MiB in the same state frees the
 		// free default segment and retries: 12 + 22 MiB fit.
+		name: "a checkpoint restore sets blocks back in place",
+		// Pool 1 has a small segment at B and a 32 MiB one at B+2M, all
+		// free. A restore (setCheckpointPoolState) takes the smallest
+		// whole free segment for its first block (B, not the 32 MiB one),
+		// the rest of that segment for the next (2064384 bytes, a large
+		// size, in the small segment), then the 32 MiB segment whole.
+		trace: `malloc id=1 size=32KiB pool=1
+malloc id=2 size=32MiB pool=1
+free id=1
+free id=2
+malloc id=3 size=32768 pool=1 restore=1
+malloc id=4 size=2064384 pool=1 restore=1
+malloc id=5 size=32MiB pool=1 restore=1
+free id=4
+free id=5`,
+		blocks:       []blk{{B, 32 * K}, {B + 2*M, 32 * M}, {B, 32 * K}, {B + 32*K, 2*M - 32*K}, {B + 2*M, 32 * M}},
+		peakReserved: 34 * M, peakAllocated: 34 * M, reservedEnd: 34 * M, allocs: 2,
+		freeTotal: 2*M - 32*K + 32*M, freeLargest: 32 * M,
+	}, {
 		name:     "a private pool's malloc does not retry",
 		capacity: 40 * M,
 		trace: `malloc id=1 size=4MiB

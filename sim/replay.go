@@ -291,7 +291,7 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 	if r.check != nil {
 		r.check.Begin(i)
 	}
-	if ev.Pool != 0 || ev.Op == trace.OpPoolRelease {
+	if ev.Pool != 0 || ev.Op == trace.OpPoolRelease || ev.Restore {
 		if p := trace.CheckPool(i, *ev); p != nil {
 			r.problem = p
 		}
@@ -392,7 +392,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	// The trace's own live bytes: the lower bound, whatever the policy does.
 	r.requested.add(ev.Size)
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
-	b, err := r.policyMalloc(ev.Size, ev.Stream, ev.Pool)
+	b, err := r.policyMalloc(ev)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
@@ -467,11 +467,11 @@ func (r *Replay) sync(i int64, ev *trace.Event) error {
 
 // policyMalloc and policyFree call the policy, timed by the backend when
 // it is a PolicyTimer (small enough to be inlined when it is not).
-func (r *Replay) policyMalloc(size, stream uint64, pool uint32) (policies.Block, error) {
-	if r.timer != nil || pool != 0 {
-		return r.timedMalloc(size, stream, pool)
+func (r *Replay) policyMalloc(ev *trace.Event) (policies.Block, error) {
+	if r.timer != nil || ev.Pool != 0 {
+		return r.timedMalloc(ev.Size, ev.Stream, ev.Pool, ev.Restore)
 	}
-	return r.policy.Malloc(size, stream)
+	return r.policy.Malloc(ev.Size, ev.Stream)
 }
 
 func (r *Replay) policyFree(addr, stream uint64) error {
@@ -482,8 +482,9 @@ func (r *Replay) policyFree(addr, stream uint64) error {
 }
 
 // timedMalloc is policyMalloc's slow path: timed, or into a private pool
-// (which a policy that is no Pooler gets as a plain malloc, counted).
-func (r *Replay) timedMalloc(size, stream uint64, pool uint32) (policies.Block, error) {
+// (which a policy that is no Pooler gets as a plain malloc, counted), or a
+// restored block.
+func (r *Replay) timedMalloc(size, stream uint64, pool uint32, restore bool) (policies.Block, error) {
 	if pool != 0 && r.pooler == nil {
 		if r.unpooled == nil {
 			r.unpooled = map[uint32]int64{}
@@ -495,7 +496,10 @@ func (r *Replay) timedMalloc(size, stream uint64, pool uint32) (policies.Block, 
 		r.timer.BeginPolicy()
 		defer r.timer.EndPolicy()
 	}
-	if pool != 0 {
+	switch {
+	case pool != 0 && restore:
+		return r.pooler.RestoreBlock(size, stream, pool)
+	case pool != 0:
 		return r.pooler.MallocPool(size, stream, pool)
 	}
 	return r.policy.Malloc(size, stream)
@@ -515,7 +519,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	if !ev.Kind.OnDevice() {
 		return nil
 	}
-	b, err := r.policyMalloc(ev.Size, ev.Stream, ev.Pool)
+	b, err := r.policyMalloc(ev)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)

@@ -160,6 +160,14 @@ type Event struct {
 	// whose source id the header's Metadata "pools" names ("1=(1,0)").
 	// Since format version 2.
 	Pool uint32
+	// Restore marks a malloc that sets a block of its private pool back in
+	// place, in a restore of the pool's checkpointed state (PyTorch's
+	// setCheckpointPoolState, which torch.compile's cudagraph trees call
+	// before recording a new graph): Size is the block's whole size, and
+	// the block is the one after the block restored before it, or the
+	// first of a segment of the pool all of whose memory is free. Since
+	// format version 2.
+	Restore bool
 	// Time is the event's time in nanoseconds since an arbitrary origin.
 	Time int64
 	// Addr is the allocation's address or id (malloc, free, segment ops) or

@@ -23,7 +23,8 @@ import (
 // The first frame ('H') holds the Header as a msgpack map. Event frames
 // ('E') hold a msgpack uint count and then that many events, each a msgpack
 // array [op, time delta, address delta, size, stream, kind, thread, label,
-// pool] with trailing zero fields left out (label "" is zero); the time and
+// pool, restore (1 or absent)] with trailing zero fields left out (label ""
+// is zero); the time and
 // address deltas are signed differences from the previous event's (starting
 // from 0). Version 1, which had no pool, is read as well: its arrays end at
 // the label, and its events are all of the default pools. The last frame
@@ -162,6 +163,8 @@ func (w *Writer) Write(ev Event) error {
 	}
 	n := len(fields)
 	switch {
+	case ev.Restore:
+		n += 3
 	case ev.Pool != 0:
 		n += 2
 	case ev.Label != "":
@@ -182,8 +185,11 @@ func (w *Writer) Write(ev Event) error {
 	if n > len(fields) {
 		w.enc.EncodeString(ev.Label)
 	}
-	if ev.Pool != 0 {
+	if n > len(fields)+1 {
 		w.enc.EncodeUint(uint64(ev.Pool))
+	}
+	if ev.Restore {
+		w.enc.EncodeUint(1)
 	}
 	w.prevT, w.prevA = ev.Time, ev.Addr
 	w.inFrame++
@@ -431,7 +437,7 @@ func (r *Reader) decodeEvent() (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
-	if maxFields := 8 + min(r.version-1, 1); n < 1 || n > maxFields {
+	if maxFields := 8 + 2*min(r.version-1, 1); n < 1 || n > maxFields {
 		return Event{}, fmt.Errorf("event has %d fields (version %d has at most %d)", n, r.version, maxFields)
 	}
 	var ev Event
@@ -485,10 +491,19 @@ func (r *Reader) decodeEvent() (Event, error) {
 			if err != nil {
 				return ev, err
 			}
-			if v == 0 || v > math.MaxUint32 {
+			if v > math.MaxUint32 || v == 0 && n == 9 {
 				return ev, fmt.Errorf("invalid pool %d", v)
 			}
 			ev.Pool = uint32(v)
+		case 9:
+			v, err := r.dec.DecodeUint64()
+			if err != nil {
+				return ev, err
+			}
+			if v != 1 {
+				return ev, fmt.Errorf("invalid restore flag %d", v)
+			}
+			ev.Restore = true
 		}
 	}
 	if n <= 1 {

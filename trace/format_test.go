@@ -68,8 +68,8 @@ func TestParseTextSmall(t *testing.T) {
 	if h.Device != "NVIDIA H200" || h.DeviceMemory != 150000000000 || h.Settings["PYTORCH_CUDA_ALLOC_CONF"] != "expandable_segments:True" || h.Metadata["job"] != "demo" {
 		t.Errorf("header = %+v", h)
 	}
-	if len(evs) != 22 {
-		t.Fatalf("got %d events, want 22", len(evs))
+	if len(evs) != 24 {
+		t.Fatalf("got %d events, want 24", len(evs))
 	}
 	want := Event{Op: OpMalloc, Addr: 0x7f0000000000, Size: 1000, Time: 1001, Thread: 7}
 	if evs[1] != want {
@@ -87,8 +87,11 @@ func TestParseTextSmall(t *testing.T) {
 	if want := (Event{Op: OpMalloc, Addr: 0x7f0000200000, Size: 512, Stream: 0x55aa, Pool: 1, Time: 3100}); evs[19] != want {
 		t.Errorf("event 19 = %+v, want %+v", evs[19], want)
 	}
-	if want := (Event{Op: OpPoolRelease, Pool: 1, Time: 3200}); evs[21] != want {
+	if want := (Event{Op: OpMalloc, Addr: 0x7f0000300000, Size: 512, Stream: 0x55aa, Pool: 1, Restore: true, Time: 3160}); evs[21] != want {
 		t.Errorf("event 21 = %+v, want %+v", evs[21], want)
+	}
+	if want := (Event{Op: OpPoolRelease, Pool: 1, Time: 3200}); evs[23] != want {
+		t.Errorf("event 23 = %+v, want %+v", evs[23], want)
 	}
 }
 
@@ -126,8 +129,8 @@ func TestFormatVersion1(t *testing.T) {
 }
 
 // TestFormatPoolBytes pins the encoding of the pool: a 9th field after the
-// label, which is written (empty) to carry it; an event without a pool is
-// the bytes version 1 wrote.
+// label, which is written (empty) to carry it, and the restore flag a 10th;
+// an event without a pool is the bytes version 1 wrote.
 func TestFormatPoolBytes(t *testing.T) {
 	for _, tc := range []struct {
 		ev   Event
@@ -137,6 +140,7 @@ func TestFormatPoolBytes(t *testing.T) {
 		{Event{Op: OpMalloc, Size: 512, Pool: 3}, "99 01 00 00 cd 02 00 00 00 00 a0 03"},
 		{Event{Op: OpMalloc, Size: 512, Pool: 3, Label: "x"}, "99 01 00 00 cd 02 00 00 00 00 a1 78 03"},
 		{Event{Op: OpPoolRelease, Pool: 1}, "99 10 00 00 00 00 00 00 a0 01"},
+		{Event{Op: OpMalloc, Size: 512, Pool: 3, Restore: true}, "9a 01 00 00 cd 02 00 00 00 00 a0 03 01"},
 	} {
 		var w Writer
 		w.enc = msgpack.NewEncoder(&w.buf)

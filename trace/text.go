@@ -23,7 +23,8 @@ import (
 // (or id), size, stream, kind (device, async, pinned, managed), t (time in
 // nanoseconds; when absent, the previous event's time plus one), thread,
 // pool (the private pool of a malloc or pool_release, 0 for the default
-// pools), event (the CUDA event id of event ops, stored in Addr) and label. Numbers
+// pools), restore (1: a malloc of a pool's checkpoint restore), event (the
+// CUDA event id of event ops, stored in Addr) and label. Numbers
 // are decimal or 0x-prefixed hex; sizes also take suffixes (4KiB, 2MiB).
 // Values holding spaces are double-quoted. An optional header line, before
 // any event, sets Header fields; setting.KEY and meta.KEY fill Settings and
@@ -150,6 +151,11 @@ func setEventField(ev *Event, k, v string) error {
 		ev.Stream, err = parseNumber(v)
 	case "thread":
 		ev.Thread, err = parseNumber(v)
+	case "restore":
+		if v != "1" {
+			return fmt.Errorf("restore=%q: want 1", v)
+		}
+		ev.Restore = true
 	case "pool":
 		var n uint64
 		if n, err = parseNumber(v); err == nil && n > math.MaxUint32 {
@@ -337,6 +343,9 @@ func FormatText(ev Event) string {
 	}
 	if ev.Pool != 0 {
 		fmt.Fprintf(&b, " pool=%d", ev.Pool)
+	}
+	if ev.Restore {
+		b.WriteString(" restore=1")
 	}
 	if ev.Label != "" {
 		fmt.Fprintf(&b, " label=%s", quoteIfNeeded(ev.Label))

@@ -14,12 +14,8 @@ import (
 // first difference fidelity reports: the test fails when it changes, so
 // that the list follows the model.
 var fidelityPending = map[string]string{
-	// torch.compile's cudagraph trees restore a pool's checkpointed state
-	// (setSegmentStateToCheckpoint): every block of a segment is allocated
-	// as it was, a 2064384-byte block in a small segment included, and the
-	// free ones freed again; the simulation takes the requests for mallocs.
-	"compile_ro": "compile_ro.pickle.gz: diverges at event 524: real allocator: malloc of 2064384 bytes at 0x7fa71da08000; simulation: placed at 0x7fa73e000000",
-	// A MemPool's blocks: the same, and nothing in the snapshot says so.
+	// A MemPool deleted before the dump leaves no pool id: its blocks are
+	// taken for the default pools'.
 	"mempool": "mempool.pickle.gz: diverges at event 32: real allocator: segment_alloc of 20971520 bytes at 0x7fd71a000000; simulation: no device call by event 33",
 }
 

@@ -36,6 +36,15 @@ import (
 //     one: the inference cannot see it.
 //   - A failed malloc (no address) between two mallocs of one private pool
 //     on its stream is of that pool.
+//   - torch.compile's cudagraph trees restore a pool's checkpointed state
+//     before they record a new graph (setCheckpointPoolState): every block
+//     of the pool is freed, then each checkpointed segment is allocated
+//     block by block, whole sizes from its start to its end, and the
+//     blocks not live in the checkpoint freed again. A run of mallocs that
+//     starts at the start of a cudaMalloc segment of a private pool with
+//     no live block, made earlier than right before it, each at the end
+//     of the one before, in sizes of whole 512 bytes, and ends at the
+//     segment's end, is such a restore: its mallocs are marked Restore.
 //   - A pool is released (its graphs destroyed, its MemPool deleted) at the
 //     latest when the first of its segments is freed or unmapped: a
 //     trace.OpPoolRelease is put before the run of segment frees and
@@ -62,6 +71,8 @@ type poolPlan struct {
 	failedPool map[int64]uint32
 	// release lists, by entry index, the pools released before it.
 	release map[int64][]uint32
+	// restore holds the event indexes of the mallocs of restores.
+	restore map[int64]bool
 }
 
 // finalRange is a final segment as the unit tracker sees it.
@@ -247,6 +258,69 @@ type inferSink struct {
 	inRun     bool
 	unitFreed map[int]int64
 	prefix    int64 // events before the entries (reconstructed)
+
+	// Checkpoint restores: the units' segments, the unit of each live
+	// malloc, and the runs found.
+	unitSeg []unitSeg
+	liveAt  map[uint64]int
+	runs    [][]int64 // the event indexes of each complete run
+}
+
+// unitSeg is what restore detection keeps of a unit.
+type unitSeg struct {
+	base, size uint64 // 0 size: an expandable range, never restored
+	created    int64  // event index of its segment_alloc
+	live       int    // live mallocs
+	run        []int64
+	cursor     uint64 // where the run's next malloc must be
+}
+
+func (s *inferSink) seg(unit int) *unitSeg {
+	for unit >= len(s.unitSeg) {
+		s.unitSeg = append(s.unitSeg, unitSeg{created: -1})
+	}
+	return &s.unitSeg[unit]
+}
+
+// restoreStep follows the mallocs and frees of units for runs of a
+// checkpoint restore.
+func (s *inferSink) restoreStep(index int64, ev *trace.Event, unit int) {
+	switch ev.Op {
+	case trace.OpSegmentAlloc:
+		if unit >= 0 {
+			*s.seg(unit) = unitSeg{base: ev.Addr, size: ev.Size, created: index}
+		}
+	case trace.OpFree:
+		if u, ok := s.liveAt[ev.Addr]; ok {
+			delete(s.liveAt, ev.Addr)
+			g := s.seg(u)
+			g.live--
+			g.run = nil
+		}
+	case trace.OpMalloc:
+		if unit < 0 {
+			return
+		}
+		g := s.seg(unit)
+		s.liveAt[ev.Addr] = unit
+		whole := ev.Size > 0 && ev.Size%512 == 0 && g.size > 0
+		switch {
+		case whole && g.run != nil && ev.Addr == g.cursor:
+			g.run = append(g.run, index)
+		case whole && g.live == 0 && ev.Addr == g.base && g.created >= 0 && g.created < index-1:
+			g.run = []int64{index}
+		default:
+			g.run = nil
+		}
+		g.live++
+		if g.run != nil {
+			g.cursor = ev.Addr + ev.Size
+			if g.cursor == g.base+g.size {
+				s.runs = append(s.runs, g.run)
+				g.run = nil
+			}
+		}
+	}
 }
 
 // mallocRec is a malloc (or failed malloc: unit -1, failed) of the
@@ -260,6 +334,7 @@ type mallocRec struct {
 
 func (s *inferSink) observe(index int64, ev *trace.Event) {
 	unit := s.units.event(ev)
+	s.restoreStep(index, ev, unit)
 	switch ev.Op {
 	case trace.OpSegmentFree, trace.OpSegmentUnmap:
 		if !s.inRun {
@@ -339,10 +414,19 @@ func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
 			}
 		}
 	}
-	plan := &poolPlan{ids: ids, final: final, unitPool: label, failedPool: failed, release: map[int64][]uint32{}}
+	plan := &poolPlan{ids: ids, final: final, unitPool: label, failedPool: failed, release: map[int64][]uint32{}, restore: map[int64]bool{}}
 	for k := range label {
 		if label[k] == unknown {
 			label[k] = 0
+		}
+	}
+	for _, run := range s.runs {
+		m := s.mallocOf(run[0])
+		if m.unit < 0 || label[m.unit] == 0 {
+			continue
+		}
+		for _, i := range run {
+			plan.restore[i] = true
 		}
 	}
 	first := map[uint32]int64{}
@@ -360,6 +444,12 @@ func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
 		slices.Sort(ps)
 	}
 	return plan
+}
+
+// mallocOf returns the malloc of event index i.
+func (s *inferSink) mallocOf(i int64) mallocRec {
+	k, _ := slices.BinarySearchFunc(s.mallocs, i, func(m mallocRec, i int64) int { return cmp.Compare(m.index, i) })
+	return s.mallocs[k]
 }
 
 // labeler puts the plan on the events as they are read: each malloc's
@@ -382,6 +472,7 @@ func (l *labeler) label(index int64, ev *trace.Event) []trace.Event {
 		if unit >= 0 && unit < len(l.plan.unitPool) {
 			ev.Pool = l.plan.unitPool[unit]
 		}
+		ev.Restore = ev.Pool != 0 && l.plan.restore[index]
 	case trace.OpMallocFailed:
 		ev.Pool = l.plan.failedPool[index]
 	}

@@ -2,6 +2,7 @@ package pytorch
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"slices"
 	"testing"
@@ -107,5 +108,64 @@ func TestImportPools(t *testing.T) {
 		if release != 21 || len(evs) != len(entries)+1 || evs[22].Op != trace.OpSegmentFree || evs[22].Addr != D {
 			t.Errorf("pool_release at event %d of %d, want 21, before the run of segment frees", release, len(evs))
 		}
+	}
+}
+
+// TestImportRestore: a run of mallocs that tiles a private pool's segment
+// with no live block, from its start to its end in whole block sizes, is a
+// checkpoint restore (setCheckpointPoolState); the malloc right after the
+// segment's segment_alloc is not, nor is a run that stops short, nor one
+// in a default segment.
+func TestImportRestore(t *testing.T) {
+	const (
+		C = 0x55
+		K = 1 << 10
+		M = 1 << 20
+		R = 0x7f0000000000 // pool (0,1), small
+		D = 0x7f0000200000 // default, small
+	)
+	entries := []any{
+		onStream(entry("segment_alloc", R, 2*M), C),
+		onStream(entry("alloc", R, 32*K), C), // its segment's first malloc
+		onStream(entry("free_requested", R, 32*K), C),
+		onStream(entry("free_completed", R, 32*K), C),
+		onStream(entry("alloc", R, 32*K), C), // a restore: R whole
+		onStream(entry("alloc", R+32*K, 2*M-32*K), C),
+		onStream(entry("free_requested", R+32*K, 2*M-32*K), C),
+		onStream(entry("free_completed", R+32*K, 2*M-32*K), C),
+		onStream(entry("free_requested", R, 32*K), C),
+		onStream(entry("free_completed", R, 32*K), C),
+		onStream(entry("alloc", R, 64*K), C), // stops short: a malloc
+		onStream(entry("free_requested", R, 64*K), C),
+		onStream(entry("free_completed", R, 64*K), C),
+		entry("segment_alloc", D, 2*M),
+		entry("alloc", D, 2*M),
+		entry("free_requested", D, 2*M),
+		entry("free_completed", D, 2*M),
+		entry("alloc", D, 2*M),              // a default segment's: no restore
+		onStream(entry("alloc", R, 2*M), C), // R whole again: a restore
+	}
+	segments := []any{
+		poolSeg(R, 2*M, C, "small", tuple{0, 1}, "active_allocated", 2*M),
+		segDict(D, 2*M, "small", [3]any{2 * M, 2 * M, "active_allocated"}),
+	}
+	data := pickleOf([]kv{{"segments", segments}, {"device_traces", []any{entries}}})
+	src, err := Import(bytes.NewReader(data), "restore.pickle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, evs, err := drain(t, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range evs {
+		if ev.Op == trace.OpMalloc {
+			got = append(got, fmt.Sprintf("%d/%v", ev.Pool, ev.Restore))
+		}
+	}
+	want := []string{"1/false", "1/true", "1/true", "1/false", "0/false", "0/false", "1/true"}
+	if !slices.Equal(got, want) {
+		t.Errorf("mallocs (pool/restore) %v, want %v", got, want)
 	}
 }

@@ -228,7 +228,7 @@ func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids
 	if err != nil {
 		return nil, err
 	}
-	sink := &inferSink{units: newUnitTracker(final), unitFreed: map[int]int64{}, prefix: int64(len(prefix))}
+	sink := &inferSink{units: newUnitTracker(final), unitFreed: map[int]int64{}, liveAt: map[uint64]int{}, prefix: int64(len(prefix))}
 	for k := range prefix {
 		ev := prefix[k]
 		sink.observe(int64(k), &ev)
