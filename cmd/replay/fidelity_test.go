@@ -186,3 +186,39 @@ func TestPrivatePoolWarning(t *testing.T) {
 		}
 	}
 }
+
+// TestUnnamedPoolWarning: on the MemPool recording, whose pools were
+// deleted before the dump (no segment_pool_id names them), `replay sim`
+// warns on stderr, and in the JSON of each policy, of the malloc that
+// shows a pool the snapshot does not name: no silent wrong figure.
+func TestUnnamedPoolWarning(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "out.json")
+	_, errOut, err := runCmd(t, "sim", "--policy", "pytorch,best-fit", "--json", js, "../../testdata/pytorch/mempool.pickle.gz")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut)
+	}
+	const want = "mempool.pickle.gz: warning: trace entry 33: a malloc of 7933678 bytes on stream 0x0 got a new segment of its own while the segment at 0x7fd722000000 of that stream had 11595264 bytes free"
+	if strings.Count(errOut, want) != 1 {
+		t.Errorf("stderr %q, want the warning once: %q", errOut, want)
+	}
+	raw, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Results []struct {
+			PoolWarning string `json:"pool_warning"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Results) != 2 {
+		t.Fatalf("%d results", len(doc.Results))
+	}
+	for _, r := range doc.Results {
+		if !strings.HasPrefix(r.PoolWarning, "trace entry 33: a malloc of 7933678 bytes") {
+			t.Errorf("pool_warning %q", r.PoolWarning)
+		}
+	}
+}

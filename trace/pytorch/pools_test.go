@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/trace"
@@ -167,5 +168,52 @@ func TestImportRestore(t *testing.T) {
 	want := []string{"1/false", "1/true", "1/true", "1/false", "0/false", "0/false", "1/true"}
 	if !slices.Equal(got, want) {
 		t.Errorf("mallocs (pool/restore) %v, want %v", got, want)
+	}
+}
+
+// TestImportUnnamedPool: a malloc that gets a new segment while a segment
+// of its stream and size class has a free block that fits it (with 1 MiB
+// to spare in the large pool) went to another pool than that segment's:
+// Import says so in Metadata "pool_warning". A free block too small by
+// that measure, one on another stream, or one freed right before the
+// malloc (a retry's synchronization) is no such sign.
+func TestImportUnnamedPool(t *testing.T) {
+	const (
+		M = 1 << 20
+		A = 0x7f0000000000
+		B = 0x7f0001400000
+	)
+	for _, tc := range []struct {
+		name    string
+		entries []any
+		want    string
+	}{
+		{"a free block fits", []any{
+			entry("segment_alloc", A, 20*M), entry("alloc", A, 4*M),
+			entry("segment_alloc", B, 20*M), entry("alloc", B, 4*M),
+		}, "trace entry 3: a malloc of 4194304 bytes on stream 0x0 got a new segment of its own while the segment at 0x7f0000000000 of that stream had 16777216 bytes free at 0x7f0000400000 that fit it"},
+		{"too small with the slack", []any{
+			entry("segment_alloc", A, 20*M), entry("alloc", A, 15*M+512),
+			entry("segment_alloc", B, 20*M), entry("alloc", B, 4*M),
+		}, ""},
+		{"another stream", []any{
+			entry("segment_alloc", A, 20*M), entry("alloc", A, 4*M),
+			onStream(entry("segment_alloc", B, 20*M), 7), onStream(entry("alloc", B, 4*M), 7),
+		}, ""},
+		{"freed since the malloc before", []any{
+			entry("segment_alloc", A, 20*M), entry("alloc", A, 4*M), entry("alloc", A+4*M, 14*M),
+			entry("free_requested", A+4*M, 14*M), entry("free_completed", A+4*M, 14*M),
+			entry("segment_alloc", B, 20*M), entry("alloc", B, 4*M),
+		}, ""},
+	} {
+		data := pickleOf([]kv{{"segments", []any{}}, {"device_traces", []any{tc.entries}}})
+		src, err := Import(bytes.NewReader(data), "w.pickle", Options{})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		got := src.Header().Metadata["pool_warning"]
+		if tc.want == "" && got != "" || tc.want != "" && !strings.HasPrefix(got, tc.want) {
+			t.Errorf("%s: pool_warning %q, want %q...", tc.name, got, tc.want)
+		}
 	}
 }

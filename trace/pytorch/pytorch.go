@@ -57,6 +57,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -149,7 +150,7 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	check := &checker{hist: newHistory()}
+	check := &checker{hist: newHistory(), watch: newPoolWatch()}
 	d := newDecoder(pr, opts.Device, check)
 	d.pickle = pr
 	if err := d.run(); err != nil {
@@ -206,7 +207,11 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
 	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}
-	if ids, final := finalPools(d.segments, opts.Device); len(ids) > 0 {
+	ids, final := finalPools(d.segments, opts.Device)
+	if w := check.watch.found; w != "" && len(ids) == 0 && len(prefix) == 0 && plainSearch(h.Settings) {
+		h.Metadata["pool_warning"] = w
+	}
+	if len(ids) > 0 {
 		h.Metadata["pools"] = poolNames(ids)
 		plan, err := inferPools(rw, name, opts.Device, prefix, ids, final)
 		if err != nil {
@@ -215,6 +220,27 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		src.labels = newLabeler(plan)
 	}
 	return src, nil
+}
+
+// plainSearch reports whether allocator settings s leave the search of
+// cached blocks as it is by default, as poolWatch assumes: no
+// max_split_size_mb, no roundup_power2_divisions, no expandable segments.
+func plainSearch(s map[string]string) bool {
+	if conf := s["PYTORCH_CUDA_ALLOC_CONF"]; strings.Contains(conf, "max_split_size_mb") || strings.Contains(conf, "roundup_power2_divisions") || strings.Contains(conf, "expandable_segments:True") {
+		return false
+	}
+	if v := s["max_split_size"]; v != "" && v != "-1" && v != strconv.FormatUint(math.MaxUint64, 10) {
+		return false
+	}
+	if s["expandable_segments"] == "true" {
+		return false
+	}
+	for _, kv := range strings.Split(s["roundup_power2_divisions"], ",") {
+		if _, v, ok := strings.Cut(kv, ":"); ok && v != "0" && v != "1" {
+			return false
+		}
+	}
+	return true
 }
 
 // inferPools reads the snapshot once more to decide the pool of each
@@ -259,8 +285,9 @@ func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids
 // checker is the sink of Import's first reading: it converts each entry,
 // which reports any error, and follows the trace for reconstruct.
 type checker struct {
-	hist *history
-	ev   trace.Event
+	hist  *history
+	watch *poolWatch
+	ev    trace.Event
 }
 
 func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
@@ -271,6 +298,7 @@ func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
 	if err := c.hist.observe(&c.ev); err != nil {
 		return fmt.Errorf("inconsistent snapshot at pickle byte %d: %w", d.in.offset(), err)
 	}
+	c.watch.observe(index, &c.ev)
 	return nil
 }
 
