@@ -606,6 +606,9 @@ func FuzzImport(f *testing.F) {
 		{"segments", []any{segDict(0x7f0000000000, 20<<20, "large", [3]any{4 << 20, 1000, "active_allocated"}, [3]any{16 << 20, 0, "inactive"})}},
 		{"device_traces", []any{[]any{entry("free_completed", 0x7f0000400000, 3<<20), entry("segment_free", 0x7f0002000000, 2<<20)}}},
 	}))
+	// Private pools: their inference (pools.go).
+	pools, _ := poolsSnapshot()
+	f.Add(pools)
 	// The opcodes of protocol 0 and the containers made from a mark.
 	f.Add([]byte("\x80\x02(dp0\nVdevice_traces\np1\n((lp2\nlp3\nsVallocator_settings\n(dVa\nI01\n" +
 		"sVd\n(I1\nI2\ntsVg\n\x8f(K\x01\x90sVl\ng3\nss."))
