@@ -135,6 +135,10 @@ type Pooler interface {
 	// free. The policy may serve it as MallocPool when it keeps no such
 	// state; it returns the errors MallocPool does.
 	RestoreBlock(size, stream uint64, pool uint32) (Block, error)
+	// EmptyPool gives back the unused cached memory of private pool pool
+	// only, as torch.cuda.empty_cache does for the default pools (the
+	// emptyCache of a MemPool that its deletion makes).
+	EmptyPool(pool uint32) error
 }
 
 // Planner is implemented by clairvoyant policies, which place mallocs

@@ -136,6 +136,29 @@ func (p *PyTorch) RestoreBlock(size, stream uint64, id uint32) (Block, error) {
 	return Block{Addr: b.addr, Size: b.size}, nil
 }
 
+// EmptyPool frees the cached segments of private pool id that are not
+// split, its small pool's before its large one's (release_cached_blocks
+// of a MemPool's id, which its deletion makes), and forgets the pool when
+// it is released and none is left. Following a recording, the source's
+// segment frees seen right before it are this one's, not an empty_cache's.
+// It returns the device's error for a free that fails.
+func (p *PyTorch) EmptyPool(id uint32) error {
+	pp := p.pools[id]
+	if pp == nil {
+		return nil
+	}
+	allocs := pp.devAllocs
+	if err := p.releasePools(&pp.small, &pp.large); err != nil {
+		return err
+	}
+	p.releasesSeen = max(p.releasesSeen-(allocs-pp.devAllocs), 0)
+	if pp.released && pp.devAllocs == 0 {
+		p.unfree(pp)
+		delete(p.pools, id)
+	}
+	return nil
+}
+
 // unfree takes pp out of the freeable pools.
 func (p *PyTorch) unfree(pp *ptPrivate) {
 	pp.released = false

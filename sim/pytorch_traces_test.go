@@ -60,7 +60,7 @@ var ptAcceptance = []struct {
 	{name: "pytorch/graph_step_expandable"},
 	{name: "pytorch/serve_graphs"},
 	{name: "pytorch/compile_ro"},
-	{name: "pytorch/mempool", pending: "MemPool is not modelled (issue 14)", pendingFigures: []string{"peak reserved", "device allocs", "device frees"}},
+	{name: "pytorch/mempool"},
 	{name: "pytorch/pending_retry"},
 }
 

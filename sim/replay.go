@@ -331,6 +331,15 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 			}
 		}
 	case trace.OpEmptyCache:
+		if ev.Pool != 0 {
+			// A private pool's own: nothing for a policy that keeps none.
+			if r.pooler != nil {
+				if err := r.pooler.EmptyPool(ev.Pool); err != nil {
+					return fmt.Errorf("event %d: empty_cache of pool %d: %w", i, ev.Pool, err)
+				}
+			}
+			break
+		}
 		if rel, ok := r.policy.(policies.Releaser); ok {
 			if err := rel.EmptyCache(); err != nil {
 				return fmt.Errorf("event %d: empty_cache: %w", i, err)

@@ -39,7 +39,8 @@ const (
 	// OpEventSync is a cudaEventSynchronize of CUDA event Addr.
 	OpEventSync
 	// OpEmptyCache is an explicit release of cached memory by the program
-	// (torch.cuda.empty_cache()).
+	// (torch.cuda.empty_cache()); with a Pool, of that private pool's only
+	// (PyTorch's emptyCache of a MemPool, which its deletion makes).
 	OpEmptyCache
 	// OpMallocFailed is an allocation of Size bytes on Stream that failed in
 	// the source (an OOM). A replay attempts it; it never becomes live.

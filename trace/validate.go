@@ -176,15 +176,15 @@ func (v *Validator) applyOp(i int64, ev Event) error {
 }
 
 // CheckPool returns a problem with event i's pool: a pool on an op other
-// than a malloc, a failed malloc or a pool_release, a pool_release of the
+// than a malloc, a failed malloc, a pool_release or an empty_cache, a pool_release of the
 // default pools (pool 0), which are never released, or a restore that is
 // no malloc into a private pool.
 func CheckPool(i int64, ev Event) *ValidationError {
 	switch {
 	case ev.Op == OpPoolRelease && ev.Pool == 0:
 		return &ValidationError{i, 0, "pool_release of pool 0, the default pools, which are never released"}
-	case ev.Pool != 0 && ev.Op != OpMalloc && ev.Op != OpMallocFailed && ev.Op != OpPoolRelease:
-		return &ValidationError{i, ev.Addr, fmt.Sprintf("%s with pool %d: only a malloc, a failed malloc or a pool_release names a pool", ev.Op, ev.Pool)}
+	case ev.Pool != 0 && ev.Op != OpMalloc && ev.Op != OpMallocFailed && ev.Op != OpPoolRelease && ev.Op != OpEmptyCache:
+		return &ValidationError{i, ev.Addr, fmt.Sprintf("%s with pool %d: only a malloc, a failed malloc, a pool_release or an empty_cache names a pool", ev.Op, ev.Pool)}
 	case ev.Restore && (ev.Op != OpMalloc || ev.Pool == 0):
 		return &ValidationError{i, ev.Addr, fmt.Sprintf("%s of pool %d marked restore: only a malloc into a private pool restores a block", ev.Op, ev.Pool)}
 	}

@@ -160,7 +160,7 @@ pool_release pool=2
 pool_release
 malloc id=2 size=1KiB restore=1
 `,
-		"event 2: free with pool 2: only a malloc, a failed malloc or a pool_release names a pool",
+		"event 2: free with pool 2: only a malloc, a failed malloc, a pool_release or an empty_cache names a pool",
 		"event 4: pool_release of pool 0, the default pools, which are never released",
 		"event 5: malloc of pool 0 marked restore: only a malloc into a private pool restores a block",
 	)

@@ -52,12 +52,16 @@ import (
 //     freed is never released in the trace.
 //
 // A MemPool deleted before the dump, or a graph pool whose segments were
-// all freed, leaves no pool id at all: its mallocs are taken for the
-// default pools' (the figures of a replay then differ from the real
-// allocator's, and replay fidelity shows where).
+// all freed, leaves no pool id at all. When a malloc shows such a pool
+// (poolwatch.go), the pools are found from the order in which their
+// segments were freed (decideUnnamed), each named in Metadata "pools" by
+// the entry it was deleted before ("1=deleted@142"); when that finds
+// none, Metadata "pool_warning" says which malloc showed one, and its
+// mallocs are taken for the default pools'.
 //
 // This needs a reading of the snapshot of its own, made only when the
-// final segments name a private pool; it keeps a record per malloc.
+// final segments name a private pool or a malloc shows one; it keeps a
+// record per malloc.
 
 // poolPlan is what the inference decided: the pool of each unit (segment)
 // and failed malloc, and where pools are released.
@@ -73,6 +77,10 @@ type poolPlan struct {
 	release map[int64][]uint32
 	// restore holds the event indexes of the mallocs of restores.
 	restore map[int64]bool
+	// empty lists, by entry index, the private pools whose cached
+	// memory was released by the segment frees right before it (after
+	// their release): a MemPool's deletion.
+	empty map[int64][]uint32
 }
 
 // finalRange is a final segment as the unit tracker sees it.
@@ -113,6 +121,23 @@ func finalPools(segs []snapSegment, dev int) (ids [][2]uint64, final []finalRang
 		final = append(final, finalRange{addr: s.addr, size: s.size, stream: s.stream, expandable: s.expandable, pool: num[s.pool]})
 	}
 	return ids, final
+}
+
+// unnamedNames returns the "pools" metadata of pools no final segment
+// names: each by the trace entry before which it was deleted,
+// "1=deleted@142".
+func unnamedNames(plan *poolPlan) string {
+	at := make([]int64, len(plan.ids))
+	for i, ps := range plan.release {
+		for _, p := range ps {
+			at[p-1] = i
+		}
+	}
+	out := make([]string, len(at))
+	for k, i := range at {
+		out[k] = fmt.Sprintf("%d=deleted@%d", k+1, i)
+	}
+	return strings.Join(out, " ")
 }
 
 // poolNames returns the "pools" metadata: "1=(1,0) 2=(0,1)".
@@ -264,6 +289,17 @@ type inferSink struct {
 	unitSeg []unitSeg
 	liveAt  map[uint64]int
 	runs    [][]int64 // the event indexes of each complete run
+
+	// freeRuns are the runs of segment frees, for pools no final
+	// segment names (decideUnnamed).
+	freeRuns [][]segFree
+}
+
+// segFree is a segment free of a run.
+type segFree struct {
+	index              int64
+	unit               int
+	stream, size, addr uint64
 }
 
 // unitSeg is what restore detection keeps of a unit.
@@ -339,6 +375,11 @@ func (s *inferSink) observe(index int64, ev *trace.Event) {
 	case trace.OpSegmentFree, trace.OpSegmentUnmap:
 		if !s.inRun {
 			s.inRun, s.runStart = true, index
+			s.freeRuns = append(s.freeRuns, nil)
+		}
+		if ev.Op == trace.OpSegmentFree && unit >= 0 {
+			r := &s.freeRuns[len(s.freeRuns)-1]
+			*r = append(*r, segFree{index: index, unit: unit, stream: ev.Stream, size: ev.Size, addr: ev.Addr})
 		}
 		if _, ok := s.unitFreed[unit]; !ok && unit >= 0 {
 			s.unitFreed[unit] = s.runStart
@@ -446,6 +487,71 @@ func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
 	return plan
 }
 
+// decideUnnamed labels the units of a snapshot whose final segments name
+// no private pool but whose mallocs show one (poolWatch): see the comment
+// at the top of the file. Each run of segment frees is cut into parts
+// where the order of release breaks: release_cached_blocks frees the
+// default pools' cached segments, large then small, each by (stream,
+// size, address), and a MemPool's deletion frees its own (emptyCache of
+// the pool), small then large, before the empty_cache that usually
+// follows. So a run that is one part, or a large part and a small one, is
+// a plain empty_cache's; in any other, parts are taken from the start as
+// private pools of their own (a small part with the large part after it,
+// or a part alone), each released right before the run and emptied
+// (trace.OpEmptyCache of the pool) right after its part, until what is
+// left is a plain empty_cache's. It returns nil when no run has a private
+// pool's part. A graph's pool freed whole (its segments come after the
+// default pools' in a run) is not told apart.
+func (s *inferSink) decideUnnamed() *poolPlan {
+	label := make([]uint32, s.units.next)
+	plan := &poolPlan{unitPool: label, failedPool: map[int64]uint32{}, release: map[int64][]uint32{}, restore: map[int64]bool{}, empty: map[int64][]uint32{}}
+	for _, run := range s.freeRuns {
+		// Sorted parts: one size class, ascending (stream, size, address).
+		type part struct {
+			from, to int
+			small    bool
+		}
+		var parts []part
+		for k, f := range run {
+			small := f.size == 2<<20
+			if n := len(parts); n > 0 && parts[n-1].small == small {
+				p := run[k-1]
+				if p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr) {
+					parts[n-1].to = k + 1
+					continue
+				}
+			}
+			parts = append(parts, part{k, k + 1, small})
+		}
+		// What a plain empty_cache frees: large, small, or both in
+		// that order.
+		global := func(ps []part) bool {
+			return len(ps) <= 1 || len(ps) == 2 && !ps[0].small && ps[1].small
+		}
+		k := 0
+		for !global(parts[k:]) {
+			from, to := parts[k].from, parts[k].to
+			if parts[k].small && !parts[k+1].small {
+				k++
+				to = parts[k].to
+			}
+			k++
+			plan.ids = append(plan.ids, [2]uint64{})
+			id := uint32(len(plan.ids))
+			for _, f := range run[from:to] {
+				label[f.unit] = id
+			}
+			at, end := run[0].index, run[to-1].index+1
+			plan.release[at] = append(plan.release[at], id)
+			plan.empty[end] = append(plan.empty[end], id)
+		}
+	}
+	if len(plan.ids) == 0 {
+		return nil
+	}
+	return plan
+}
+
 // mallocOf returns the malloc of event index i.
 func (s *inferSink) mallocOf(i int64) mallocRec {
 	k, _ := slices.BinarySearchFunc(s.mallocs, i, func(m mallocRec, i int64) int { return cmp.Compare(m.index, i) })
@@ -476,13 +582,16 @@ func (l *labeler) label(index int64, ev *trace.Event) []trace.Event {
 	case trace.OpMallocFailed:
 		ev.Pool = l.plan.failedPool[index]
 	}
-	ps := l.plan.release[index]
-	if len(ps) == 0 {
+	ps, es := l.plan.release[index], l.plan.empty[index]
+	if len(ps)+len(es) == 0 {
 		return nil
 	}
-	out := make([]trace.Event, len(ps))
-	for k, p := range ps {
-		out[k] = trace.Event{Op: trace.OpPoolRelease, Pool: p, Time: ev.Time}
+	var out []trace.Event
+	for _, p := range es {
+		out = append(out, trace.Event{Op: trace.OpEmptyCache, Pool: p, Time: ev.Time})
+	}
+	for _, p := range ps {
+		out = append(out, trace.Event{Op: trace.OpPoolRelease, Pool: p, Time: ev.Time})
 	}
 	return out
 }

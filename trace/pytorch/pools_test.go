@@ -223,3 +223,55 @@ func TestImportUnnamedPool(t *testing.T) {
 		}
 	}
 }
+
+// TestImportDeletedPool: a MemPool deleted before the dump, told by the
+// order of the release (pools.go, decideUnnamed). In the pool: a large
+// segment P and a small one S; then a default malloc of 12 MiB gets
+// segment D although P has 16 MiB free (the sign of an unnamed pool).
+// Everything is freed, the pool deleted (its emptyCache frees S, then P:
+// small before large) and empty_cache frees D (smaller than P: the order
+// breaks). The pool's release goes before the run, its empty_cache right
+// after P's free.
+func TestImportDeletedPool(t *testing.T) {
+	const (
+		M = 1 << 20
+		P = 0x7f0000000000
+		S = 0x7f0001400000
+		D = 0x7f0001600000
+	)
+	entries := []any{
+		entry("segment_alloc", P, 20*M), entry("alloc", P, 4*M),
+		entry("segment_alloc", S, 2*M), entry("alloc", S, 4096),
+		entry("segment_alloc", D, 12*M), entry("alloc", D, 12*M),
+		entry("free_requested", P, 4*M), entry("free_completed", P, 4*M),
+		entry("free_requested", S, 4096), entry("free_completed", S, 4096),
+		entry("free_requested", D, 12*M), entry("free_completed", D, 12*M),
+		entry("segment_free", S, 2*M), entry("segment_free", P, 20*M), // the pool's deletion
+		entry("segment_free", D, 12*M), // empty_cache
+	}
+	data := pickleOf([]kv{{"segments", []any{}}, {"device_traces", []any{entries}}})
+	src, err := Import(bytes.NewReader(data), "deleted.pickle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, evs, err := drain(t, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Metadata["pools"] != "1=deleted@12" || h.Metadata["pool_warning"] != "" {
+		t.Errorf("metadata %v", h.Metadata)
+	}
+	var got []string
+	for _, ev := range evs {
+		switch ev.Op {
+		case trace.OpMalloc:
+			got = append(got, fmt.Sprintf("malloc:%d", ev.Pool))
+		case trace.OpPoolRelease, trace.OpEmptyCache, trace.OpSegmentFree:
+			got = append(got, fmt.Sprintf("%s:%d", ev.Op, ev.Pool))
+		}
+	}
+	want := []string{"malloc:1", "malloc:1", "malloc:0", "pool_release:1", "segment_free:0", "segment_free:0", "empty_cache:1", "segment_free:0"}
+	if !slices.Equal(got, want) {
+		t.Errorf("events %v,\nwant %v", got, want)
+	}
+}

@@ -21,11 +21,11 @@ import (
 // in a large block, and under 512 bytes more in a small one: a gap counts
 // only when it fits the malloc with that much to spare). Blocks whose free
 // completed since the malloc before are left out (a retry's
-// synchronization frees them after the search). It is not told (the
-// watch says nothing) for a snapshot whose history was cut, whose final
-// segments name private pools (pools.go places those), or whose settings
-// change the search (max_split_size_mb, roundup_power2_divisions,
-// expandable_segments).
+// synchronization frees them after the search). Its finding is not used
+// for a snapshot whose history was cut, whose final segments name private
+// pools (pools.go places those), or whose settings change the search
+// (max_split_size_mb, roundup_power2_divisions, expandable_segments);
+// else pools.go looks for the pools in the order of release.
 type poolWatch struct {
 	segs     []*watchSeg          // live cudaMalloc segments, by address
 	blockSeg map[uint64]*watchSeg // live block -> its segment

@@ -208,16 +208,22 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 	}
 	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}
 	ids, final := finalPools(d.segments, opts.Device)
-	if w := check.watch.found; w != "" && len(ids) == 0 && len(prefix) == 0 && plainSearch(h.Settings) {
-		h.Metadata["pool_warning"] = w
-	}
-	if len(ids) > 0 {
-		h.Metadata["pools"] = poolNames(ids)
-		plan, err := inferPools(rw, name, opts.Device, prefix, ids, final)
+	unnamed := check.watch.found != "" && len(ids) == 0 && len(prefix) == 0 && plainSearch(h.Settings)
+	if len(ids) > 0 || unnamed {
+		plan, err := inferPools(rw, name, opts.Device, prefix, ids, final, unnamed)
 		if err != nil {
 			return nil, err
 		}
-		src.labels = newLabeler(plan)
+		switch {
+		case plan == nil:
+			h.Metadata["pool_warning"] = check.watch.found
+		case unnamed:
+			h.Metadata["pools"] = unnamedNames(plan)
+			src.labels = newLabeler(plan)
+		default:
+			h.Metadata["pools"] = poolNames(ids)
+			src.labels = newLabeler(plan)
+		}
 	}
 	return src, nil
 }
@@ -245,7 +251,7 @@ func plainSearch(s map[string]string) bool {
 
 // inferPools reads the snapshot once more to decide the pool of each
 // malloc (see pools.go).
-func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids [][2]uint64, final []finalRange) (*poolPlan, error) {
+func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids [][2]uint64, final []finalRange, unnamed bool) (*poolPlan, error) {
 	r, err := rw.again(true)
 	if err != nil {
 		return nil, fmt.Errorf("%s: reading again: %v", name, err)
@@ -278,6 +284,13 @@ func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids
 	}
 	if d.entryErr != nil {
 		return nil, fmt.Errorf("%s: device_traces[%d] %w", name, device, d.entryErr)
+	}
+	if unnamed {
+		plan := sink.decideUnnamed()
+		if plan != nil {
+			plan.final = final
+		}
+		return plan, nil
 	}
 	return sink.decide(ids, final), nil
 }
