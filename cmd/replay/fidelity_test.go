@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/sim"
 )
 
 // fidelityPending are the recordings whose replay parts from the real
@@ -153,7 +155,7 @@ func TestPrivatePoolWarning(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", tc.name, err, errOut)
 		}
-		want := "best-fit: warning: the best-fit policy keeps no private pools: it placed the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; " + tc.pools + ") with the others"
+		want := "best-fit: warning: keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; " + tc.pools + ") were placed with the others"
 		if got := strings.Contains(errOut, want); got != (tc.pools != "") || strings.Contains(errOut, "pytorch: warning") {
 			t.Errorf("%s: stderr %q, want the warning %q: %v", tc.name, errOut, want, tc.pools != "")
 		}
@@ -195,8 +197,27 @@ func TestUnnamedPoolWarning(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errOut)
 	}
-	const want = "mempool.pickle.gz: best-fit: warning: the best-fit policy keeps no private pools: it placed the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; deleted@142: 32 mallocs, deleted@309: 32 mallocs, deleted@477: 32 mallocs) with the others\n"
+	const want = "mempool.pickle.gz: best-fit: warning: keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; deleted@142: 32 mallocs, deleted@309: 32 mallocs, deleted@477: 32 mallocs) were placed with the others\n"
 	if !strings.HasSuffix(errOut, want) || strings.Count(errOut, "warning") != 1 {
 		t.Errorf("stderr %q, want only %q", errOut, want)
+	}
+}
+
+// TestWriteWarnings: a warning every result of a trace has is printed once
+// for the trace; one of some policies once, naming them all.
+func TestWriteWarnings(t *testing.T) {
+	rs := []*sim.Result{
+		{Trace: "a", Policy: "p", Warnings: []string{"all", "some"}},
+		{Trace: "a", Policy: "q", Warnings: []string{"all"}},
+		{Trace: "a", Policy: "r", Warnings: []string{"some", "all"}},
+		{Trace: "b", Policy: "p", Warnings: []string{"some"}},
+	}
+	var b strings.Builder
+	if n := writeWarnings(&b, rs); n != 3 {
+		t.Errorf("%d lines", n)
+	}
+	const want = "a: warning: all\na: p, r: warning: some\nb: warning: some\n"
+	if b.String() != want {
+		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }

@@ -366,15 +366,17 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 
 // writeWarnings prints the results' warnings (sim.Result.Warnings) to w,
 // one line each: "TRACE: warning: TEXT" for one that every result of the
-// trace has, "TRACE: POLICY: warning: TEXT" for one of some policies only;
-// and returns how many lines it printed.
+// trace has, "TRACE: POLICY[, POLICY...]: warning: TEXT" for one of some
+// policies only, at the first of them; and returns how many lines it
+// printed.
 func writeWarnings(w io.Writer, rs []*sim.Result) int {
 	perTrace := map[string]int{}
-	has := map[[2]string]int{}
+	has := map[[2]string][]string{} // the policies with the warning
 	for _, r := range rs {
 		perTrace[r.Trace]++
 		for _, x := range r.Warnings {
-			has[[2]string{r.Trace, x}]++
+			k := [2]string{r.Trace, x}
+			has[k] = append(has[k], r.Policy)
 		}
 	}
 	n := 0
@@ -382,13 +384,13 @@ func writeWarnings(w io.Writer, rs []*sim.Result) int {
 	for _, r := range rs {
 		for _, x := range r.Warnings {
 			k := [2]string{r.Trace, x}
-			switch {
-			case has[k] < perTrace[r.Trace]:
-				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, r.Policy, x)
-			case done[k]:
+			if done[k] {
 				continue
-			default:
-				done[k] = true
+			}
+			done[k] = true
+			if ps := has[k]; len(ps) < perTrace[r.Trace] {
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, strings.Join(ps, ", "), x)
+			} else {
 				fmt.Fprintf(w, "%s: warning: %s\n", r.Trace, x)
 			}
 			n++
