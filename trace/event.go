@@ -155,12 +155,6 @@ func ParseKind(s string) (Kind, bool) {
 type Event struct {
 	Op   Op
 	Kind Kind
-	// Pool is the private pool a malloc (or failed malloc) went to, or the
-	// pool a pool_release releases: 0 for the default pools, else a number
-	// the trace gives each private pool (a CUDA graph's, a MemPool's),
-	// whose source id the header's Metadata "pools" names ("1=(1,0)").
-	// Since format version 2.
-	Pool uint32
 	// Restore marks a malloc that sets a block of its private pool back in
 	// place, in a restore of the pool's checkpointed state (PyTorch's
 	// setCheckpointPoolState, which torch.compile's cudagraph trees call
@@ -169,6 +163,12 @@ type Event struct {
 	// first of a segment of the pool all of whose memory is free. Since
 	// format version 2.
 	Restore bool
+	// Pool is the private pool a malloc (or failed malloc) went to, or the
+	// pool a pool_release releases or an empty_cache empties: 0 for the
+	// default pools, else a number the trace gives each private pool (a
+	// CUDA graph's, a MemPool's), whose source id the header's Metadata
+	// "pools" names ("1=(1,0)"). Since format version 2.
+	Pool uint32
 	// Time is the event's time in nanoseconds since an arbitrary origin.
 	Time int64
 	// Addr is the allocation's address or id (malloc, free, segment ops) or
