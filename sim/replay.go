@@ -145,10 +145,10 @@ type Replay struct {
 	res    Result
 
 	// The mallocs into private pools that a policy that is no Pooler
-	// placed in its default pools, by pool; poolNames is the trace's
-	// "pools" metadata, which names them.
+	// placed in its default pools, by pool; poolNames names them (the
+	// trace's "pools" metadata).
 	unpooled  map[uint32]int64
-	poolNames string
+	poolNames map[uint32]string
 
 	live trace.AddrMap[liveAlloc] // live allocations by trace address
 
@@ -682,23 +682,17 @@ func fragmentation(allocated, reserved uint64) float64 {
 // about mallocs into private pools when the policy is no Pooler, and the
 // trace's "pool_warning".
 func (r *Replay) SetPoolNames(h trace.Header) {
-	r.poolNames = h.Metadata["pools"]
+	r.poolNames = trace.PoolNames(h)
 	r.res.PoolWarning = h.Metadata["pool_warning"]
 }
 
 // unpooledPools describes the mallocs into private pools that a policy
 // that is no Pooler placed in its default pools, by pool in ascending
-// order ("(1,0): 37 mallocs, (0,1): 2 mallocs"), named by names (the
-// trace's "pools" metadata) where it names them; "" if none.
-func unpooledPools(counts map[uint32]int64, names string) string {
+// order ("(1,0): 37 mallocs, (0,1): 2 mallocs"), named by names where it
+// names them; "" if none.
+func unpooledPools(counts map[uint32]int64, names map[uint32]string) string {
 	if len(counts) == 0 {
 		return ""
-	}
-	byID := map[string]string{}
-	for _, f := range strings.Fields(names) {
-		if id, name, ok := strings.Cut(f, "="); ok {
-			byID[id] = name
-		}
 	}
 	ids := make([]uint32, 0, len(counts))
 	for id := range counts {
@@ -707,7 +701,7 @@ func unpooledPools(counts map[uint32]int64, names string) string {
 	slices.Sort(ids)
 	parts := make([]string, len(ids))
 	for k, id := range ids {
-		name := byID[strconv.FormatUint(uint64(id), 10)]
+		name := names[id]
 		if name == "" {
 			name = "pool " + strconv.FormatUint(uint64(id), 10)
 		}

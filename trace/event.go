@@ -11,6 +11,8 @@ package trace
 import (
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 )
 
 // Op is the kind of an event. The zero value is invalid.
@@ -219,6 +221,22 @@ func (h Header) JobEnded() bool {
 		return true
 	}
 	return h.Source == "record" && h.Metadata["signal"] == "" && h.Metadata["running"] != "true"
+}
+
+// PoolNames returns the names of a trace's private pools by number, from
+// h's Metadata "pools": space-separated NUMBER=NAME pairs ("1=(1,0)
+// 2=deleted@142"), as an importer writes them. A malformed pair is left
+// out.
+func PoolNames(h Header) map[uint32]string {
+	out := map[uint32]string{}
+	for _, f := range strings.Fields(h.Metadata["pools"]) {
+		id, name, ok := strings.Cut(f, "=")
+		n, err := strconv.ParseUint(id, 10, 32)
+		if ok && err == nil && n > 0 && name != "" {
+			out[uint32(n)] = name
+		}
+	}
+	return out
 }
 
 // Source is a stream of events with a header: a Reader over a native trace,

@@ -23,3 +23,12 @@ func TestJobEnded(t *testing.T) {
 		}
 	}
 }
+
+// PoolNames reads the "pools" metadata and leaves malformed pairs out.
+func TestPoolNames(t *testing.T) {
+	h := Header{Metadata: map[string]string{"pools": "1=(1,0) 2=deleted@142 x=y 0=(0,0) 3= 4294967296=z 5"}}
+	got := PoolNames(h)
+	if len(got) != 2 || got[1] != "(1,0)" || got[2] != "deleted@142" {
+		t.Errorf("PoolNames = %v", got)
+	}
+}
