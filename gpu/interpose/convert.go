@@ -245,6 +245,12 @@ type source struct {
 	// queue the events of an unmap that took several away.
 	mapped map[uint64]uint64
 	queue  []trace.Event
+	// Graph captures: the capture under way on each stream and the one of
+	// each graph made, by their numbers (from 1), which are the private
+	// pools of their stream-ordered mallocs.
+	captures map[uint64]uint32
+	graphs   map[uint64]uint32
+	nCapture uint32
 }
 
 func (s *source) Header() trace.Header { return s.h }
@@ -330,6 +336,9 @@ func (s *source) event(r record) (trace.Event, bool) {
 		}
 		if a.kind != trace.KindAsync {
 			ev.Stream = 0
+		} else if ev.Op == trace.OpMalloc {
+			// Captured, it is graph memory: the capture's pool.
+			ev.Pool = s.captures[stream]
 		}
 	case classFree:
 		if r.Addr == 0 {
@@ -374,6 +383,32 @@ func (s *source) event(r record) (trace.Event, bool) {
 	case classTrim:
 		ev.Op, ev.Stream = trace.OpMarker, 0
 		ev.Label = fmt.Sprintf("%s of pool %#x to %d bytes", a.name, r.Addr, r.Size)
+	case classCaptureBegin:
+		if s.captures == nil {
+			s.captures, s.graphs = map[uint64]uint32{}, map[uint64]uint32{}
+		}
+		s.nCapture++
+		s.captures[stream] = s.nCapture
+		ev.Op = trace.OpMarker
+		ev.Label = fmt.Sprintf("%s: capture %d of stream %#x (mode %d)", a.name, s.nCapture, stream, r.Aux)
+	case classCaptureEnd:
+		n := s.captures[stream]
+		delete(s.captures, stream)
+		if n != 0 && r.Addr != 0 {
+			s.graphs[r.Addr] = n
+		}
+		ev.Op, ev.Addr = trace.OpMarker, r.Addr
+		ev.Label = fmt.Sprintf("%s: capture %d of stream %#x ends: graph %#x", a.name, n, stream, r.Addr)
+	case classGraphDestroy:
+		ev.Stream = 0
+		if n := s.graphs[r.Addr]; n != 0 {
+			// Its graph memory is no private pool's any more.
+			delete(s.graphs, r.Addr)
+			ev.Op, ev.Pool = trace.OpPoolRelease, n
+			return ev, true
+		}
+		ev.Op, ev.Addr = trace.OpMarker, r.Addr
+		ev.Label = fmt.Sprintf("%s of graph %#x", a.name, r.Addr)
 	}
 	return ev, true
 }

@@ -484,3 +484,40 @@ func TestNotRaw(t *testing.T) {
 		t.Errorf("err %v", err)
 	}
 }
+
+// TestGraphCapture records a CUDA graph capture through the runtime's
+// functions (dynamic) and the driver's entry points (static): the capture's
+// begin and end as markers, its stream-ordered mallocs in its private pool
+// (graph memory), the graph's destruction as the pool's release, a malloc
+// on another stream after the capture in the default pools, a refused
+// capture of the legacy stream as a failed call.
+func TestGraphCapture(t *testing.T) {
+	build(t)
+	for _, tc := range []struct{ name, prog, begin, end string }{
+		{"dynamic", built.dyn, "cudaStreamBeginCapture", "cudaStreamEndCapture"},
+		{"static", built.static, "cuStreamBeginCapture", "cuStreamEndCapture"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := recordRun(t, tc.prog, "graph")
+			if rec.res.ExitCode != 0 || len(rec.traces) != 1 {
+				t.Fatalf("exit %d, %d traces", rec.res.ExitCode, len(rec.traces))
+			}
+			lines, _ := normalize(rec.traces[0].evs)
+			want := `
+marker stream=0x5001 t=0 thread=1 label="BEGIN: capture 1 of stream 0x5001 (mode 0)"
+malloc addr=0x1 size=4096 stream=0x5001 kind=async t=0 thread=1 pool=1
+malloc addr=0x2 size=8192 stream=0x5001 kind=async t=0 thread=1 pool=1
+free addr=0x1 stream=0x5001 t=0 thread=1
+free addr=0x2 stream=0x5001 t=0 thread=1
+marker addr=0x3 stream=0x5001 t=0 thread=1 label="END: capture 1 of stream 0x5001 ends: graph 0x6001"
+malloc addr=0x4 size=100 stream=0x5002 kind=async t=0 thread=1
+free addr=0x4 stream=0x5002 t=0 thread=1
+pool_release t=0 thread=1 pool=1
+marker t=0 thread=1 label="failed: error 900"
+`
+			want = strings.NewReplacer("BEGIN", tc.begin, "END", tc.end).Replace(want)
+			checkLines(t, lines, want)
+			sameOutput(t, rec, tc.prog, "graph")
+		})
+	}
+}

@@ -7,6 +7,12 @@
 // linked CUDA runtime (PyTorch) through the runtime's symbols, a statically
 // linked one (nvcc's default) through the driver entry points that
 // cuGetProcAddress hands out. See preload/interpose.c for the mechanism.
+//
+// CUDA graph capture is recorded too: a capture's begin and end are markers
+// that number the capture, a stream-ordered malloc on a stream while it is
+// captured is graph memory, in the capture's private pool (trace.Event.Pool,
+// the capture's number), and the destruction of the capture's graph is
+// that pool's release (trace.OpPoolRelease).
 package interpose
 
 import (
@@ -60,6 +66,13 @@ const (
 	// event; when the driver refuses the memory
 	// (CUDA_ERROR_OUT_OF_MEMORY), the malloc that failed.
 	classCreate
+	// classCaptureBegin and classCaptureEnd are a CUDA graph capture of a
+	// stream begun and ended (the graph made), classGraphDestroy a graph
+	// destroyed: markers, and the private pool of the capture's
+	// stream-ordered mallocs (graph memory) and its release.
+	classCaptureBegin
+	classCaptureEnd
+	classGraphDestroy
 )
 
 // api describes one intercepted function.
@@ -88,6 +101,9 @@ var apis = map[uint32]api{
 	14: {"cudaEventSynchronize", classEventSync, 0},
 	15: {"cudaEventRecordWithFlags", classEventRecord, 0},
 	16: {"cudaMemPoolTrimTo", classTrim, 0},
+	17: {"cudaStreamBeginCapture", classCaptureBegin, 0},
+	18: {"cudaStreamEndCapture", classCaptureEnd, 0},
+	19: {"cudaGraphDestroy", classGraphDestroy, 0},
 	21: {"cuMemAlloc", classMalloc, trace.KindDevice},
 	22: {"cuMemFree", classFree, trace.KindDevice},
 	23: {"cuMemAllocAsync", classMalloc, trace.KindAsync},
@@ -111,6 +127,9 @@ var apis = map[uint32]api{
 	43: {"cuMemUnmap", classUnmap, trace.KindDevice},
 	44: {"cuMemPoolTrimTo", classTrim, 0},
 	45: {"cuMemSetAccess", classVMM, 0},
+	46: {"cuStreamBeginCapture", classCaptureBegin, 0},
+	47: {"cuStreamEndCapture", classCaptureEnd, 0},
+	48: {"cuGraphDestroy", classGraphDestroy, 0},
 }
 
 // flagPTSZ marks a call through a per-thread default stream entry point.

@@ -6,7 +6,8 @@
 // (-O2 matters: dlsym below must reach the real dlsym as a sibling call.)
 //
 // What it sees. It defines the CUDA runtime's allocation and sync functions
-// (cudaMalloc, cudaFree, ...) so that a program linking the runtime
+// (cudaMalloc, cudaFree, ...) and those of CUDA graph capture
+// (cudaStreamBeginCapture, cudaStreamEndCapture, cudaGraphDestroy) so that a program linking the runtime
 // dynamically (PyTorch) calls them here first; it also defines dlsym, so
 // that a runtime linked statically (nvcc's default), which reaches the
 // driver only through dlsym("cuGetProcAddress_v2") and then the driver's
@@ -74,6 +75,11 @@ enum {
 	A_cudaEventSynchronize = 14,
 	A_cudaEventRecordWithFlags = 15,
 	A_cudaMemPoolTrimTo = 16,
+	// CUDA graph capture: a stream's capture begun and ended (the graph
+	// made), a graph destroyed.
+	A_cudaStreamBeginCapture = 17,
+	A_cudaStreamEndCapture = 18,
+	A_cudaGraphDestroy = 19,
 	A_cuMemAlloc = 21,
 	A_cuMemFree = 22,
 	A_cuMemAllocAsync = 23,
@@ -103,6 +109,9 @@ enum {
 	A_cuMemUnmap = 43,
 	A_cuMemPoolTrimTo = 44,
 	A_cuMemSetAccess = 45,
+	A_cuStreamBeginCapture = 46,
+	A_cuStreamEndCapture = 47,
+	A_cuGraphDestroy = 48,
 	NAPI
 };
 
@@ -638,6 +647,26 @@ static int body_pt(int api, int k, uint64_t ra, void *pool, size_t keep) {
 	return rc;
 }
 
+// bc is a capture begun on a stream, in a mode (in aux).
+typedef int (*fn_bc)(void *, int);
+static int body_bc(int api, int k, uint64_t ra, void *s, int mode) {
+	PROLOGUE(fn_bc, s, mode)
+	int rc = real(s, mode);
+	t_depth--;
+	commit(reserve(), api, rc, 0, 0, U(s), (uint64_t)(unsigned)mode, ra, fl);
+	return rc;
+}
+
+// ec is a capture ended: the graph made goes in addr.
+typedef int (*fn_ec)(void *, void **);
+static int body_ec(int api, int k, uint64_t ra, void *s, void **g) {
+	PROLOGUE(fn_ec, s, g)
+	int rc = real(s, g);
+	t_depth--;
+	commit(reserve(), api, rc, rc == 0 && g ? U(*g) : 0, 0, U(s), 0, ra, fl);
+	return rc;
+}
+
 // ---- cuGetProcAddress ----
 
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
@@ -672,6 +701,10 @@ static int proc_api(const char *s, int ver) {
 	    {"cuMemUnmap", A_cuMemUnmap, 0},
 	    {"cuMemPoolTrimTo", A_cuMemPoolTrimTo, 0},
 	    {"cuMemSetAccess", A_cuMemSetAccess, 0},
+	    // Version 1 of cuStreamBeginCapture takes no mode.
+	    {"cuStreamBeginCapture", A_cuStreamBeginCapture, 10010},
+	    {"cuStreamEndCapture", A_cuStreamEndCapture, 0},
+	    {"cuGraphDestroy", A_cuGraphDestroy, 0},
 	};
 	if (s[0] != 'c' || s[1] != 'u')
 		return A_NONE;
@@ -775,6 +808,10 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 #define C_sa a, n, desc, count
 #define P_pt (void *pool, size_t keep)
 #define C_pt pool, keep
+#define P_bc (void *s, int mode)
+#define C_bc s, mode
+#define P_ec (void *s, void **g)
+#define C_ec s, g
 #define P_gp4 (const char *sym, void **pfn, int ver, uint64_t flags)
 #define C_gp4 sym, pfn, ver, flags
 #define P_gp5 (const char *sym, void **pfn, int ver, uint64_t flags, void *status)
@@ -803,6 +840,9 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 	X(es, cudaEventSynchronize, cudaEventSynchronize)                \
 	X(erf, cudaEventRecordWithFlags, cudaEventRecordWithFlags)       \
 	X(pt, cudaMemPoolTrimTo, cudaMemPoolTrimTo)                      \
+	X(bc, cudaStreamBeginCapture, cudaStreamBeginCapture)            \
+	X(ec, cudaStreamEndCapture, cudaStreamEndCapture)                \
+	X(es, cudaGraphDestroy, cudaGraphDestroy)                        \
 	X(m2, cuMemAlloc, cuMemAlloc_v2)                                 \
 	X(f1, cuMemFree, cuMemFree_v2)                                   \
 	X(ma, cuMemAllocAsync, cuMemAllocAsync)                          \
@@ -826,6 +866,9 @@ static int body_gp5(int api, int k, uint64_t ra, const char *sym, void **pfn, in
 	X(af, cuMemUnmap, cuMemUnmap)                                    \
 	X(pt, cuMemPoolTrimTo, cuMemPoolTrimTo)                          \
 	X(sa, cuMemSetAccess, cuMemSetAccess)                            \
+	X(bc, cuStreamBeginCapture, cuStreamBeginCapture_v2)             \
+	X(ec, cuStreamEndCapture, cuStreamEndCapture)                    \
+	X(es, cuGraphDestroy, cuGraphDestroy)                            \
 	X(gp4, cuGetProcAddress, cuGetProcAddress)                       \
 	X(gp5, cuGetProcAddress_v2, cuGetProcAddress_v2)
 

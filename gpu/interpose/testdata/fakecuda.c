@@ -82,6 +82,21 @@ int cuStreamWaitEvent(CUstream s, CUevent e, unsigned f) { (void)s; (void)f; ret
 int cuEventSynchronize(CUevent e) { return e ? 0 : 400; }
 int cuDeviceGetCount(int *n) { *n = 1; return 0; }
 
+// Graph capture: the legacy stream (NULL) cannot be captured
+// (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900); a capture ends with a
+// graph, a counter; a NULL graph is CUDA_ERROR_INVALID_VALUE.
+static uintptr_t next_graph = 0x6001;
+int cuStreamBeginCapture_v2(CUstream s, int mode) { (void)mode; return s ? 0 : 900; }
+int cuStreamEndCapture(CUstream s, void **g) {
+	if (!s || !g)
+		return 1;
+	pthread_mutex_lock(&mu);
+	*g = (void *)next_graph++;
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+int cuGraphDestroy(void *g) { return g ? 0 : 1; }
+
 // The virtual memory API, over nothing: a range is a counter of addresses,
 // a handle a counter; a create of more than 1 TiB returns
 // CUDA_ERROR_OUT_OF_MEMORY, one with flags 1 CUDA_ERROR_NOT_SUPPORTED
@@ -155,6 +170,9 @@ static const struct {
     {"cuMemUnmap", (void *)cuMemUnmap, 0},
     {"cuMemPoolTrimTo", (void *)cuMemPoolTrimTo, 0},
     {"cuMemSetAccess", (void *)cuMemSetAccess, 0},
+    {"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2, 0},
+    {"cuStreamEndCapture", (void *)cuStreamEndCapture, 0},
+    {"cuGraphDestroy", (void *)cuGraphDestroy, 0},
 };
 
 int cuGetProcAddress_v2(const char *sym, void **pfn, int ver, unsigned long long flags, int *status) {

@@ -31,6 +31,9 @@ static struct {
 	int (*eventRecordWithFlags)(void *, void *, unsigned);
 	int (*streamWaitEvent)(void *, void *, unsigned);
 	int (*eventSynchronize)(void *);
+	int (*streamBeginCapture)(void *, int);
+	int (*streamEndCapture)(void *, void **);
+	int (*graphDestroy)(void *);
 } drv;
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -70,6 +73,9 @@ static void init(void) {
 	get(gp5, 12000, 0, "cuStreamWaitEvent", &drv.streamWaitEvent, 0);
 	get(gp4, 11030, 1, "cuCtxSynchronize", &drv.ctxSynchronize, 0);
 	get(gp4, 11030, 1, "cuEventSynchronize", &drv.eventSynchronize, 0);
+	get(gp5, 12000, 0, "cuStreamBeginCapture", &drv.streamBeginCapture, 0);
+	get(gp5, 12000, 0, "cuStreamEndCapture", &drv.streamEndCapture, 0);
+	get(gp5, 12000, 0, "cuGraphDestroy", &drv.graphDestroy, 0);
 }
 
 #define INIT() pthread_once(&once, init)
@@ -102,3 +108,6 @@ int cudaEventRecord(void *e, void *s) { INIT(); return drv.eventRecord(e, s); }
 int cudaEventRecordWithFlags(void *e, void *s, unsigned f) { INIT(); return drv.eventRecordWithFlags(e, s, f); }
 int cudaStreamWaitEvent(void *s, void *e, unsigned f) { INIT(); return drv.streamWaitEvent(s, e, f); }
 int cudaEventSynchronize(void *e) { INIT(); return drv.eventSynchronize(e); }
+int cudaStreamBeginCapture(void *s, int mode) { INIT(); return drv.streamBeginCapture(s, mode); }
+int cudaStreamEndCapture(void *s, void **g) { INIT(); return drv.streamEndCapture(s, g); }
+int cudaGraphDestroy(void *g) { INIT(); return drv.graphDestroy(g); }

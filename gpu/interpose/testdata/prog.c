@@ -30,6 +30,9 @@ int cudaEventRecord(void *e, void *s);
 int cudaEventRecordWithFlags(void *e, void *s, unsigned f);
 int cudaStreamWaitEvent(void *s, void *e, unsigned f);
 int cudaEventSynchronize(void *e);
+int cudaStreamBeginCapture(void *s, int mode);
+int cudaStreamEndCapture(void *s, void **g);
+int cudaGraphDestroy(void *g);
 
 #define S1 ((void *)0x5001)
 #define S2 ((void *)0x5002)
@@ -65,6 +68,23 @@ static void all(void) {
 	R(cudaFreeHost(h));
 	R(cudaFreeHost(h2));
 	R(cudaFree(m));
+}
+
+// graph captures stream S1 into a graph: two stream-ordered mallocs
+// during the capture (graph memory), one on S2 outside it, the graph
+// destroyed, a capture of the legacy stream refused.
+static void graph(void) {
+	void *a, *b, *g;
+	R(cudaStreamBeginCapture(S1, 0));
+	R(cudaMallocAsync(&a, 4096, S1));
+	R(cudaMallocAsync(&b, 8192, S1));
+	R(cudaFreeAsync(a, S1));
+	R(cudaFreeAsync(b, S1));
+	R(cudaStreamEndCapture(S1, &g));
+	R(cudaMallocAsync(&a, 100, S2));
+	R(cudaFreeAsync(a, S2));
+	R(cudaGraphDestroy(g));
+	R(cudaStreamBeginCapture(NULL, 0));
 }
 
 // vmm maps memory through the driver's virtual memory API, reaching it as
@@ -246,6 +266,8 @@ int main(int argc, char **argv) {
 		exec_self(argv[0]);
 	else if (!strcmp(mode, "after-exec"))
 		after_exec();
+	else if (!strcmp(mode, "graph"))
+		graph();
 	else if (!strcmp(mode, "vmm"))
 		vmm(0);
 	else if (!strcmp(mode, "vmm-proc"))
