@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/trace"
@@ -19,7 +20,9 @@ import (
 //     its memory_stats;
 //   - jax_platform: jax_prog.py with XLA_PYTHON_CLIENT_ALLOCATOR=platform
 //     (one mapping per buffer), and jax_default.json, the same job with
-//     XLA's BFC allocator and its memory_stats.
+//     XLA's BFC allocator and its memory_stats;
+//   - torch_graph_async: torch_graph.py (a torch.cuda.graph capture) under
+//     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync.
 //
 // TestH200Recordings checks that every device allocation was recorded.
 func TestH200Recordings(t *testing.T) {
@@ -101,4 +104,44 @@ func TestH200Recordings(t *testing.T) {
 			t.Errorf("%d device mallocs, %d cuMemMap + %d cuMemAlloc", kinds[trace.KindDevice], maps, allocs)
 		}
 	})
+}
+
+// TestH200GraphCapture: the capture PyTorch makes on the H200, seen by the
+// interposer: its begin and end on the capture stream, the three
+// stream-ordered mallocs made during it (graph memory) in its pool, on that
+// stream, and the pool's release when the graph is destroyed.
+func TestH200GraphCapture(t *testing.T) {
+	f, err := tracefile.Open(filepath.Join("testdata", "h200", "torch_graph_async.trace"), tracefile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	evs, err := trace.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md := f.Header().Metadata; md["calls.cudaStreamBeginCapture"] != "1" || md["calls.cudaStreamEndCapture"] != "1" || md["calls.cudaGraphDestroy"] != "1" {
+		t.Errorf("metadata %v", md)
+	}
+	var stream uint64
+	var seen []string
+	for _, ev := range evs {
+		switch {
+		case ev.Op == trace.OpMarker && strings.HasPrefix(ev.Label, "cudaStreamBeginCapture: capture 1 of stream "):
+			stream = ev.Stream
+			seen = append(seen, "begin")
+		case ev.Op == trace.OpMarker && strings.HasPrefix(ev.Label, "cudaStreamEndCapture: capture 1 "):
+			seen = append(seen, "end")
+		case ev.Op == trace.OpMalloc && ev.Pool != 0:
+			if ev.Pool != 1 || ev.Stream != stream || ev.Kind != trace.KindAsync {
+				t.Errorf("graph memory %+v", ev)
+			}
+			seen = append(seen, "malloc")
+		case ev.Op == trace.OpPoolRelease:
+			seen = append(seen, "release "+strconv.Itoa(int(ev.Pool)))
+		}
+	}
+	if got := strings.Join(seen, ","); got != "begin,malloc,malloc,malloc,end,release 1" {
+		t.Errorf("capture events %s", got)
+	}
 }
