@@ -173,7 +173,7 @@ func (r *Result) warnings() []string {
 		ws = append(ws, w)
 	}
 	if r.PrivatePools != "" {
-		ws = append(ws, fmt.Sprintf("keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; %s) were placed with the others", r.PrivatePools))
+		ws = append(ws, fmt.Sprintf("the %s policy keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; %s) were placed with the others", r.Policy, r.PrivatePools))
 	}
 	if r.PoolWarning != "" {
 		ws = append(ws, r.PoolWarning)

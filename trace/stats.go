@@ -104,6 +104,9 @@ type Stats struct {
 	PeakPinned, PeakManaged uint64
 	// UnknownFrees counts frees of an address that was not live.
 	UnknownFrees int64
+	// PoolMallocs counts the successful mallocs into each private pool
+	// (Event.Pool; the default pools are not counted).
+	PoolMallocs map[uint32]int64
 	// Streams and Threads count events by stream and by host thread (0:
 	// unknown thread).
 	Streams map[uint64]*StreamStats
@@ -121,6 +124,7 @@ func NewStats() *Stats {
 		PeakLiveEvent: -1,
 		Streams:       map[uint64]*StreamStats{},
 		Threads:       map[uint64]int64{},
+		PoolMallocs:   map[uint32]int64{},
 	}
 }
 
@@ -179,6 +183,9 @@ func (s *Stats) Add(ev Event) {
 			return
 		}
 		s.mallocs[ev.Kind]++
+		if ev.Pool != 0 {
+			s.PoolMallocs[ev.Pool]++
+		}
 		s.Sizes.Add(ev.Size)
 		p, had := s.live.Ref(ev.Addr)
 		if had {

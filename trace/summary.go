@@ -18,6 +18,7 @@ type Summary struct {
 	DurationNs    int64             `json:"duration_ns"`
 	Ops           map[string]int64  `json:"ops"`
 	Mallocs       map[string]int64  `json:"mallocs_by_kind"`
+	PoolMallocs   map[string]int64  `json:"mallocs_by_pool,omitempty"` // private pools only, by name
 	PeakLive      uint64            `json:"peak_live_bytes"`
 	PeakLiveEvent int64             `json:"peak_live_event"`
 	PeakPinned    uint64            `json:"peak_pinned_bytes"`
@@ -91,6 +92,17 @@ func (s *Stats) Summary(path string, h Header) Summary {
 		if c := s.Mallocs(k); c > 0 {
 			d.Mallocs[k.String()] = c
 		}
+	}
+	names := PoolNames(h)
+	for id, n := range s.PoolMallocs {
+		if d.PoolMallocs == nil {
+			d.PoolMallocs = map[string]int64{}
+		}
+		name := names[id]
+		if name == "" {
+			name = "pool " + strconv.FormatUint(uint64(id), 10)
+		}
+		d.PoolMallocs[name] = n
 	}
 	for id, st := range s.Streams {
 		d.Streams[fmt.Sprintf("%#x", id)] = st

@@ -152,10 +152,10 @@ func setEventField(ev *Event, k, v string) error {
 	case "thread":
 		ev.Thread, err = parseNumber(v)
 	case "restore":
-		if v != "1" {
-			return fmt.Errorf("restore=%q: want 1", v)
+		if v != "0" && v != "1" {
+			return fmt.Errorf("restore=%q: want 0 or 1", v)
 		}
-		ev.Restore = true
+		ev.Restore = v == "1"
 	case "pool":
 		var n uint64
 		if n, err = parseNumber(v); err == nil && n > math.MaxUint32 {

@@ -56,15 +56,23 @@ func runCheck(stdout, stderr io.Writer, args []string) error {
 		}
 		switch {
 		case leaks > 0:
-			bad = append(bad, fmt.Sprintf("%s: %d problems, %d leaks", path, problems, leaks))
+			bad = append(bad, fmt.Sprintf("%s: %s, %s", path, count(problems, "problem"), count(leaks, "leak")))
 		case problems > 0:
-			bad = append(bad, fmt.Sprintf("%s: %d problems", path, problems))
+			bad = append(bad, fmt.Sprintf("%s: %s", path, count(problems, "problem")))
 		}
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("check: %s", strings.Join(bad, "; "))
 	}
 	return nil
+}
+
+// count is "1 NOUN" or "N NOUNs".
+func count[T int | int64](n T, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // checkTrace reads one trace, prints Validate's findings and the
@@ -118,14 +126,14 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 	case problems == 0 && n == 0:
 		fmt.Fprintf(w, "%s: ok: %d events, no problems, nothing live at the end\n", path, s.Events)
 	case f.Header().JobEnded():
-		fmt.Fprintf(w, "%s: %d events, %d problems, %d allocations (%s) live at the end of the job: leaks\n", path, s.Events, problems, n, humanBytes(b))
+		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end of the job: leaks\n", path, s.Events, count(problems, "problem"), n, humanBytes(b))
 		return problems, n, nil
 	default:
 		why := "the trace was taken while the job ran"
 		if sig := f.Header().Metadata["signal"]; sig != "" && f.Header().Source == "record" {
 			why = "a signal ended the program: " + sig
 		}
-		fmt.Fprintf(w, "%s: %d events, %d problems, %d allocations (%s) live at the end (%s)\n", path, s.Events, problems, n, humanBytes(b), why)
+		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end (%s)\n", path, s.Events, count(problems, "problem"), n, humanBytes(b), why)
 	}
 	return problems, 0, nil
 }

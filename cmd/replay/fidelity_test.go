@@ -155,7 +155,7 @@ func TestPrivatePoolWarning(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", tc.name, err, errOut)
 		}
-		want := "best-fit: warning: keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; " + tc.pools + ") were placed with the others"
+		want := "best-fit: warning: the best-fit policy keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; " + tc.pools + ") were placed with the others"
 		if got := strings.Contains(errOut, want); got != (tc.pools != "") || strings.Contains(errOut, "pytorch: warning") {
 			t.Errorf("%s: stderr %q, want the warning %q: %v", tc.name, errOut, want, tc.pools != "")
 		}
@@ -197,26 +197,27 @@ func TestUnnamedPoolWarning(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, errOut)
 	}
-	const want = "mempool.pickle.gz: best-fit: warning: keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; deleted@142: 32 mallocs, deleted@309: 32 mallocs, deleted@477: 32 mallocs) were placed with the others\n"
+	const want = "mempool.pickle.gz: best-fit: warning: the best-fit policy keeps no private pools: the trace's mallocs into private pools (a CUDA graph capture's or a MemPool's; unnamed1-released-at-entry-142: 32 mallocs, unnamed2-released-at-entry-309: 32 mallocs, unnamed3-released-at-entry-477: 32 mallocs) were placed with the others\n"
 	if !strings.HasSuffix(errOut, want) || strings.Count(errOut, "warning") != 1 {
 		t.Errorf("stderr %q, want only %q", errOut, want)
 	}
 }
 
 // TestWriteWarnings: a warning every result of a trace has is printed once
-// for the trace; one of some policies once, naming them all.
+// for the trace; one of some policies once, naming them all, also when the
+// text names each policy; one that names its policy keeps its name.
 func TestWriteWarnings(t *testing.T) {
 	rs := []*sim.Result{
-		{Trace: "a", Policy: "p", Warnings: []string{"all", "some"}},
-		{Trace: "a", Policy: "q", Warnings: []string{"all"}},
-		{Trace: "a", Policy: "r", Warnings: []string{"some", "all"}},
-		{Trace: "b", Policy: "p", Warnings: []string{"some"}},
+		{Trace: "a", Policy: "p", Warnings: []string{"all", "some", "the p policy keeps x"}},
+		{Trace: "a", Policy: "q", Warnings: []string{"all", "the q policy keeps x"}},
+		{Trace: "a", Policy: "r", Warnings: []string{"some", "all", "the r policy keeps y"}},
+		{Trace: "b", Policy: "p", Warnings: []string{"some", "the p policy keeps x"}},
 	}
 	var b strings.Builder
-	if n := writeWarnings(&b, rs); n != 3 {
+	if n := writeWarnings(&b, rs); n != 6 {
 		t.Errorf("%d lines", n)
 	}
-	const want = "a: warning: all\na: p, r: warning: some\nb: warning: some\n"
+	const want = "a: warning: all\na: p, r: warning: some\na: p, q: warning: the p, q policies keep x\na: r: warning: the r policy keeps y\nb: warning: some\nb: p: warning: the p policy keeps x\n"
 	if b.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
 	}

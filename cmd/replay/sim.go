@@ -366,16 +366,22 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 
 // writeWarnings prints the results' warnings (sim.Result.Warnings) to w,
 // one line each: "TRACE: warning: TEXT" for one that every result of the
-// trace has, "TRACE: POLICY[, POLICY...]: warning: TEXT" for one of some
-// policies only, at the first of them; and returns how many lines it
+// trace has, "TRACE: POLICY: warning: TEXT" for one of some policies only;
+// a warning several policies have but for their own names ("the P policy
+// keeps ...") is one line naming them all ("TRACE: P, Q: warning: the P,
+// Q policies keep ..."), at the first. It returns how many lines it
 // printed.
 func writeWarnings(w io.Writer, rs []*sim.Result) int {
+	// A warning's text with the policy's own name taken out.
+	generic := func(r *sim.Result, x string) string {
+		return strings.ReplaceAll(x, "the "+r.Policy+" policy ", "the \x00 policy ")
+	}
 	perTrace := map[string]int{}
 	has := map[[2]string][]string{} // the policies with the warning
 	for _, r := range rs {
 		perTrace[r.Trace]++
 		for _, x := range r.Warnings {
-			k := [2]string{r.Trace, x}
+			k := [2]string{r.Trace, generic(r, x)}
 			has[k] = append(has[k], r.Policy)
 		}
 	}
@@ -383,15 +389,21 @@ func writeWarnings(w io.Writer, rs []*sim.Result) int {
 	done := map[[2]string]bool{}
 	for _, r := range rs {
 		for _, x := range r.Warnings {
-			k := [2]string{r.Trace, x}
+			k := [2]string{r.Trace, generic(r, x)}
 			if done[k] {
 				continue
 			}
 			done[k] = true
-			if ps := has[k]; len(ps) < perTrace[r.Trace] {
-				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, strings.Join(ps, ", "), x)
-			} else {
+			switch ps := has[k]; {
+			case len(ps) == perTrace[r.Trace] && k[1] == x:
 				fmt.Fprintf(w, "%s: warning: %s\n", r.Trace, x)
+			case len(ps) == 1:
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, r.Policy, x)
+			default:
+				list := strings.Join(ps, ", ")
+				text := strings.ReplaceAll(k[1], "the \x00 policy keeps ", "the "+list+" policies keep ")
+				text = strings.ReplaceAll(text, "the \x00 policy ", "the "+list+" policies ")
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, list, text)
 			}
 			n++
 		}

@@ -93,12 +93,12 @@ func TestCheck(t *testing.T) {
 	want := bad + `: event 8: double free of 0x1: freed at event 4
 ` + bad + `: leak: 0x3, 100 bytes (pinned) on stream 0x0, malloc at event 2 (t=20 ns, thread 1)
 ` + bad + `: leak: 0x4, 3000 bytes (device) on stream 0x0, malloc at event 5 (t=1010 ns, thread 1), call site cudaMalloc@prog+0x11a9
-` + bad + `: 9 events, 1 problems, 2 allocations (3.0 KiB) live at the end of the job: leaks
+` + bad + `: 9 events, 1 problem, 2 allocations (3.0 KiB) live at the end of the job: leaks
 `
 	if out != want {
 		t.Errorf("check:\n%s\nwant:\n%s", out, want)
 	}
-	if err == nil || err.Error() != "check: "+bad+": 1 problems, 2 leaks" {
+	if err == nil || err.Error() != "check: "+bad+": 1 problem, 2 leaks" {
 		t.Errorf("error %v", err)
 	}
 	out, _, _ = runCmd(t, "check", "--limit", "1", bad)
@@ -124,7 +124,7 @@ func TestCheck(t *testing.T) {
 		t.Errorf("killed program: %v\n%s\nwant the last line:\n%s", err, out, want)
 	}
 	out, _, err = runCmd(t, "check", writeTrace(t, statsTrace+"free id=1 t=6000\n"))
-	if err == nil || !strings.HasSuffix(err.Error(), ": 1 problems") || !strings.Contains(out, ": live at the end: 0x3") {
+	if err == nil || !strings.HasSuffix(err.Error(), ": 1 problem") || !strings.Contains(out, ": live at the end: 0x3") {
 		t.Errorf("snapshot-like trace with a problem: %v\n%s", err, out)
 	}
 }

@@ -112,9 +112,17 @@ func (d *decoder) segment(v value) snapSegment {
 				s.device = val.n
 			}
 		case sSegmentPoolID:
-			if pc := d.container(val); pc != nil && pc.kind == pyTuple && len(pc.items) == 2 {
-				s.pool[0], _ = d.uintOf(pc.items[0])
-				s.pool[1], _ = d.uintOf(pc.items[1])
+			s.havePool = true
+			pc := d.container(val)
+			ok := pc != nil && pc.kind == pyTuple && len(pc.items) == 2
+			if ok {
+				var ok0, ok1 bool
+				s.pool[0], ok0 = d.uintOf(pc.items[0])
+				s.pool[1], ok1 = d.uintOf(pc.items[1])
+				ok = ok0 && ok1
+			}
+			if !ok {
+				s.badPool = "is a " + d.pyType(val) + ", want a tuple of two non-negative ints"
 			}
 		case sBlocks:
 			bc := d.container(val)

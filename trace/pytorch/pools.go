@@ -55,8 +55,10 @@ import (
 // all freed, leaves no pool id at all. When a malloc shows such a pool
 // (poolwatch.go), the pools are found from the order in which their
 // segments were freed (decideUnnamed), each named in Metadata "pools" by
-// the entry it was deleted before ("1=deleted@142"); when that finds
-// none, Metadata "pool_warning" says which malloc showed one, and its
+// the trace entry its release begins at ("1=unnamed1-released-at-entry-142");
+// when that finds none, or the final segments carry no segment_pool_id at
+// all (a snapshot of a PyTorch before 2.1, whose surviving pools it cannot
+// tell), Metadata "pool_warning" says which malloc showed one, and its
 // mallocs are taken for the default pools'.
 //
 // This needs a reading of the snapshot of its own, made only when the
@@ -91,13 +93,21 @@ type finalRange struct {
 }
 
 // finalPools numbers the private pools of the final segments of device dev
-// (by id, ascending) and returns them and the segments.
-func finalPools(segs []snapSegment, dev int) (ids [][2]uint64, final []finalRange) {
+// (by id, ascending) and returns them and the segments, and whether the
+// segments carry segment_pool_id at all (PyTorch before 2.1 wrote none).
+// It returns an error for a segment_pool_id that is not a pair of
+// non-negative ints.
+func finalPools(segs []snapSegment, dev int) (ids [][2]uint64, final []finalRange, keyed bool, err error) {
 	num := map[[2]uint64]uint32{}
+	keyed = true
 	for _, s := range segs {
 		if s.bad != "" || (s.device >= 0 && s.device != int64(dev)) {
 			continue
 		}
+		if s.badPool != "" {
+			return nil, nil, false, fmt.Errorf("the final segment at %#x: its segment_pool_id %s", s.addr, s.badPool)
+		}
+		keyed = keyed && s.havePool
 		if s.pool != [2]uint64{} {
 			if _, ok := num[s.pool]; !ok {
 				num[s.pool] = 0
@@ -120,12 +130,12 @@ func finalPools(segs []snapSegment, dev int) (ids [][2]uint64, final []finalRang
 		}
 		final = append(final, finalRange{addr: s.addr, size: s.size, stream: s.stream, expandable: s.expandable, pool: num[s.pool]})
 	}
-	return ids, final
+	return ids, final, keyed, nil
 }
 
 // unnamedNames returns the "pools" metadata of pools no final segment
-// names: each by the trace entry before which it was deleted,
-// "1=deleted@142".
+// names: each by the trace entry its release (its segments' frees) begins
+// at, "1=unnamed1-released-at-entry-142".
 func unnamedNames(plan *poolPlan) string {
 	at := make([]int64, len(plan.ids))
 	for i, ps := range plan.release {
@@ -135,7 +145,7 @@ func unnamedNames(plan *poolPlan) string {
 	}
 	out := make([]string, len(at))
 	for k, i := range at {
-		out[k] = fmt.Sprintf("%d=deleted@%d", k+1, i)
+		out[k] = fmt.Sprintf("%d=unnamed%d-released-at-entry-%d", k+1, k+1, i)
 	}
 	return strings.Join(out, " ")
 }

@@ -258,7 +258,7 @@ func TestImportDeletedPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Metadata["pools"] != "1=deleted@12" || h.Metadata["pool_warning"] != "" {
+	if h.Metadata["pools"] != "1=unnamed1-released-at-entry-12" || h.Metadata["pool_warning"] != "" {
 		t.Errorf("metadata %v", h.Metadata)
 	}
 	var got []string
@@ -273,5 +273,48 @@ func TestImportDeletedPool(t *testing.T) {
 	want := []string{"malloc:1", "malloc:1", "malloc:0", "pool_release:1", "segment_free:0", "segment_free:0", "empty_cache:1", "segment_free:0"}
 	if !slices.Equal(got, want) {
 		t.Errorf("events %v,\nwant %v", got, want)
+	}
+}
+
+// TestImportBadPoolID: a segment_pool_id that is not a pair of
+// non-negative ints is refused, naming the segment; final segments with
+// no segment_pool_id at all (PyTorch before 2.1) leave the pools unlooked
+// for, with a warning where a malloc shows one.
+func TestImportBadPoolID(t *testing.T) {
+	const M = 1 << 20
+	seg := func(pool any) []kv {
+		s := poolSeg(0x7f0000000000, 2*M, 0, "small", tuple{0, 1}, "active_allocated", 512)
+		for i := range s {
+			if s[i].k == "segment_pool_id" {
+				s[i].v = pool
+			}
+		}
+		return s
+	}
+	entries := []any{entry("segment_alloc", 0x7f0000000000, 2*M), entry("alloc", 0x7f0000000000, 512)}
+	for _, bad := range []any{[]any{1, 0}, tuple{1, 0, 0}, tuple{-1, 0}, "1,0", nil, tuple{1.0, 0}} {
+		data := pickleOf([]kv{{"segments", []any{seg(bad)}}, {"device_traces", []any{entries}}})
+		_, err := Import(bytes.NewReader(data), "bad.pickle", Options{})
+		if err == nil || !strings.HasPrefix(err.Error(), "bad.pickle: segments: the final segment at 0x7f0000000000: its segment_pool_id is a ") {
+			t.Errorf("segment_pool_id %v: %v", bad, err)
+		}
+	}
+	// No key at all, and a malloc that shows a pool: a warning.
+	const A, B = 0x7f0000000000, 0x7f0001400000
+	keyless := func(addr uint64, used int) []kv {
+		s := segDict(addr, 20*M, "large", [3]any{used, used, "active_allocated"}, [3]any{20*M - used, 0, "inactive"})
+		return s
+	}
+	entries = []any{
+		entry("segment_alloc", A, 20*M), entry("alloc", A, 4*M),
+		entry("segment_alloc", B, 20*M), entry("alloc", B, 4*M),
+	}
+	data := pickleOf([]kv{{"segments", []any{keyless(A, 4*M), keyless(B, 4*M)}}, {"device_traces", []any{entries}}})
+	src, err := Import(bytes.NewReader(data), "old.pickle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := src.Header().Metadata["pool_warning"]; !strings.HasSuffix(w, "(its final segments carry no segment_pool_id, as before PyTorch 2.1: the pools are not looked for)") || src.Header().Metadata["pools"] != "" {
+		t.Errorf("metadata %v", src.Header().Metadata)
 	}
 }

@@ -207,8 +207,15 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
 	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}
-	ids, final := finalPools(d.segments, opts.Device)
+	ids, final, keyed, err := finalPools(d.segments, opts.Device)
+	if err != nil {
+		return nil, fmt.Errorf("%s: segments: %w", name, err)
+	}
 	unnamed := check.watch.found != "" && len(ids) == 0 && len(prefix) == 0 && plainSearch(h.Settings)
+	if unnamed && !keyed {
+		h.Metadata["pool_warning"] = check.watch.found + " (its final segments carry no segment_pool_id, as before PyTorch 2.1: the pools are not looked for)"
+		unnamed = false
+	}
 	if len(ids) > 0 || unnamed {
 		plan, err := inferPools(rw, name, opts.Device, prefix, ids, final, unnamed)
 		if err != nil {

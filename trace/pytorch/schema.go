@@ -69,9 +69,11 @@ type snapSegment struct {
 	expandable bool
 	// pool is the segment_pool_id: (0, 0) for the default pools, else a
 	// private pool's (a CUDA graph's or a MemPool's).
-	pool   [2]uint64
-	blocks []snapBlock
-	bad    string // why the segment cannot be used, "" if it can
+	pool     [2]uint64
+	havePool bool   // the segment has a segment_pool_id
+	badPool  string // what is wrong with its segment_pool_id, "" if nothing
+	blocks   []snapBlock
+	bad      string // why the segment cannot be used, "" if it can
 }
 
 // snapBlock is a block of a snapSegment.
