@@ -39,8 +39,7 @@ type Segment struct {
 	Stream       uint64
 	SegmentType  string // "small" or "large"
 	IsExpandable bool
-	// PoolID is the segment_pool_id: (0, 0), the default pools, is left
-	// out of the snapshot, as PyTorch before private pools wrote it.
+	// PoolID is the segment_pool_id: (0, 0) for the default pools.
 	PoolID [2]uint64
 	Blocks []Block
 }
@@ -254,12 +253,10 @@ func writeSegment(p *pickler, seg Segment) error {
 	} else {
 		p.op(opNewFalse)
 	}
-	if seg.PoolID != [2]uint64{} {
-		p.str("segment_pool_id")
-		p.uint(seg.PoolID[0])
-		p.uint(seg.PoolID[1])
-		p.op(opTuple2)
-	}
+	p.str("segment_pool_id")
+	p.uint(seg.PoolID[0])
+	p.uint(seg.PoolID[1])
+	p.op(opTuple2)
 	p.str("frames")
 	p.op(opEmptyList)
 	p.str("blocks")
