@@ -66,6 +66,8 @@ Commands:
          replay report -o report.html [--plots DIR] RESULTS.json...
   fidelity  replay traces as recorded and compare with the recording event by event (exit 1 if any differs)
          replay fidelity [--capacity SIZE] TRACE...
+  diff   two runs side by side with the deltas: two traces, or one trace under two policies or settings
+         replay diff [--policy NAME] [--policy-b NAME] [--set-b NAME.key=value] [--json FILE] TRACE_A [TRACE_B]
   policies  list the policies: the design each follows, its abilities, its settings with defaults
          replay policies [--json]
 
@@ -93,6 +95,8 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runSim(stdout, stderr, args[1:])
 	case "fidelity":
 		return runFidelity(stdout, stderr, args[1:])
+	case "diff":
+		return runDiff(stdout, stderr, args[1:])
 	case "stats":
 		return runStats(stdout, stderr, args[1:])
 	case "dump":

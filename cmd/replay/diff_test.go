@@ -1,0 +1,72 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDiff: two recordings of one job under two settings (mlp, and mlp
+// under expandable segments with garbage collection), side by side: each
+// side's figures are its own replay's, which are the real allocator's
+// (peak reserved 830472192 and 652214272 bytes, 61 and 42 device
+// allocations), with the deltas, in the table and the JSON; one trace
+// under two policies; one trace under --set-b.
+func TestDiff(t *testing.T) {
+	const mlp, mlpX = "../../testdata/pytorch/mlp.pickle.gz", "../../testdata/pytorch/mlp_expandable.pickle.gz"
+	js := filepath.Join(t.TempDir(), "d.json")
+	out, _, err := runCmd(t, "diff", "--json", js, mlp, mlpX)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"A: " + mlp + " under pytorch\n",
+		"B: " + mlpX + " under pytorch (expandable_segments=True, garbage_collection_threshold=0.5)\n",
+		"peak reserved  792.0 MiB  622.0 MiB  -170.0 MiB  0.785\n",
+		"device allocs         61         42         -19  0.689\n",
+		"retries          0          0          +0      -\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	raw, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Kind string `json:"kind"`
+		A, B struct {
+			PeakReserved uint64 `json:"peak_reserved_bytes"`
+		}
+		Figures []struct {
+			Figure string
+			A, B   float64
+			Delta  float64
+			Ratio  *float64
+		}
+	}
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.Kind != "diff" || doc.A.PeakReserved != 830472192 || doc.B.PeakReserved != 652214272 || doc.Figures[2].Figure != "peak reserved" || doc.Figures[2].Delta != 652214272-830472192 {
+		t.Errorf("JSON %+v", doc)
+	}
+	out, _, err = runCmd(t, "diff", "--policy-b", "best-fit", mlp)
+	if err != nil || !strings.Contains(out, "B: "+mlp+" under best-fit\n") {
+		t.Errorf("--policy-b: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, "diff", "--set-b", "pytorch.expandable_segments=True", mlp)
+	if err != nil || !strings.Contains(out, "B: "+mlp+" under pytorch (expandable_segments=True)\n") {
+		t.Errorf("--set-b: %v\n%s", err, out)
+	}
+	for _, args := range [][]string{{"diff", mlp}, {"diff", mlp, mlp, mlp}, {"diff"}, {"diff", "--policy", "nope", mlp, mlpX}} {
+		var ec interface{ ExitCode() int }
+		if _, _, err := runCmd(t, args...); !errors.As(err, &ec) || ec.ExitCode() != 2 {
+			t.Errorf("%v: %v, want a usage error (exit 2)", args, err)
+		}
+	}
+}
