@@ -43,6 +43,7 @@ type Report struct {
 	Inputs  []string
 	Results []ReportResult
 	Fits    []results.Fit
+	Diffs   []results.Diff // replay diff's comparisons, a section each
 }
 
 // ReportChart is one chart of a report: ID is unique in the report and
@@ -340,6 +341,7 @@ type (
 		Rows            []row
 		Charts          []image
 		Fit             *fitTable
+		Compare         *fitTable // a replay diff's figures
 		Notes           []string
 	}
 	fact struct{ Name, Value string }
@@ -390,6 +392,9 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		policies[f.Policy] = true
 	}
 	pg.Summary = fmt.Sprintf("%d results and %d fit answers: %d traces, %d policies.", len(r.Results), len(r.Fits), len(traces), len(policies))
+	if len(r.Diffs) > 0 {
+		pg.Summary += fmt.Sprintf(" %d comparisons.", len(r.Diffs))
+	}
 
 	if imgs := imgOf["overview"]; len(imgs) > 0 {
 		pg.Nav = append(pg.Nav, navItem{"overview", "Overview"})
@@ -408,7 +413,63 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		}
 		pg.Sections = append(pg.Sections, s)
 	}
+	for k, d := range r.Diffs {
+		id := fmt.Sprintf("diff-%d", k+1)
+		name := fmt.Sprintf("Compare %d: %s against %s", k+1, RunName(&d.A), RunName(&d.B))
+		pg.Nav = append(pg.Nav, navItem{id, fmt.Sprintf("Compare %d", k+1)})
+		s := section{ID: id, Name: name, Facts: []fact{{"A", RunName(&d.A)}, {"B", RunName(&d.B)}}}
+		t := &fitTable{Head: []string{"figure", "A", "B", "B − A", "B / A"}}
+		for _, f := range d.Figures {
+			c := DiffCells(f)
+			t.Rows = append(t.Rows, row{Cells: []cell{{Text: f.Figure}, {Text: c[0], Class: "num"}, {Text: c[1], Class: "num"}, {Text: c[2], Class: "num"}, {Text: c[3], Class: "num"}}})
+		}
+		t.Notes = append(t.Notes, d.A.Warnings...)
+		t.Notes = append(t.Notes, d.B.Warnings...)
+		s.Compare = t
+		pg.Sections = append(pg.Sections, s)
+	}
 	return pg
+}
+
+// RunName names a run of a comparison: its trace, policy, settings and
+// capacity ("a.trace under pytorch (expandable_segments=True), capacity N
+// bytes").
+func RunName(r *sim.Result) string {
+	s := r.Trace + " under " + r.Policy
+	if len(r.Settings) > 0 {
+		s += " (" + policies.Settings(r.Settings).Join(", ") + ")"
+	}
+	if r.Capacity > 0 {
+		s += fmt.Sprintf(", capacity %d bytes", r.Capacity)
+	}
+	return s
+}
+
+// DiffCells formats a figure of a comparison for a table: A, B, B - A and
+// B / A ("-" when A is 0), in MiB for bytes, percent for a fraction (the
+// delta in points), ms for a time.
+func DiffCells(f results.DiffFigure) [4]string {
+	var out [4]string
+	switch f.Unit {
+	case "bytes":
+		out[0], out[1] = MiBText(uint64(f.A))+" MiB", MiBText(uint64(f.B))+" MiB"
+		if f.Delta < 0 {
+			out[2] = "-" + MiBText(uint64(-f.Delta)) + " MiB"
+		} else {
+			out[2] = "+" + MiBText(uint64(f.Delta)) + " MiB"
+		}
+	case "fraction":
+		out[0], out[1], out[2] = fmt.Sprintf("%.1f%%", 100*f.A), fmt.Sprintf("%.1f%%", 100*f.B), fmt.Sprintf("%+.1f pt", 100*f.Delta)
+	case "ns":
+		out[0], out[1], out[2] = fmt.Sprintf("%.1f ms", f.A/1e6), fmt.Sprintf("%.1f ms", f.B/1e6), fmt.Sprintf("%+.1f ms", f.Delta/1e6)
+	default:
+		out[0], out[1], out[2] = fmt.Sprintf("%.0f", f.A), fmt.Sprintf("%.0f", f.B), fmt.Sprintf("%+.0f", f.Delta)
+	}
+	out[3] = "-"
+	if f.Ratio != nil {
+		out[3] = fmt.Sprintf("%.3f", *f.Ratio)
+	}
+	return out
 }
 
 // lowerBound returns the group's trace's peak requested bytes: the largest
@@ -722,6 +783,12 @@ figcaption { font-size: 12px; color: #444; margin-top: 3px; }
 {{end}}</table></div>
 {{end}}{{with .Fit}}<h3>Smallest device that fits</h3>
 <div class="scroll"><table class="fit">
+<tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>
+{{end}}</table></div>
+{{range .Notes}}<p class="note">{{.}}</p>
+{{end}}{{end}}{{with .Compare}}<h3>A against B</h3>
+<div class="scroll"><table class="cmp">
 <tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
 {{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>
 {{end}}</table></div>

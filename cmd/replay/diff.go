@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
+	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
@@ -32,47 +32,6 @@ recorded, as by replay sim. Warnings go to stderr and into the JSON.
 
 Flags:
 `
-
-// diffRow is one figure of a diff: A's, B's, B - A and B / A (none when A
-// is 0).
-type diffRow struct {
-	Figure string   `json:"figure"`
-	Unit   string   `json:"unit"`
-	A      float64  `json:"a"`
-	B      float64  `json:"b"`
-	Delta  float64  `json:"delta"`
-	Ratio  *float64 `json:"ratio,omitempty"`
-}
-
-// diffRows returns the figures of a and b compared.
-func diffRows(a, b *sim.Result) []diffRow {
-	figures := []struct {
-		name, unit string
-		of         func(*sim.Result) float64
-	}{
-		{"peak requested", "bytes", func(r *sim.Result) float64 { return float64(r.PeakRequested) }},
-		{"peak allocated", "bytes", func(r *sim.Result) float64 { return float64(r.PeakAllocated) }},
-		{"peak reserved", "bytes", func(r *sim.Result) float64 { return float64(r.PeakReserved) }},
-		{"peak footprint", "bytes", func(r *sim.Result) float64 { return float64(r.PeakFootprint) }},
-		{"fragmentation at peak", "fraction", func(r *sim.Result) float64 { return r.FragmentationAtPeak }},
-		{"device allocs", "calls", func(r *sim.Result) float64 { return float64(r.DeviceAllocs) }},
-		{"device frees", "calls", func(r *sim.Result) float64 { return float64(r.DeviceFrees) }},
-		{"retries", "count", func(r *sim.Result) float64 { return float64(r.AllocRetries) }},
-		{"OOMs", "count", func(r *sim.Result) float64 { return float64(r.OOMs) }},
-		{"simulated alloc time", "ns", func(r *sim.Result) float64 { return float64(r.SimAllocTimeNS) }},
-		{"mallocs", "count", func(r *sim.Result) float64 { return float64(r.Mallocs) }},
-	}
-	rows := make([]diffRow, len(figures))
-	for k, f := range figures {
-		x, y := f.of(a), f.of(b)
-		rows[k] = diffRow{Figure: f.name, Unit: f.unit, A: x, B: y, Delta: y - x}
-		if x != 0 {
-			q := y / x
-			rows[k].Ratio = &q
-		}
-	}
-	return rows
-}
 
 func runDiff(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("diff", pflag.ContinueOnError)
@@ -146,20 +105,9 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	writeWarnings(stderr, []*sim.Result{a, b})
-	rows := diffRows(a, b)
+	d := results.NewDiff(a, b)
 	if *jsonOut != "" {
-		doc := struct {
-			Version int         `json:"version"`
-			Kind    string      `json:"kind"`
-			A       *sim.Result `json:"a"`
-			B       *sim.Result `json:"b"`
-			Figures []diffRow   `json:"figures"`
-		}{Version: results.Version, Kind: "diff", A: a, B: b, Figures: rows}
-		err := writeOutput(stdout, *jsonOut, func(w io.Writer) error {
-			enc := json.NewEncoder(w)
-			enc.SetIndent("", " ")
-			return enc.Encode(doc)
-		})
+		err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteDiff(w, []*results.Diff{d}) })
 		if err != nil {
 			return fmt.Errorf("--json: %w", err)
 		}
@@ -167,53 +115,18 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 			return nil
 		}
 	}
-	writeDiffTable(stdout, a, b, rows)
+	writeDiffTable(stdout, d)
 	return nil
 }
 
-// describe names a run: its trace, policy and settings.
-func describe(r *sim.Result) string {
-	s := fmt.Sprintf("%s under %s", r.Trace, r.Policy)
-	if len(r.Settings) > 0 {
-		s += " (" + policies.Settings(r.Settings).Join(", ") + ")"
-	}
-	if r.Capacity > 0 {
-		s += fmt.Sprintf(", capacity %d bytes", r.Capacity)
-	}
-	return s
-}
-
 // writeDiffTable prints the runs and their figures side by side.
-func writeDiffTable(w io.Writer, a, b *sim.Result, rows []diffRow) {
-	fmt.Fprintf(w, "A: %s\nB: %s\n", describe(a), describe(b))
+func writeDiffTable(w io.Writer, d *results.Diff) {
+	fmt.Fprintf(w, "A: %s\nB: %s\n", plots.RunName(&d.A), plots.RunName(&d.B))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "figure\tA\tB\tB - A\tB / A\t")
-	for _, r := range rows {
-		var x, y, d string
-		switch r.Unit {
-		case "bytes":
-			x, y = mib(uint64(r.A))+" MiB", mib(uint64(r.B))+" MiB"
-			d = signedMiB(r.Delta)
-		case "fraction":
-			x, y, d = fmt.Sprintf("%.1f%%", 100*r.A), fmt.Sprintf("%.1f%%", 100*r.B), fmt.Sprintf("%+.1f pt", 100*r.Delta)
-		case "ns":
-			x, y, d = fmt.Sprintf("%.1f ms", r.A/1e6), fmt.Sprintf("%.1f ms", r.B/1e6), fmt.Sprintf("%+.1f ms", r.Delta/1e6)
-		default:
-			x, y, d = fmt.Sprintf("%.0f", r.A), fmt.Sprintf("%.0f", r.B), fmt.Sprintf("%+.0f", r.Delta)
-		}
-		ratio := "-"
-		if r.Ratio != nil {
-			ratio = fmt.Sprintf("%.3f", *r.Ratio)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", r.Figure, x, y, d, ratio)
+	for _, f := range d.Figures {
+		c := plots.DiffCells(f)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", f.Figure, c[0], c[1], c[2], c[3])
 	}
 	tw.Flush()
-}
-
-// signedMiB is a byte delta in MiB with its sign.
-func signedMiB(d float64) string {
-	if d < 0 {
-		return "-" + mib(uint64(-d)) + " MiB"
-	}
-	return "+" + mib(uint64(d)) + " MiB"
 }

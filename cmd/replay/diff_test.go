@@ -38,22 +38,40 @@ func TestDiff(t *testing.T) {
 		t.Fatal(err)
 	}
 	var doc struct {
-		Kind string `json:"kind"`
-		A, B struct {
-			PeakReserved uint64 `json:"peak_reserved_bytes"`
-		}
-		Figures []struct {
-			Figure string
-			A, B   float64
-			Delta  float64
-			Ratio  *float64
+		Kind    string `json:"kind"`
+		Results []struct {
+			A, B struct {
+				PeakReserved uint64 `json:"peak_reserved_bytes"`
+			}
+			Figures []struct {
+				Figure string
+				Delta  float64
+			}
 		}
 	}
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		t.Fatal(err)
 	}
-	if doc.Kind != "diff" || doc.A.PeakReserved != 830472192 || doc.B.PeakReserved != 652214272 || doc.Figures[2].Figure != "peak reserved" || doc.Figures[2].Delta != 652214272-830472192 {
+	if d := doc.Results; doc.Kind != "diff" || len(d) != 1 || d[0].A.PeakReserved != 830472192 || d[0].B.PeakReserved != 652214272 || d[0].Figures[2].Figure != "peak reserved" || d[0].Figures[2].Delta != 652214272-830472192 {
 		t.Errorf("JSON %+v", doc)
+	}
+	// The report shows the comparison as a section of its own.
+	page := filepath.Join(t.TempDir(), "r.html")
+	if _, _, err := runCmd(t, "report", "-o", page, js); err != nil {
+		t.Fatal(err)
+	}
+	html, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`<a href="#diff-1">Compare 1</a>`,
+		"<h2>Compare 1: " + mlp + " under pytorch against " + mlpX + " under pytorch (expandable_segments=True, garbage_collection_threshold=0.5)</h2>",
+		`<tr><td>peak reserved</td><td class="num">792.0 MiB</td><td class="num">622.0 MiB</td><td class="num">-170.0 MiB</td><td class="num">0.785</td></tr>`,
+	} {
+		if !strings.Contains(string(html), want) {
+			t.Errorf("report lacks %q", want)
+		}
 	}
 	out, _, err = runCmd(t, "diff", "--policy-b", "best-fit", mlp)
 	if err != nil || !strings.Contains(out, "B: "+mlp+" under best-fit\n") {

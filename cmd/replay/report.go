@@ -18,13 +18,14 @@ const reportUsage = `usage: replay report -o report.html [--plots DIR] [--title 
 
 Writes one self-contained HTML page (the charts inside it as images; no
 network or other file needed to view it) from results of replay sim --json,
-replay gpu --json, replay fit --json or a sweep (its directory or its
-results.json): a summary, an overview of every policy on every trace, and
-for each trace its figures, the comparison table, memory and fragmentation
-over the trace, peaks against the lower bound, device calls, the latency
-distribution (simulated, or measured for replay gpu results) and the
-smallest capacities found by fit. --plots DIR also writes each chart as PNG
-and SVG, for slides.
+replay gpu --json, replay fit --json, replay diff --json or a sweep (its
+directory or its results.json): a summary, an overview of every policy on
+every trace, and for each trace its figures, the comparison table, memory
+and fragmentation over the trace, peaks against the lower bound, device
+calls, the latency distribution (simulated, or measured for replay gpu
+results) and the smallest capacities found by fit; each comparison of
+replay diff is a section of its own, its figures side by side with the
+deltas. --plots DIR also writes each chart as PNG and SVG, for slides.
 
 Flags:
 `
@@ -60,7 +61,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	if len(rep.Results) == 0 && len(rep.Fits) == 0 {
+	if len(rep.Results) == 0 && len(rep.Fits) == 0 && len(rep.Diffs) == 0 {
 		return fmt.Errorf("report: the inputs hold no results")
 	}
 	charts, err := rep.Charts()
@@ -97,6 +98,8 @@ func readReportInput(rep *plots.Report, path string) error {
 		switch rec := r.Record(); rec.Kind {
 		case results.KindFit:
 			rep.Fits = append(rep.Fits, *rec.Fit)
+		case results.KindDiff:
+			rep.Diffs = append(rep.Diffs, *rec.Diff)
 		case results.KindGPU:
 			g := rec.GPU
 			rep.Results = append(rep.Results, plots.ReportResult{Result: g.Result, Measured: true, Device: g.Device, MeasuredAllocTimeNS: g.AllocTimeNS, Paced: g.Paced})

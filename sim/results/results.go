@@ -5,7 +5,8 @@
 //	{"kind": "sim", "version": 1, "results": [...]}
 //
 // whose kind says what its records are: "sim" (sim.Result, also for replay
-// gpu --sim-only, sweep and merge), "gpu" (GPU) or "fit" (Fit). A Reader
+// gpu --sim-only, sweep and merge), "gpu" (GPU), "fit" (Fit) or "diff"
+// (Diff). A Reader
 // reads a file's records one at a time and also reads the files written
 // before files said their kind, telling each record apart by its keys.
 //
@@ -37,9 +38,11 @@ const (
 	KindGPU
 	// KindFit records are Fit: replay fit.
 	KindFit
+	// KindDiff records are Diff: replay diff.
+	KindDiff
 )
 
-var kindNames = [...]string{"", "sim", "gpu", "fit"}
+var kindNames = [...]string{"", "sim", "gpu", "fit", "diff"}
 
 // String returns the kind as a file says it ("sim", "gpu", "fit"), or
 // "Kind(N)" for an invalid one.
@@ -134,6 +137,7 @@ type Record struct {
 	Sim   *sim.Result
 	GPU   *GPU
 	Fit   *Fit
+	Diff  *Diff
 }
 
 // Reader reads the records of a results file one at a time, in the manner
@@ -355,6 +359,15 @@ func decodeRecord(raw json.RawMessage, kind Kind) (Record, error) {
 	case KindFit:
 		rec.Fit = &Fit{}
 		return rec, json.Unmarshal(raw, rec.Fit)
+	case KindDiff:
+		rec.Diff = &Diff{}
+		if err := json.Unmarshal(raw, rec.Diff); err != nil {
+			return rec, err
+		}
+		if err := checkNamed(&rec.Diff.A); err != nil {
+			return rec, err
+		}
+		return rec, checkNamed(&rec.Diff.B)
 	case KindGPU:
 		rec.GPU = &GPU{}
 		if err := json.Unmarshal(raw, rec.GPU); err != nil {

@@ -1,0 +1,61 @@
+package results
+
+import (
+	"io"
+
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// Diff is replay diff's record: two runs (two traces, or one trace under
+// two policies or settings) and their figures compared.
+type Diff struct {
+	A       sim.Result   `json:"a"`
+	B       sim.Result   `json:"b"`
+	Figures []DiffFigure `json:"figures"`
+}
+
+// DiffFigure is one figure of a Diff: A's, B's, B - A and B / A (nil when
+// A's is 0). Unit is "bytes", "fraction", "calls", "count" or "ns".
+type DiffFigure struct {
+	Figure string   `json:"figure"`
+	Unit   string   `json:"unit"`
+	A      float64  `json:"a"`
+	B      float64  `json:"b"`
+	Delta  float64  `json:"delta"`
+	Ratio  *float64 `json:"ratio,omitempty"`
+}
+
+// NewDiff compares runs a and b: peak requested, allocated and reserved
+// bytes, the peak footprint, fragmentation at the peak, device allocs and
+// frees, retries, OOMs, the simulated allocator time and the mallocs.
+func NewDiff(a, b *sim.Result) *Diff {
+	figures := []struct {
+		name, unit string
+		of         func(*sim.Result) float64
+	}{
+		{"peak requested", "bytes", func(r *sim.Result) float64 { return float64(r.PeakRequested) }},
+		{"peak allocated", "bytes", func(r *sim.Result) float64 { return float64(r.PeakAllocated) }},
+		{"peak reserved", "bytes", func(r *sim.Result) float64 { return float64(r.PeakReserved) }},
+		{"peak footprint", "bytes", func(r *sim.Result) float64 { return float64(r.PeakFootprint) }},
+		{"fragmentation at peak", "fraction", func(r *sim.Result) float64 { return r.FragmentationAtPeak }},
+		{"device allocs", "calls", func(r *sim.Result) float64 { return float64(r.DeviceAllocs) }},
+		{"device frees", "calls", func(r *sim.Result) float64 { return float64(r.DeviceFrees) }},
+		{"retries", "count", func(r *sim.Result) float64 { return float64(r.AllocRetries) }},
+		{"OOMs", "count", func(r *sim.Result) float64 { return float64(r.OOMs) }},
+		{"simulated alloc time", "ns", func(r *sim.Result) float64 { return float64(r.SimAllocTimeNS) }},
+		{"mallocs", "count", func(r *sim.Result) float64 { return float64(r.Mallocs) }},
+	}
+	d := &Diff{A: *a, B: *b, Figures: make([]DiffFigure, len(figures))}
+	for k, f := range figures {
+		x, y := f.of(a), f.of(b)
+		d.Figures[k] = DiffFigure{Figure: f.name, Unit: f.unit, A: x, B: y, Delta: y - x}
+		if x != 0 {
+			q := y / x
+			d.Figures[k].Ratio = &q
+		}
+	}
+	return d
+}
+
+// WriteDiff writes replay diff's records as a results file of kind "diff".
+func WriteDiff(w io.Writer, ds []*Diff) error { return write(w, KindDiff, ds) }
