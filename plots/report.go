@@ -391,9 +391,14 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		traces[f.Trace] = true
 		policies[f.Policy] = true
 	}
-	pg.Summary = fmt.Sprintf("%d results and %d fit answers: %d traces, %d policies.", len(r.Results), len(r.Fits), len(traces), len(policies))
-	if len(r.Diffs) > 0 {
-		pg.Summary += fmt.Sprintf(" %d comparisons.", len(r.Diffs))
+	if len(r.Results)+len(r.Fits) > 0 {
+		pg.Summary = fmt.Sprintf("%d results and %d fit answers: %d traces, %d policies.", len(r.Results), len(r.Fits), len(traces), len(policies))
+	}
+	switch n := len(r.Diffs); {
+	case n == 1:
+		pg.Summary = strings.TrimSpace(pg.Summary + " 1 comparison of two runs.")
+	case n > 1:
+		pg.Summary = strings.TrimSpace(pg.Summary + fmt.Sprintf(" %d comparisons of two runs.", n))
 	}
 
 	if imgs := imgOf["overview"]; len(imgs) > 0 {
@@ -415,7 +420,7 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 	}
 	for k, d := range r.Diffs {
 		id := fmt.Sprintf("diff-%d", k+1)
-		name := fmt.Sprintf("Compare %d: %s against %s", k+1, RunName(&d.A), RunName(&d.B))
+		name := fmt.Sprintf("Compare %d: %s against %s", k+1, shortRun(&d.A), shortRun(&d.B))
 		pg.Nav = append(pg.Nav, navItem{id, fmt.Sprintf("Compare %d", k+1)})
 		s := section{ID: id, Name: name, Facts: []fact{{"A", RunName(&d.A)}, {"B", RunName(&d.B)}}}
 		t := &fitTable{Head: []string{"figure", "A", "B", "B − A", "B / A"}}
@@ -444,6 +449,10 @@ func RunName(r *sim.Result) string {
 	}
 	return s
 }
+
+// shortRun names a run by its trace's file name and its policy, for a
+// heading.
+func shortRun(r *sim.Result) string { return filepath.Base(r.Trace) + " (" + r.Policy + ")" }
 
 // DiffCells formats a figure of a comparison for a table: A, B, B - A and
 // B / A ("-" when A is 0), in MiB for bytes, percent for a fraction (the

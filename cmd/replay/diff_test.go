@@ -66,7 +66,8 @@ func TestDiff(t *testing.T) {
 	}
 	for _, want := range []string{
 		`<a href="#diff-1">Compare 1</a>`,
-		"<h2>Compare 1: " + mlp + " under pytorch against " + mlpX + " under pytorch (expandable_segments=True, garbage_collection_threshold=0.5)</h2>",
+		"<h2>Compare 1: mlp.pickle.gz (pytorch) against mlp_expandable.pickle.gz (pytorch)</h2>",
+		"<tr><th>B</th><td>" + mlpX + " under pytorch (expandable_segments=True, garbage_collection_threshold=0.5)</td></tr>",
 		`<tr><td>peak reserved</td><td class="num">792.0 MiB</td><td class="num">622.0 MiB</td><td class="num">-170.0 MiB</td><td class="num">0.785</td></tr>`,
 	} {
 		if !strings.Contains(string(html), want) {
