@@ -17,7 +17,10 @@ import "fmt"
 // deleted: releasePool), each release (empty_cache, or a retry's) frees its
 // cached segments that are not split, the small pool's before the large
 // one's, after the default pools', and forgets the pool once none of its
-// segments is left; until then its segments stay, however long unused.
+// segments is left; until then its segments stay, however long unused. A
+// MemPool's deletion empties its own cache at once (EmptyPool), and
+// torch.compile's cudagraph trees set a pool's checkpointed blocks back in
+// place before they record a new graph (RestoreBlock).
 
 // ptPrivate is a private pool (PrivatePool).
 type ptPrivate struct {
