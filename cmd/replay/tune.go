@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/fit"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/tune"
 	"github.com/gpualloc/allocsim/trace"
@@ -51,7 +52,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		fs.PrintDefaults()
 	}
 	capacity := fs.String("capacity", "", "hold the reserved bytes to `SIZE` (a per-process cap)")
-	card := fs.String("card", "", "hold the footprint to a card of `SIZE` less its context (552402944 bytes, the H200's)")
+	card := fs.String("card", "", "hold the footprint to a `CARD` less its context (552402944 bytes, the H200's): a size (80GB, GB are 10^9 bytes), H100-80GB (its nominal size) or H200 (its measured 150109880320 bytes)")
 	grids := fs.StringArray("grid", nil, "a key's values, `KEY=v1,v2,...` (\"\" leaves the key out; repeatable)")
 	top := fs.Int("top", 10, "candidates listed per trace")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "replays at a time")
@@ -87,10 +88,11 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 		base.Capacity = b
 	case *card != "":
-		b, err := policies.ParseSize(*card)
+		c, err := fit.ParseCard(*card)
 		if err != nil {
-			return fmt.Errorf("--card %q: %v", *card, err)
+			return cli.UsageError{Err: fmt.Errorf("--card %v", err)}
 		}
+		b := c.Capacity
 		if b <= sim.ContextBytes {
 			return fmt.Errorf("--card %q: not above the %d-byte context", *card, uint64(sim.ContextBytes))
 		}

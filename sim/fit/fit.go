@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/gpualloc/allocsim/policies"
@@ -23,17 +24,51 @@ const DefaultContext = sim.ContextBytes
 // bytes, as cards are sold: 16, 24, 40, 48, 80, 94 and 141 GB.
 const DefaultCards = "16GB,24GB,40GB,48GB,80GB,94GB,141GB"
 
-// ParseCards parses a comma-separated list of card sizes (policies.ParseSize;
-// GB are 10^9 bytes), each named as given. It returns an error naming the
-// first item that is not a size above 0.
+// NamedCards are the cards known by name, with the memory in bytes CUDA
+// reports for them (cudaMemGetInfo's total), as measured: the H200 of
+// ../shared/reference/CUDA_MEASURED.md.
+var NamedCards = map[string]uint64{"H200": 150109880320}
+
+// ParseCard parses one card: a size (policies.ParseSize; GB are 10^9
+// bytes, as cards are sold), a name of NamedCards (any case; its measured
+// memory), or a name with its size after its last '-' ("H100-80GB": the
+// nominal 80 GB, not what CUDA reports for that card). The card is named
+// as given. It returns an error for anything else, or a size of 0.
+func ParseCard(s string) (results.Card, error) {
+	t := strings.TrimSpace(s)
+	if b, ok := NamedCards[strings.ToUpper(t)]; ok {
+		return results.Card{Name: t, Capacity: b}, nil
+	}
+	size := t
+	if i := strings.LastIndexByte(t, '-'); i >= 0 {
+		size = t[i+1:]
+	}
+	b, err := policies.ParseSize(size)
+	if err != nil || b == 0 {
+		return results.Card{}, fmt.Errorf("%q: not a card (a size like 80GB, a name like H100-80GB, or one of %s)", s, strings.Join(namedCards(), ", "))
+	}
+	return results.Card{Name: t, Capacity: b}, nil
+}
+
+func namedCards() []string {
+	names := make([]string, 0, len(NamedCards))
+	for n := range NamedCards {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// ParseCards parses a comma-separated list of cards (ParseCard). It
+// returns an error naming the first item that is no card.
 func ParseCards(list string) ([]results.Card, error) {
 	var cards []results.Card
 	for _, c := range policies.SplitList(list) {
-		b, err := policies.ParseSize(c)
-		if err != nil || b == 0 {
-			return nil, fmt.Errorf("%q: not a size", c)
+		card, err := ParseCard(c)
+		if err != nil {
+			return nil, err
 		}
-		cards = append(cards, results.Card{Name: c, Capacity: b})
+		cards = append(cards, card)
 	}
 	return cards, nil
 }

@@ -2,6 +2,7 @@ package fit
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/gpualloc/allocsim/sim"
@@ -159,10 +160,31 @@ func TestParseCards(t *testing.T) {
 	if err != nil || len(cards) != 7 || cards[1] != (results.Card{Name: "24GB", Capacity: 24e9}) {
 		t.Errorf("%v, %v", cards, err)
 	}
-	if _, err := ParseCards("16GB,huge"); err == nil || err.Error() != `"huge": not a size` {
+	if _, err := ParseCards("16GB,huge"); err == nil || err.Error() != `"huge": not a card (a size like 80GB, a name like H100-80GB, or one of H200)` {
 		t.Errorf("err = %v", err)
 	}
 	if _, err := ParseCards("0"); err == nil {
 		t.Error("a card of 0 bytes is accepted")
+	}
+}
+
+// ParseCard takes a size, a card of NamedCards by name (its measured
+// memory) or a name ending in its nominal size.
+func TestParseCard(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+	}{
+		{"80GB", 80e9}, {"H100-80GB", 80e9}, {"A100-40GB", 40e9}, {"h200", 150109880320}, {"H200", 150109880320}, {"24GiB", 24 << 30},
+	} {
+		c, err := ParseCard(tc.in)
+		if err != nil || c.Capacity != tc.want || c.Name != tc.in {
+			t.Errorf("ParseCard(%q) = %+v, %v; want %d", tc.in, c, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "H100", "0GB", "H100-", "big"} {
+		if _, err := ParseCard(bad); err == nil || !strings.Contains(err.Error(), "not a card") {
+			t.Errorf("ParseCard(%q): %v", bad, err)
+		}
 	}
 }
