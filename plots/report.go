@@ -392,7 +392,7 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		policies[f.Policy] = true
 	}
 	if len(r.Results)+len(r.Fits) > 0 {
-		pg.Summary = fmt.Sprintf("%d results and %d fit answers: %d traces, %d policies.", len(r.Results), len(r.Fits), len(traces), len(policies))
+		pg.Summary = fmt.Sprintf("%s and %s: %s, %s.", plural(len(r.Results), "result"), plural(len(r.Fits), "fit answer"), plural(len(traces), "trace"), plural(len(policies), "policy"))
 	}
 	switch n := len(r.Diffs); {
 	case n == 1:
@@ -448,6 +448,17 @@ func RunName(r *sim.Result) string {
 		s += fmt.Sprintf(", capacity %d bytes", r.Capacity)
 	}
 	return s
+}
+
+// plural is "1 NOUN" or "N NOUNs" ("policies" for policy).
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "y") {
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(noun, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // shortRun names a run by its trace's file name and its policy, for a

@@ -75,7 +75,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	if st, err := os.Stat(*out); err == nil {
 		size = st.Size()
 	}
-	fmt.Fprintf(stdout, "report: %d results, %d fit answers, %d comparisons, %d charts: %s (%.1f MB)\n", len(rep.Results), len(rep.Fits), len(rep.Diffs), len(charts), *out, float64(size)/1e6)
+	fmt.Fprintf(stdout, "report: %s, %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), count(len(charts), "chart"), *out, float64(size)/1e6)
 	if *plotDir != "" {
 		written, err := plots.WriteReportCharts(*plotDir, charts)
 		if err != nil {

@@ -111,7 +111,7 @@ func TestOldResultsFiles(t *testing.T) {
 		os.WriteFile(p, []byte(lines[0]+"\n"+lines[3]), 0o644)
 	}
 	stdout, _, err := runCmd(t, "report", "-o", filepath.Join(dir, "report.html"), simJSON, fitJSON)
-	if err != nil || !strings.Contains(stdout, "report: 2 results, 1 fit answers") {
+	if err != nil || !strings.Contains(stdout, "report: 2 results, 1 fit answer,") {
 		t.Errorf("report of old files: %v\n%s", err, stdout)
 	}
 	if stdout, _, err := runCmd(t, "merge", "-o", filepath.Join(dir, "merged"), simJSON); err != nil || !strings.Contains(stdout, "merge: 2 results from 1 inputs") {
