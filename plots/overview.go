@@ -187,13 +187,22 @@ func formatBytes(b uint64) string {
 // capacity without an OOM, labelled with its value (and "*" where
 // capacities above it ran out of memory; "never" where none fits), beside
 // a light bar of its peak reserved bytes on an unlimited device, against
-// the lower bound (dashed black) and the card sizes near the bars (dotted,
-// named at the right). Bytes are in MiB or GiB. It returns ErrNoResults
-// for no rows.
+// the lower bound (dashed black) and the capacities the cards near the bars
+// leave, their memory less the context (dotted, named at the right), which
+// is what a smallest capacity is to be held against. Bytes are in MiB or
+// GiB. It returns ErrNoResults for no rows.
 func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, error) {
 	if len(rows) == 0 {
 		return nil, ErrNoResults
 	}
+	// A card leaves its memory less the context to the allocations.
+	left := make([]results.Card, 0, len(cards))
+	for _, c := range cards {
+		if c.Capacity > rows[0].Context {
+			left = append(left, results.Card{Name: c.Name, Capacity: c.Capacity - rows[0].Context})
+		}
+	}
+	cards = left
 	rs := make([]sim.Result, len(rows))
 	var top, bound uint64
 	for i, r := range rows {
@@ -252,7 +261,7 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 	leg.add("unlimited device")
 	leg.add("lower bound", lineThumb(requestedStyle))
 	if len(shown) > 0 {
-		leg.add("card sizes", lineThumb(capacityStyle))
+		leg.add("cards less context", lineThumb(capacityStyle))
 	}
 	for _, r := range rows {
 		if r.Fits && !r.Monotone {

@@ -493,7 +493,7 @@ func DiffCells(f results.DiffFigure) [4]string {
 }
 
 // lowerBound returns the group's trace's peak requested bytes: the largest
-// of its results', as a row with OOMs requested only what it served.
+// of its results' (each counts the requests it failed too).
 func (g *reportGroup) lowerBound() uint64 {
 	var lower uint64
 	for _, r := range g.results {

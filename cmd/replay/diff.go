@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -69,23 +71,31 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 			return cli.UsageError{Err: fmt.Errorf("diff: unknown policy %q (replay policies lists them)", p)}
 		}
 	}
-	if traceA == traceB && *policyA == *policyB && len(*setsB) == 0 {
-		return cli.UsageError{Err: errors.New("diff: A and B are the same run: give a second trace, --policy-b or --set-b")}
-	}
-	if err := checkOutputs(fs.Args(), "json", *jsonOut); err != nil {
-		return err
-	}
 	capBytes, err := policies.ParseSize(*capacity)
 	if err != nil {
 		return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
 	}
-	names := []string{*policyA, *policyB}
-	sa, err := parseSets(*setsA, names)
+	sa, err := parseSets(*setsA, []string{*policyA, *policyB})
 	if err != nil {
 		return err
 	}
-	sb, err := parseSets(append(append([]string(nil), *setsA...), *setsB...), names)
+	// --set-b names B's policy only.
+	if _, err := policies.ParseSets(*setsB, policies.Names(), []string{*policyB}); err != nil {
+		return cli.UsageError{Err: fmt.Errorf("--set-b %w (B's policy: --policy-b, else --policy)", err)}
+	}
+	sb, err := parseSets(append(append([]string(nil), *setsA...), *setsB...), []string{*policyA, *policyB})
 	if err != nil {
+		return err
+	}
+	for _, path := range fs.Args() {
+		if _, err := os.Stat(path); err != nil {
+			return fmt.Errorf("diff: %v", err)
+		}
+	}
+	if traceA == traceB && *policyA == *policyB && maps.Equal(sa[*policyA], sb[*policyB]) {
+		return cli.UsageError{Err: errors.New("diff: A and B are the same run: give a second trace, --policy-b or a --set-b that changes a setting")}
+	}
+	if err := checkOutputs(fs.Args(), "json", *jsonOut); err != nil {
 		return err
 	}
 	opts := tracefile.Options{From: *from, Device: *device}

@@ -82,10 +82,17 @@ func TestDiff(t *testing.T) {
 	if err != nil || !strings.Contains(out, "B: "+mlp+" under pytorch (expandable_segments=True)\n") {
 		t.Errorf("--set-b: %v\n%s", err, out)
 	}
-	for _, args := range [][]string{{"diff", mlp}, {"diff", mlp, mlp, mlp}, {"diff"}, {"diff", "--policy", "nope", mlp, mlpX}} {
+	for _, args := range [][]string{{"diff", mlp}, {"diff", mlp, mlp, mlp}, {"diff"}, {"diff", "--policy", "nope", mlp, mlpX},
+		// --set-b of a policy B does not run; the same settings twice.
+		{"diff", "--policy-b", "best-fit", "--set-b", "pytorch.expandable_segments=True", mlp},
+		{"diff", "--set", "pytorch.expandable_segments=True", "--set-b", "pytorch.expandable_segments=True", mlp},
+		{"diff", "--capacity", "foo", mlp}, {"diff", "--set", "best-fit.nosuch=1", mlp}} {
 		var ec interface{ ExitCode() int }
 		if _, _, err := runCmd(t, args...); !errors.As(err, &ec) || ec.ExitCode() != 2 {
 			t.Errorf("%v: %v, want a usage error (exit 2)", args, err)
 		}
+	}
+	if _, _, err := runCmd(t, "diff", "no-such.pickle.gz"); err == nil || !strings.Contains(err.Error(), "no-such.pickle.gz: no such file") {
+		t.Errorf("a missing trace: %v", err)
 	}
 }

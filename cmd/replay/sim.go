@@ -336,8 +336,8 @@ func writeCompactTable(w io.Writer, results []*sim.Result) {
 // writeNotes prints what a table of results does not say: the bounds and
 // the capacity taken from the card (warnings go to stderr: writeWarnings).
 func writeNotes(w io.Writer, results []*sim.Result) {
-	// The trace's peak requested is the largest of its results': a policy
-	// with OOMs requested only what it served.
+	// The trace's peak requested is the largest of its results' (a
+	// policy's counts the requests it failed too: the program held them).
 	lower, served := map[string]uint64{}, map[string]bool{}
 	for _, r := range results {
 		lower[r.Trace] = max(lower[r.Trace], r.PeakRequested)
@@ -351,7 +351,7 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 			if !served[r.Trace] {
 				how = "at least: every policy ran out of memory"
 			}
-			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column only what it served; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", r.Trace, how, lower[r.Trace], r.PeakOffline)
+			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column the requests it failed too; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", r.Trace, how, lower[r.Trace], r.PeakOffline)
 		}
 	}
 	carded := map[string]bool{}

@@ -94,8 +94,9 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 		b := c.Capacity
 		if b <= sim.ContextBytes {
-			return fmt.Errorf("--card %q: not above the %d-byte context", *card, uint64(sim.ContextBytes))
+			return cli.UsageError{Err: fmt.Errorf("--card %q: not above the %d-byte context", *card, uint64(sim.ContextBytes))}
 		}
+		fmt.Fprintf(stderr, "tune: card %s: %d bytes less its %d-byte context, a capacity of %d bytes\n", c.Name, b, uint64(sim.ContextBytes), b-sim.ContextBytes)
 		base.Capacity, base.Card = b-sim.ContextBytes, true
 	}
 	grid := append([]tune.Axis(nil), tune.PyTorchGrid...)
