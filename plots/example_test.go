@@ -153,7 +153,7 @@ func ExampleMemory() {
 	fmt.Println(p.X.Label.Text, "/", p.Y.Label.Text)
 	// Output:
 	// memory over the trace: train_gpt.pickle.gz
-	// events / memory (GiB)
+	// time (s) / memory (GiB)
 }
 
 func ExampleFragmentation() {
@@ -166,7 +166,7 @@ func ExampleFragmentation() {
 	fmt.Println(p.X.Label.Text, "/", p.Y.Label.Text)
 	// Output:
 	// fragmentation: train_gpt.pickle.gz
-	// events / 1 − allocated / reserved (%)
+	// time (s) / 1 − allocated / reserved (%)
 }
 
 func ExamplePeaks() {

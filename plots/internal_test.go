@@ -126,3 +126,32 @@ func TestPolicyLabels(t *testing.T) {
 		t.Errorf("policyLabels = %q, want %q", got, want)
 	}
 }
+
+// chooseX: the trace's time in seconds when every series has times that go
+// forward and span some time; events for MiniMalloc's logical steps,
+// times that go back, or none.
+func TestChooseX(t *testing.T) {
+	pts := func(times ...int64) []sim.Point {
+		var s []sim.Point
+		for i, tm := range times {
+			s = append(s, sim.Point{Event: int64(10 * i), Time: tm})
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name   string
+		rs     []sim.Result
+		byTime bool
+		x      float64 // of the second point of the first result
+	}{
+		{"times", []sim.Result{{Series: pts(5e9, 7e9)}, {Series: pts(6e9)}}, true, 2},
+		{"minimalloc", []sim.Result{{TraceSource: "minimalloc", Series: pts(5e9, 7e9)}}, false, 10},
+		{"backwards", []sim.Result{{Series: pts(7e9, 5e9)}}, false, 10},
+		{"no time", []sim.Result{{Series: pts(0, 0)}}, false, 10},
+	} {
+		ax := chooseX(tc.rs)
+		if ax.byTime != tc.byTime || ax.of(tc.rs[0].Series[1]) != tc.x {
+			t.Errorf("%s: %+v, x %v; want by time %v, x %v", tc.name, ax, ax.of(tc.rs[0].Series[1]), tc.byTime, tc.x)
+		}
+	}
+}

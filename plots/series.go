@@ -101,29 +101,80 @@ func addCurve(p *plot.Plot, xys plotter.XYs, sty draw.LineStyle) error {
 	return nil
 }
 
-// seriesXYs returns the points of s as (event, f(point)).
-func seriesXYs(s []sim.Point, f func(sim.Point) float64) plotter.XYs {
+// xAxis places series points on a chart's X axis: by the trace's time in
+// seconds from its first point when every series has times that go
+// forward and span some time (a MiniMalloc problem's are logical steps:
+// never), else by event index.
+type xAxis struct {
+	byTime bool
+	t0     int64 // the first point's time, ns
+}
+
+// chooseX returns the X axis for the results' series.
+func chooseX(results []sim.Result) xAxis {
+	ax := xAxis{byTime: true}
+	first, last, any := int64(0), int64(0), false
+	for _, r := range results {
+		if r.TraceSource == "minimalloc" {
+			return xAxis{}
+		}
+		prev := int64(math.MinInt64)
+		for _, pt := range r.Series {
+			if pt.Time < prev {
+				return xAxis{}
+			}
+			prev = pt.Time
+			if !any || pt.Time < first {
+				first = pt.Time
+			}
+			last = max(last, pt.Time)
+			any = true
+		}
+	}
+	if !any || last <= first {
+		return xAxis{}
+	}
+	ax.t0 = first
+	return ax
+}
+
+// of returns pt's X.
+func (ax xAxis) of(pt sim.Point) float64 {
+	if ax.byTime {
+		return float64(pt.Time-ax.t0) / 1e9
+	}
+	return float64(pt.Event)
+}
+
+// seriesXYs returns the points of s as (X, f(point)).
+func seriesXYs(ax xAxis, s []sim.Point, f func(sim.Point) float64) plotter.XYs {
 	xys := make(plotter.XYs, 0, len(s))
 	for _, pt := range s {
 		y := f(pt)
 		if math.IsNaN(y) || math.IsInf(y, 0) {
 			continue
 		}
-		xys = append(xys, plotter.XY{X: float64(pt.Event), Y: y})
+		xys = append(xys, plotter.XY{X: ax.of(pt), Y: y})
 	}
 	return xys
 }
 
-// eventRange sets p's X axis to the events of the results' series: from 0
-// to the last event drawn.
-func eventRange(p *plot.Plot, results []sim.Result) {
-	var last int64
+// xRange sets p's X axis to the results' series: from 0 to the last point
+// drawn, in seconds of the trace's time ("time (s)") or in events.
+func xRange(p *plot.Plot, ax xAxis, results []sim.Result) {
+	var last float64
 	for _, r := range results {
 		for _, pt := range r.Series {
-			last = max(last, pt.Event)
+			last = max(last, ax.of(pt))
 		}
 	}
-	p.X.Min, p.X.Max = 0, float64(max(last, 1))
+	if ax.byTime {
+		p.X.Min, p.X.Max = 0, math.Max(last, 1e-9)
+		p.X.Label.Text = "time (s)"
+		p.X.Tick.Marker = roundTicker{Target: 6, Format: formatFixed}
+		return
+	}
+	p.X.Min, p.X.Max = 0, math.Max(last, 1)
 	p.X.Label.Text = "events"
 	p.X.Tick.Marker = roundTicker{Target: 6, Format: formatCount}
 }
@@ -154,7 +205,8 @@ func valueRange(p *plot.Plot, top float64, format func(v, step, top float64) str
 // memory the driver's pages take, sim.Point.Footprint: dotted, same
 // colour), and once the
 // trace's requested bytes, the lower bound for every policy (dashed black),
-// against the event index. Bytes are drawn in MiB or GiB (ChooseUnit of the
+// against the trace's time in seconds (the event index where the trace has
+// no time: xAxis). Bytes are drawn in MiB or GiB (ChooseUnit of the
 // largest value). Where a policy ran out of memory its first OOM is marked
 // with a cross, and a device capacity near the data is drawn as a dotted
 // line. It returns ErrNoResults for no results and an error if the results
@@ -165,6 +217,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 		return nil, err
 	}
 	labels := policyLabels(results)
+	ax := chooseX(results)
 
 	// The requested bytes are the trace's, the same under every policy:
 	// draw them from the longest series.
@@ -200,7 +253,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 
 	for i, r := range results {
 		sty := draw.LineStyle{Color: tint(policyColor(i), 0.15), Width: allocatedWidth, Dashes: allocatedDashes}
-		if err := addCurve(p, seriesXYs(r.Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
+		if err := addCurve(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
 			return nil, err
 		}
 	}
@@ -210,7 +263,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 			continue
 		}
 		sty := draw.LineStyle{Color: policyColor(i), Width: footprintWidth, Dashes: footprintDashes}
-		if err := addCurve(p, seriesXYs(r.Series, bytes(func(pt sim.Point) uint64 { return pt.Footprint })), sty); err != nil {
+		if err := addCurve(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Footprint })), sty); err != nil {
 			return nil, err
 		}
 		anyFootprint = true
@@ -218,7 +271,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 	anyOOM := false
 	for i, r := range results {
 		sty := draw.LineStyle{Color: policyColor(i), Width: reservedWidth}
-		if err := addCurve(p, seriesXYs(r.Series, bytes(func(pt sim.Point) uint64 { return pt.Reserved })), sty); err != nil {
+		if err := addCurve(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Reserved })), sty); err != nil {
 			return nil, err
 		}
 		label := labels[i]
@@ -227,7 +280,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 		}
 		leg.add(label, lineThumb(sty))
 		if pt, ok := oomPoint(r); ok {
-			s, err := plotter.NewScatter(plotter.XYs{{X: float64(pt.Event), Y: u.Of(pt.Reserved)}})
+			s, err := plotter.NewScatter(plotter.XYs{{X: ax.of(pt), Y: u.Of(pt.Reserved)}})
 			if err != nil {
 				return nil, err
 			}
@@ -237,7 +290,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 		}
 	}
 	if req >= 0 {
-		if err := addCurve(p, seriesXYs(results[req].Series, bytes(func(pt sim.Point) uint64 { return pt.Requested })), requestedStyle); err != nil {
+		if err := addCurve(p, seriesXYs(ax, results[req].Series, bytes(func(pt sim.Point) uint64 { return pt.Requested })), requestedStyle); err != nil {
 			return nil, err
 		}
 	}
@@ -263,7 +316,7 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 		p.Add(newNote("no series points to draw"))
 	}
 
-	eventRange(p, results)
+	xRange(p, ax, results)
 	valueRange(p, math.Max(u.Of(top), minBytesTop), formatFixed)
 	return p, nil
 }
@@ -300,7 +353,8 @@ func oomGlyph(c color.Color) draw.GlyphStyle {
 
 // Fragmentation returns the chart of fragmentation over the trace for
 // results of one trace: for each policy 1 - allocated/reserved in percent
-// (a line in the policy's colour) against the event index. The Y axis runs
+// (a line in the policy's colour) against the trace's time in seconds (the
+// event index where it has none). The Y axis runs
 // from 0 to a round percentage at or above the largest value, at most 100.
 // It returns ErrNoResults for no results and an error if the results come
 // from more than one trace.
@@ -310,6 +364,7 @@ func Fragmentation(results []sim.Result) (*plot.Plot, error) {
 		return nil, err
 	}
 	labels := policyLabels(results)
+	ax := chooseX(results)
 	p := newPlot()
 	setTitle(p, "fragmentation: ", trace)
 	p.Y.Label.Text = "1 − allocated / reserved (%)"
@@ -319,7 +374,7 @@ func Fragmentation(results []sim.Result) (*plot.Plot, error) {
 	top, points := 0.0, 0
 	for i, r := range results {
 		sty := draw.LineStyle{Color: policyColor(i), Width: vg.Points(1.5)}
-		xys := seriesXYs(r.Series, percent)
+		xys := seriesXYs(ax, r.Series, percent)
 		for _, xy := range xys {
 			top = math.Max(top, xy.Y)
 		}
@@ -338,7 +393,7 @@ func Fragmentation(results []sim.Result) (*plot.Plot, error) {
 		p.Add(newNote("no series points to draw"))
 	}
 
-	eventRange(p, results)
+	xRange(p, ax, results)
 	valueRange(p, math.Min(math.Max(top, 10), 100), formatFixed)
 	return p, nil
 }
