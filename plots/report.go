@@ -199,7 +199,14 @@ func (r *Report) Charts() ([]ReportChart, error) {
 				charts = append(charts, struct {
 					suffix, caption string
 					build           func([]sim.Result) (*plot.Plot, error)
-				}{"latency", latencyCaption(g.results), LatencyCDF})
+				}{"latency", latencyCaption(g.results), func(rs []sim.Result) (*plot.Plot, error) {
+					p, err := LatencyCDF(rs)
+					if err == nil {
+						// Said on the chart too, for the PNG on a slide.
+						p.Title.Text = strings.Replace(p.Title.Text, "device call latency: ", "device call latency ("+latencyKind(g.results)+"): ", 1)
+					}
+					return p, err
+				}})
 			}
 			for _, c := range charts {
 				p, err := c.build(rs)
@@ -220,25 +227,31 @@ func (r *Report) Charts() ([]ReportChart, error) {
 	return out, nil
 }
 
-func latencyCaption(rs []ReportResult) string {
+// latencyKind says where the latencies of rs come from: "simulated",
+// "measured", or "measured and simulated".
+func latencyKind(rs []ReportResult) string {
 	measured, simulated := false, false
 	for _, r := range rs {
-		if len(r.Latency) == 0 {
-			continue
-		}
-		if r.Measured {
-			measured = true
-		} else {
-			simulated = true
+		if len(r.Latency) > 0 {
+			measured = measured || r.Measured
+			simulated = simulated || !r.Measured
 		}
 	}
-	what := "simulated by the cost model"
 	switch {
 	case measured && simulated:
-		what = "measured on the GPU for the (gpu) policies, simulated by the cost model for the others"
+		return "measured and simulated"
 	case measured:
-		what = "measured on the GPU"
+		return "measured"
 	}
+	return "simulated"
+}
+
+func latencyCaption(rs []ReportResult) string {
+	what := map[string]string{
+		"simulated":              "simulated by the cost model",
+		"measured":               "measured on the GPU",
+		"measured and simulated": "measured on the GPU for the (gpu) policies, simulated by the cost model for the others",
+	}[latencyKind(rs)]
 	return "Distribution of the latency of each device allocation and free, " + what + "; rebuilt from the results' per-size-class percentiles (median, p90, p99, max)."
 }
 
