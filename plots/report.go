@@ -405,7 +405,7 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		policies[f.Policy] = true
 	}
 	if len(r.Results)+len(r.Fits) > 0 {
-		pg.Summary = fmt.Sprintf("%s and %s: %s, %s.", plural(len(r.Results), "result"), plural(len(r.Fits), "fit answer"), plural(len(traces), "trace"), plural(len(policies), "policy"))
+		pg.Summary = fmt.Sprintf("%s and %s: %s, %s.", Plural(len(r.Results), "result"), Plural(len(r.Fits), "fit answer"), Plural(len(traces), "trace"), Plural(len(policies), "policy"))
 	}
 	switch n := len(r.Diffs); {
 	case n == 1:
@@ -463,8 +463,8 @@ func RunName(r *sim.Result) string {
 	return s
 }
 
-// plural is "1 NOUN" or "N NOUNs" ("policies" for policy).
-func plural(n int, noun string) string {
+// Plural is "1 NOUN" or "N NOUNs" ("policies" for policy).
+func Plural(n int, noun string) string {
 	if n == 1 {
 		return "1 " + noun
 	}

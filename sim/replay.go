@@ -4,10 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/bits"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -694,18 +694,10 @@ func unpooledPools(counts map[uint32]int64, names map[uint32]string) string {
 	if len(counts) == 0 {
 		return ""
 	}
-	ids := make([]uint32, 0, len(counts))
-	for id := range counts {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
+	ids := slices.Sorted(maps.Keys(counts))
 	parts := make([]string, len(ids))
 	for k, id := range ids {
-		name := names[id]
-		if name == "" {
-			name = "pool " + strconv.FormatUint(uint64(id), 10)
-		}
-		parts[k] = fmt.Sprintf("%s: %d mallocs", name, counts[id])
+		parts[k] = fmt.Sprintf("%s: %d mallocs", trace.PoolLabel(names, id), counts[id])
 	}
 	return strings.Join(parts, ", ")
 }

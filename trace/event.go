@@ -239,6 +239,25 @@ func PoolNames(h Header) map[uint32]string {
 	return out
 }
 
+// PoolLabel returns the name of pool id in names (PoolNames), or "pool
+// ID" where names has none.
+func PoolLabel(names map[uint32]string, id uint32) string {
+	if n := names[id]; n != "" {
+		return n
+	}
+	return "pool " + strconv.FormatUint(uint64(id), 10)
+}
+
+// FormatPoolNames returns the "pools" metadata for pools 1, 2, ... named
+// names[0], names[1], ...: "1=(1,0) 2=(0,1)". Names hold no space.
+func FormatPoolNames(names []string) string {
+	out := make([]string, len(names))
+	for k, n := range names {
+		out[k] = strconv.Itoa(k+1) + "=" + n
+	}
+	return strings.Join(out, " ")
+}
+
 // Source is a stream of events with a header: a Reader over a native trace,
 // or an importer over another format.
 type Source interface {

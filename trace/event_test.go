@@ -32,3 +32,16 @@ func TestPoolNames(t *testing.T) {
 		t.Errorf("PoolNames = %v", got)
 	}
 }
+
+// FormatPoolNames writes what PoolNames reads; PoolLabel falls back to the
+// pool's number.
+func TestFormatPoolNames(t *testing.T) {
+	md := FormatPoolNames([]string{"(1,0)", "unnamed2-released-at-entry-7"})
+	if md != "1=(1,0) 2=unnamed2-released-at-entry-7" {
+		t.Errorf("FormatPoolNames = %q", md)
+	}
+	names := PoolNames(Header{Metadata: map[string]string{"pools": md}})
+	if PoolLabel(names, 2) != "unnamed2-released-at-entry-7" || PoolLabel(names, 3) != "pool 3" {
+		t.Errorf("PoolLabel: %v", names)
+	}
+}

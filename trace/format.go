@@ -241,11 +241,12 @@ func (w *Writer) Events() uint64 { return w.events }
 // Reader reads a native trace as a stream of events; it holds one frame in
 // memory at a time.
 type Reader struct {
-	name    string
-	version int // the file's format version
-	r       *bufio.Reader
-	off     int64 // bytes consumed from r
-	header  Header
+	name      string
+	version   int // the file's format version
+	maxFields int // the fields an event of that version has at most
+	r         *bufio.Reader
+	off       int64 // bytes consumed from r
+	header    Header
 
 	frame    []byte
 	frameOff int64 // file offset of the current frame's payload
@@ -287,6 +288,10 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 		return nil, tr.errAt(8, -1, fmt.Errorf("%w %d (this build reads versions 1 to %d)", ErrUnsupportedVersion, v, Version))
 	}
 	tr.version = int(v)
+	tr.maxFields = 8 // op .. label
+	if v >= 2 {
+		tr.maxFields = 10 // pool, restore
+	}
 	kind, payload, err := tr.readFrame()
 	if err != nil {
 		return nil, err
@@ -437,8 +442,8 @@ func (r *Reader) decodeEvent() (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
-	if maxFields := 8 + 2*min(r.version-1, 1); n < 1 || n > maxFields {
-		return Event{}, fmt.Errorf("event has %d fields (version %d has at most %d)", n, r.version, maxFields)
+	if n < 1 || n > r.maxFields {
+		return Event{}, fmt.Errorf("event has %d fields (version %d has at most %d)", n, r.version, r.maxFields)
 	}
 	var ev Event
 	for k := 0; k < n; k++ {

@@ -98,11 +98,7 @@ func (s *Stats) Summary(path string, h Header) Summary {
 		if d.PoolMallocs == nil {
 			d.PoolMallocs = map[string]int64{}
 		}
-		name := names[id]
-		if name == "" {
-			name = "pool " + strconv.FormatUint(uint64(id), 10)
-		}
-		d.PoolMallocs[name] = n
+		d.PoolMallocs[PoolLabel(names, id)] = n
 	}
 	for id, st := range s.Streams {
 		d.Streams[fmt.Sprintf("%#x", id)] = st

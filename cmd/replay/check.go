@@ -3,12 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"strings"
 
 	"github.com/spf13/pflag"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
+	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -67,13 +68,8 @@ func runCheck(stdout, stderr io.Writer, args []string) error {
 	return nil
 }
 
-// count is "1 NOUN" or "N NOUNs".
-func count[T int | int64](n T, noun string) string {
-	if n == 1 {
-		return "1 " + noun
-	}
-	return fmt.Sprintf("%d %ss", n, noun)
-}
+// count is "1 NOUN" or "N NOUNs" (plots.Plural).
+func count[T int | int64](n T, noun string) string { return plots.Plural(int(n), noun) }
 
 // checkTrace reads one trace, prints Validate's findings and the
 // allocations live at its end, and returns the number of problems and of

@@ -100,7 +100,7 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 	}
 	opts := tracefile.Options{From: *from, Device: *device}
 	run := func(path, policy string, s policies.Settings) (*sim.Result, error) {
-		rs, err := sweep.RunFileParallel(path, opts, 1, sim.Config{Trace: path, Policy: policy, Settings: s, Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: true})
+		rs, err := sweep.RunFile(path, opts, sim.Config{Trace: path, Policy: policy, Settings: s, Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: true})
 		if err != nil {
 			return nil, err
 		}

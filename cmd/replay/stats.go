@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -193,18 +194,10 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 	fmt.Fprintf(w, "mallocs by kind: %s\n", strings.Join(parts, ", "))
 	if len(s.PoolMallocs) > 0 {
 		names := trace.PoolNames(h)
-		ids := make([]uint32, 0, len(s.PoolMallocs))
-		for id := range s.PoolMallocs {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
+		ids := slices.Sorted(maps.Keys(s.PoolMallocs))
 		parts = parts[:0]
 		for _, id := range ids {
-			name := names[id]
-			if name == "" {
-				name = fmt.Sprintf("pool %d", id)
-			}
-			parts = append(parts, fmt.Sprintf("%s %d", name, s.PoolMallocs[id]))
+			parts = append(parts, fmt.Sprintf("%s %d", trace.PoolLabel(names, id), s.PoolMallocs[id]))
 		}
 		fmt.Fprintf(w, "mallocs into private pools: %s\n", strings.Join(parts, ", "))
 	}

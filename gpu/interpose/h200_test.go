@@ -24,19 +24,26 @@ import (
 //   - torch_graph_async: torch_graph.py (a torch.cuda.graph capture) under
 //     PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync.
 //
+// readH200 reads the recording testdata/h200/NAME whole.
+func readH200(t *testing.T, name string) (trace.Header, []trace.Event) {
+	t.Helper()
+	f, err := tracefile.Open(filepath.Join("testdata", "h200", name), tracefile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	evs, err := trace.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f.Header(), evs
+}
+
 // TestH200Recordings checks that every device allocation was recorded.
 func TestH200Recordings(t *testing.T) {
 	read := func(name string) (trace.Header, map[trace.Op]int, map[trace.Kind]int) {
 		t.Helper()
-		f, err := tracefile.Open(filepath.Join("testdata", "h200", name), tracefile.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		evs, err := trace.ReadAll(f)
-		if err != nil {
-			t.Fatal(err)
-		}
+		h, evs := readH200(t, name)
 		ops, kinds := map[trace.Op]int{}, map[trace.Kind]int{}
 		for _, ev := range evs {
 			ops[ev.Op]++
@@ -44,7 +51,7 @@ func TestH200Recordings(t *testing.T) {
 				kinds[ev.Kind]++
 			}
 		}
-		return f.Header(), ops, kinds
+		return h, ops, kinds
 	}
 	stats := func(name string, v any) {
 		t.Helper()
@@ -111,16 +118,8 @@ func TestH200Recordings(t *testing.T) {
 // stream-ordered mallocs made during it (graph memory) in its pool, on that
 // stream, and the pool's release when the graph is destroyed.
 func TestH200GraphCapture(t *testing.T) {
-	f, err := tracefile.Open(filepath.Join("testdata", "h200", "torch_graph_async.trace"), tracefile.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	evs, err := trace.ReadAll(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if md := f.Header().Metadata; md["calls.cudaStreamBeginCapture"] != "1" || md["calls.cudaStreamEndCapture"] != "1" || md["calls.cudaGraphDestroy"] != "1" {
+	h, evs := readH200(t, "torch_graph_async.trace")
+	if md := h.Metadata; md["calls.cudaStreamBeginCapture"] != "1" || md["calls.cudaStreamEndCapture"] != "1" || md["calls.cudaGraphDestroy"] != "1" {
 		t.Errorf("metadata %v", md)
 	}
 	var stream uint64

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -143,20 +142,20 @@ func unnamedNames(plan *poolPlan) string {
 			at[p-1] = i
 		}
 	}
-	out := make([]string, len(at))
+	names := make([]string, len(at))
 	for k, i := range at {
-		out[k] = fmt.Sprintf("%d=unnamed%d-released-at-entry-%d", k+1, k+1, i)
+		names[k] = fmt.Sprintf("unnamed%d-released-at-entry-%d", k+1, i)
 	}
-	return strings.Join(out, " ")
+	return trace.FormatPoolNames(names)
 }
 
 // poolNames returns the "pools" metadata: "1=(1,0) 2=(0,1)".
 func poolNames(ids [][2]uint64) string {
-	out := make([]string, len(ids))
+	names := make([]string, len(ids))
 	for k, id := range ids {
-		out[k] = fmt.Sprintf("%d=(%d,%d)", k+1, id[0], id[1])
+		names[k] = fmt.Sprintf("(%d,%d)", id[0], id[1])
 	}
-	return strings.Join(out, " ")
+	return trace.FormatPoolNames(names)
 }
 
 // unitTracker gives each segment alloc, map and malloc the unit it belongs
