@@ -4,6 +4,7 @@ allocator settings and caps, with the real allocator's figures beside each.
 
     python3 record.py OUTDIR
     python3 record.py --pools OUTDIR    (the private-pool recordings)
+    python3 record.py --profiler OUTDIR (under torch.profiler too)
 
 For each run it writes OUTDIR/NAME.pickle.gz (torch.cuda.memory._dump_snapshot,
 gzip-compressed) and OUTDIR/NAME.stats.json (max_memory_reserved,
@@ -262,10 +263,24 @@ def child(workload, label, cap, outdir, seed):
         cap_bytes = int(frac * total)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1 << 20)
     rng = random.Random(seed)
+    prof = None
+    if os.environ.get("ALLOCSIM_PROFILE"):
+        # torch.profiler with profile_memory=True around the same run: its
+        # Chrome trace (the [memory] events) beside the snapshot.
+        from torch.profiler import ProfilerActivity, profile
+        prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], profile_memory=True)
+        prof.__enter__()
     t0 = time.time()
     ooms = WORKLOADS[workload](torch, rng)
     torch.cuda.synchronize()
     wall = time.time() - t0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        tmp = os.path.join(outdir, label + ".pt.trace.json")
+        prof.export_chrome_trace(tmp)
+        with open(tmp, "rb") as fin, gzip.open(tmp + ".gz", "wb") as fout:
+            fout.write(fin.read())
+        os.remove(tmp)
     snap = torch.cuda.memory._snapshot()
     path = os.path.join(outdir, label)
     import pickle
@@ -351,8 +366,11 @@ def probe(outdir):
         json.dump(out, f, indent=1, default=str)
 
 
-def spawn(outdir, workload, label, conf="", cap=0, seed=7):
+def spawn(outdir, workload, label, conf="", cap=0, seed=7, profile=False):
     env = dict(os.environ)
+    env.pop("ALLOCSIM_PROFILE", None)
+    if profile:
+        env["ALLOCSIM_PROFILE"] = "1"
     env.pop("PYTORCH_ALLOC_CONF", None)
     if conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = conf
@@ -380,6 +398,20 @@ def pools(outdir):
     spawn(outdir, "compile_ro", "compile_ro")
 
 
+def profiled(outdir):
+    """The torch.profiler recordings: each workload run once under
+    torch.profiler.profile(profile_memory=True), its Chrome trace written as
+    NAME.pt.trace.json.gz beside the snapshot and stats.json of the same
+    run (the profiler's [memory] events and the allocator's history of one
+    process)."""
+    os.makedirs(outdir, exist_ok=True)
+    spawn(outdir, "mlp", "prof_mlp", profile=True)
+    spawn(outdir, "mlp", "prof_mlp_expandable", "expandable_segments:True", profile=True)
+    base = spawn(outdir, "churn", "prof_churn", profile=True)
+    r = base["max_memory_reserved"] if base else 3 << 30
+    spawn(outdir, "churn", "prof_churn_oom", "", odd_mib(0.45 * r), profile=True)
+
+
 def odd_mib(x):
     return (int(x) // (2 * MiB)) * 2 * MiB + MiB
 
@@ -391,6 +423,9 @@ def main():
         return
     if sys.argv[1] == "--probe":
         probe(sys.argv[2])
+        return
+    if sys.argv[1] == "--profiler":
+        profiled(sys.argv[2])
         return
     if sys.argv[1] == "--pools":
         pools(sys.argv[2])
