@@ -111,6 +111,9 @@ const (
 	// liveReleased is set at the free request: the program no longer
 	// holds the bytes, but the block is reusable only at the free.
 	liveReleased = 0x20
+	// liveDirect is set for a device malloc that a CUDA library made
+	// around the allocator (trace.DirectSite): no policy holds it.
+	liveDirect = 0x40
 )
 
 // newLive returns the live allocation of the malloc at event i (at most
@@ -132,6 +135,7 @@ func (a *liveAlloc) kind() trace.Kind { return trace.Kind(a.bits & liveKindMask)
 func (a *liveAlloc) failed() bool     { return a.bits&liveFailed != 0 }
 func (a *liveAlloc) released() bool   { return a.bits&liveReleased != 0 }
 func (a *liveAlloc) setReleased()     { a.bits |= liveReleased }
+func (a *liveAlloc) direct() bool     { return a.bits&liveDirect != 0 }
 
 // Replay replays the events of one trace against one policy on a simulated
 // device, one event at a time, and accumulates a Result.
@@ -155,6 +159,7 @@ type Replay struct {
 	requested       bytes128 // live requested device bytes, never wrapping
 	allocated       uint64   // live allocated device bytes
 	pinned, managed uint64   // live host-side bytes
+	direct          uint64   // live bytes of direct mallocs (directMalloc)
 
 	series SeriesBuilder
 	obs    *observing // nil unless cfg.Observer
@@ -397,6 +402,10 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	if !ev.Kind.OnDevice() {
 		return r.hostMalloc(i, ev, slot)
 	}
+	if ev.Label != "" && trace.DirectSite(ev.Label) {
+		r.directMalloc(i, ev, slot)
+		return nil
+	}
 	r.res.Mallocs++
 	// The trace's own live bytes: the lower bound, whatever the policy does.
 	r.requested.add(ev.Size)
@@ -445,6 +454,19 @@ func (r *Replay) hostMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 	}
 	*slot = newLive(policies.Block{Addr: addr, Size: ev.Size}, ev.Size, ev.Kind, i)
 	return nil
+}
+
+// directMalloc replays a device malloc that a CUDA library made straight
+// from the driver (trace.DirectSite): it goes around the policy, as it went
+// around the recorded job's allocator, and its bytes are counted apart
+// (Result.DirectMallocs, PeakDirect), not in the requested, allocated or
+// reserved bytes.
+func (r *Replay) directMalloc(i int64, ev *trace.Event, slot *liveAlloc) {
+	r.res.DirectMallocs++
+	r.direct += ev.Size
+	r.res.PeakDirect = max(r.res.PeakDirect, r.direct)
+	*slot = newLive(policies.Block{}, ev.Size, ev.Kind, i)
+	slot.bits |= liveDirect
 }
 
 // sync replays a synchronization: on the device, then told to the policy.
@@ -587,7 +609,7 @@ func (r *Replay) freeRequested(i int64, ev *trace.Event) {
 	p.setReleased()
 	a := *p
 	r.release(a)
-	if a.kind().OnDevice() && !a.failed() {
+	if a.kind().OnDevice() && !a.failed() && !a.direct() {
 		r.obs.tell(ActionFreeRequested, a.block, a.requested)
 	}
 }
@@ -595,6 +617,10 @@ func (r *Replay) freeRequested(i int64, ev *trace.Event) {
 // release takes a live allocation's bytes out of the live figures at its
 // free request: its allocated bytes, or a host kind's bytes.
 func (r *Replay) release(a liveAlloc) {
+	if a.direct() {
+		r.direct -= a.requested
+		return
+	}
 	switch a.kind() {
 	case trace.KindPinned:
 		r.pinned -= a.requested
@@ -614,6 +640,9 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 	r.frees.Add(ev.Addr, i)
 	if !a.released() {
 		r.release(a)
+	}
+	if a.direct() {
+		return nil
 	}
 	if !a.kind().OnDevice() {
 		if a.failed() {

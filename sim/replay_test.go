@@ -315,3 +315,19 @@ func TestCardHoldsFootprint(t *testing.T) {
 		t.Errorf("a map past the card: %v, want an OOM", err)
 	}
 }
+
+// TestDirectMallocs replays the device mallocs of CUDA libraries around the
+// policy (trace.DirectSite), counted apart: figures worked out in
+// testdata/direct.txt.
+func TestDirectMallocs(t *testing.T) {
+	rs, err := Run(textSource(t, "testdata/direct.txt"), Config{Trace: "direct.txt", Policy: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	got := [...]any{r.Mallocs, r.Frees, r.PeakRequested, r.PeakAllocated, r.PeakReserved, r.DeviceAllocs, r.DirectMallocs, r.PeakDirect, r.Anomalies}
+	want := [...]any{int64(2), int64(2), uint64(4000), uint64(4096), uint64(4096), int64(2), int64(2), uint64(65540), int64(0)}
+	if got != want {
+		t.Errorf("mallocs, frees, peak requested, allocated, reserved, device allocs, direct mallocs, peak direct, anomalies = %v, want %v", got, want)
+	}
+}

@@ -114,6 +114,12 @@ type Result struct {
 	// bytes, counted apart from device memory.
 	PeakPinned  uint64 `json:"peak_pinned_bytes"`
 	PeakManaged uint64 `json:"peak_managed_bytes"`
+	// DirectMallocs counts the device mallocs that CUDA libraries made
+	// straight from the driver (trace.DirectSite), replayed around the
+	// policy; PeakDirect is their peak live bytes, counted apart from the
+	// policy's.
+	DirectMallocs int64  `json:"direct_mallocs,omitempty"`
+	PeakDirect    uint64 `json:"peak_direct_bytes,omitempty"`
 
 	// SimAllocTimeNS is the simulated time in nanoseconds spent in the
 	// device's cudaMalloc and cudaFree calls under the cost model (cudaFree's

@@ -287,3 +287,28 @@ func ReadAll(src Source) ([]Event, error) {
 // Version is the native format version this package writes. Version 2
 // added Event.Pool and OpPoolRelease; version 1 files still read.
 const Version = 2
+
+// directLibraries are the CUDA libraries that take device memory from the
+// driver themselves (handles, work areas, communicators), whatever
+// allocator the program runs: cuDNN, cuBLAS and cuBLASLt, cuFFT, cuSPARSE,
+// cuSOLVER, cuRAND, NCCL, CUPTI.
+var directLibraries = []string{"libcudnn", "libcublas", "libcufft", "libcusparse", "libcusolver", "libcurand", "libnccl", "libcupti"}
+
+// DirectSite reports whether label, the call site of a device malloc as
+// `record run` writes it ("cuMemAlloc@libcublas.so.13+0x5b45ee": the call,
+// then the library that made it), names one of the CUDA libraries that
+// allocate from the driver directly. Such a malloc went around the
+// framework's allocator in the recorded job (in a JAX job, cuDNN's and
+// cuBLAS's cuMemAlloc beside XLA's buffers) and so does in a replay.
+func DirectSite(label string) bool {
+	_, lib, ok := strings.Cut(label, "@")
+	if !ok {
+		return false
+	}
+	for _, d := range directLibraries {
+		if strings.HasPrefix(lib, d) {
+			return true
+		}
+	}
+	return false
+}

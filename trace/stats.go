@@ -102,6 +102,11 @@ type Stats struct {
 	// PeakPinned and PeakManaged are the peaks of live pinned host and
 	// managed bytes.
 	PeakPinned, PeakManaged uint64
+	// DirectMallocs counts the device mallocs that CUDA libraries made
+	// around the allocator (DirectSite), which PeakLive leaves out;
+	// PeakDirect is their peak live bytes.
+	DirectMallocs int64
+	PeakDirect    uint64
 	// UnknownFrees counts frees of an address that was not live.
 	UnknownFrees int64
 	// PoolMallocs counts the successful mallocs into each private pool
@@ -116,6 +121,7 @@ type Stats struct {
 	mallocs [numKinds]int64
 	live    AddrMap[LiveAlloc]
 	cur     [numKinds]uint64
+	direct  uint64 // live bytes of direct mallocs
 }
 
 // NewStats returns an empty Stats.
@@ -190,9 +196,15 @@ func (s *Stats) Add(ev Event) {
 		p, had := s.live.Ref(ev.Addr)
 		if had {
 			// A malloc over a live address: the old one is gone.
-			s.cur[p.Kind] -= p.Size
+			s.take(*p)
 		}
 		*p = LiveAlloc{ev.Addr, ev.Size, ev.Stream, ev.Kind, ev.Thread, i, ev.Time, ev.Label}
+		if isDirect(ev.Kind, ev.Label) {
+			s.DirectMallocs++
+			s.direct += ev.Size
+			s.PeakDirect = max(s.PeakDirect, s.direct)
+			return
+		}
 		s.cur[ev.Kind] += ev.Size
 		switch ev.Kind {
 		case KindPinned:
@@ -210,9 +222,24 @@ func (s *Stats) Add(ev Event) {
 			s.UnknownFrees++
 			return
 		}
-		s.cur[a.Kind] -= a.Size
+		s.take(a)
 		s.Lifetimes.Add(uint64(max(ev.Time-a.Time, 0)))
 	}
+}
+
+// isDirect reports whether a malloc of kind k from call site label is one
+// a CUDA library made around the allocator (DirectSite).
+func isDirect(k Kind, label string) bool {
+	return k == KindDevice && label != "" && DirectSite(label)
+}
+
+// take takes the live allocation a out of the live bytes.
+func (s *Stats) take(a LiveAlloc) {
+	if isDirect(a.Kind, a.Label) {
+		s.direct -= a.Size
+		return
+	}
+	s.cur[a.Kind] -= a.Size
 }
 
 // LiveBytes returns the number of allocations live after the events added
@@ -221,7 +248,7 @@ func (s *Stats) LiveBytes() (n int, bytes uint64) {
 	for _, c := range s.cur {
 		bytes += c
 	}
-	return s.live.Len(), bytes
+	return s.live.Len(), bytes + s.direct
 }
 
 // Live returns the allocations live after the events added, in the order

@@ -90,3 +90,34 @@ func TestSummary(t *testing.T) {
 		t.Errorf("summary: %+v", sum)
 	}
 }
+
+// TestStatsDirect: the device mallocs of CUDA libraries (DirectSite) are
+// counted apart and left out of the peak of live requested bytes.
+func TestStatsDirect(t *testing.T) {
+	const text = `
+malloc id=1 size=1000 label=cuMemMap@xla_cuda_plugin.so+0x10
+malloc id=2 size=65536 label=cuMemAlloc@libcublas.so.13+0x5b45ee
+malloc id=3 size=4 label=cuMemAlloc@libcudnn_graph.so.9+0x2a05fe
+free id=3
+malloc id=4 size=3000 label=cuMemAlloc@libc10_cuda.so+0x99
+free id=1
+`
+	_, evs, err := ParseText("d.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := NewStats()
+	for _, ev := range evs {
+		s.Add(ev)
+	}
+	// Live requested: 1000, then +3000 at event 4 = 4000; direct: 65536+4.
+	n, live := s.LiveBytes()
+	if s.PeakLive != 4000 || s.PeakLiveEvent != 4 || s.DirectMallocs != 2 || s.PeakDirect != 65540 || n != 2 || live != 3000+65536 {
+		t.Errorf("peak live %d at %d, direct %d peak %d, live %d allocations %d bytes", s.PeakLive, s.PeakLiveEvent, s.DirectMallocs, s.PeakDirect, n, live)
+	}
+	for label, want := range map[string]bool{"cuMemAlloc@libnccl.so.2+0x1": true, "cudaMalloc@libc10_cuda.so+0x2f4cb": false, "libcublas": false, "": false} {
+		if DirectSite(label) != want {
+			t.Errorf("DirectSite(%q) = %v", label, !want)
+		}
+	}
+}

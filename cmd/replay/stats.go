@@ -204,6 +204,9 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 	if s.PeakLiveEvent >= 0 {
 		fmt.Fprintf(w, "peak live requested device bytes: %s (%d) at event %d\n", humanBytes(s.PeakLive), s.PeakLive, s.PeakLiveEvent)
 	}
+	if s.DirectMallocs > 0 {
+		fmt.Fprintf(w, "device mallocs by CUDA libraries, around the allocator: %d, peak live %s (%d)\n", s.DirectMallocs, humanBytes(s.PeakDirect), s.PeakDirect)
+	}
 	if s.PeakPinned > 0 || s.PeakManaged > 0 {
 		fmt.Fprintf(w, "peak live pinned: %s, managed: %s\n", humanBytes(s.PeakPinned), humanBytes(s.PeakManaged))
 	}
