@@ -3,6 +3,8 @@ package policies
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -49,8 +51,22 @@ import (
 //     one region of the memory limit at the first malloc, and needs a limit.
 //   - memory_limit [the device's capacity, unlimited without one]: the
 //     bytes the policy may hold (TensorFlow's total_memory).
+//   - memory_fraction [none]: the memory limit as this fraction of the
+//     device's capacity, in (0, 1]; not with memory_limit.
 //   - garbage_collection [true]: return wholly free regions when a region
 //     cannot be added.
+//
+// XLA runs this allocator under every JAX job on a GPU (its BFC of
+// xla/tsl/framework/bfc_allocator.cc, made in xla/pjrt/gpu's
+// CreateBFCAllocator, named GPU_0_bfc): preallocated by default, which is
+// allow_growth=false, and growing with XLA_PYTHON_CLIENT_PREALLOCATE=false,
+// which is allow_growth=true; its memory limit is
+// XLA_PYTHON_CLIENT_MEM_FRACTION (0.75) of the card's total memory as the
+// driver reports it, which memory_stats() gives as bytes_limit: pass that
+// as memory_limit for XLA's exact limit (on the H200 here 112583507968,
+// 1097728 bytes above 0.75 of the 150109880320 bytes cudaMemGetInfo
+// reports). The cuDNN and cuBLAS memory of such a job never reaches the
+// allocator (trace.DirectSite).
 type BFC struct {
 	dev         Device
 	allowGrowth bool
@@ -93,6 +109,7 @@ func init() {
 		Settings: []Setting{
 			{Key: "allow_growth", Default: "true", Doc: "grow regions from 2 MiB by doubling; false takes one region of the memory limit at the first malloc"},
 			{Key: "memory_limit", Default: "the device's capacity, else none", Derived: true, Doc: "the bytes the policy may hold (TensorFlow's total_memory), at least 256"},
+			{Key: "memory_fraction", Default: "none", Derived: true, Doc: "the memory limit as this fraction of the device's capacity, in (0, 1] (XLA_PYTHON_CLIENT_MEM_FRACTION; not with memory_limit)"},
 			{Key: "garbage_collection", Default: "true", Doc: "return wholly free regions to the device when a region cannot be added"},
 		},
 		Abilities: Abilities{FreeSpacer: true, Counter: true},
@@ -104,7 +121,7 @@ func init() {
 // a memory limit.
 func NewBFC(dev Device, s Settings) (*BFC, error) {
 	const name = "bfc"
-	if err := s.Check(name, "allow_growth", "garbage_collection", "memory_limit"); err != nil {
+	if err := s.Check(name, "allow_growth", "garbage_collection", "memory_limit", "memory_fraction"); err != nil {
 		return nil, err
 	}
 	growth, err := s.Bool(name, "allow_growth", true)
@@ -118,6 +135,23 @@ func NewBFC(dev Device, s Settings) (*BFC, error) {
 	limit, err := s.Bytes(name, "memory_limit", deviceCapacity(dev))
 	if err != nil {
 		return nil, err
+	}
+	if f, set := s["memory_fraction"]; set {
+		if _, both := s["memory_limit"]; both {
+			return nil, invalidSettingf(name, s, "memory_fraction", "give memory_limit or memory_fraction, not both")
+		}
+		frac, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(frac > 0 && frac <= 1) {
+			return nil, invalidSettingf(name, s, "memory_fraction", "must be a fraction in (0, 1]")
+		}
+		capacity := deviceCapacity(dev)
+		if capacity == 0 {
+			return nil, invalidSettingf(name, s, "memory_fraction", "needs a device capacity (--capacity or a card)")
+		}
+		limit = uint64(frac * float64(capacity))
+		if limit < bfcMinAllocation {
+			return nil, invalidSettingf(name, s, "memory_fraction", "leaves less than 256 B")
+		}
 	}
 	if _, set := s["memory_limit"]; set && limit < bfcMinAllocation {
 		return nil, invalidSettingf(name, s, "memory_limit", "must be at least 256 B")

@@ -36,6 +36,23 @@ malloc id=7 size=1      # 7: region D of 16 MiB at devBase+22MiB (next 32 MiB); 
 			checkFree: true, freeTotal: 16*sMiB - 256, freeLargest: 16*sMiB - 256,
 		},
 		{
+			name:     "XLA's preallocation: memory_fraction of the capacity, one region",
+			policy:   "bfc",
+			settings: policies.Settings{"allow_growth": "false", "memory_fraction": "0.75"},
+			capacity: 8 * sMiB,
+			trace: `
+malloc id=1 size=5MiB   # 0: the limit is 0.75 * 8 MiB = 6 MiB, one region of it at the first
+                        #    malloc; 6 MiB < 2*5 MiB and the 1 MiB rest < 128 MiB: not split
+malloc id=2 size=512    # 1: no free chunk, no room for a region: OOM
+free id=1               # 2
+malloc id=3 size=1MiB   # 3: 6 MiB >= 2 MiB: split, devBase
+`,
+			blocks: []policies.Block{{devBase, 6 * sMiB}, {devBase, sMiB}},
+			ooms:   []int{1},
+			peak:   6 * sMiB,
+			allocs: 1,
+		},
+		{
 			name:   "coalesce with both neighbours",
 			policy: "bfc",
 			trace: `
@@ -281,4 +298,21 @@ func benchPolicy(b *testing.B, name string, s policies.Settings) {
 	b.Run("null", func(b *testing.B) {
 		benchSimple(b, name, s, func() policies.Device { return &nullDevice{next: devBase} })
 	})
+}
+
+func TestBFCMemoryFractionErrors(t *testing.T) {
+	dev := sim.NewDevice(8 << 20)
+	for _, s := range []policies.Settings{
+		{"memory_fraction": "0.5", "memory_limit": "1MiB"},
+		{"memory_fraction": "0"},
+		{"memory_fraction": "1.5"},
+		{"memory_fraction": "x"},
+	} {
+		if _, err := policies.NewBFC(dev, s); err == nil {
+			t.Errorf("settings %v: no error", s)
+		}
+	}
+	if _, err := policies.NewBFC(sim.NewDevice(0), policies.Settings{"memory_fraction": "0.5"}); err == nil {
+		t.Errorf("memory_fraction without a capacity: no error")
+	}
 }
