@@ -20,6 +20,7 @@ Workloads (seeded, deterministic in their requests):
   linalg   matmul, FFT, reductions and elementwise kernels on float32
            matrices of varying shapes (cuBLAS and cuFFT work areas come
            from the pool).
+  churn_single  churn with every array on the default stream.
   churn_limit  churn under pool.set_limit() at 45% of churn's peak: the pool
            frees its cached blocks and retries before raising
            OutOfMemoryError; the workload catches it and frees half of its
@@ -35,7 +36,7 @@ import sys
 MiB = 1 << 20
 
 
-def churn(cp, rng, steps=600, budget=768 * MiB):
+def churn(cp, rng, steps=600, budget=768 * MiB, side_share=0.25):
     side = cp.cuda.Stream(non_blocking=True)
     live = []
     live_bytes = 0
@@ -46,7 +47,7 @@ def churn(cp, rng, steps=600, budget=768 * MiB):
             a, b = live.pop(rng.randrange(len(live)))
             live_bytes -= b
             del a
-        on_side = rng.random() < 0.25
+        on_side = rng.random() < side_share
         try:
             if on_side:
                 with side:
@@ -92,7 +93,11 @@ def linalg(cp, rng, steps=40):
     return []
 
 
-WORKLOADS = {"churn": churn, "linalg": linalg, "churn_limit": churn}
+def churn_single(cp, rng):
+    return churn(cp, rng, side_share=0)
+
+
+WORKLOADS = {"churn": churn, "linalg": linalg, "churn_limit": churn, "churn_single": churn_single}
 
 
 def child(workload, label, limit, outdir, seed):
@@ -168,6 +173,7 @@ def main():
     os.makedirs(outdir, exist_ok=True)
     base = spawn(outdir, "churn", "churn")
     spawn(outdir, "linalg", "linalg")
+    spawn(outdir, "churn_single", "churn_single")
     p = base["peak_total_bytes"] if base else 1 << 30
     spawn(outdir, "churn_limit", "churn_limit", int(0.45 * p) // MiB * MiB + 12345)
 

@@ -3,6 +3,7 @@
 workload, for the bfc policy's ground truth.
 
     python3 record.py OUTDIR RECORD    (RECORD: the path of bin/record)
+    python3 record.py --xspace OUTDIR  (the profiled BFC runs only)
 
 For each workload NAME it writes
   NAME.platform.trace  `record run` of the job under
@@ -97,7 +98,15 @@ def child(workload, out, profile):
     tmp = None
     if profile:
         tmp = tempfile.mkdtemp()
-        jax.profiler.start_trace(tmp)
+        # The host tracer at its default level holds the allocator's events;
+        # the Python tracer and the HLO protos only make the file large.
+        opts = jax.profiler.ProfileOptions()
+        opts.python_tracer_level = 0
+        opts.enable_hlo_proto = False
+        try:
+            jax.profiler.start_trace(tmp, profiler_options=opts)
+        except TypeError:  # a JAX without profiler_options
+            jax.profiler.start_trace(tmp)
     WORKLOADS[workload](jax, jnp)
     if profile:
         jax.profiler.stop_trace()
@@ -132,6 +141,16 @@ def run(args, env_extra, log):
 
 
 def main():
+    if sys.argv[1] == "--xspace":
+        # Only the profiled BFC runs (the XSpaces), into OUTDIR.
+        outdir = sys.argv[2]
+        os.makedirs(outdir, exist_ok=True)
+        me = [sys.executable, os.path.abspath(__file__), "--child"]
+        for w in WORKLOADS:
+            o = os.path.join(outdir, w)
+            for mode, env in (("bfc", {}), ("growth", {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})):
+                run(me + [w, o + "." + mode, "1"], env, o + "." + mode + ".log")
+        return
     if sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
         return

@@ -5,6 +5,7 @@ allocator settings and caps, with the real allocator's figures beside each.
     python3 record.py OUTDIR
     python3 record.py --pools OUTDIR    (the private-pool recordings)
     python3 record.py --profiler OUTDIR (under torch.profiler too)
+    python3 record.py --tuned OUTDIR    (the settings replay tune recommends)
 
 For each run it writes OUTDIR/NAME.pickle.gz (torch.cuda.memory._dump_snapshot,
 gzip-compressed) and OUTDIR/NAME.stats.json (max_memory_reserved,
@@ -412,6 +413,25 @@ def profiled(outdir):
     spawn(outdir, "churn", "prof_churn_oom", "", odd_mib(0.45 * r), profile=True)
 
 
+# TUNED are the settings `replay tune` recommends for four of the recordings
+# above (label, workload, recommended setting, the recording's cap in
+# bytes), run again on the card to compare its prediction with the real
+# allocator.
+TUNED = [
+    ("tuned_mlp", "mlp", "expandable_segments:True", 0),
+    ("tuned_churn", "churn", "roundup_power2_divisions:16,expandable_segments:True", 0),
+    ("tuned_churn_maxsplit", "churn", "max_split_size_mb:64,garbage_collection_threshold:0.6", 1271922688),
+    ("tuned_churn_oom", "churn", "expandable_segments:True", 818937856),
+]
+
+
+def tuned(outdir):
+    """The recommended settings of `replay tune`, run (TUNED)."""
+    os.makedirs(outdir, exist_ok=True)
+    for label, workload, conf, cap in TUNED:
+        spawn(outdir, workload, label, conf, cap)
+
+
 def odd_mib(x):
     return (int(x) // (2 * MiB)) * 2 * MiB + MiB
 
@@ -423,6 +443,9 @@ def main():
         return
     if sys.argv[1] == "--probe":
         probe(sys.argv[2])
+        return
+    if sys.argv[1] == "--tuned":
+        tuned(sys.argv[2])
         return
     if sys.argv[1] == "--profiler":
         profiled(sys.argv[2])
