@@ -223,6 +223,28 @@ func (h Header) JobEnded() bool {
 	return h.Source == "record" && h.Metadata["signal"] == "" && h.Metadata["running"] != "true"
 }
 
+// What a source may not record, as the words of the header's Metadata
+// "unrecorded" (comma-separated) name it: its events then carry stream 0,
+// time 0, or no segment_free for want of a record, not because the job
+// had no other stream, took no time or freed no segment.
+const (
+	UnrecordedStreams      = "streams"
+	UnrecordedTimes        = "times"
+	UnrecordedSegmentFrees = "device frees"
+)
+
+// Unrecorded reports whether the trace's source does not record what
+// (UnrecordedStreams, UnrecordedTimes, UnrecordedSegmentFrees), as its
+// Metadata "unrecorded" says.
+func (h Header) Unrecorded(what string) bool {
+	for _, w := range strings.Split(h.Metadata["unrecorded"], ",") {
+		if strings.TrimSpace(w) == what {
+			return true
+		}
+	}
+	return false
+}
+
 // PoolNames returns the names of a trace's private pools by number, from
 // h's Metadata "pools": space-separated NUMBER=NAME pairs ("1=(1,0)
 // 2=deleted@142"), as an importer writes them. A malformed pair is left
