@@ -2,10 +2,13 @@ package xspace
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -391,4 +394,65 @@ func checkTrain(t *testing.T, path string) []trace.Event {
 		t.Errorf("settings %v, device %q, %d bytes; want memory_limit 112583507968 (bytes_limit), NVIDIA H200 of 150109880320 bytes", h.Settings, h.Device, h.DeviceMemory)
 	}
 	return evs
+}
+
+// TestJAXXSpaces imports the XSpaces of the JAX jobs of
+// testdata/jax/xspace (jax/record.py --xspace: train and attn under BFC,
+// preallocated and growing) and checks each against the memory_stats() of
+// its run, in NAME.json beside it: the mallocs (num_allocs), the peak of
+// the bytes in use and the largest chunk BFC recorded (peak_bytes_in_use,
+// largest_alloc_size), its limit (bytes_limit), and nothing in use at the
+// end (bytes_in_use 0).
+func TestJAXXSpaces(t *testing.T) {
+	paths, _ := filepath.Glob(filepath.Join("..", "..", "testdata", "jax", "xspace", "*.xplane.pb.gz"))
+	if len(paths) != 4 {
+		t.Fatalf("%d XSpaces in testdata/jax/xspace, want 4", len(paths))
+	}
+	for _, path := range paths {
+		name := strings.TrimSuffix(filepath.Base(path), ".xplane.pb.gz")
+		t.Run(name, func(t *testing.T) {
+			raw, err := os.ReadFile(strings.TrimSuffix(path, ".xplane.pb.gz") + ".json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec struct {
+				Stats struct {
+					NumAllocs        int64 `json:"num_allocs"`
+					PeakBytesInUse   int64 `json:"peak_bytes_in_use"`
+					LargestAllocSize int64 `json:"largest_alloc_size"`
+					BytesLimit       int64 `json:"bytes_limit"`
+					BytesInUse       int64 `json:"bytes_in_use"`
+				}
+			}
+			if err := json.Unmarshal(raw, &rec); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			src, err := Import(f, path, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			live := map[uint64]bool{}
+			for _, ev := range src.Rest() {
+				if ev.Op == trace.OpMalloc {
+					live[ev.Addr] = true
+				} else {
+					delete(live, ev.Addr)
+				}
+			}
+			s := rec.Stats
+			md := src.Header().Metadata
+			got := []string{md["recorded_mallocs"], md["recorded_peak_allocated_bytes"], md["largest_alloc_size"], src.Header().Settings["memory_limit"],
+				strconv.Itoa(len(live)), md["allocated_at_start"], md["allocated_mismatch_event"]}
+			want := []string{strconv.FormatInt(s.NumAllocs, 10), strconv.FormatInt(s.PeakBytesInUse, 10), strconv.FormatInt(s.LargestAllocSize, 10),
+				strconv.FormatInt(s.BytesLimit, 10), strconv.FormatInt(s.BytesInUse, 10), "0", ""}
+			if !slices.Equal(got, want) {
+				t.Errorf("mallocs, peak in use, largest chunk, limit, live at the end, in use at the start, mismatch: %q,\nmemory_stats: %q", got, want)
+			}
+		})
+	}
 }
