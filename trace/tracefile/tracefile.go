@@ -17,10 +17,11 @@ import (
 	"github.com/gpualloc/allocsim/trace/minimalloc"
 	"github.com/gpualloc/allocsim/trace/pytorch"
 	"github.com/gpualloc/allocsim/trace/rmm"
+	"github.com/gpualloc/allocsim/trace/xspace"
 )
 
 // Formats lists the names accepted by Options.From besides "auto".
-var Formats = []string{"native", "pytorch", "rmm", "minimalloc", "text"}
+var Formats = []string{"native", "pytorch", "rmm", "minimalloc", "text", "xspace"}
 
 // Options say how to open a trace file.
 type Options struct {
@@ -96,7 +97,8 @@ func (f *File) Reopen() (trace.Source, error) {
 // bytes unless opts.From names one: the native format by its magic, a
 // PyTorch snapshot (pickle, possibly gzip-compressed), an RMM log (CSV), or
 // the text form.
-// Errors name the file.
+// An XSpace, the XLA profiler's (.xplane.pb, possibly gzip-compressed), is
+// told by its first plane's name. Errors name the file.
 func Open(path string, opts Options) (*File, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -120,7 +122,7 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	if format == "" || format == "auto" {
 		format = Detect(head)
 		if format == "" {
-			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem nor the text form at byte 0 (first bytes %q)", path, abbreviate(head))
+			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem, the text form nor an XSpace at byte 0 (first bytes %q)", path, abbreviate(head))
 		}
 	}
 	switch format {
@@ -152,6 +154,13 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 			in = f
 		}
 		src, err := pytorch.Import(in, path, pytorch.Options{Device: opts.Device})
+		return src, format, err
+	case "xspace":
+		// Import reads an XSpace twice, seeking in the file.
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return nil, "", fmt.Errorf("%s: %w", path, err)
+		}
+		src, err := xspace.Import(f, path, xspace.Options{Device: opts.Device})
 		return src, format, err
 	case "rmm":
 		lr := trace.NewLineReader(br, path)
@@ -204,11 +213,14 @@ func (s *completeSource) Next() (trace.Event, error) {
 }
 
 // Detect names the format of a file from its first bytes: "native",
+// "xspace",
 // "pytorch", "rmm", "minimalloc", "text", or "" when none matches.
 func Detect(head []byte) string {
 	switch {
 	case bytes.HasPrefix(head, []byte(trace.Magic)):
 		return "native"
+	case xspace.Detect(head): // before the formats that take any gzip file
+		return "xspace"
 	case pytorch.Detect(head):
 		return "pytorch"
 	case rmm.Detect(head):
