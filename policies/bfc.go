@@ -25,8 +25,8 @@ import (
 // rounded request. A freed chunk coalesces with free neighbours in its
 // region.
 //
-// Memory comes from the device in regions, never coalesced with one
-// another. With allow_growth, the first region is 2 MiB (or the memory
+// Memory comes from the device in regions, not coalesced with one another
+// unless coalesce_regions says so. With allow_growth, the first region is 2 MiB (or the memory
 // limit if smaller), and each later one doubles the size of the previous
 // one, or more when a request needs it (the doubling then skips once);
 // without it, one region of the whole memory limit. A region is never
@@ -41,9 +41,11 @@ import (
 //
 // Not modelled: the timestamped chunks of stream-ordered frees
 // (freed_at_count), the retry helper that waits up to 10 s for another
-// thread to free memory, region coalescing of the virtual-memory
-// sub-allocator. Streams are ignored (TensorFlow runs one compute stream per
-// device), and so is empty_cache, which TensorFlow does not have. A malloc
+// thread to free memory, and where the driver places a virtual-memory
+// sub-allocator's regions (which decides which of them coalesce: the
+// simulated device places each segment after the previous one, so with
+// coalesce_regions all of them do). Streams are ignored (TensorFlow runs
+// one compute stream per device), and so is empty_cache, which TensorFlow does not have. A malloc
 // of 0 bytes returns the block {0, 0}, whose free does nothing.
 //
 // Settings (defaults in brackets):
@@ -55,6 +57,10 @@ import (
 //     device's capacity, in (0, 1]; not with memory_limit.
 //   - garbage_collection [true]: return wholly free regions when a region
 //     cannot be added.
+//   - coalesce_regions [false]: a device segment that begins where a region
+//     ends extends that region, its chunk merging with the region's free
+//     last chunk, as BFC does over a sub-allocator that supports coalescing
+//     (XLA's virtual-memory one; TensorFlow's cudaMalloc one does not).
 //
 // XLA runs this allocator under every JAX job on a GPU (its BFC of
 // xla/tsl/framework/bfc_allocator.cc, made in xla/pjrt/gpu's
@@ -71,6 +77,7 @@ type BFC struct {
 	dev         Device
 	allowGrowth bool
 	gc          bool
+	coalesce    bool   // coalesce_regions
 	limit       uint64 // memory limit in bytes; noLimit if none
 
 	curRegion   uint64 // size of the next region, before doubling
@@ -84,10 +91,12 @@ type BFC struct {
 	nodes   fitNodes
 }
 
-// bfcRegion is a device segment of the bfc policy.
+// bfcRegion is a region of the bfc policy: one device segment, or with
+// coalesce_regions several adjacent ones (segs, their addresses).
 type bfcRegion struct {
 	addr, size uint64
 	first      *fitBlock
+	segs       []uint64
 }
 
 const (
@@ -110,6 +119,7 @@ func init() {
 			{Key: "allow_growth", Default: "true", Doc: "grow regions from 2 MiB by doubling; false takes one region of the memory limit at the first malloc"},
 			{Key: "memory_limit", Default: "the device's capacity, else none", Derived: true, Doc: "the bytes the policy may hold (TensorFlow's total_memory), at least 256"},
 			{Key: "memory_fraction", Default: "none", Derived: true, Doc: "the memory limit as this fraction of the device's capacity, in (0, 1] (XLA_PYTHON_CLIENT_MEM_FRACTION; not with memory_limit)"},
+			{Key: "coalesce_regions", Default: "false", Doc: "a device segment that begins where a region ends extends it (BFC over a sub-allocator that coalesces: XLA's virtual-memory one)"},
 			{Key: "garbage_collection", Default: "true", Doc: "return wholly free regions to the device when a region cannot be added"},
 		},
 		Abilities: Abilities{FreeSpacer: true, Counter: true},
@@ -121,7 +131,11 @@ func init() {
 // a memory limit.
 func NewBFC(dev Device, s Settings) (*BFC, error) {
 	const name = "bfc"
-	if err := s.Check(name, "allow_growth", "garbage_collection", "memory_limit", "memory_fraction"); err != nil {
+	if err := s.Check(name, "allow_growth", "garbage_collection", "memory_limit", "memory_fraction", "coalesce_regions"); err != nil {
+		return nil, err
+	}
+	coalesce, err := s.Bool(name, "coalesce_regions", false)
+	if err != nil {
 		return nil, err
 	}
 	growth, err := s.Bool(name, "allow_growth", true)
@@ -166,6 +180,7 @@ func NewBFC(dev Device, s Settings) (*BFC, error) {
 		dev:         dev,
 		allowGrowth: growth,
 		gc:          gc,
+		coalesce:    coalesce,
 		limit:       limit,
 	}
 	if growth {
@@ -309,7 +324,33 @@ func (p *BFC) extend(n uint64) (bool, error) {
 	}
 	p.total += bytes
 	c := p.nodes.get(addr, bytes)
-	p.regions = append(p.regions, &bfcRegion{addr: addr, size: bytes, first: c})
+	if p.coalesce {
+		// A segment that starts where a region ends extends it
+		// (RegionManager::AddOrExtendAllocationRegion): its chunk follows
+		// the region's last one, and merges with it if that is free.
+		for _, r := range p.regions {
+			if r.addr+r.size != addr {
+				continue
+			}
+			r.size += bytes
+			r.segs = append(r.segs, addr)
+			last := r.first
+			for last.next != nil {
+				last = last.next
+			}
+			if last.tree != nil {
+				p.free.remove(last)
+				last.size += bytes
+				p.nodes.put(c)
+				c = last
+			} else {
+				linkAfter(last, c)
+			}
+			p.free.insert(c)
+			return true, nil
+		}
+	}
+	p.regions = append(p.regions, &bfcRegion{addr: addr, size: bytes, first: c, segs: []uint64{addr}})
 	p.free.insert(c)
 	return true, nil
 }
@@ -341,8 +382,10 @@ func (p *BFC) deallocateFreeRegions(n uint64) (bool, error) {
 		p.free.remove(r.first)
 		p.nodes.put(r.first)
 		p.total -= r.size
-		if ferr := p.dev.Free(r.addr); ferr != nil && err == nil {
-			err = ferr
+		for _, seg := range r.segs {
+			if ferr := p.dev.Free(seg); ferr != nil && err == nil {
+				err = ferr
+			}
 		}
 	}
 	clear(p.regions[len(kept):])

@@ -53,6 +53,24 @@ malloc id=3 size=1MiB   # 3: 6 MiB >= 2 MiB: split, devBase
 			allocs: 1,
 		},
 		{
+			name:     "coalesce_regions: adjacent segments make one region",
+			policy:   "bfc",
+			settings: policies.Settings{"coalesce_regions": "true"},
+			trace: `
+malloc id=1 size=1MiB   # 0: region A of 2 MiB at devBase, split: [devBase+1MiB, 1MiB] free
+malloc id=2 size=3MiB   # 1: no chunk: a 4 MiB segment at devBase+2MiB, where A ends: A grows to
+                        #    6 MiB and the new chunk merges with the free last one:
+                        #    [devBase+1MiB, 5MiB]; 5 MiB < 2*3 MiB and the 2 MiB rest
+                        #    < 128 MiB: not split, devBase+1MiB of 5 MiB
+free id=1               # 2: [devBase, 1MiB] merges with nothing (id 2 is live)
+free id=2               # 3: all of A free: one chunk of 6 MiB
+malloc id=3 size=5MiB   # 4: fits A's 6 MiB chunk across both segments: devBase, not split
+`,
+			blocks: []policies.Block{{devBase, sMiB}, {devBase + sMiB, 5 * sMiB}, {devBase, 6 * sMiB}},
+			peak:   6 * sMiB,
+			allocs: 2,
+		},
+		{
 			name:   "coalesce with both neighbours",
 			policy: "bfc",
 			trace: `
