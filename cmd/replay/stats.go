@@ -23,7 +23,8 @@ const statsUsage = `usage: replay stats [--json] [--top N] [--from FORMAT] [--de
 
 Summarizes each trace: events by op, mallocs by kind, sizes (bytes, by power
 of two), lifetimes (events and ns), peak live bytes, streams and threads,
-and for a record run trace its card and calls by function.
+and for a record run trace its card and calls by function. A note says what
+the source does not record (a CuPy log: streams, times and device frees).
 
 Flags:
 `
@@ -76,6 +77,26 @@ func runStats(stdout, stderr io.Writer, args []string) error {
 		}{docs})
 	}
 	return nil
+}
+
+// unrecordedNote says what the trace's source does not record (its
+// Metadata "unrecorded"), and so what the events lack; "" when it records
+// all.
+func unrecordedNote(h trace.Header) string {
+	var parts []string
+	for _, u := range []struct{ what, lack string }{
+		{trace.UnrecordedStreams, "streams (every event is on stream 0)"},
+		{trace.UnrecordedTimes, "times (every event is at time 0, and no lifetime is known)"},
+		{trace.UnrecordedSegmentFrees, "device frees (no segment_free)"},
+	} {
+		if h.Unrecorded(u.what) {
+			parts = append(parts, u.lack)
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "not in the recording: " + strings.Join(parts, ", ")
 }
 
 // readAll calls fn with each event of src and its index.
@@ -156,7 +177,14 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 	if h.Metadata["time"] == "logical" {
 		times = func(n uint64) string { return fmt.Sprintf("%d steps", n) }
 	}
-	fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, times(uint64(max(s.LastTime-s.FirstTime, 0))))
+	if h.Unrecorded(trace.UnrecordedTimes) {
+		fmt.Fprintf(w, "%s: %s trace, %d events\n", path, h.Source, s.Events)
+	} else {
+		fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, times(uint64(max(s.LastTime-s.FirstTime, 0))))
+	}
+	if n := unrecordedNote(h); n != "" {
+		fmt.Fprintln(w, n)
+	}
 	if n := truncatedNote(h); n != "" {
 		fmt.Fprintln(w, n)
 	}
@@ -216,7 +244,9 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 		fmt.Fprintf(w, "frees of an address not live: %d\n", s.UnknownFrees)
 	}
 	writeHist(w, "sizes (mallocs, requested bytes)", &s.Sizes, humanBytes)
-	writeHist(w, "lifetimes (malloc to free)", &s.Lifetimes, times)
+	if !h.Unrecorded(trace.UnrecordedTimes) {
+		writeHist(w, "lifetimes (malloc to free)", &s.Lifetimes, times)
+	}
 
 	ids := make([]uint64, 0, len(s.Streams))
 	for id := range s.Streams {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
+	"github.com/gpualloc/allocsim/trace/cupy"
 	"github.com/gpualloc/allocsim/trace/minimalloc"
 	"github.com/gpualloc/allocsim/trace/pytorch"
 	"github.com/gpualloc/allocsim/trace/rmm"
@@ -21,7 +22,7 @@ import (
 )
 
 // Formats lists the names accepted by Options.From besides "auto".
-var Formats = []string{"native", "pytorch", "rmm", "minimalloc", "text", "xspace"}
+var Formats = []string{"native", "pytorch", "rmm", "minimalloc", "cupy", "text", "xspace"}
 
 // Options say how to open a trace file.
 type Options struct {
@@ -29,7 +30,7 @@ type Options struct {
 	// content, or one of Formats.
 	From string
 	// Device selects the device of a multi-device source (a PyTorch
-	// snapshot's device_traces index).
+	// snapshot's device_traces index, a CuPy log's device_id).
 	Device int
 }
 
@@ -95,8 +96,8 @@ func (f *File) Reopen() (trace.Source, error) {
 
 // Open opens the trace at path. The format is detected from the first
 // bytes unless opts.From names one: the native format by its magic, a
-// PyTorch snapshot (pickle, possibly gzip-compressed), an RMM log (CSV), or
-// the text form.
+// PyTorch snapshot (pickle, possibly gzip-compressed), an RMM log (CSV), a
+// CuPy DebugPrintHook log (JSON lines), or the text form.
 // An XSpace, the XLA profiler's (.xplane.pb, possibly gzip-compressed), is
 // told by its first plane's name. Errors name the file.
 func Open(path string, opts Options) (*File, error) {
@@ -122,11 +123,11 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	if format == "" || format == "auto" {
 		format = Detect(head)
 		if format == "" {
-			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem, the text form nor an XSpace at byte 0 (first bytes %q)", path, abbreviate(head))
+			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem, a CuPy log, the text form nor an XSpace at byte 0 (first bytes %q)", path, abbreviate(head))
 		}
 	}
 	switch format {
-	case "rmm", "minimalloc", "text":
+	case "rmm", "minimalloc", "cupy", "text":
 		// The text formats: binary data is no such file, and quoting it
 		// in an error helps nobody.
 		if nul := bytes.IndexByte(head, 0); nul >= 0 || bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
@@ -138,7 +139,7 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 			if d := Detect(head); d != "" && d != format {
 				guess = fmt.Sprintf("; it looks like a %s trace (--from auto reads it)", d)
 			}
-			name := map[string]string{"rmm": "an RMM log", "minimalloc": "a MiniMalloc CSV", "text": "the text form"}[format]
+			name := map[string]string{"rmm": "an RMM log", "minimalloc": "a MiniMalloc CSV", "cupy": "a CuPy log", "text": "the text form"}[format]
 			return nil, "", fmt.Errorf("%s: %s, not %s (--from %s)%s", path, what, name, format, guess)
 		}
 	}
@@ -180,6 +181,13 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 			return nil, "", err
 		}
 		return src, format, nil
+	case "cupy":
+		lr := trace.NewLineReader(br, path)
+		src, err := cupy.Import(lr, path, cupy.Options{Device: opts.Device})
+		if err != nil {
+			return nil, "", err
+		}
+		return &completeSource{Source: src, lr: lr}, format, nil
 	case "text":
 		lr := trace.NewLineReader(br, path)
 		h, evs, err := trace.ParseText(path, lr)
@@ -214,7 +222,7 @@ func (s *completeSource) Next() (trace.Event, error) {
 
 // Detect names the format of a file from its first bytes: "native",
 // "xspace",
-// "pytorch", "rmm", "minimalloc", "text", or "" when none matches.
+// "pytorch", "rmm", "minimalloc", "cupy", "text", or "" when none matches.
 func Detect(head []byte) string {
 	switch {
 	case bytes.HasPrefix(head, []byte(trace.Magic)):
@@ -227,6 +235,8 @@ func Detect(head []byte) string {
 		return "rmm"
 	case minimalloc.Detect(head):
 		return "minimalloc"
+	case cupy.Detect(head):
+		return "cupy"
 	case looksLikeText(head):
 		return "text"
 	}

@@ -139,7 +139,7 @@ func TestGlob(t *testing.T) {
 // line that says what it is, not with its bytes quoted.
 func TestBinaryAsText(t *testing.T) {
 	path := filepath.Join("..", "..", "testdata", "pytorch", "mlp.pickle.gz")
-	for _, from := range []string{"minimalloc", "rmm", "text"} {
+	for _, from := range []string{"minimalloc", "rmm", "cupy", "text"} {
 		_, err := Open(path, Options{From: from})
 		if err == nil {
 			t.Fatalf("--from %s: opened", from)
@@ -160,6 +160,7 @@ func TestTextCutShort(t *testing.T) {
 		{"t.txt", "malloc id=1 size=1MiB\nfree id=1\nmalloc id=2 size=10", "t.txt:3: the last line has no newline: the file ends inside it at byte offset 51"},
 		{"p.csv", "id,lower,upper,size\n1,0,2,100\n2,1,3,25", "p.csv:3: the last line has no newline: the file ends inside it at byte offset 38"},
 		{"r.csv", "Thread,Time,Action,Pointer,Size,Stream\n1,00:00:00.000001,allocate,0x1000,100,0x0\n1,00:00:00.000002,free,0x1000,100,0x0", "r.csv:3: the last line has no newline"},
+		{"d.jsonl", `{"hook":"free","device_id":0,"mem_size":512,"mem_ptr":1}` + "\n" + `{"hook":"free","device_id":0,"mem_size":512,"mem_ptr":2}`, "d.jsonl:2: the last line has no newline"},
 		{"z.txt", strings.Repeat("malloc id=1 size=1\nfree id=1\n", 30) + "free id=1\x00\n", "z.txt:61: a NUL byte at byte offset 879"},
 	} {
 		path := filepath.Join(dir, tc.name)
@@ -193,5 +194,35 @@ func TestTextCutShort(t *testing.T) {
 				t.Errorf("%s whole: %v", tc.name, err)
 			}
 		}
+	}
+}
+
+// TestCuPy opens the CuPy recordings by their content, as --from cupy
+// would, with the device asked for.
+func TestCuPy(t *testing.T) {
+	path := filepath.Join("..", "..", "testdata", "cupy", "linalg.jsonl")
+	f, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if f.Format != "cupy" || f.Header().Source != "cupy" {
+		t.Fatalf("format %q, header %+v", f.Format, f.Header())
+	}
+	n := 0
+	for err == nil {
+		_, err = f.Next()
+		n++
+	}
+	if err != io.EOF || n != 898 {
+		t.Errorf("%d events, then %v", n-1, err)
+	}
+	g, err := Open(path, Options{From: "cupy", Device: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.Next(); err == nil || !strings.Contains(err.Error(), "no line of device 1; the log has device_id 0") {
+		t.Errorf("device 1: %v", err)
 	}
 }
