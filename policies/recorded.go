@@ -59,3 +59,18 @@ func Recorded(name string, h trace.Header, user Settings) (Settings, bool, error
 	}
 	return s, true, nil
 }
+
+// TieFollower is implemented by policies whose choice among equally good
+// free blocks depends on what no recording shows (CuPy's pool takes, of
+// the free chunks of the best size, the one whose Python object has the
+// lowest address). Replaying a recording as recorded, the replay gives
+// such a policy the recorded address of each malloc right before its
+// Malloc: the policy takes the block there when it is one of its equally
+// good choices, and makes its own choice otherwise. The hint never changes
+// what a malloc gets (its size, a split, a device call), only which of
+// equal blocks.
+type TieFollower interface {
+	// FollowTie gives the recorded address of the next Malloc; it holds
+	// for that Malloc only.
+	FollowTie(addr uint64)
+}

@@ -63,6 +63,9 @@ type Abilities struct {
 	// Follower: the policy follows recordings of its own allocator, to
 	// replay them as recorded (Follower).
 	Follower bool `json:"follower"`
+	// TieFollower: replaying a recording as recorded, the policy takes
+	// the block the recording names among equally good ones (TieFollower).
+	TieFollower bool `json:"tie_follower,omitempty"`
 	// FreeSpacer: the policy reports its free space, for the external
 	// fragmentation metric (FreeSpacer).
 	FreeSpacer bool `json:"free_spacer"`
@@ -89,6 +92,7 @@ func (a Abilities) List() []string {
 		{a.Syncer, "syncer"},
 		{a.Releaser, "releaser (empty_cache)"},
 		{a.Follower, "follows recordings"},
+		{a.TieFollower, "follows recorded ties"},
 		{a.FreeSpacer, "free space"},
 		{a.Counter, "retries"},
 		{a.Pooler, "private pools"},

@@ -148,12 +148,13 @@ func TestRegistryAbilities(t *testing.T) {
 			_, syncer := p.(policies.Syncer)
 			_, releaser := p.(policies.Releaser)
 			_, follower := p.(policies.Follower)
+			_, ties := p.(policies.TieFollower)
 			_, spacer := p.(policies.FreeSpacer)
 			_, counter := p.(policies.Counter)
 			_, pooler := p.(policies.Pooler)
 			want := policies.Abilities{
 				Planner: planner, Hinter: hinter, Marker: marker, Syncer: syncer,
-				Releaser: releaser, Follower: follower, FreeSpacer: spacer, Counter: counter, Pooler: pooler,
+				Releaser: releaser, Follower: follower, TieFollower: ties, FreeSpacer: spacer, Counter: counter, Pooler: pooler,
 				MapperSetting: in.Abilities.MapperSetting,
 			}
 			if in.Abilities != want {

@@ -3,12 +3,15 @@ package main
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpualloc/allocsim/policies"
 )
 
 // TestMain runs main in a child of the test binary when asked, so that a
@@ -77,7 +80,7 @@ func TestSweepInterruptSaysWhatItKept(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
 		t.Fatalf("exit %v, want 130; stderr:\n%s", err, stderr.String())
 	}
-	if s := stderr.String(); !strings.Contains(s, "interrupted (interrupt): ") || !strings.Contains(s, " of the 108 cells kept in ") || !strings.Contains(s, "run the same sweep again to resume") {
+	if s := stderr.String(); !strings.Contains(s, "interrupted (interrupt): ") || !strings.Contains(s, fmt.Sprintf(" of the %d cells kept in ", 6*len(policies.Names()))) || !strings.Contains(s, "run the same sweep again to resume") {
 		t.Errorf("stderr:\n%s", s)
 	}
 }
