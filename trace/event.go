@@ -226,16 +226,19 @@ func (h Header) JobEnded() bool {
 // What a source may not record, as the words of the header's Metadata
 // "unrecorded" (comma-separated) name it: its events then carry stream 0,
 // time 0, or no segment_free for want of a record, not because the job
-// had no other stream, took no time or freed no segment.
+// had no other stream, took no time or freed no segment; with
+// UnrecordedSegments, none of its allocator's device calls (no segment
+// event at all, so no segment's address: an XSpace's BFC events).
 const (
 	UnrecordedStreams      = "streams"
 	UnrecordedTimes        = "times"
 	UnrecordedSegmentFrees = "device frees"
+	UnrecordedSegments     = "device calls"
 )
 
 // Unrecorded reports whether the trace's source does not record what
-// (UnrecordedStreams, UnrecordedTimes, UnrecordedSegmentFrees), as its
-// Metadata "unrecorded" says.
+// (UnrecordedStreams, UnrecordedTimes, UnrecordedSegmentFrees,
+// UnrecordedSegments), as its Metadata "unrecorded" says.
 func (h Header) Unrecorded(what string) bool {
 	for _, w := range strings.Split(h.Metadata["unrecorded"], ",") {
 		if strings.TrimSpace(w) == what {

@@ -88,6 +88,7 @@ func unrecordedNote(h trace.Header) string {
 		{trace.UnrecordedStreams, "streams (every event is on stream 0)"},
 		{trace.UnrecordedTimes, "times (every event is at time 0, and no lifetime is known)"},
 		{trace.UnrecordedSegmentFrees, "device frees (no segment_free)"},
+		{trace.UnrecordedSegments, "device calls (no segment event)"},
 	} {
 		if h.Unrecorded(u.what) {
 			parts = append(parts, u.lack)

@@ -36,6 +36,9 @@
 // every event), when the events give one. Metadata has:
 //
 //   - "allocator": the allocator read ("GPU_0_bfc"), "device": N;
+//   - "unrecorded": "streams,device calls" (trace.Header.Unrecorded):
+//     BFC logs no stream, and none of the regions it takes from the
+//     device, so no segment's address;
 //   - "recorded_peak_allocated_bytes": the largest peak_bytes_in_use the
 //     events record (BFC's peak of its chunks' bytes in use, which a
 //     replay of the bfc policy calls peak allocated), and
@@ -306,6 +309,8 @@ func Import(r io.ReadSeeker, name string, opts Options) (*trace.SliceSource, err
 		"format":    "XSpace (XLA profiler)",
 		"allocator": "GPU_" + strconv.Itoa(opts.Device) + "_bfc",
 		"device":    strconv.Itoa(opts.Device),
+		// BFC logs no stream, and none of its regions.
+		"unrecorded": trace.UnrecordedStreams + "," + trace.UnrecordedSegments,
 	}}
 
 	// Pass 1: the planes' metadata.

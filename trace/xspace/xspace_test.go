@@ -43,7 +43,7 @@ var oneLine = xplane{name: "/host:CPU", lines: []xline{{id: 7, ts: 1000, evs: []
 // header returns the metadata Import writes for events of GPU_0_bfc, with
 // more over it.
 func header(more map[string]string) map[string]string {
-	md := map[string]string{"format": "XSpace (XLA profiler)", "allocator": "GPU_0_bfc", "device": "0", "allocated_at_start": "0"}
+	md := map[string]string{"format": "XSpace (XLA profiler)", "allocator": "GPU_0_bfc", "device": "0", "allocated_at_start": "0", "unrecorded": "streams,device calls"}
 	maps.Copy(md, more)
 	return md
 }
@@ -151,7 +151,7 @@ func TestImport(t *testing.T) {
 				"malloc addr=0x402000000 size=8 t=53 thread=3",
 				"free addr=0x402000000 size=8 t=55 thread=3",
 			},
-			metadata: map[string]string{"format": "XSpace (XLA profiler)", "allocator": "GPU_1_bfc", "device": "1", "allocated_at_start": "0",
+			metadata: map[string]string{"format": "XSpace (XLA profiler)", "allocator": "GPU_1_bfc", "device": "1", "allocated_at_start": "0", "unrecorded": "streams,device calls",
 				"recorded_mallocs": "1", "recorded_peak_allocated_bytes": "256", "largest_alloc_size": "256", "skipped_allocators": "GPU_0_bfc=1"},
 			device: "NVIDIA H100",
 			memory: 85520809984,
@@ -385,7 +385,7 @@ func checkTrain(t *testing.T, path string) []trace.Event {
 	want := map[string]string{
 		"format": "XSpace (XLA profiler)", "allocator": "GPU_0_bfc", "device": "0",
 		"recorded_mallocs": "1377", "recorded_peak_allocated_bytes": "388236544", "largest_alloc_size": "314572800",
-		"allocated_at_start": "0", "skipped_allocators": "xla_gpu_host_bfc=30",
+		"allocated_at_start": "0", "skipped_allocators": "xla_gpu_host_bfc=30", "unrecorded": "streams,device calls",
 	}
 	if !maps.Equal(h.Metadata, want) {
 		t.Errorf("metadata %v,\nwant %v", h.Metadata, want)
