@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -54,8 +55,9 @@ type recordedCall struct {
 // first event the simulated allocator acts on (a malloc, a failed malloc,
 // a free, an empty_cache) after the recorded call; every malloc must be
 // placed at its recorded address, and fail (an OOM) exactly where the
-// source's failed. It stops at the first divergence. Errors are those of
-// Run.
+// source's failed. It stops at the first divergence. The device frees of
+// a source that does not record them (trace.UnrecordedSegmentFrees) are
+// not compared. Errors are those of Run.
 func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 	cfg.AsRecorded = true
 	cfg, err := cfg.withRecorded(src.Header())
@@ -71,7 +73,14 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 	rep.res.TraceSource = src.Header().Source
 	rep.SetPoolNames(src.Header())
 	var made []DeviceCall
-	rep.dev.OnCall(func(c DeviceCall) { made = append(made, c) })
+	// A source that does not record its device frees (CuPy's log) is
+	// held to its allocations only.
+	noFrees := src.Header().Unrecorded(trace.UnrecordedSegmentFrees)
+	rep.dev.OnCall(func(c DeviceCall) {
+		if !noFrees || c.Op != trace.OpSegmentFree {
+			made = append(made, c)
+		}
+	})
 	out := &FidelityReport{}
 	counter, _ := rep.policy.(policies.Counter) // its retries, asked once per event
 	var queue []recordedCall                    // recorded calls not yet made
@@ -196,6 +205,12 @@ type Measured struct {
 		Retries      *int64 `json:"num_alloc_retries"`
 		OOMs         *int64 `json:"num_ooms"`
 	} `json:"memory_stats"`
+	// CuPy's pool, as testdata/cupy/record.py measures it: ReadMeasured
+	// takes them for Cap, Reserved, MemoryStats.DeviceAllocs and OOMs.
+	CuPyLimit        uint64  `json:"limit_bytes"`      // set_limit, bytes; 0 for none
+	CuPyPeakTotal    *uint64 `json:"peak_total_bytes"` // the peak of total_bytes(), bytes
+	CuPyDeviceAllocs *int64  `json:"device_allocs"`    // alloc hook calls
+	CuPyOOMs         *int64  `json:"ooms_caught"`      // OutOfMemoryError raised and caught
 }
 
 // ReadMeasured reads the measured figures at path. Errors name the file.
@@ -207,6 +222,12 @@ func ReadMeasured(path string) (*Measured, error) {
 	var m Measured
 	if err := json.Unmarshal(raw, &m); err != nil {
 		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	if m.CuPyPeakTotal != nil || m.CuPyDeviceAllocs != nil {
+		m.Cap = cmp.Or(m.Cap, m.CuPyLimit)
+		m.Reserved = cmp.Or(m.Reserved, m.CuPyPeakTotal)
+		m.MemoryStats.DeviceAllocs = cmp.Or(m.MemoryStats.DeviceAllocs, m.CuPyDeviceAllocs)
+		m.MemoryStats.OOMs = cmp.Or(m.MemoryStats.OOMs, m.CuPyOOMs)
 	}
 	return &m, nil
 }

@@ -18,6 +18,8 @@ import (
 //   - addresses: the device hands out the addresses of the recorded
 //     segment allocations and maps, in order, while the simulation agrees
 //     with them (Device.FollowRecording);
+//   - a policies.TieFollower is told the recorded address of each
+//     malloc before it, to choose that block among equal ones;
 //   - the recorded device calls are shown to a policies.Follower, which
 //     tells from them the releases it does not make itself (an explicit
 //     empty_cache), and frees that complete late (free_completed after
@@ -29,10 +31,11 @@ import (
 
 // recorded is a Replay's state for replaying as recorded.
 type recorded struct {
-	follower policies.Follower // the policy, if it follows recordings
-	reqEvent int64             // event index of the last free_requested, -1 if none
-	reqAddr  uint64            // and its address
-	reqTime  int64             // and its time, ns
+	follower policies.Follower    // the policy, if it follows recordings
+	ties     policies.TieFollower // the policy, if it follows recorded ties and AsRecorded
+	reqEvent int64                // event index of the last free_requested, -1 if none
+	reqAddr  uint64               // and its address
+	reqTime  int64                // and its time, ns
 }
 
 // lateGap is the time from a free_requested to the free_completed right
@@ -52,6 +55,9 @@ func (r *Replay) startRecorded() {
 	r.rec.reqEvent = -1
 	if r.cfg.AsRecorded && r.dev != nil {
 		r.dev.FollowRecording()
+	}
+	if r.cfg.AsRecorded {
+		r.rec.ties, _ = r.policy.(policies.TieFollower)
 	}
 }
 

@@ -410,6 +410,9 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	// The trace's own live bytes: the lower bound, whatever the policy does.
 	r.requested.add(ev.Size)
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
+	if r.rec.ties != nil {
+		r.rec.ties.FollowTie(ev.Addr)
+	}
 	b, err := r.policyMalloc(ev)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {

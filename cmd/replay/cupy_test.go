@@ -1,0 +1,37 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The CuPy recordings of testdata/cupy through the commands: stats says
+// what the log lacks, fidelity finds NAME.stats.json beside NAME.jsonl and
+// holds linalg to it; churn, whose side stream the log does not show,
+// parts from its recording (sim's TestCuPyRecordings replays it with its
+// streams).
+func TestCuPyCommands(t *testing.T) {
+	dir := filepath.Join("..", "..", "testdata", "cupy")
+	out, _, err := runCmd(t, "stats", filepath.Join(dir, "linalg.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"linalg.jsonl: cupy trace, 897 events\n",
+		"not in the recording: streams (every event is on stream 0), times (every event is at time 0, and no lifetime is known), device frees (no segment_free)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stats: no %q in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "lifetimes") {
+		t.Errorf("stats shows lifetimes:\n%s", out)
+	}
+	out, _, err = runCmd(t, "fidelity", "--policy", "cupy", filepath.Join(dir, "linalg.jsonl"), filepath.Join(dir, "churn.jsonl"))
+	want := "linalg.jsonl: identical (15 device calls, 442 mallocs; peaks and counters as measured in linalg.stats.json; settings default)\n" +
+		"churn.jsonl: diverges at event 35: real allocator: segment_alloc of 353792 bytes at 0x7f02b7200000; simulation: no device call by event 36\n"
+	if out != want || err == nil || err.Error() != "fidelity: 1 of 2 traces diverge from their recording" {
+		t.Errorf("fidelity: %v\n%s", err, out)
+	}
+}
