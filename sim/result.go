@@ -200,6 +200,8 @@ func CapacityWarning(r *Result) string {
 		remedy = "the job probably ran under a memory cap, which a snapshot does not record: replay with --capacity set to that cap (torch.cuda.set_per_process_memory_fraction times the device memory)"
 	case "rmm":
 		remedy = "the pool probably had a maximum size, which the log does not record: replay with --capacity set to it (maximum_pool_size of the pool_memory_resource), or to the card's memory"
+	case "cupy":
+		remedy = "the pool probably had a limit, which the log does not record: replay with --capacity set to it (the pool's get_limit(), from set_limit or CUPY_GPU_MEMORY_LIMIT), or to the card's memory"
 	case "record":
 		remedy = "the trace does not name its card (a record run before the card was written): replay with --capacity set to the card's memory less its context (the H200's context is 552402944 bytes)"
 	default:

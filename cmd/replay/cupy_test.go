@@ -7,7 +7,8 @@ import (
 )
 
 // The CuPy recordings of testdata/cupy through the commands: stats says
-// what the log lacks, fidelity finds NAME.stats.json beside NAME.jsonl and
+// what the log lacks, sim names the remedy for failed mallocs without a
+// capacity (the pool's limit), fidelity finds NAME.stats.json beside NAME.jsonl and
 // holds linalg to it; churn, whose side stream the log does not show,
 // parts from its recording (sim's TestCuPyRecordings replays it with its
 // streams).
@@ -27,6 +28,10 @@ func TestCuPyCommands(t *testing.T) {
 	}
 	if strings.Contains(out, "lifetimes") {
 		t.Errorf("stats shows lifetimes:\n%s", out)
+	}
+	_, errOut, err := runCmd(t, "sim", "--policy", "cupy", filepath.Join(dir, "churn_limit.jsonl"))
+	if err != nil || !strings.Contains(errOut, "the recording has 5 failed malloc(s)") || !strings.Contains(errOut, "get_limit()") {
+		t.Errorf("sim of churn_limit without --capacity: %v\n%s", err, errOut)
 	}
 	out, _, err = runCmd(t, "fidelity", "--policy", "cupy", filepath.Join(dir, "linalg.jsonl"), filepath.Join(dir, "churn.jsonl"))
 	want := "linalg.jsonl: identical (15 device calls, 442 mallocs; peaks and counters as measured in linalg.stats.json; settings default)\n" +
