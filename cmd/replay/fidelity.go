@@ -28,12 +28,14 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 	policy := fs.String("policy", "pytorch", "the `POLICY` that simulates the recorded allocator")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	sets := fs.StringArray("set", nil, "a setting `NAME.key=value` over the recorded ones (repeatable): what the trace does not record, such as a torch.profiler trace's pytorch.expandable_segments=True")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `usage: replay fidelity [--policy NAME] [--capacity SIZE] [--from FORMAT] [--device N] TRACE...
+		fmt.Fprint(stderr, `usage: replay fidelity [--policy NAME] [--capacity SIZE] [--set NAME.key=value] [--from FORMAT] [--device N] TRACE...
 
 Replays each trace as recorded and compares the simulated device calls and
 placements with the recorded ones, event by event, and, where the real
-allocator's figures lie beside the trace (NAME.stats.json for NAME.pickle.gz:
+allocator's figures lie beside the trace (NAME.stats.json for NAME.pickle.gz
+or NAME.pt.trace.json.gz:
 max_memory_reserved, max_memory_allocated, memory_stats, mem_cap_bytes),
 the peaks and counters with them: peak reserved and allocated bytes, device
 allocations and frees, retries and OOMs (exit 1 if anything differs).
@@ -50,6 +52,10 @@ Flags:
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("fidelity: no trace given")}
+	}
+	settings, err := parseSets(*sets, []string{*policy})
+	if err != nil {
+		return err
 	}
 	var capBytes uint64
 	if *capacity != "" {
@@ -76,7 +82,7 @@ Flags:
 		if err != nil {
 			return err
 		}
-		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: *policy, Capacity: capBytes})
+		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: *policy, Settings: settings[*policy], Capacity: capBytes})
 		f.Close()
 		if err != nil {
 			return tracefile.NameError(path, err)
@@ -114,11 +120,12 @@ Flags:
 }
 
 // measuredPath returns where the real allocator's figures for the trace at
-// path lie: NAME.stats.json beside NAME.pickle.gz (or NAME.pickle, or any
-// other file NAME.EXT).
+// path lie: NAME.stats.json beside NAME.pickle.gz (or NAME.pickle,
+// NAME.pt.trace.json.gz, NAME.json.gz, NAME.json, or any other file
+// NAME.EXT).
 func measuredPath(path string) string {
 	base := path
-	for _, ext := range []string{".gz", ".pickle", ".trace"} {
+	for _, ext := range []string{".gz", ".json", ".pickle", ".trace", ".pt"} {
 		base = strings.TrimSuffix(base, ext)
 	}
 	if base == path {

@@ -587,4 +587,4 @@ func (d *decoder) source() (*Source, error) {
 // unrecorded is Metadata "unrecorded" (trace.Header.Unrecorded): what a
 // torch.profiler trace lacks (the package doc says more), comma-separated.
 // The device calls are inferred, and so is an explicit empty_cache.
-const unrecorded = "streams, requested sizes, free completions, device calls, allocator settings, memory cap"
+const unrecorded = "streams, requested sizes, free completions, allocator settings, memory cap"

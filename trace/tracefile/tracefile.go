@@ -15,6 +15,7 @@ import (
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/cupy"
+	"github.com/gpualloc/allocsim/trace/kineto"
 	"github.com/gpualloc/allocsim/trace/minimalloc"
 	"github.com/gpualloc/allocsim/trace/pytorch"
 	"github.com/gpualloc/allocsim/trace/rmm"
@@ -22,7 +23,7 @@ import (
 )
 
 // Formats lists the names accepted by Options.From besides "auto".
-var Formats = []string{"native", "pytorch", "rmm", "minimalloc", "cupy", "text", "xspace"}
+var Formats = []string{"native", "pytorch", "kineto", "rmm", "minimalloc", "cupy", "text", "xspace"}
 
 // Options say how to open a trace file.
 type Options struct {
@@ -30,7 +31,7 @@ type Options struct {
 	// content, or one of Formats.
 	From string
 	// Device selects the device of a multi-device source (a PyTorch
-	// snapshot's device_traces index, a CuPy log's device_id).
+	// snapshot's device_traces index, a torch.profiler trace's CUDA Device Id, a CuPy log's device_id).
 	Device int
 }
 
@@ -96,7 +97,8 @@ func (f *File) Reopen() (trace.Source, error) {
 
 // Open opens the trace at path. The format is detected from the first
 // bytes unless opts.From names one: the native format by its magic, a
-// PyTorch snapshot (pickle, possibly gzip-compressed), an RMM log (CSV), a
+// PyTorch snapshot (pickle, possibly gzip-compressed), a torch.profiler
+// trace (Chrome trace JSON, possibly gzip-compressed), an RMM log (CSV), a
 // CuPy DebugPrintHook log (JSON lines), or the text form.
 // An XSpace, the XLA profiler's (.xplane.pb, possibly gzip-compressed), is
 // told by its first plane's name. Errors name the file.
@@ -123,7 +125,7 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	if format == "" || format == "auto" {
 		format = Detect(head)
 		if format == "" {
-			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, an RMM log, a MiniMalloc problem, a CuPy log, the text form nor an XSpace at byte 0 (first bytes %q)", path, abbreviate(head))
+			return nil, "", fmt.Errorf("%s: not a trace: neither a native trace, a PyTorch snapshot, a torch.profiler trace, an RMM log, a MiniMalloc problem, a CuPy log, the text form nor an XSpace at byte 0 (first bytes %q)", path, abbreviate(head))
 		}
 	}
 	switch format {
@@ -163,6 +165,12 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 		}
 		src, err := xspace.Import(f, path, xspace.Options{Device: opts.Device})
 		return src, format, err
+	case "kineto":
+		src, err := kineto.Import(br, path, kineto.Options{Device: opts.Device})
+		if err != nil {
+			return nil, "", err
+		}
+		return src, format, nil
 	case "rmm":
 		lr := trace.NewLineReader(br, path)
 		src, err := rmm.Import(lr, path)
@@ -221,14 +229,16 @@ func (s *completeSource) Next() (trace.Event, error) {
 }
 
 // Detect names the format of a file from its first bytes: "native",
-// "xspace",
-// "pytorch", "rmm", "minimalloc", "cupy", "text", or "" when none matches.
+// "xspace", "kineto" (tried before "pytorch", which claims every gzip
+// file), "pytorch", "rmm", "minimalloc", "cupy", "text", or "" when none matches.
 func Detect(head []byte) string {
 	switch {
 	case bytes.HasPrefix(head, []byte(trace.Magic)):
 		return "native"
 	case xspace.Detect(head): // before the formats that take any gzip file
 		return "xspace"
+	case kineto.Detect(head):
+		return "kineto"
 	case pytorch.Detect(head):
 		return "pytorch"
 	case rmm.Detect(head):
