@@ -18,8 +18,9 @@ import (
 // malloc's own entries, so FreeLate stages them; the next malloc takes
 // them back before its search, unless it will retry (no cached block fits
 // without them, and a new segment would pass the capacity even after
-// garbage collection and freeing oversize blocks): then its retry's
-// synchronization takes them back.
+// garbage collection and freeing oversize blocks) and the recording shows
+// the retry's releases before the malloc or the retry would release
+// nothing: then its retry's synchronization takes them back.
 //
 // Explicit releases. A run of segment frees (or unmaps) that the policy's
 // own malloc does not make at that point was torch.cuda.empty_cache(): a
@@ -74,7 +75,8 @@ func (p *PyTorch) settle() error {
 // segment of segSize) on stream in pool, where the staged late frees are
 // taken back and whether the releases seen were an explicit empty_cache.
 func (p *PyTorch) processEvents(pool *ptPool, stream, rsize, segSize uint64) error {
-	if p.findFreeBlock(pool, stream, rsize) == nil && p.wouldRetry(pool, stream, rsize, segSize) {
+	if p.findFreeBlock(pool, stream, rsize) == nil && p.wouldRetry(pool, stream, rsize, segSize) &&
+		(p.releasesSeen > 0 || !p.retryReleases()) {
 		// Taken back at the retry's synchronization, which also makes
 		// the releases seen.
 		p.pending = append(p.pending, p.staged...)
@@ -92,6 +94,41 @@ func (p *PyTorch) processEvents(pool *ptPool, stream, rsize, segSize uint64) err
 		return nil // its garbage collection or oversize release makes them
 	}
 	return p.EmptyCache()
+}
+
+// retryReleases reports whether a retry's release_cached_blocks, after the
+// synchronization that takes the staged late frees back, would free or
+// unmap anything of the default pools: a cached block that is a whole
+// segment, or holds a whole page of an expandable one, or a staged block
+// that would be one (counted alone, before merging with its neighbours).
+// A recording that shows no release before the malloc then proves that the
+// malloc did not retry, and so took its late frees back at its start.
+func (p *PyTorch) retryReleases() bool {
+	for _, b := range p.staged {
+		if b.pool.owner == nil && releasable(b) {
+			return true
+		}
+	}
+	for _, pool := range [...]*ptPool{&p.large, &p.small} {
+		for _, sb := range pool.streams {
+			if sb.tree.appendIf(nil, releasable) != nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// releasable reports whether release_cached_blocks would give back some of
+// the free block b: all of it if it is a whole cudaMalloc segment, its
+// whole pages in an expandable segment.
+func releasable(b *ptBlock) bool {
+	if b.seg == nil {
+		return !b.isSplit()
+	}
+	begin := (b.addr - b.seg.base + b.seg.page - 1) / b.seg.page
+	end := (b.addr + b.size - b.seg.base) / b.seg.page
+	return begin < end
 }
 
 // wouldRetry reports whether a malloc that finds no cached block would

@@ -397,6 +397,8 @@ malloc id=3 size=20MiB stream=1`,
 		// late block back, so that it is freed with the cached segment of
 		// stream 0 (20 MiB, large pool first, stream order); the new
 		// segment follows.
+		// The recording shows the retry's two segment frees before the
+		// malloc.
 		name:     "taken back at the retry's synchronization",
 		capacity: 48 * M,
 		trace: `malloc id=1 size=24MiB stream=1
@@ -405,10 +407,29 @@ free_requested id=1 stream=1
 free_requested id=2
 free id=2
 free id=1 stream=1
+segment_free addr=1 size=20MiB
+segment_free addr=2 size=24MiB stream=1
 malloc id=3 size=20MiB stream=1`,
 		blocks:  []string{"24M@B+0M", "3M@B+24M", "20M@B+44M"},
 		calls:   []string{"alloc 24M@B+0M", "alloc 20M@B+24M", "free 20M@B+24M", "free 24M@B+0M", "alloc 20M@B+44M"},
 		retries: 1,
+	}, {
+		// The same malloc with no release recorded before it: a retry
+		// would have freed the cached 20 MiB segment (and the late block's
+		// 24 MiB once taken back), so the real malloc did not retry: it
+		// took the late block back at its start and found it (the 24 MiB
+		// block at B, split: 20 MiB of it).
+		name:     "taken back at the start when no release is recorded",
+		capacity: 48 * M,
+		trace: `malloc id=1 size=24MiB stream=1
+malloc id=2 size=3MiB
+free_requested id=1 stream=1
+free_requested id=2
+free id=2
+free id=1 stream=1
+malloc id=3 size=20MiB stream=1`,
+		blocks: []string{"24M@B+0M", "3M@B+24M", "20M@B+0M"},
+		calls:  []string{"alloc 24M@B+0M", "alloc 20M@B+24M"},
 	}})
 }
 

@@ -812,6 +812,9 @@ var ptSnapshots = []string{
 	"pytorch_cases/conv_forward", "pytorch_cases/growing_batch", "pytorch_cases/split_frag_oom", "pytorch_cases/token_lengths",
 	"pytorch/churn", "pytorch/churn_maxsplit", "pytorch/churn_roundup", "pytorch/churn_mixed", "pytorch/churn_gc",
 	"pytorch/churn_oom", "pytorch/churn_expandable", "pytorch/churn_expandable_capped", "pytorch/mlp", "pytorch/mlp_expandable",
+	// tuned_churn_oom: a late free taken back at the start of a malloc
+	// that, without it, would retry (see PyTorch.retryReleases).
+	"pytorch/tuned/tuned_mlp", "pytorch/tuned/tuned_churn", "pytorch/tuned/tuned_churn_maxsplit", "pytorch/tuned/tuned_churn_oom",
 }
 
 // ptSnapshot imports the snapshot name (a path in the trace collection
@@ -823,7 +826,7 @@ func ptSnapshot(t testing.TB, name string) ([]trace.Event, uint64, policies.Sett
 	if d := os.Getenv("ALLOCSIM_TRACES"); d != "" {
 		dirs = append(dirs, filepath.Join(d, filepath.Dir(name)))
 	}
-	dirs = append(dirs, filepath.Join("..", "testdata", "pytorch"), filepath.Join("..", "..", "shared", "traces", filepath.Dir(name)))
+	dirs = append(dirs, filepath.Join("..", "testdata", filepath.Dir(name)), filepath.Join("..", "testdata", "pytorch"), filepath.Join("..", "..", "shared", "traces", filepath.Dir(name)))
 	path := ""
 	for _, d := range dirs {
 		p := filepath.Join(d, filepath.Base(name))

@@ -62,6 +62,16 @@ var ptAcceptance = []struct {
 	{name: "pytorch/compile_ro"},
 	{name: "pytorch/mempool"},
 	{name: "pytorch/pending_retry"},
+	// replay tune's recommendations run on the card (record.py --tuned),
+	// and the snapshots taken beside the torch.profiler recordings.
+	{name: "pytorch/tuned/tuned_mlp"},
+	{name: "pytorch/tuned/tuned_churn"},
+	{name: "pytorch/tuned/tuned_churn_maxsplit"},
+	{name: "pytorch/tuned/tuned_churn_oom"},
+	{name: "profiler/prof_mlp"},
+	{name: "profiler/prof_mlp_expandable"},
+	{name: "profiler/prof_churn"},
+	{name: "profiler/prof_churn_oom"},
 }
 
 // ptTruth is what the real allocator reported.
@@ -87,7 +97,7 @@ func ptFind(name string) (snapshot, stats string) {
 	if d := os.Getenv("ALLOCSIM_TRACES"); d != "" {
 		dirs = append(dirs, filepath.Join(d, filepath.Dir(name)))
 	}
-	dirs = append(dirs, filepath.Join("..", "testdata", "pytorch"), filepath.Join("..", "..", "shared", "traces", filepath.Dir(name)))
+	dirs = append(dirs, filepath.Join("..", "testdata", filepath.Dir(name)), filepath.Join("..", "testdata", "pytorch"), filepath.Join("..", "..", "shared", "traces", filepath.Dir(name)))
 	for _, d := range dirs {
 		p := filepath.Join(d, filepath.Base(name))
 		if _, err := os.Stat(p + ".pickle.gz"); err == nil {
