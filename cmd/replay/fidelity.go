@@ -24,7 +24,7 @@ import (
 func runFidelity(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("fidelity", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	capacity := fs.String("capacity", "", "device capacity `SIZE`: bytes or a size like 4000MiB (the recording's memory cap; 0 = none; default: the mem_cap_bytes of the measured figures beside the trace, else none)")
+	capacity := fs.String("capacity", "", "device capacity `SIZE`: bytes or a size like 4000MiB (the recording's memory cap; 0 = none; default: the mem_cap_bytes (a CuPy log's limit_bytes) of the measured figures beside the trace, else none)")
 	policy := fs.String("policy", "pytorch", "the `POLICY` that simulates the recorded allocator")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
@@ -36,9 +36,11 @@ Replays each trace as recorded and compares the simulated device calls and
 placements with the recorded ones, event by event, and, where the real
 allocator's figures lie beside the trace (NAME.stats.json for NAME.pickle.gz
 or NAME.pt.trace.json.gz:
-max_memory_reserved, max_memory_allocated, memory_stats, mem_cap_bytes),
-the peaks and counters with them: peak reserved and allocated bytes, device
-allocations and frees, retries and OOMs (exit 1 if anything differs).
+max_memory_reserved, max_memory_allocated, memory_stats, mem_cap_bytes; for
+a CuPy log NAME.jsonl: peak_total_bytes, device_allocs, limit_bytes,
+ooms_caught), the peaks and counters with them: peak reserved and allocated
+bytes, device allocations and frees, retries and OOMs (exit 1 if anything
+differs).
 
 Flags:
 `)
