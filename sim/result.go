@@ -198,6 +198,8 @@ func CapacityWarning(r *Result) string {
 	switch r.TraceSource {
 	case "pytorch":
 		remedy = "the job probably ran under a memory cap, which a snapshot does not record: replay with --capacity set to that cap (torch.cuda.set_per_process_memory_fraction times the device memory)"
+	case "kineto":
+		remedy = "the job probably ran under a memory cap, which a torch.profiler trace does not record: replay with --capacity set to that cap (torch.cuda.set_per_process_memory_fraction times the device memory, the trace's Metadata device_memory)"
 	case "rmm":
 		remedy = "the pool probably had a maximum size, which the log does not record: replay with --capacity set to it (maximum_pool_size of the pool_memory_resource), or to the card's memory"
 	case "cupy":

@@ -74,3 +74,25 @@ func TestMeasuredPath(t *testing.T) {
 		}
 	}
 }
+
+// TestKinetoStats: replay stats says what a torch.profiler trace does not
+// record, how its device calls were inferred, and names its card.
+func TestKinetoStats(t *testing.T) {
+	out, _, err := runCmd(t, "stats", filepath.Join(profilerDir, "prof_mlp.pt.trace.json.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		": kineto trace, 925 events over ",
+		"\nnot in the recording: streams (every event is on stream 0), requested sizes (each size is the allocator's block), " +
+			"when frees complete (each free is where the program asked for it: a block in use on another stream is reused only later), " +
+			"the allocator settings (--set), the memory cap (--capacity)\n",
+		"\ndevice calls: cudaMalloc segments, inferred from Total Reserved at every event\n",
+		"\ncard: NVIDIA H200\n",
+		"\n  segment_alloc  61\n  segment_free   33\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("replay stats: no %q in\n%s", want, out)
+		}
+	}
+}

@@ -89,6 +89,11 @@ func unrecordedNote(h trace.Header) string {
 		{trace.UnrecordedTimes, "times (every event is at time 0, and no lifetime is known)"},
 		{trace.UnrecordedSegmentFrees, "device frees (no segment_free)"},
 		{trace.UnrecordedSegments, "device calls (no segment event)"},
+		// A torch.profiler trace's (trace/kineto).
+		{"requested sizes", "requested sizes (each size is the allocator's block)"},
+		{"free completions", "when frees complete (each free is where the program asked for it: a block in use on another stream is reused only later)"},
+		{"allocator settings", "the allocator settings (--set)"},
+		{"memory cap", "the memory cap (--capacity)"},
 	} {
 		if h.Unrecorded(u.what) {
 			parts = append(parts, u.lack)
@@ -186,11 +191,17 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 	if n := unrecordedNote(h); n != "" {
 		fmt.Fprintln(w, n)
 	}
+	if c := h.Metadata["device_calls"]; c != "" {
+		fmt.Fprintf(w, "device calls: %s\n", c)
+	}
 	if n := truncatedNote(h); n != "" {
 		fmt.Fprintln(w, n)
 	}
-	if h.Device != "" || h.DeviceMemory != 0 {
+	switch {
+	case h.DeviceMemory != 0:
 		fmt.Fprintf(w, "card: %s, %s (%d bytes)\n", cmp.Or(h.Device, "unnamed"), humanBytes(h.DeviceMemory), h.DeviceMemory)
+	case h.Device != "":
+		fmt.Fprintf(w, "card: %s\n", h.Device)
 	}
 	var calls []string
 	for k, v := range h.Metadata {

@@ -217,7 +217,7 @@ func TestImport(t *testing.T) {
 			"segment_map addr=0x101400000 size=20971520 t=1012000 thread=1",
 			"malloc addr=0x100c00000 size=31457280 t=1012000 thread=1",
 		},
-		calls: "expandable segments, inferred from Total Reserved at every event",
+		calls: "expandable segments (a setting the trace does not record: replay with --set pytorch.expandable_segments=True), inferred from Total Reserved at every event",
 	}, {
 		// Reserved bytes neither model explains: from there, the drops
 		// only, at address 0. The free of an address never allocated is

@@ -51,7 +51,7 @@ func TestRealTraces(t *testing.T) {
 		twoStream bool
 	}{
 		{"prof_mlp", 831, "56", "cudaMalloc segments, inferred from Total Reserved at every event", false},
-		{"prof_mlp_expandable", 831, "56", "expandable segments, inferred from Total Reserved at every event", false},
+		{"prof_mlp_expandable", 831, "56", "expandable segments (a setting the trace does not record: replay with --set pytorch.expandable_segments=True), inferred from Total Reserved at every event", false},
 		{"prof_churn", 570, "", "cudaMalloc segments, inferred from Total Reserved at every event", true},
 		{"prof_churn_oom", 588, "", "cudaMalloc segments, inferred from Total Reserved at every event", true},
 	} {

@@ -61,7 +61,7 @@ const (
 
 func (k segmentKind) String() string {
 	if k == segmentsExpandable {
-		return "expandable segments"
+		return "expandable segments (a setting the trace does not record: replay with --set pytorch.expandable_segments=True)"
 	}
 	return "cudaMalloc segments"
 }
