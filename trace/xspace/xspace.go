@@ -74,10 +74,13 @@
 // file, trace.ErrCorrupt otherwise. A length is checked against its
 // message before anything is read, and no string longer than the few
 // names this package compares is kept, so a damaged file costs no more
-// memory than a sound one.
+// memory than a sound one. Two files in one are refused: bytes after the
+// gzip stream, and a second plane of the same name with allocator events
+// (the profiler names each plane once), whose events would count twice.
 package xspace
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"fmt"
@@ -235,6 +238,7 @@ type input struct {
 	start int64 // where the file starts in r
 	size  int64 // its length in bytes; -1 for a gzip stream
 	gz    bool
+	zsrc  *bufio.Reader // what the gzip reader of the last pass reads
 }
 
 // open returns a wire at the start of the XSpace.
@@ -243,13 +247,34 @@ func (in *input) open() (*wire, error) {
 		return nil, fmt.Errorf("%s: %w", in.name, err)
 	}
 	if in.gz {
-		zr, err := gzip.NewReader(in.r)
+		// One gzip stream: a second one (the file twice) or other bytes
+		// after it are refused (see trailing).
+		in.zsrc = bufio.NewReader(in.r)
+		zr, err := gzip.NewReader(in.zsrc)
 		if err != nil {
 			return nil, fmt.Errorf("%s: gzip: %w", in.name, err)
 		}
+		zr.Multistream(false)
 		return newWire(zr, nil, in.name, true), nil
 	}
 	return newWire(in.r, in.r, in.name, false), nil
+}
+
+// trailing returns an error if bytes follow the gzip stream that the last
+// pass read to its end.
+func (in *input) trailing() error {
+	if !in.gz {
+		return nil
+	}
+	if _, err := in.zsrc.Peek(1); err != nil {
+		return nil
+	}
+	pos, err := in.r.Seek(0, io.SeekCurrent)
+	if err != nil {
+		return fmt.Errorf("%s: %w", in.name, err)
+	}
+	return &trace.FormatError{File: in.name, Offset: pos - int64(in.zsrc.Buffered()) - in.start, Event: -1,
+		Err: fmt.Errorf("%w: bytes follow the XSpace's gzip stream (a second stream, or appended data): refused", trace.ErrCorrupt)}
 }
 
 // plane is what the first pass keeps of a plane with allocator events.
@@ -319,12 +344,20 @@ func Import(r io.ReadSeeker, name string, opts Options) (*trace.SliceSource, err
 		return nil, err
 	}
 	var planes []*plane
+	names := map[string]int64{} // the planes with allocator events, by name
 	err = eachPlane(w, in.size, func(start, end int64) error {
 		p, name, pstats, err := scanPlane(w, start, end)
 		if err != nil {
 			return err
 		}
 		if len(p.ops) > 0 {
+			// The profiler names each plane once; a name twice is an
+			// XSpace with planes repeated (two files in one), whose
+			// events would count twice.
+			if at, ok := names[name]; ok {
+				return w.errorAt(start, trace.ErrCorrupt, "a second plane %q with allocator events (the first at byte %d)", name, at)
+			}
+			names[name] = start
 			planes = append(planes, p)
 		}
 		if name == devPlane {
@@ -346,6 +379,9 @@ func Import(r io.ReadSeeker, name string, opts Options) (*trace.SliceSource, err
 		}
 		return nil
 	})
+	if err == nil {
+		err = in.trailing()
+	}
 	if err != nil {
 		return nil, err
 	}

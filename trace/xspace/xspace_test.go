@@ -243,6 +243,10 @@ func TestImportErrors(t *testing.T) {
 		{"another device's", good, Options{Device: 2}, nil,
 			"test.xplane.pb: no allocator events of device 2 (allocator GPU_2_bfc); the XSpace has those of GPU_0_bfc (--device picks another GPU)"},
 		{"gzip cut short", gzipped(good)[:30], Options{}, trace.ErrTruncated, "test.xplane.pb: byte offset "},
+		{"gzip twice", append(gzipped(good), gzipped(good)...), Options{}, trace.ErrCorrupt,
+			"test.xplane.pb: byte offset " + strconv.Itoa(len(gzipped(good))) + ": corrupt: bytes follow the XSpace's gzip stream (a second stream, or appended data): refused"},
+		{"planes twice", append(good, good...), Options{}, trace.ErrCorrupt,
+			"test.xplane.pb: byte offset " + strconv.Itoa(len(good)+3) + `: corrupt: a second plane "/host:CPU" with allocator events (the first at byte 3)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := importBytes(tc.xspace, tc.opts)
