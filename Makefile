@@ -40,6 +40,7 @@ fuzz:
 	$(GO) test ./trace/minimalloc -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
 	$(GO) test ./trace/cupy -run '^$$' -fuzz '^FuzzCuPy$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
 	$(GO) test ./trace/kineto -run '^$$' -fuzz '^FuzzKineto$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
+	$(GO) test ./trace/xspace -run '^$$' -fuzz '^FuzzXSpace$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
 	$(GO) test ./sim -run '^$$' -fuzz '^FuzzCostModel$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
 	$(GO) test ./sim/results -run '^$$' -fuzz '^FuzzReader$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
 	$(GO) test ./sim/sweep -run '^$$' -fuzz '^FuzzReadCell$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s
