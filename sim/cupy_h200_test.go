@@ -80,8 +80,8 @@ func cupyRecording(t *testing.T, name string, streams bool) (trace.Header, []tra
 }
 
 // TestCuPyRecordings replays the recordings as recorded against the cupy
-// policy, with the streams of churn and churn_limit: identical event by
-// event, and the peak reserved bytes, device allocations and OOMs equal
+// policy, with the streams of churn and churn_limit (linalg and
+// churn_single are on one stream): identical event by event, and the peak reserved bytes, device allocations and OOMs equal
 // the real pool's peak total_bytes(), alloc hooks and OOMs caught.
 func TestCuPyRecordings(t *testing.T) {
 	for _, tc := range []struct {
@@ -92,6 +92,7 @@ func TestCuPyRecordings(t *testing.T) {
 		ooms    int64
 	}{
 		{"linalg", false, 15, 280684032, 0},
+		{"churn_single", false, 48, 1114100224, 0},
 		{"churn", true, 58, 1236560384, 0},
 		{"churn_limit", true, 48, 554309632, 5},
 	} {
@@ -122,9 +123,8 @@ func TestCuPyRecordings(t *testing.T) {
 // default stream), for which the real pool allocated a segment, its
 // default arena having no chunk that fits, while the one-stream replay
 // takes a chunk of the side stream's. churn's figures (48 device allocs,
-// 1114100224 bytes) are what record.py's churn_single, the same arrays all
-// on one stream, must measure if the policy is right (unless CuPy's order
-// of equal-sized chunks, which no log shows, changes them).
+// 1114100224 bytes) are what the real pool measured on churn_single, the
+// same arrays all on one stream (recorded after this test predicted them).
 func TestCuPyOneStream(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
