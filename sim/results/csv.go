@@ -58,6 +58,8 @@ var columns = []column{
 	{"pool_warning", func(r *sim.Result) string { return r.PoolWarning }},
 	{"peak_pinned_bytes", func(r *sim.Result) string { return u(r.PeakPinned) }},
 	{"peak_managed_bytes", func(r *sim.Result) string { return u(r.PeakManaged) }},
+	{"direct_mallocs", func(r *sim.Result) string { return strconv.FormatInt(r.DirectMallocs, 10) }},
+	{"peak_direct_bytes", func(r *sim.Result) string { return u(r.PeakDirect) }},
 	{"sim_alloc_time_ns", func(r *sim.Result) string { return i(r.SimAllocTimeNS) }},
 	{"sim_wake_time_ns", func(r *sim.Result) string { return i(r.SimWakeTimeNS) }},
 }
