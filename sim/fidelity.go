@@ -222,9 +222,10 @@ type Measured struct {
 	// ReadMeasured takes its peak_bytes_in_use for Allocated,
 	// peak_pool_bytes for Reserved and num_allocs for Mallocs.
 	JAXStats *struct {
-		PeakInUse *uint64 `json:"peak_bytes_in_use"` // bytes
-		PeakPool  *uint64 `json:"peak_pool_bytes"`   // bytes
-		NumAllocs *int64  `json:"num_allocs"`
+		PeakInUse  *uint64 `json:"peak_bytes_in_use"` // bytes
+		PeakPool   *uint64 `json:"peak_pool_bytes"`   // bytes
+		NumAllocs  *int64  `json:"num_allocs"`
+		BytesLimit *uint64 `json:"bytes_limit"` // bytes
 	} `json:"stats"`
 	// CuPy's pool, as testdata/cupy/record.py measures it: ReadMeasured
 	// takes them for Cap, Reserved, MemoryStats.DeviceAllocs and OOMs.
@@ -232,6 +233,24 @@ type Measured struct {
 	CuPyPeakTotal    *uint64 `json:"peak_total_bytes"` // the peak of total_bytes(), bytes
 	CuPyDeviceAllocs *int64  `json:"device_allocs"`    // alloc hook calls
 	CuPyOOMs         *int64  `json:"ooms_caught"`      // OutOfMemoryError raised and caught
+}
+
+// RecordedSettings returns the settings of policy that the measured
+// figures imply the job ran its allocator with, nil if none: for bfc,
+// from JAX's memory_stats(), XLA's memory limit (bytes_limit) and whether
+// it preallocated (allow_growth=false when the pool peaked at the whole
+// limit, as a preallocated pool does from the start; a pool grown to the
+// very limit reads as preallocated too).
+func (m *Measured) RecordedSettings(policy string) policies.Settings {
+	s := m.JAXStats
+	if policy != "bfc" || s == nil || s.BytesLimit == nil || *s.BytesLimit == 0 {
+		return nil
+	}
+	prealloc := s.PeakPool != nil && *s.PeakPool == *s.BytesLimit
+	return policies.Settings{
+		"memory_limit": strconv.FormatUint(*s.BytesLimit, 10),
+		"allow_growth": strconv.FormatBool(!prealloc),
+	}
 }
 
 // ReadMeasured reads the measured figures at path. Errors name the file.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -36,14 +37,16 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 Replays each trace as recorded and compares the simulated device calls and
 placements with the recorded ones, event by event, and, where the real
 allocator's figures lie beside the trace (NAME.stats.json for NAME.pickle.gz
-or NAME.pt.trace.json.gz:
-max_memory_reserved, max_memory_allocated, memory_stats, mem_cap_bytes; for
-a CuPy log NAME.jsonl: peak_total_bytes, device_allocs, limit_bytes,
-ooms_caught), the peaks and counters with them: peak reserved and allocated
-bytes, device allocations and frees, retries and OOMs (exit 1 if anything
-differs). For an XSpace the figures are JAX's memory_stats() in NAME.json
-beside NAME.xplane.pb.gz, else those its BFC events record: peak allocated
-bytes and mallocs.
+or NAME.pt.trace.json.gz: max_memory_reserved, max_memory_allocated,
+memory_stats, mem_cap_bytes; for a CuPy log NAME.jsonl: peak_total_bytes,
+device_allocs, limit_bytes, ooms_caught), the peaks and counters with them:
+peak reserved and allocated bytes, device allocations and frees, retries and
+OOMs (exit 1 if anything differs). For an XSpace the figures are JAX's
+memory_stats() in NAME.json beside NAME.xplane.pb.gz, else those its BFC
+events record: peak allocated bytes and mallocs; bfc then runs with the
+memory limit and the preallocation memory_stats() implies (bytes_limit;
+allow_growth=false where the pool peaked at the whole limit), --set over
+them.
 
 Flags:
 `)
@@ -95,7 +98,16 @@ Flags:
 				figures, against = "as the trace records them", "peak allocated bytes and mallocs as the trace records them"
 			}
 		}
-		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: *policy, Settings: settings[*policy], Capacity: capBytes})
+		run := settings[*policy]
+		if measured != nil {
+			// The settings the measured figures imply (XLA's BFC), the
+			// user's over them.
+			if rs := measured.RecordedSettings(*policy); rs != nil {
+				maps.Copy(rs, run)
+				run = rs
+			}
+		}
+		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: *policy, Settings: run, Capacity: capBytes})
 		f.Close()
 		if err != nil {
 			return tracefile.NameError(path, err)

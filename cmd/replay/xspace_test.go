@@ -9,17 +9,24 @@ import (
 // TestFidelityXSpace: replay fidelity on a JAX run's XSpace compares the
 // figures of the bfc replay with the run's memory_stats() in NAME.json
 // beside it, and where there is none with the figures BFC's events
-// record; an XSpace records no device call, so none is compared. attn's
-// grown pool replays as bfc's defaults run it (allow_growth), to the byte;
-// the preallocated train run does not.
+// record; an XSpace records no device call, so none is compared. The
+// settings are the ones memory_stats() implies (XLA's memory limit, and
+// preallocation where the pool peaked at the whole limit): attn's grown
+// pool and train's preallocated one replay to the byte; without NAME.json
+// bfc's defaults (allow_growth) do not match the preallocated train run.
 func TestFidelityXSpace(t *testing.T) {
-	attn := filepath.Join("..", "..", "testdata", "jax", "xspace", "attn.growth.xplane.pb.gz")
-	out, _, err := runCmd(t, "fidelity", "--policy", "bfc", attn)
-	if want := "attn.growth.xplane.pb.gz: figures agree (1963 mallocs, no device call recorded; peaks and counters as measured in attn.growth.json; settings "; err != nil || !strings.HasPrefix(out, want) {
-		t.Errorf("fidelity: %v, output %q; want it to start %q", err, out, want)
+	dir := filepath.Join("..", "..", "testdata", "jax", "xspace")
+	for name, want := range map[string]string{
+		"attn.growth.xplane.pb.gz": "attn.growth.xplane.pb.gz: figures agree (1963 mallocs, no device call recorded; peaks and counters as measured in attn.growth.json; settings allow_growth=true memory_limit=112583507968)\n",
+		"train.bfc.xplane.pb.gz":   "train.bfc.xplane.pb.gz: figures agree (1377 mallocs, no device call recorded; peaks and counters as measured in train.bfc.json; settings allow_growth=false memory_limit=112583507968)\n",
+	} {
+		out, _, err := runCmd(t, "fidelity", "--policy", "bfc", filepath.Join(dir, name))
+		if err != nil || out != want {
+			t.Errorf("fidelity %s: %v, output %q; want %q", name, err, out, want)
+		}
 	}
 	train := filepath.Join("..", "..", "trace", "xspace", "testdata", "train.bfc.mem.xplane.pb.gz")
-	out, _, err = runCmd(t, "fidelity", "--policy", "bfc", train)
+	out, _, err := runCmd(t, "fidelity", "--policy", "bfc", train)
 	if want := "train.bfc.mem.xplane.pb.gz: figures differ from the real allocator's (as the trace records them):\n" +
 		"train.bfc.mem.xplane.pb.gz:   peak allocated bytes: real allocator 388236544, simulation "; err == nil || !strings.HasPrefix(out, want) {
 		t.Errorf("fidelity: %v, output %q; want an error and the output to start %q", err, out, want)
