@@ -108,15 +108,7 @@ var (
 // decompressed as far as it goes, so that a gzip'd JSON is not taken for a
 // gzip'd pickle).
 func Detect(head []byte) bool {
-	if len(head) >= 2 && head[0] == 0x1f && head[1] == 0x8b {
-		zr, err := gzip.NewReader(bytes.NewReader(head))
-		if err != nil {
-			return false
-		}
-		buf := make([]byte, 4096)
-		n, _ := io.ReadFull(zr, buf)
-		head = buf[:n]
-	}
+	head = trace.GunzipHead(head)
 	head = bytes.TrimPrefix(head, []byte("\xef\xbb\xbf"))
 	head = bytes.TrimLeft(head, " \t\r\n")
 	if len(head) == 0 || head[0] != '{' {

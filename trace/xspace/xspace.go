@@ -190,15 +190,7 @@ func statByName(name string) stat {
 // "/device:GPU:0"). An XSpace whose first plane is unnamed is not
 // detected (--from xspace reads it).
 func Detect(head []byte) bool {
-	if len(head) >= 2 && head[0] == 0x1f && head[1] == 0x8b {
-		zr, err := gzip.NewReader(bytes.NewReader(head))
-		if err != nil {
-			return false
-		}
-		buf := make([]byte, 4096)
-		n, _ := io.ReadFull(zr, buf)
-		head = buf[:n]
-	}
+	head = trace.GunzipHead(head)
 	num, typ, n := protowire.ConsumeTag(head)
 	if n < 0 || num != spacePlanes || typ != protowire.BytesType {
 		return false
