@@ -46,7 +46,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.SetInterspersed(false)
-	out := fs.StringP("output", "o", "", "write the program's trace to `OUT` (default PROGRAM.trace); other processes get OUT.PID")
+	out := fs.StringP("output", "o", "", "write the program's trace to `OUT` (default PROGRAM.trace); a process a launcher started with RANK=N (torchrun) gets OUT with .rankN before its extension, other processes OUT.PID")
 	cudart := fs.String("cudart", "", "the CUDA runtime library to forward runtime calls to when the program's own is not visible (`PATH`)")
 	lib := fs.String("interposer", "", "the interposer library (`PATH`; default "+interpose.LibraryName+" next to the record binary)")
 	fs.Usage = func() {

@@ -49,6 +49,10 @@ func commandLine(exe string, args []string) string {
 	return strings.Join(q, " ")
 }
 
+// Rank returns the process's RANK as its launcher set it (torchrun and its
+// kind: the last image's environment), -1 when unset.
+func (p *Process) Rank() int { return p.images[len(p.images)-1].hdr.Rank }
+
 // start returns the CLOCK_MONOTONIC time the process's first image started.
 func (p *Process) start() int64 { return p.images[0].hdr.StartMono }
 
@@ -225,6 +229,15 @@ func (p *Process) Source(t0 int64, meta map[string]string, card Card) (trace.Sou
 	}
 	if c.unwrapped > 0 {
 		h.Metadata["unwrapped"] = strconv.FormatUint(c.unwrapped, 10)
+	}
+	last := p.images[len(p.images)-1].hdr
+	for k, v := range map[string]int{"rank": last.Rank, "local_rank": last.LocalRank, "world_size": last.WorldSize} {
+		if v >= 0 {
+			h.Metadata[k] = strconv.Itoa(v)
+		}
+	}
+	if last.VisibleDevices != "" {
+		h.Metadata["cuda_visible_devices"] = last.VisibleDevices
 	}
 	for k, v := range meta {
 		h.Metadata[k] = v

@@ -410,6 +410,45 @@ func TestProcesses(t *testing.T) {
 			malloc addr=0x2 size=400 t=0 thread=1
 			free addr=0x2 t=0 thread=1`, built.dyn))
 	})
+	t.Run("ranks", func(t *testing.T) {
+		// A launcher (here a shell, as torchrun would) starts one
+		// process per GPU with RANK, LOCAL_RANK, WORLD_SIZE and
+		// CUDA_VISIBLE_DEVICES set; the launcher makes no call of its own,
+		// so its trace is empty, and each process's is named by its rank.
+		script := fmt.Sprintf("RANK=1 LOCAL_RANK=1 WORLD_SIZE=2 CUDA_VISIBLE_DEVICES=1 %[1]s fork & RANK=0 LOCAL_RANK=0 WORLD_SIZE=2 CUDA_VISIBLE_DEVICES=0 %[1]s fork; wait", built.dyn)
+		rec := recordRun(t, "/bin/sh", "-c", script)
+		byPath := map[string]*recorded{}
+		for i := range rec.traces {
+			byPath[filepath.Base(rec.res.Traces[i].Path)] = &rec.traces[i]
+		}
+		if len(rec.traces) != 5 || len(byPath["out.trace"].evs) != 0 {
+			t.Fatalf("%d traces (%v), want the launcher's, empty, and two per rank", len(rec.traces), rec.res.Traces)
+		}
+		for r := 0; r < 2; r++ {
+			name := fmt.Sprintf("out.rank%d.trace", r)
+			got := byPath[name]
+			if got == nil {
+				t.Fatalf("no %s among %v", name, rec.res.Traces)
+			}
+			md := got.h.Metadata
+			if md["rank"] != strconv.Itoa(r) || md["local_rank"] != strconv.Itoa(r) || md["world_size"] != "2" || md["cuda_visible_devices"] != strconv.Itoa(r) {
+				t.Errorf("%s: metadata %v", name, md)
+			}
+			lines, _ := normalize(got.evs)
+			checkLines(t, lines, "malloc addr=0x1 size=100 t=0 thread=1\nfree addr=0x1 t=0 thread=1")
+		}
+		// Each rank's forked child inherits RANK: the second process of a
+		// rank keeps the PID name.
+		forks := 0
+		for _, w := range rec.res.Traces {
+			if strings.HasPrefix(filepath.Base(w.Path), "out.trace.") {
+				forks++
+			}
+		}
+		if forks != 2 {
+			t.Errorf("%d traces named by pid, want the two forked children: %v", forks, rec.res.Traces)
+		}
+	})
 	t.Run("no calls", func(t *testing.T) {
 		rec := recordRun(t, built.dyn, "exit", "7")
 		if rec.res.ExitCode != 7 || len(rec.traces) != 1 || len(rec.traces[0].evs) != 0 || rec.traces[0].h.Metadata["exit_status"] != "7" {

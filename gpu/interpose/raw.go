@@ -151,6 +151,11 @@ type header struct {
 	ChunkBytes uint32
 	Exe        string
 	Args       []string
+	// Rank, LocalRank and WorldSize are the process's RANK, LOCAL_RANK and
+	// WORLD_SIZE (as a launcher such as torchrun sets them), -1 when
+	// unset; VisibleDevices its CUDA_VISIBLE_DEVICES.
+	Rank, LocalRank, WorldSize int
+	VisibleDevices             string
 }
 
 // record is one recorded call.
@@ -187,6 +192,12 @@ func parseHeader(b []byte) (header, error) {
 		Unwrapped:  le.Uint64(b[48:]),
 		ChunkBytes: le.Uint32(b[56:]),
 	}
+	h.Rank, h.LocalRank, h.WorldSize = int(le.Uint32(b[64:]))-1, int(le.Uint32(b[68:]))-1, int(le.Uint32(b[72:]))-1
+	vis := b[76 : 76+128]
+	if i := bytes.IndexByte(vis, 0); i >= 0 {
+		vis = vis[:i]
+	}
+	h.VisibleDevices = string(vis)
 	exe := b[512:1024]
 	if i := bytes.IndexByte(exe, 0); i >= 0 {
 		exe = exe[:i]

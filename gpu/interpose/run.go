@@ -36,7 +36,10 @@ type Options struct {
 	Args    []string
 	// Output is the trace of the program's own process. Every other
 	// process that made a recorded call (a forked child, a program it
-	// started) gets Output.PID.
+	// started) gets Output.PID, but the first of each rank that a launcher
+	// started (RANK set, as torchrun sets it for its one process per GPU)
+	// gets RankPath(Output, rank); the trace's Metadata holds rank,
+	// local_rank, world_size and cuda_visible_devices where they were set.
 	Output string
 	// Library is the preload library (LibraryName).
 	Library string
@@ -229,8 +232,14 @@ func Run(opts Options) (*Result, error) {
 		w.Pid, w.Command = root, h.Metadata["command"]
 		res.Traces = append(res.Traces, w)
 	}
+	ranked := map[int]bool{} // the ranks named so far
 	for _, p := range procs {
 		path, meta := fmt.Sprintf("%s.%d", opts.Output, p.Pid), map[string]string{}
+		if r := p.Rank(); r >= 0 && !ranked[r] && p != rootProc {
+			// One process per GPU under a launcher: named by its rank.
+			ranked[r] = true
+			path = RankPath(opts.Output, r)
+		}
 		if p == rootProc {
 			path, meta = opts.Output, rootMeta
 		} else if slices.Contains(res.Running, p.Pid) {
@@ -255,6 +264,17 @@ func Run(opts Options) (*Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// RankPath is the path of the trace of the process of rank r of a job
+// whose trace is out: ".rankR" before out's extension ("job.trace" gives
+// "job.rank0.trace"), or after out when it has none.
+func RankPath(out string, r int) string {
+	ext := filepath.Ext(out)
+	if ext == "" || strings.ContainsRune(ext, filepath.Separator) {
+		return fmt.Sprintf("%s.rank%d", out, r)
+	}
+	return fmt.Sprintf("%s.rank%d%s", strings.TrimSuffix(out, ext), r, ext)
 }
 
 func writeTrace(path string, src trace.Source) (Written, error) {

@@ -150,7 +150,11 @@ struct filehdr {
 	_Atomic uint64_t unwrapped; // entry points handed out unwrapped (slots full)
 	uint32_t chunk_bytes;  // records are preallocated in chunks of this size
 	uint32_t cmdline_len;  // bytes of cmdline used
-	char pad[512 - 64];
+	// offset 64: the launcher's environment, as torchrun and its kind set
+	// it for each process (0: unset, else the value plus 1).
+	uint32_t rank1, local_rank1, world_size1;
+	char visible_devices[128]; // CUDA_VISIBLE_DEVICES, NUL-terminated
+	char pad[512 - 64 - 12 - 128];
 	char exe[512];         // offset 512: readlink(/proc/self/exe)
 	char cmdline[HDR_BYTES - 1024]; // offset 1024: NUL-separated argv
 };
@@ -210,6 +214,21 @@ static size_t read_file(const char *path, char *buf, size_t cap) {
 	return n;
 }
 
+// env_count1 returns the environment variable name read as a count (a
+// decimal number below 2^31) plus 1, or 0 when it is unset or not one.
+static uint32_t env_count1(const char *name) {
+	const char *v = getenv(name);
+	if (!v || !*v)
+		return 0;
+	uint64_t n = 0;
+	for (const char *c = v; *c; c++) {
+		if (*c < '0' || *c > '9' || n >= (1u << 31) / 10)
+			return 0;
+		n = n * 10 + (uint64_t)(*c - '0');
+	}
+	return n < (1u << 31) ? (uint32_t)n + 1 : 0;
+}
+
 // open_file creates this image's raw file and maps its header. Called with
 // g_mu held.
 static int open_file(void) {
@@ -240,6 +259,12 @@ static int open_file(void) {
 		n = 0;
 	g_hdr->exe[n] = 0;
 	g_hdr->cmdline_len = (uint32_t)read_file("/proc/self/cmdline", g_hdr->cmdline, sizeof g_hdr->cmdline);
+	g_hdr->rank1 = env_count1("RANK");
+	g_hdr->local_rank1 = env_count1("LOCAL_RANK");
+	g_hdr->world_size1 = env_count1("WORLD_SIZE");
+	const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+	if (vis)
+		snprintf(g_hdr->visible_devices, sizeof g_hdr->visible_devices, "%s", vis);
 	memcpy(g_hdr->magic, "ALLOCREC", 8);
 	return 0;
 }
