@@ -685,6 +685,7 @@ func (r *Replay) oom(i int64, size uint64) {
 	if r.res.FirstOOMEvent < 0 {
 		r.res.FirstOOMEvent = i
 		r.res.FirstOOMSize = size
+		r.res.FirstOOMTime = r.lastTime // the event's (checkTime)
 	}
 }
 

@@ -66,6 +66,9 @@ type Result struct {
 	// none; FirstOOMSize its requested size in bytes, 0 if none.
 	FirstOOMEvent int64  `json:"first_oom_event"`
 	FirstOOMSize  uint64 `json:"first_oom_size"`
+	// FirstOOMTime is the trace's time of that event in nanoseconds, 0 if
+	// none (or the trace has no times).
+	FirstOOMTime int64 `json:"first_oom_time_ns"`
 	// SourceOOMs counts the mallocs that failed in the source
 	// (malloc_failed events), replayed as attempts.
 	SourceOOMs int64 `json:"source_ooms"`

@@ -18,6 +18,7 @@ import (
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
@@ -34,8 +35,16 @@ fragmentation at the peak, device calls, simulated allocator time (ms, the
 H200 cost model), retries and OOMs. A recording is replayed as recorded
 (its allocator settings, its addresses); --set overrides one setting. The
 capacity holds the reserved bytes (a per-process cap); without --capacity a
-record run trace is replayed on its card, less the context. Warnings go to
-stderr and into the JSON.
+trace that names its card (record run, an XSpace) is replayed on it, less
+the context. Warnings go to stderr and into the JSON.
+
+The per-rank traces of a multi-GPU job (names with "rank" and a number:
+job.rank0.trace, as record run names a launcher's processes, or
+rank0_memory_snapshot.pickle) are each replayed on a device of their own,
+and a line per job and policy follows the table: the largest and smallest
+rank's peak reserved bytes and their spread, the largest footprint, the
+ranks that ran out of memory and the first of them in time (the job fails
+there).
 
 Flags:
 `
@@ -169,8 +178,44 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if *jsonOut != "-" && *csvOut != "-" {
 		writeTable(stdout, results, *wide)
 		writeSettingsUsed(stdout, results, settings)
+		writeJobs(stdout, job.Summarize(results))
 	}
 	return nil
+}
+
+// writeJobs prints, for each job among the traces (per-rank traces,
+// job.Rank) and each policy, the job's figures: the largest and smallest
+// rank's peak reserved bytes and their spread, the largest footprint, and
+// the ranks that ran out of memory, the first of them in time.
+func writeJobs(w io.Writer, sums []*job.Summary) {
+	if len(sums) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "job\tpolicy\tranks\tmax reserved MiB\t(rank)\tmin\t(rank)\tspread\tmax footprint MiB\t(rank)\tOOM ranks\tfirst OOM\t")
+	for _, s := range sums {
+		ooms, first := "-", "-"
+		if len(s.OOMRanks) > 0 {
+			ooms = joinInts(s.OOMRanks)
+			first = "order unknown"
+			if s.FirstOOMRank >= 0 {
+				first = fmt.Sprintf("rank %d, event %d", s.FirstOOMRank, s.FirstOOMEvent)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%.1f%%\t%s\t%d\t%s\t%s\t\n", s.Job, s.Policy, len(s.Ranks),
+			mib(s.MaxReserved), s.MaxReservedRank, mib(s.MinReserved), s.MinReservedRank, 100*s.Spread(),
+			mib(s.MaxFootprint), s.MaxFootprintRank, ooms, first)
+	}
+	tw.Flush()
+}
+
+func joinInts(xs []int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.Itoa(x)
+	}
+	return strings.Join(parts, ",")
 }
 
 // checkOutputs returns an error naming the flag when one of the output

@@ -47,6 +47,7 @@ var columns = []column{
 	{"ooms", func(r *sim.Result) string { return i(r.OOMs) }},
 	{"first_oom_event", func(r *sim.Result) string { return i(r.FirstOOMEvent) }},
 	{"first_oom_size", func(r *sim.Result) string { return u(r.FirstOOMSize) }},
+	{"first_oom_time_ns", func(r *sim.Result) string { return strconv.FormatInt(r.FirstOOMTime, 10) }},
 	{"source_ooms", func(r *sim.Result) string { return i(r.SourceOOMs) }},
 	{"source_ooms_served", func(r *sim.Result) string { return i(r.SourceOOMsServed) }},
 	{"build_error", func(r *sim.Result) string { return r.BuildError }},
