@@ -1018,12 +1018,45 @@ func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	planned := withoutDirect(evs)
 	for _, rep := range planners {
-		if err := rep.policy.(policies.Planner).Plan(evs); err != nil {
+		if err := rep.policy.(policies.Planner).Plan(planned); err != nil {
 			return nil, fmt.Errorf("policy %s: plan: %w", rep.policy.Name(), err)
 		}
 	}
 	return trace.NewSliceSource(src.Header(), evs), nil
+}
+
+// withoutDirect returns evs without the mallocs that go around the policy
+// (trace.DirectSite: directMalloc) and their frees, which a Planner must
+// not plan for; evs itself when it has none.
+func withoutDirect(evs []trace.Event) []trace.Event {
+	first := -1
+	for i := range evs {
+		if ev := &evs[i]; ev.Op == trace.OpMalloc && ev.Kind == trace.KindDevice && ev.Label != "" && trace.DirectSite(ev.Label) {
+			first = i
+			break
+		}
+	}
+	if first < 0 {
+		return evs
+	}
+	out := slices.Clone(evs[:first])
+	direct := map[uint64]bool{} // live direct mallocs by address
+	for _, ev := range evs[first:] {
+		switch {
+		case ev.Op == trace.OpMalloc && ev.Kind == trace.KindDevice && ev.Label != "" && trace.DirectSite(ev.Label):
+			direct[ev.Addr] = true
+			continue
+		case (ev.Op == trace.OpFree || ev.Op == trace.OpFreeRequested) && direct[ev.Addr]:
+			if ev.Op == trace.OpFree {
+				delete(direct, ev.Addr)
+			}
+			continue
+		}
+		out = append(out, ev)
+	}
+	return out
 }
 
 // SeriesBuilder downsamples a per-event series to at most MaxSeriesPoints

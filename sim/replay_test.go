@@ -330,4 +330,13 @@ func TestDirectMallocs(t *testing.T) {
 	if got != want {
 		t.Errorf("mallocs, frees, peak requested, allocated, reserved, device allocs, direct mallocs, peak direct, anomalies = %v, want %v", got, want)
 	}
+	// A Planner plans the policy's mallocs only: offline places the two
+	// of XLA, live together, in 4000 bytes.
+	rs, err = Run(textSource(t, "testdata/direct.txt"), Config{Trace: "direct.txt", Policy: "offline"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs[0]; r.Mallocs != 2 || r.DirectMallocs != 2 || r.PeakRequested != 4000 || r.OOMs != 0 {
+		t.Errorf("offline: mallocs %d, direct %d, peak requested %d, OOMs %d", r.Mallocs, r.DirectMallocs, r.PeakRequested, r.OOMs)
+	}
 }
