@@ -34,8 +34,8 @@ func TestCuPyCommands(t *testing.T) {
 		t.Errorf("sim of churn_limit without --capacity: %v\n%s", err, errOut)
 	}
 	out, _, err = runCmd(t, "fidelity", "--policy", "cupy", filepath.Join(dir, "linalg.jsonl"), filepath.Join(dir, "churn.jsonl"))
-	want := "linalg.jsonl: identical (15 device calls, 442 mallocs; peaks and counters as measured in linalg.stats.json; settings default)\n" +
-		"churn.jsonl: diverges at event 35: real allocator: segment_alloc of 353792 bytes at 0x7f02b7200000; simulation: no device call by event 36\n"
+	want := "linalg.jsonl: identical (15 device calls, 442 mallocs; peaks and counters as measured in linalg.stats.json; policy cupy, settings default)\n" +
+		"churn.jsonl: diverges at event 35: real allocator: segment_alloc of 353792 bytes at 0x7f02b7200000; simulation: no device call by event 36 (policy cupy)\n"
 	if out != want || err == nil || err.Error() != "fidelity: 1 of 2 traces diverge from their recording" {
 		t.Errorf("fidelity: %v\n%s", err, out)
 	}

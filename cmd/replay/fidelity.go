@@ -27,7 +27,7 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("fidelity", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	capacity := fs.String("capacity", "", "device capacity `SIZE`: bytes or a size like 4000MiB (the recording's memory cap; 0 = none; default: the mem_cap_bytes (a CuPy log's limit_bytes) of the measured figures beside the trace, else none)")
-	policy := fs.String("policy", "pytorch", "the `POLICY` that simulates the recorded allocator")
+	policy := fs.String("policy", "", "the `POLICY` that simulates the recorded allocator (default: the one of the trace's source: pytorch for PyTorch snapshots and torch.profiler traces, cupy for CuPy logs, bfc for XSpaces)")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, "device index to replay from multi-device traces")
 	sets := fs.StringArray("set", nil, "a setting `NAME.key=value` over the recorded ones (repeatable): what the trace does not record, such as a torch.profiler trace's pytorch.expandable_segments=True")
@@ -61,7 +61,11 @@ Flags:
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("fidelity: no trace given")}
 	}
-	settings, err := parseSets(*sets, []string{*policy})
+	setNames := []string{*policy}
+	if *policy == "" {
+		setNames = policies.Names() // the policy is chosen per trace
+	}
+	settings, err := parseSets(*sets, setNames)
 	if err != nil {
 		return err
 	}
@@ -98,16 +102,20 @@ Flags:
 				figures, against = "as the trace records them", "peak allocated bytes and mallocs as the trace records them"
 			}
 		}
-		run := settings[*policy]
+		pol := *policy
+		if pol == "" {
+			pol = sourcePolicy(f.Header().Source)
+		}
+		run := settings[pol]
 		if measured != nil {
 			// The settings the measured figures imply (XLA's BFC), the
 			// user's over them.
-			if rs := measured.RecordedSettings(*policy); rs != nil {
+			if rs := measured.RecordedSettings(pol); rs != nil {
 				maps.Copy(rs, run)
 				run = rs
 			}
 		}
-		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: *policy, Settings: run, Capacity: capBytes})
+		rep, err := sim.Fidelity(f, sim.Config{Trace: path, Policy: pol, Settings: run, Capacity: capBytes})
 		f.Close()
 		if err != nil {
 			return tracefile.NameError(path, err)
@@ -115,7 +123,7 @@ Flags:
 		name := filepath.Base(path)
 		if d := rep.Divergence; d != nil {
 			diverged++
-			fmt.Fprintf(stdout, "%s: diverges at %v\n", name, d)
+			fmt.Fprintf(stdout, "%s: diverges at %v (policy %s)\n", name, d, pol)
 			if hint := sim.CapacityWarning(rep.Result); hint != "" {
 				fmt.Fprintf(stdout, "%s: %s\n", name, hint)
 			}
@@ -128,7 +136,7 @@ Flags:
 				if noCalls {
 					same = ""
 				}
-				fmt.Fprintf(stdout, "%s: %sfigures differ from the real allocator's (%s):\n", name, same, figures)
+				fmt.Fprintf(stdout, "%s: %sfigures differ from the real allocator's (%s; policy %s):\n", name, same, figures, pol)
 				for _, d := range diffs {
 					fmt.Fprintf(stdout, "%s:   %s\n", name, d)
 				}
@@ -139,12 +147,12 @@ Flags:
 			against = "no measured figures beside it"
 		}
 		if noCalls {
-			fmt.Fprintf(stdout, "%s: figures agree (%d mallocs, no device call recorded; %s; settings %s)\n",
-				name, rep.Mallocs, against, settingsText(rep.Result.Settings))
+			fmt.Fprintf(stdout, "%s: figures agree (%d mallocs, no device call recorded; %s; policy %s, settings %s)\n",
+				name, rep.Mallocs, against, pol, settingsText(rep.Result.Settings))
 			continue
 		}
-		fmt.Fprintf(stdout, "%s: identical (%d device calls, %d mallocs; %s; settings %s)\n",
-			name, rep.Calls, rep.Mallocs, against, settingsText(rep.Result.Settings))
+		fmt.Fprintf(stdout, "%s: identical (%d device calls, %d mallocs; %s; policy %s, settings %s)\n",
+			name, rep.Calls, rep.Mallocs, against, pol, settingsText(rep.Result.Settings))
 	}
 	if diverged > 0 {
 		return fmt.Errorf("fidelity: %d of %d traces diverge from their recording", diverged, fs.NArg())
@@ -171,6 +179,20 @@ func measuredPath(path string) string {
 		base = strings.TrimSuffix(path, filepath.Ext(path))
 	}
 	return base + ".stats.json"
+}
+
+// sourcePolicy returns the policy that simulates the allocator of a trace
+// from source (trace.Header.Source): cupy for a CuPy log, bfc for an
+// XSpace (XLA's BFC), pytorch for the rest (PyTorch snapshots,
+// torch.profiler traces, and record run traces of PyTorch jobs).
+func sourcePolicy(source string) string {
+	switch source {
+	case "cupy":
+		return "cupy"
+	case "xspace":
+		return "bfc"
+	}
+	return "pytorch"
 }
 
 // settingsText writes settings as key=value pairs, sorted, or "default".

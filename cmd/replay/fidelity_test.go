@@ -128,7 +128,7 @@ func TestFidelityCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, _, err := runCmd(t, "fidelity", path)
-	const want = "planted.pickle.gz: same device calls and placements, but figures differ from the real allocator's (planted.stats.json):\n" +
+	const want = "planted.pickle.gz: same device calls and placements, but figures differ from the real allocator's (planted.stats.json; policy pytorch):\n" +
 		"planted.pickle.gz:   retries: real allocator 4, simulation 3 (at events "
 	if err == nil || !strings.HasPrefix(out, want) {
 		t.Errorf("replay fidelity with one retry planted: %v\n%s\nwant %s...", err, out, want)

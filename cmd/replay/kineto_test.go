@@ -25,15 +25,15 @@ func TestKinetoFidelity(t *testing.T) {
 		ok   bool
 	}{
 		{[]string{"prof_mlp.pt.trace.json.gz"},
-			"prof_mlp.pt.trace.json.gz: identical (94 device calls, 417 mallocs; peaks and counters as measured in prof_mlp.stats.json; settings default)", true},
+			"prof_mlp.pt.trace.json.gz: identical (94 device calls, 417 mallocs; peaks and counters as measured in prof_mlp.stats.json; policy pytorch, settings default)", true},
 		{[]string{"--set", "pytorch.expandable_segments=True", "prof_mlp_expandable.pt.trace.json.gz"},
-			"prof_mlp_expandable.pt.trace.json.gz: identical (46 device calls, 417 mallocs; peaks and counters as measured in prof_mlp_expandable.stats.json; settings expandable_segments=True)", true},
+			"prof_mlp_expandable.pt.trace.json.gz: identical (46 device calls, 417 mallocs; peaks and counters as measured in prof_mlp_expandable.stats.json; policy pytorch, settings expandable_segments=True)", true},
 		{[]string{"prof_mlp_expandable.pt.trace.json.gz"},
-			"prof_mlp_expandable.pt.trace.json.gz: diverges at event 1: real allocator: segment_map of 20971520 bytes at 0x302000000 (event 0); simulation: segment_alloc of 12582912 bytes at 0x1000000000000", false},
+			"prof_mlp_expandable.pt.trace.json.gz: diverges at event 1: real allocator: segment_map of 20971520 bytes at 0x302000000 (event 0); simulation: segment_alloc of 12582912 bytes at 0x1000000000000 (policy pytorch)", false},
 		{[]string{"prof_churn.pt.trace.json.gz"},
-			"prof_churn.pt.trace.json.gz: diverges at event 4: real allocator: segment_alloc of 2097152 bytes at 0x7f73d6800000; simulation: no device call by event 5", false},
+			"prof_churn.pt.trace.json.gz: diverges at event 4: real allocator: segment_alloc of 2097152 bytes at 0x7f73d6800000; simulation: no device call by event 5 (policy pytorch)", false},
 		{[]string{"prof_churn_oom.pt.trace.json.gz"},
-			"prof_churn_oom.pt.trace.json.gz: diverges at event 4: real allocator: segment_alloc of 2097152 bytes at 0x7fa468800000; simulation: no device call by event 5", false},
+			"prof_churn_oom.pt.trace.json.gz: diverges at event 4: real allocator: segment_alloc of 2097152 bytes at 0x7fa468800000; simulation: no device call by event 5 (policy pytorch)", false},
 	} {
 		args := append([]string{"fidelity"}, tc.args...)
 		args[len(args)-1] = filepath.Join(profilerDir, args[len(args)-1])

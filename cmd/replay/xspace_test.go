@@ -17,8 +17,8 @@ import (
 func TestFidelityXSpace(t *testing.T) {
 	dir := filepath.Join("..", "..", "testdata", "jax", "xspace")
 	for name, want := range map[string]string{
-		"attn.growth.xplane.pb.gz": "attn.growth.xplane.pb.gz: figures agree (1963 mallocs, no device call recorded; peaks and counters as measured in attn.growth.json; settings allow_growth=true memory_limit=112583507968)\n",
-		"train.bfc.xplane.pb.gz":   "train.bfc.xplane.pb.gz: figures agree (1377 mallocs, no device call recorded; peaks and counters as measured in train.bfc.json; settings allow_growth=false memory_limit=112583507968)\n",
+		"attn.growth.xplane.pb.gz": "attn.growth.xplane.pb.gz: figures agree (1963 mallocs, no device call recorded; peaks and counters as measured in attn.growth.json; policy bfc, settings allow_growth=true memory_limit=112583507968)\n",
+		"train.bfc.xplane.pb.gz":   "train.bfc.xplane.pb.gz: figures agree (1377 mallocs, no device call recorded; peaks and counters as measured in train.bfc.json; policy bfc, settings allow_growth=false memory_limit=112583507968)\n",
 	} {
 		out, _, err := runCmd(t, "fidelity", "--policy", "bfc", filepath.Join(dir, name))
 		if err != nil || out != want {
@@ -27,7 +27,7 @@ func TestFidelityXSpace(t *testing.T) {
 	}
 	train := filepath.Join("..", "..", "trace", "xspace", "testdata", "train.bfc.mem.xplane.pb.gz")
 	out, _, err := runCmd(t, "fidelity", "--policy", "bfc", train)
-	if want := "train.bfc.mem.xplane.pb.gz: figures differ from the real allocator's (as the trace records them):\n" +
+	if want := "train.bfc.mem.xplane.pb.gz: figures differ from the real allocator's (as the trace records them; policy bfc):\n" +
 		"train.bfc.mem.xplane.pb.gz:   peak allocated bytes: real allocator 388236544, simulation "; err == nil || !strings.HasPrefix(out, want) {
 		t.Errorf("fidelity: %v, output %q; want an error and the output to start %q", err, out, want)
 	}
