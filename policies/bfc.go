@@ -3,6 +3,7 @@ package policies
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -54,7 +55,9 @@ import (
 //   - memory_limit [the device's capacity, unlimited without one]: the
 //     bytes the policy may hold (TensorFlow's total_memory).
 //   - memory_fraction [none]: the memory limit as this fraction of the
-//     device's capacity, in (0, 1]; not with memory_limit.
+//     card's total memory (the card the trace names), rounded up to 2 MiB
+//     as XLA takes it, or else of the device's capacity, in (0, 1]; not
+//     with memory_limit.
 //   - garbage_collection [true]: return wholly free regions when a region
 //     cannot be added.
 //   - coalesce_regions [false]: a device segment that begins where a region
@@ -68,11 +71,12 @@ import (
 // allow_growth=false, and growing with XLA_PYTHON_CLIENT_PREALLOCATE=false,
 // which is allow_growth=true; its memory limit is
 // XLA_PYTHON_CLIENT_MEM_FRACTION (0.75) of the card's total memory as the
-// driver reports it, which memory_stats() gives as bytes_limit: pass that
-// as memory_limit for XLA's exact limit (on the H200 here 112583507968,
-// 1097728 bytes above 0.75 of the 150109880320 bytes cudaMemGetInfo
-// reports). The cuDNN and cuBLAS memory of such a job never reaches the
-// allocator (trace.DirectSite).
+// driver reports it, rounded up to 2 MiB, which memory_stats() gives as
+// bytes_limit (on the H200 here 112583507968: 0.75 of the 150109880320
+// bytes cudaMemGetInfo reports, rounded up to 53684 pages of 2 MiB);
+// memory_fraction=0.75 on a trace that names its card gives it. The cuDNN
+// and cuBLAS memory of such a job never reaches the allocator
+// (trace.DirectSite).
 type BFC struct {
 	dev         Device
 	allowGrowth bool
@@ -118,12 +122,31 @@ func init() {
 		Settings: []Setting{
 			{Key: "allow_growth", Default: "true", Doc: "grow regions from 2 MiB by doubling; false takes one region of the memory limit at the first malloc"},
 			{Key: "memory_limit", Default: "the device's capacity, else none", Derived: true, Doc: "the bytes the policy may hold (TensorFlow's total_memory), at least 256"},
-			{Key: "memory_fraction", Default: "none", Derived: true, Doc: "the memory limit as this fraction of the device's capacity, in (0, 1] (XLA_PYTHON_CLIENT_MEM_FRACTION; not with memory_limit)"},
+			{Key: "memory_fraction", Default: "none", Derived: true, Doc: "the memory limit as this fraction of the card's total memory, rounded up to 2 MiB as XLA takes it (XLA_PYTHON_CLIENT_MEM_FRACTION), or of the capacity where the trace names no card, in (0, 1]; not with memory_limit"},
 			{Key: "coalesce_regions", Default: "false", Doc: "a device segment that begins where a region ends extends it (BFC over a sub-allocator that coalesces: XLA's virtual-memory one)"},
 			{Key: "garbage_collection", Default: "true", Doc: "return wholly free regions to the device when a region cannot be added"},
 		},
 		Abilities: Abilities{FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewBFC(dev, s) })
+	registerRecorded("bfc", bfcRecorded)
+}
+
+// bfcRecorded is the RecordedFunc of bfc: an XSpace of XLA's BFC records its
+// memory limit (recorded "memory_limit"), not whether XLA preallocated it;
+// XLA's default, preallocation (allow_growth=false), is taken. A user's
+// memory_fraction replaces the recorded limit.
+func bfcRecorded(source string, recorded map[string]string, user Settings) (Settings, bool, error) {
+	if source != "xspace" {
+		return user, false, nil
+	}
+	s := Settings{"allow_growth": "false"}
+	if l, ok := recorded["memory_limit"]; ok {
+		if _, frac := user["memory_fraction"]; !frac {
+			s["memory_limit"] = l
+		}
+	}
+	maps.Copy(s, user)
+	return s, true, nil
 }
 
 // NewBFC returns a bfc policy on dev. It returns an error naming the key
@@ -158,11 +181,15 @@ func NewBFC(dev Device, s Settings) (*BFC, error) {
 		if err != nil || !(frac > 0 && frac <= 1) {
 			return nil, invalidSettingf(name, s, "memory_fraction", "must be a fraction in (0, 1]")
 		}
-		capacity := deviceCapacity(dev)
-		if capacity == 0 {
-			return nil, invalidSettingf(name, s, "memory_fraction", "needs a device capacity (--capacity or a card)")
+		if card, ok := dev.(CardMemorier); ok && card.CardMemory() > 0 {
+			// XLA's limit: the fraction of the card's total memory,
+			// rounded up to its 2 MiB pages.
+			limit = ceilToMultiple(uint64(frac*float64(card.CardMemory())), 2<<20)
+		} else if capacity := deviceCapacity(dev); capacity > 0 {
+			limit = uint64(frac * float64(capacity))
+		} else {
+			return nil, invalidSettingf(name, s, "memory_fraction", "needs a card or a device capacity (--capacity)")
 		}
-		limit = uint64(frac * float64(capacity))
 		if limit < bfcMinAllocation {
 			return nil, invalidSettingf(name, s, "memory_fraction", "leaves less than 256 B")
 		}

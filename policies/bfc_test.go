@@ -334,3 +334,23 @@ func TestBFCMemoryFractionErrors(t *testing.T) {
 		t.Errorf("memory_fraction without a capacity: no error")
 	}
 }
+
+// TestBFCMemoryFractionCard: on a device that stands for a card, the
+// fraction is of the card's total memory, rounded up to 2 MiB as XLA takes
+// it: 0.75 of the H200's 150109880320 bytes is 112582410240, which is
+// 53683.48 pages of 2 MiB, so 53684 pages, 112583507968 bytes, the
+// bytes_limit JAX reported there.
+func TestBFCMemoryFractionCard(t *testing.T) {
+	dev := sim.NewDevice(0)
+	dev.SetCardMemory(150109880320)
+	p, err := policies.NewBFC(dev, policies.Settings{"allow_growth": "false", "memory_fraction": "0.75"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Malloc(1000, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := dev.PeakReserved(); got != 112583507968 {
+		t.Errorf("preallocated region %d bytes, want 112583507968", got)
+	}
+}

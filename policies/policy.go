@@ -27,6 +27,15 @@ type Device interface {
 	Free(addr uint64) error
 }
 
+// CardMemorier is implemented by a Device that stands for a card whose
+// total memory is known (the driver's cudaMemGetInfo total, as a trace
+// records its card), for the policies that size themselves by it as their
+// framework does (XLA's memory fraction).
+type CardMemorier interface {
+	// CardMemory returns the card's total memory in bytes, 0 if unknown.
+	CardMemory() uint64
+}
+
 // Capacitor is implemented by a Device with a fixed capacity.
 type Capacitor interface {
 	// Capacity returns the device's capacity in bytes, 0 if unlimited.

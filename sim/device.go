@@ -20,16 +20,17 @@ const baseAddr = 0x7f0000000000
 // never-reused address space of 2 MiB-aligned segments, counting its device
 // allocations and frees as cudaMalloc and cudaFree calls.
 type Device struct {
-	capacity uint64
-	card     bool // the capacity holds the footprint (HoldFootprint)
-	reserved uint64
-	peak     uint64
-	allocs   int64
-	frees    int64
-	next     uint64
-	live     trace.AddrMap[uint64] // address -> size in bytes
-	cost     *costMeter            // charges the calls to a cost model (cost.go)
-	rec      *recording            // reserved ranges, recorded addresses, call log (device_map.go)
+	capacity   uint64
+	card       bool   // the capacity holds the footprint (HoldFootprint)
+	cardMemory uint64 // the total memory of the card it stands for, 0 if unknown
+	reserved   uint64
+	peak       uint64
+	allocs     int64
+	frees      int64
+	next       uint64
+	live       trace.AddrMap[uint64] // address -> size in bytes
+	cost       *costMeter            // charges the calls to a cost model (cost.go)
+	rec        *recording            // reserved ranges, recorded addresses, call log (device_map.go)
 }
 
 var (
@@ -105,6 +106,14 @@ func (d *Device) Free(addr uint64) error {
 	d.called(trace.OpSegmentFree, addr, size)
 	return nil
 }
+
+// SetCardMemory says the device stands for a card of total bytes of memory
+// (policies.CardMemorier).
+func (d *Device) SetCardMemory(total uint64) { d.cardMemory = total }
+
+// CardMemory returns the total memory in bytes of the card the device
+// stands for, 0 if unknown.
+func (d *Device) CardMemory() uint64 { return d.cardMemory }
 
 // Capacity returns the capacity in bytes, 0 if unlimited.
 func (d *Device) Capacity() uint64 { return d.capacity }

@@ -64,6 +64,9 @@ type recordedCall struct {
 // not compared. Errors are those of Run.
 func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 	cfg.AsRecorded = true
+	if cfg.CardMemory == 0 {
+		cfg.CardMemory = src.Header().DeviceMemory
+	}
 	cfg, err := cfg.withRecorded(src.Header())
 	if err != nil {
 		return nil, err

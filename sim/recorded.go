@@ -126,6 +126,9 @@ const ContextBytes = 552402944
 // footprint (Card), so that a malloc the card refused fails in the replay
 // too.
 func (c Config) withCard(h trace.Header) Config {
+	if c.CardMemory == 0 {
+		c.CardMemory = h.DeviceMemory
+	}
 	if c.CardCapacity && c.Capacity == 0 && c.Backend == nil && h.DeviceMemory > ContextBytes {
 		c.Capacity = h.DeviceMemory - ContextBytes
 		c.CardCapacityUsed, c.Card = true, true

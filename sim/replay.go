@@ -31,6 +31,10 @@ type Config struct {
 	// unlimited when it names none. CardCapacityUsed says it did (set by
 	// Prepare).
 	CardCapacity, CardCapacityUsed bool
+	// CardMemory is the total memory in bytes of the card the trace names
+	// (Header.DeviceMemory), 0 if none; Prepare sets it. A policy that
+	// sizes itself by the card's memory reads it (policies.CardMemorier).
+	CardMemory uint64
 	// Card says Capacity is a card's memory less its context: the
 	// simulated device holds its footprint to it, not its reserved bytes
 	// (Device.HoldFootprint). Prepare sets it with CardCapacityUsed.
@@ -202,6 +206,7 @@ func NewReplay(cfg Config) (*Replay, error) {
 		if cfg.Card {
 			dev.HoldFootprint()
 		}
+		dev.SetCardMemory(cfg.CardMemory)
 		back, pdev = dev, dev
 		if cfg.Check || checkByDefault() {
 			chk = NewChecker(dev)

@@ -111,6 +111,9 @@ Flags:
 			// The settings the measured figures imply (XLA's BFC), the
 			// user's over them.
 			if rs := measured.RecordedSettings(pol); rs != nil {
+				if _, frac := run["memory_fraction"]; frac {
+					delete(rs, "memory_limit") // the user's fraction replaces it
+				}
 				maps.Copy(rs, run)
 				run = rs
 			}

@@ -13,7 +13,7 @@ import (
 // settings are the ones memory_stats() implies (XLA's memory limit, and
 // preallocation where the pool peaked at the whole limit): attn's grown
 // pool and train's preallocated one replay to the byte; without NAME.json
-// bfc's defaults (allow_growth) do not match the preallocated train run.
+// the limit is the one the XSpace records, and preallocation XLA's default.
 func TestFidelityXSpace(t *testing.T) {
 	dir := filepath.Join("..", "..", "testdata", "jax", "xspace")
 	for name, want := range map[string]string{
@@ -26,7 +26,13 @@ func TestFidelityXSpace(t *testing.T) {
 		}
 	}
 	train := filepath.Join("..", "..", "trace", "xspace", "testdata", "train.bfc.mem.xplane.pb.gz")
-	out, _, err := runCmd(t, "fidelity", "--policy", "bfc", train)
+	// Without NAME.json: the memory limit the XSpace records, and XLA's
+	// default, preallocation; grown instead (--set), the replay differs.
+	out, _, err := runCmd(t, "fidelity", train)
+	if want := "train.bfc.mem.xplane.pb.gz: figures agree (1377 mallocs, no device call recorded; peak allocated bytes and mallocs as the trace records them; policy bfc, settings allow_growth=false memory_limit=112583507968)\n"; err != nil || out != want {
+		t.Errorf("fidelity: %v, output %q; want %q", err, out, want)
+	}
+	out, _, err = runCmd(t, "fidelity", "--set", "bfc.allow_growth=true", train)
 	if want := "train.bfc.mem.xplane.pb.gz: figures differ from the real allocator's (as the trace records them; policy bfc):\n" +
 		"train.bfc.mem.xplane.pb.gz:   peak allocated bytes: real allocator 388236544, simulation "; err == nil || !strings.HasPrefix(out, want) {
 		t.Errorf("fidelity: %v, output %q; want an error and the output to start %q", err, out, want)
