@@ -146,6 +146,13 @@ Flags:
 				continue
 			}
 		}
+		if a := rep.Result.Anomalies; a > 0 {
+			// The real allocator replays its own recording whole: events
+			// that cannot be replayed are a damaged or foreign recording.
+			diverged++
+			fmt.Fprintf(stdout, "%s: %d event(s) could not be replayed as recorded (first: %s): not a whole recording of the allocator (policy %s)\n", name, a, rep.Result.FirstAnomaly, pol)
+			continue
+		}
 		if measured == nil {
 			against = "no measured figures beside it"
 		}

@@ -222,3 +222,24 @@ func TestWriteWarnings(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
 	}
 }
+
+// TestFidelityAnomalies: a recording with an event the replay cannot make
+// (here a free of an address no malloc gave, put into a real CuPy log) is
+// not "identical": fidelity names the event and fails.
+func TestFidelityAnomalies(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("..", "..", "testdata", "cupy", "linalg.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(raw), "\n")
+	bad := strings.Join(lines[:10], "") + `{"hook":"free","device_id":0,"mem_size":512,"mem_ptr":1000000000,"pmem_id":"0x1"}` + "\n" + strings.Join(lines[10:], "")
+	path := filepath.Join(t.TempDir(), "unknown_free.jsonl")
+	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runCmd(t, "fidelity", path)
+	const want = "unknown_free.jsonl: 1 event(s) could not be replayed as recorded (first: event 10: free of unknown address 0x3b9aca00): not a whole recording of the allocator (policy cupy)\n"
+	if err == nil || out != want {
+		t.Errorf("fidelity: %v, output %q, want %q", err, out, want)
+	}
+}
