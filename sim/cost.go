@@ -444,6 +444,10 @@ type costMeter struct {
 	placed trace.AddrMap[placement] // small segment address -> its place
 	freed  freedSizes               // large sizes freed and not taken again
 
+	// untimed makes charge charge nothing: the pages of a direct
+	// allocation (Device.DirectAlloc) count, its call not.
+	untimed bool
+
 	kinds [numCharges]chargeKind        // how each kind of call is charged
 	cache [costCacheSize]costCacheEntry // recent latencies of sizes the memos do not hold
 }
@@ -684,8 +688,11 @@ func newCostMeter(m *CostModel) *costMeter {
 	return c
 }
 
-// charge charges one call of kind k on size bytes.
+// charge charges one call of kind k on size bytes (nothing while untimed).
 func (c *costMeter) charge(k int, size uint64) {
+	if c.untimed {
+		return
+	}
 	ck := &c.kinds[k]
 	ns := c.latency(k, ck, size)
 	if c.waking {

@@ -28,6 +28,7 @@ type Device struct {
 	allocs     int64
 	frees      int64
 	next       uint64
+	directNext uint64                // offset of the next direct allocation from directBase
 	live       trace.AddrMap[uint64] // address -> size in bytes
 	cost       *costMeter            // charges the calls to a cost model (cost.go)
 	rec        *recording            // reserved ranges, recorded addresses, call log (device_map.go)
@@ -91,6 +92,43 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	d.cost.alloc(addr, size)
 	d.called(trace.OpSegmentAlloc, addr, size)
 	return addr, nil
+}
+
+// directBase is the first address of the direct allocations
+// (DirectAlloc), apart from the policies' segments.
+const directBase = 0x7e0000000000
+
+// DirectAlloc places a device allocation of size bytes that a CUDA library
+// made straight from the driver, around the policy (trace.DirectSite): its
+// pages count in the footprint, but not in the reserved bytes, the device
+// calls or the allocator time. On a card (HoldFootprint) it returns an error
+// wrapping policies.ErrOutOfMemory when the footprint would pass the
+// capacity, as the card refuses it; a per-process cap (the reserved bytes)
+// does not hold it, as a framework's memory fraction does not.
+func (d *Device) DirectAlloc(size uint64) (uint64, error) {
+	if d.card && d.cost != nil && d.capacity > 0 {
+		if f := d.cost.footprintWith(size); f > d.capacity {
+			return 0, fmt.Errorf("direct device alloc of %d bytes would take the card's footprint to %d of %d: %w", size, f, d.capacity, policies.ErrOutOfMemory)
+		}
+	}
+	addr := directBase + d.directNext
+	d.directNext += alignSegment(max(size, 1))
+	if d.cost != nil {
+		d.cost.untimed = true
+		d.cost.alloc(addr, size)
+		d.cost.untimed = false
+	}
+	return addr, nil
+}
+
+// DirectFree frees the direct allocation of size bytes at addr
+// (DirectAlloc).
+func (d *Device) DirectFree(addr, size uint64) {
+	if d.cost != nil {
+		d.cost.untimed = true
+		d.cost.free(addr, size)
+		d.cost.untimed = false
+	}
 }
 
 // Free releases the segment at addr. It returns an error if addr is not a

@@ -408,8 +408,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 		return r.hostMalloc(i, ev, slot)
 	}
 	if ev.Label != "" && trace.DirectSite(ev.Label) {
-		r.directMalloc(i, ev, slot)
-		return nil
+		return r.directMalloc(i, ev, slot)
 	}
 	r.res.Mallocs++
 	// The trace's own live bytes: the lower bound, whatever the policy does.
@@ -469,12 +468,29 @@ func (r *Replay) hostMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 // around the recorded job's allocator, and its bytes are counted apart
 // (Result.DirectMallocs, PeakDirect), not in the requested, allocated or
 // reserved bytes.
-func (r *Replay) directMalloc(i int64, ev *trace.Event, slot *liveAlloc) {
+func (r *Replay) directMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 	r.res.DirectMallocs++
+	var addr uint64
+	if r.dev != nil {
+		// Its pages take the card's memory (the footprint).
+		a, err := r.dev.DirectAlloc(ev.Size)
+		if err != nil {
+			if !errors.Is(err, policies.ErrOutOfMemory) {
+				return fmt.Errorf("event %d: %w", i, err)
+			}
+			// The card refuses the library's malloc: the job's OOM.
+			r.oom(i, ev.Size)
+			*slot = failedLive(ev.Size, ev.Kind, i)
+			slot.bits |= liveDirect
+			return nil
+		}
+		addr = a
+	}
 	r.direct += ev.Size
 	r.res.PeakDirect = max(r.res.PeakDirect, r.direct)
-	*slot = newLive(policies.Block{}, ev.Size, ev.Kind, i)
+	*slot = newLive(policies.Block{Addr: addr, Size: ev.Size}, ev.Size, ev.Kind, i)
 	slot.bits |= liveDirect
+	return nil
 }
 
 // sync replays a synchronization: on the device, then told to the policy.
@@ -626,7 +642,9 @@ func (r *Replay) freeRequested(i int64, ev *trace.Event) {
 // free request: its allocated bytes, or a host kind's bytes.
 func (r *Replay) release(a liveAlloc) {
 	if a.direct() {
-		r.direct -= a.requested
+		if !a.failed() {
+			r.direct -= a.requested
+		}
 		return
 	}
 	switch a.kind() {
@@ -650,6 +668,9 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 		r.release(a)
 	}
 	if a.direct() {
+		if !a.failed() && r.dev != nil {
+			r.dev.DirectFree(a.block.Addr, a.block.Size)
+		}
 		return nil
 	}
 	if !a.kind().OnDevice() {

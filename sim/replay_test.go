@@ -325,10 +325,28 @@ func TestDirectMallocs(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rs[0]
-	got := [...]any{r.Mallocs, r.Frees, r.PeakRequested, r.PeakAllocated, r.PeakReserved, r.DeviceAllocs, r.DirectMallocs, r.PeakDirect, r.Anomalies}
-	want := [...]any{int64(2), int64(2), uint64(4000), uint64(4096), uint64(4096), int64(2), int64(2), uint64(65540), int64(0)}
+	got := [...]any{r.Mallocs, r.Frees, r.PeakRequested, r.PeakAllocated, r.PeakReserved, r.DeviceAllocs, r.DirectMallocs, r.PeakDirect, r.PeakFootprint, r.Anomalies}
+	want := [...]any{int64(2), int64(2), uint64(4000), uint64(4096), uint64(4096), int64(2), int64(2), uint64(67108868), uint64(69206016), int64(0)}
 	if got != want {
-		t.Errorf("mallocs, frees, peak requested, allocated, reserved, device allocs, direct mallocs, peak direct, anomalies = %v, want %v", got, want)
+		t.Errorf("mallocs, frees, peak requested, allocated, reserved, device allocs, direct mallocs, peak direct, footprint, anomalies = %v, want %v", got, want)
+	}
+	// On a card of 64 MiB (the footprint held to it), cuBLAS's 64 MiB
+	// workspace and the first 2 MiB page do not both fit: the card refuses
+	// the workspace, an OOM of the job; a per-process cap of the same
+	// bytes holds the policy's reserved bytes only, and all fits.
+	rs, err = Run(textSource(t, "testdata/direct.txt"), Config{Trace: "direct.txt", Policy: "cuda", Capacity: 64 << 20, Card: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs[0]; r.OOMs != 1 || r.FirstOOMEvent != 1 || r.DirectMallocs != 2 || r.PeakDirect != 4 {
+		t.Errorf("on a 64 MiB card: OOMs %d at event %d, direct %d, peak direct %d", r.OOMs, r.FirstOOMEvent, r.DirectMallocs, r.PeakDirect)
+	}
+	rs, err = Run(textSource(t, "testdata/direct.txt"), Config{Trace: "direct.txt", Policy: "cuda", Capacity: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs[0]; r.OOMs != 0 {
+		t.Errorf("under a 64 MiB cap: %d OOMs", r.OOMs)
 	}
 	// A Planner plans the policy's mallocs only: offline places the two
 	// of XLA, live together, in 4000 bytes.
