@@ -85,9 +85,10 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 
 const importUsage = `usage: record import [--from FORMAT] [--device N] -o OUT|- INPUT
 
-Converts a trace (a PyTorch snapshot, plain or gzipped; an RMM log; a
-MiniMalloc CSV; the text form; a native trace) to the native format, written
-atomically to OUT, or to stdout with -o -. OUT may not be the input.
+Converts a trace (a PyTorch snapshot, plain or gzipped; a torch.profiler
+Chrome trace; a CuPy DebugPrintHook log; a JAX profiler XSpace; an RMM log;
+a MiniMalloc CSV; the text form; a native trace) to the native format,
+written atomically to OUT, or to stdout with -o -. OUT may not be the input.
 
 Flags:
 `
@@ -100,7 +101,7 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "input `FORMAT`: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device to import from a multi-device snapshot")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	out := fs.StringP("output", "o", "", "write the native trace to `OUT` (- for stdout)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

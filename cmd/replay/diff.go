@@ -49,7 +49,7 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 	capacity := fs.String("capacity", "0", "device capacity `SIZE` of both runs: bytes or a size like 24GiB (0 = unlimited; not given: the card a record run trace names, less its context)")
 	jsonOut := fs.String("json", "", "write both results and the deltas as JSON to `FILE` (- for stdout)")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil

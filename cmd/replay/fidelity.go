@@ -29,7 +29,7 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 	capacity := fs.String("capacity", "", "device capacity `SIZE`: bytes or a size like 4000MiB (the recording's memory cap; 0 = none; default: the mem_cap_bytes (a CuPy log's limit_bytes) of the measured figures beside the trace, else none)")
 	policy := fs.String("policy", "", "the `POLICY` that simulates the recorded allocator (default: the one of the trace's source: pytorch for PyTorch snapshots and torch.profiler traces, cupy for CuPy logs, bfc for XSpaces)")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	sets := fs.StringArray("set", nil, "a setting `NAME.key=value` over the recorded ones (repeatable): what the trace does not record, such as a torch.profiler trace's pytorch.expandable_segments=True")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, `usage: replay fidelity [--policy NAME] [--capacity SIZE] [--set NAME.key=value] [--from FORMAT] [--device N] TRACE...

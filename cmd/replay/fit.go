@@ -51,7 +51,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies searched in parallel")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

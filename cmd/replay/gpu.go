@@ -55,7 +55,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
 	table := fs.Bool("table", false, "print the table also when writing --json or --csv")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil

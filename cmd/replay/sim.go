@@ -64,7 +64,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
 	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
 	wide := fs.Bool("wide", false, "print every column of the table (requested, allocated, retries, the first OOM...), not the compact one that fits 120 columns")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies replayed at once, each group of them one pass over the trace (the results are the same)")

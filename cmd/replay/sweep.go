@@ -61,7 +61,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	shard := fs.String("shard", "", "run only shard `i/n` of the cells (0 <= i < n); auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX, and writes into DIR/shard-i-of-n")
 	progress := fs.String("progress", "auto", "progress display on stderr, `MODE`: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to replay from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set and --grid override them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

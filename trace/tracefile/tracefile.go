@@ -116,6 +116,9 @@ func Open(path string, opts Options) (*File, error) {
 }
 
 func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
+	if opts.Device < 0 {
+		return nil, "", fmt.Errorf("%s: device %d: a device index is 0 or more", path, opts.Device)
+	}
 	if st, err := f.Stat(); err == nil && st.IsDir() {
 		return nil, "", fmt.Errorf("%s: is a directory, not a trace", path)
 	}

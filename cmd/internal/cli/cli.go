@@ -46,3 +46,7 @@ func Version(name string) string {
 	}
 	return fmt.Sprintf("%s (allocsim) %s; trace format version %d; results version %d", name, v, trace.Version, results.Version)
 }
+
+// DeviceDoc is the doc of the --device flag of every command that reads
+// traces: which device of a trace that holds several it picks.
+const DeviceDoc = "device `N` of a trace that holds several: a PyTorch snapshot's device, a torch.profiler trace's Device Id, a CuPy log's device_id, an XSpace's allocator GPU_N_bfc"
