@@ -226,3 +226,10 @@ func TestCuPy(t *testing.T) {
 		t.Errorf("device 1: %v", err)
 	}
 }
+
+func TestNegativeDevice(t *testing.T) {
+	_, err := Open(filepath.Join("..", "testdata", "small.txt"), Options{Device: -1})
+	if err == nil || !strings.Contains(err.Error(), "small.txt: device -1: a device index is 0 or more") {
+		t.Errorf("Open with device -1: %v", err)
+	}
+}
