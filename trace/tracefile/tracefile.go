@@ -5,6 +5,7 @@ package tracefile
 
 import (
 	"bufio"
+	"compress/gzip"
 	"bytes"
 	"errors"
 	"fmt"
@@ -133,11 +134,23 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 	}
 	switch format {
 	case "rmm", "minimalloc", "cupy", "text":
-		// The text formats: binary data is no such file, and quoting it
-		// in an error helps nobody.
-		if nul := bytes.IndexByte(head, 0); nul >= 0 || bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
+		// The text formats, gzip-compressed or not: read through the
+		// decompressor (errors then count lines and bytes of the
+		// decompressed log).
+		if isGzip(head) && detectText(trace.GunzipHead(head)) == format {
+			in := &countingReader{r: br}
+			zr, err := gzip.NewReader(in)
+			if err != nil {
+				return nil, "", fmt.Errorf("%s: gzip: %w", path, err)
+			}
+			br = bufio.NewReaderSize(&gzipText{zr: zr, in: in}, 64<<10)
+			head, _ = br.Peek(512)
+		}
+		// Binary data is no such file, and quoting it in an error helps
+		// nobody.
+		if nul := bytes.IndexByte(head, 0); nul >= 0 || isGzip(head) {
 			what := fmt.Sprintf("binary data (a NUL byte at byte %d)", nul)
-			if bytes.HasPrefix(head, []byte{0x1f, 0x8b}) {
+			if isGzip(head) {
 				what = "gzip-compressed data (from byte 0)"
 			}
 			guess := ""
@@ -242,8 +255,62 @@ func Detect(head []byte) string {
 		return "xspace"
 	case kineto.Detect(head):
 		return "kineto"
+	case isGzip(head) && detectText(trace.GunzipHead(head)) != "":
+		// A gzip-compressed log of a text format, before the
+		// snapshots, which take any gzip file.
+		return detectText(trace.GunzipHead(head))
 	case pytorch.Detect(head):
 		return "pytorch"
+	case rmm.Detect(head):
+		return "rmm"
+	case minimalloc.Detect(head):
+		return "minimalloc"
+	case cupy.Detect(head):
+		return "cupy"
+	case looksLikeText(head):
+		return "text"
+	}
+	return ""
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// gzipText decompresses a gzip-compressed text log; a damaged or cut stream
+// is an error that says where, in the file and in the log.
+type gzipText struct {
+	zr  *gzip.Reader
+	in  *countingReader
+	out int64
+}
+
+func (g *gzipText) Read(p []byte) (int, error) {
+	n, err := g.zr.Read(p)
+	g.out += int64(n)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("gzip-compressed data damaged or cut short by byte %d of the file (after %d bytes of the log): %w", g.in.n, g.out, err)
+	}
+	return n, err
+}
+
+// isGzip reports whether head starts a gzip stream.
+func isGzip(head []byte) bool { return bytes.HasPrefix(head, []byte{0x1f, 0x8b}) }
+
+// detectText names the text format head starts (rmm, minimalloc, cupy,
+// text), "" if none.
+func detectText(head []byte) string {
+	switch {
+	case len(head) == 0:
+		return ""
 	case rmm.Detect(head):
 		return "rmm"
 	case minimalloc.Detect(head):

@@ -1,6 +1,8 @@
 package tracefile
 
 import (
+	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -231,5 +233,55 @@ func TestNegativeDevice(t *testing.T) {
 	_, err := Open(filepath.Join("..", "testdata", "small.txt"), Options{Device: -1})
 	if err == nil || !strings.Contains(err.Error(), "small.txt: device -1: a device index is 0 or more") {
 		t.Errorf("Open with device -1: %v", err)
+	}
+}
+
+// TestGzipText: the text formats read gzip-compressed too (a CuPy log, the
+// text form), detected by the content under the compression; a cut stream
+// is refused with the place.
+func TestGzipText(t *testing.T) {
+	dir := t.TempDir()
+	for _, in := range []string{filepath.Join("..", "..", "testdata", "cupy", "linalg.jsonl"), filepath.Join("..", "testdata", "small.txt")} {
+		raw, err := os.ReadFile(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var z bytes.Buffer
+		zw := gzip.NewWriter(&z)
+		zw.Write(raw)
+		zw.Close()
+		gz := filepath.Join(dir, filepath.Base(in)+".gz")
+		if err := os.WriteFile(gz, z.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		count := func(path string) (int, string) {
+			f, err := Open(path, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			evs, err := trace.ReadAll(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(evs), f.Format
+		}
+		n, format := count(in)
+		if zn, zformat := count(gz); zn != n || zformat != format {
+			t.Errorf("%s: %d events as %s gzip'd, %d as %s plain", in, zn, zformat, n, format)
+		}
+		cut := filepath.Join(dir, "cut_"+filepath.Base(gz))
+		os.WriteFile(cut, z.Bytes()[:z.Len()*3/4], 0o644)
+		f, err := Open(cut, Options{})
+		if err == nil {
+			_, err = trace.ReadAll(f)
+			f.Close()
+		}
+		// The cut is named where the data ends, or where the partial last
+		// line it leaves fails to parse first (file:line), as for a plain
+		// file cut short.
+		if err == nil || !strings.Contains(err.Error(), "gzip-compressed data damaged or cut short by byte") && !strings.Contains(err.Error(), "cut_small.txt.gz:") {
+			t.Errorf("%s cut: %v", in, err)
+		}
 	}
 }
