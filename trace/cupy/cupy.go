@@ -85,7 +85,8 @@ type Source struct {
 	h      trace.Header
 	line   int
 	events int64
-	others []uint64 // the other device ids seen, at most maxOthers
+	others []uint64       // the other device ids seen, at most maxOthers
+	live   map[uint64]int // the live mallocs of the device: address -> line
 	err    error
 }
 
@@ -160,6 +161,18 @@ func (s *Source) next() (trace.Event, error) {
 			continue
 		}
 		if keep {
+			switch ev.Op {
+			case trace.OpMalloc:
+				if at, dup := s.live[ev.Addr]; dup {
+					return trace.Event{}, s.syntax("malloc at %#x, live since line %d: a pool never hands out a live chunk (two logs joined?)", ev.Addr, at)
+				}
+				if s.live == nil {
+					s.live = map[uint64]int{}
+				}
+				s.live[ev.Addr] = s.line
+			case trace.OpFree:
+				delete(s.live, ev.Addr)
+			}
 			s.events++
 			return ev, nil
 		}

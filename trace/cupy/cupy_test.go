@@ -228,3 +228,20 @@ func TestDetect(t *testing.T) {
 		}
 	}
 }
+
+// TestLiveMalloc: a malloc at the address of a live chunk, which a pool
+// never makes, is refused at its line: two logs joined.
+func TestLiveMalloc(t *testing.T) {
+	malloc := `{"hook":"malloc","device_id":0,"size":100,"mem_size":512,"mem_ptr":4096,"pmem_id":"0x1"}` + "\n"
+	free := `{"hook":"free","device_id":0,"mem_size":512,"mem_ptr":4096,"pmem_id":"0x1"}` + "\n"
+	src, _ := Import(strings.NewReader(malloc+free+malloc+malloc), "log.jsonl", Options{})
+	var err error
+	for range 4 {
+		if _, err = src.Next(); err != nil {
+			break
+		}
+	}
+	if err == nil || err.Error() != "log.jsonl:4: malloc at 0x1000, live since line 3: a pool never hands out a live chunk (two logs joined?)" {
+		t.Errorf("err = %v", err)
+	}
+}
