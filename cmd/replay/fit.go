@@ -16,6 +16,7 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/fit"
+	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -118,8 +119,42 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	}
 	if *jsonOut != "-" {
 		writeFitTable(stdout, answers, cards)
+		writeFitJobs(stdout, job.SummarizeFits(answers))
 	}
 	return nil
+}
+
+// writeFitJobs prints a line per job (per-rank traces, job.Rank) and
+// policy: the job fits where every rank does, so its smallest capacity and
+// card are those of its largest rank, named.
+func writeFitJobs(w io.Writer, sums []*job.FitSummary) {
+	if len(sums) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "job\tpolicy\tranks\tmin capacity MiB\t(rank)\tmin card MiB\t(rank)\t"
+	for _, c := range sums[0].Cards {
+		head += c.Name + "\t"
+	}
+	fmt.Fprintln(tw, head)
+	for _, s := range sums {
+		capText, capRank, card, cardRank := "never", "-", "-", "-"
+		if s.Fits {
+			capText, capRank = mib(s.MinCapacity), strconv.Itoa(s.MinCapacityRank)
+			card, cardRank = mib(s.MinCard), strconv.Itoa(s.MinCardRank)
+		}
+		line := fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t", filepath.Base(s.Job), s.Policy, len(s.Ranks), capText, capRank, card, cardRank)
+		for _, c := range s.Cards {
+			if c.Fits {
+				line += "yes\t"
+			} else {
+				line += "no\t"
+			}
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
 }
 
 func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {

@@ -15,6 +15,44 @@ import (
 // first at its event 310, and the job's line names rank 1 as the largest
 // and failing rank, with the spread (1024-792)/1024 = 22.7%.
 func TestSimJob(t *testing.T) {
+	dir := jobDir(t)
+	out, _, err := runCmd(t, "sim", "--policy", "pytorch", "--capacity", "1GiB", filepath.Join(dir, "job.rank0.pickle.gz"), filepath.Join(dir, "job.rank1.pickle.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkJobLine(t, out, "job.rank*.pickle.gz pytorch 2 1024.0 1 792.0 0 22.7% 1024.0 1 1 rank 1, event 310")
+}
+
+// TestFitJob: replay fit on the same job: it fits where its largest rank,
+// churn (rank 1), does, whose rows say 1734.0 MiB and a 2260.8 MiB card.
+func TestFitJob(t *testing.T) {
+	dir := jobDir(t)
+	out, _, err := runCmd(t, "fit", "--policy", "pytorch", "--cards", "2GiB,3GiB", filepath.Join(dir, "job.rank0.pickle.gz"), filepath.Join(dir, "job.rank1.pickle.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkJobLine(t, out, "job.rank*.pickle.gz pytorch 2 1734.0 1 2260.8 1 no yes")
+}
+
+// checkJobLine finds the line of out that names the job and compares its
+// fields with want's.
+func checkJobLine(t *testing.T, out, want string) {
+	t.Helper()
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "job.rank*") {
+			line = l
+		}
+	}
+	if strings.Join(strings.Fields(line), " ") != want {
+		t.Errorf("job line %q, want the fields %q\n%s", line, want, out)
+	}
+}
+
+// jobDir returns a directory with a job of two ranks made from real
+// one-GPU recordings: mlp as rank 0, churn as rank 1.
+func jobDir(t *testing.T) string {
+	t.Helper()
 	dir := t.TempDir()
 	for rank, name := range []string{"mlp", "churn"} {
 		raw, err := os.ReadFile(filepath.Join("..", "..", "testdata", "pytorch", name+".pickle.gz"))
@@ -25,19 +63,5 @@ func TestSimJob(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	out, _, err := runCmd(t, "sim", "--policy", "pytorch", "--capacity", "1GiB", filepath.Join(dir, "job.rank0.pickle.gz"), filepath.Join(dir, "job.rank1.pickle.gz"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var line string
-	for _, l := range strings.Split(out, "\n") {
-		if strings.Contains(l, "job.rank*.pickle.gz") {
-			line = l
-		}
-	}
-	fields := strings.Fields(line)
-	want := []string{filepath.Join(dir, "job.rank*.pickle.gz"), "pytorch", "2", "1024.0", "1", "792.0", "0", "22.7%", "1024.0", "1", "1", "rank", "1,", "event", "310"}
-	if strings.Join(fields, " ") != strings.Join(want, " ") {
-		t.Errorf("job line %q, want the fields %q\n%s", line, want, out)
-	}
+	return dir
 }

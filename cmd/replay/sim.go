@@ -8,6 +8,7 @@ import (
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -203,7 +204,7 @@ func writeJobs(w io.Writer, sums []*job.Summary) {
 				first = fmt.Sprintf("rank %d, event %d", s.FirstOOMRank, s.FirstOOMEvent)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%.1f%%\t%s\t%d\t%s\t%s\t\n", s.Job, s.Policy, len(s.Ranks),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%.1f%%\t%s\t%d\t%s\t%s\t\n", filepath.Base(s.Job), s.Policy, len(s.Ranks),
 			mib(s.MaxReserved), s.MaxReservedRank, mib(s.MinReserved), s.MinReservedRank, 100*s.Spread(),
 			mib(s.MaxFootprint), s.MaxFootprintRank, ooms, first)
 	}

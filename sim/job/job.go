@@ -17,6 +17,7 @@ import (
 	"strconv"
 
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // rankRE finds the rank in a base name: "rank" (any case) and its number,
@@ -89,34 +90,9 @@ func (s *Summary) Spread() float64 {
 // the first result of each job and policy. A rank given twice for a job
 // and policy keeps its first result.
 func Summarize(rs []*sim.Result) []*Summary {
-	type key struct{ job, policy string }
-	var order []key
-	byKey := map[key]map[int]*sim.Result{}
-	for _, r := range rs {
-		j, rank, ok := Rank(r.Trace)
-		if !ok {
-			continue
-		}
-		k := key{j, r.Policy}
-		if byKey[k] == nil {
-			byKey[k] = map[int]*sim.Result{}
-			order = append(order, k)
-		}
-		if _, dup := byKey[k][rank]; !dup {
-			byKey[k][rank] = r
-		}
-	}
 	var out []*Summary
-	for _, k := range order {
-		ranks := byKey[k]
-		if len(ranks) < 2 {
-			continue
-		}
-		s := &Summary{Job: k.job, Policy: k.policy, FirstOOMRank: -1, FirstOOMEvent: -1}
-		for _, rank := range slices.Sorted(maps.Keys(ranks)) {
-			s.Ranks = append(s.Ranks, rank)
-			s.Results = append(s.Results, ranks[rank])
-		}
+	for _, g := range group(rs, func(r *sim.Result) (string, string) { return r.Trace, r.Policy }) {
+		s := &Summary{Job: g.job, Policy: g.policy, Ranks: g.ranks, Results: g.items, FirstOOMRank: -1, FirstOOMEvent: -1}
 		timed := false // some failing rank has a time
 		for i, r := range s.Results {
 			rank := s.Ranks[i]
@@ -140,6 +116,102 @@ func Summarize(rs []*sim.Result) []*Summary {
 		}
 		if !timed && len(s.OOMRanks) > 1 {
 			s.FirstOOMRank, s.FirstOOMEvent, s.FirstOOMTime = -1, -1, 0
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// jobGroup is the items of one job and policy, by ascending rank.
+type jobGroup[T any] struct {
+	job, policy string
+	ranks       []int
+	items       []T
+}
+
+// group groups items (each of a trace and a policy, by key) by job (Rank)
+// and policy, in the order of each group's first item, and returns the
+// groups of at least two ranks; a rank given twice keeps its first item.
+func group[T any](items []T, key func(T) (trace, policy string)) []jobGroup[T] {
+	type k struct{ job, policy string }
+	var order []k
+	byKey := map[k]map[int]T{}
+	for _, it := range items {
+		trace, policy := key(it)
+		j, rank, ok := Rank(trace)
+		if !ok {
+			continue
+		}
+		kk := k{j, policy}
+		if byKey[kk] == nil {
+			byKey[kk] = map[int]T{}
+			order = append(order, kk)
+		}
+		if _, dup := byKey[kk][rank]; !dup {
+			byKey[kk][rank] = it
+		}
+	}
+	var out []jobGroup[T]
+	for _, kk := range order {
+		m := byKey[kk]
+		if len(m) < 2 {
+			continue
+		}
+		g := jobGroup[T]{job: kk.job, policy: kk.policy}
+		for _, rank := range slices.Sorted(maps.Keys(m)) {
+			g.ranks = append(g.ranks, rank)
+			g.items = append(g.items, m[rank])
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// FitSummary is replay fit's answer for a job under one policy: the job
+// fits a device (a card) when every rank does, so its smallest capacity
+// and card are its largest rank's. Bytes are bytes.
+type FitSummary struct {
+	Job, Policy string
+	Ranks       []int
+	// Fits is false when some rank runs out of memory at every capacity.
+	Fits bool
+	// MinCapacity and MinCard are the largest of the ranks' smallest
+	// capacity and card, at ranks MinCapacityRank and MinCardRank (the
+	// lowest on a tie); 0 and -1 when the job does not fit.
+	MinCapacity     uint64
+	MinCapacityRank int
+	MinCard         uint64
+	MinCardRank     int
+	// Cards says for each card whether every rank runs on it.
+	Cards []results.CardFit
+}
+
+// SummarizeFits groups fit answers by job and policy (as Summarize does)
+// and answers for each job of at least two ranks.
+func SummarizeFits(fs []*results.Fit) []*FitSummary {
+	var out []*FitSummary
+	for _, g := range group(fs, func(f *results.Fit) (string, string) { return f.Trace, f.Policy }) {
+		s := &FitSummary{Job: g.job, Policy: g.policy, Ranks: g.ranks, Fits: true, MinCapacityRank: -1, MinCardRank: -1}
+		for i, f := range g.items {
+			if !f.Fits {
+				s.Fits = false
+			}
+			if f.MinCapacity > s.MinCapacity || s.MinCapacityRank < 0 {
+				s.MinCapacity, s.MinCapacityRank = f.MinCapacity, g.ranks[i]
+			}
+			if f.MinCard > s.MinCard || s.MinCardRank < 0 {
+				s.MinCard, s.MinCardRank = f.MinCard, g.ranks[i]
+			}
+			for c, cf := range f.Cards {
+				if i == 0 {
+					s.Cards = append(s.Cards, cf)
+				} else if c < len(s.Cards) && !cf.Fits {
+					s.Cards[c].Fits = false
+				}
+			}
+		}
+		if !s.Fits {
+			s.MinCapacity, s.MinCapacityRank, s.MinCard, s.MinCardRank = 0, -1, 0, -1
 		}
 		out = append(out, s)
 	}
