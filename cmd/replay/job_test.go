@@ -65,3 +65,19 @@ func jobDir(t *testing.T) string {
 	}
 	return dir
 }
+
+// TestTuneJob: replay tune on the same job under 1 GiB a rank recommends
+// one setting for both ranks, ranked by the largest rank's peak and the
+// ranks' OOMs together (measured: churn's 8 OOMs under the recorded
+// setting, 6 under the recommended one; mlp fits either way).
+func TestTuneJob(t *testing.T) {
+	dir := jobDir(t)
+	out, _, err := runCmd(t, "tune", "--top", "1", "--capacity", "1GiB", filepath.Join(dir, "job.rank0.pickle.gz"), filepath.Join(dir, "job.rank1.pickle.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `job job.rank*.pickle.gz (2 ranks): recommended for every rank: PYTORCH_CUDA_ALLOC_CONF="roundup_power2_divisions:8,garbage_collection_threshold:0.6": predicted peak reserved of its largest rank 1071644672 bytes, 6 OOMs over the ranks, 115 device calls (recorded: 1073741824 bytes, 8 OOMs, 125)`
+	if !strings.Contains(out, want+"\n") {
+		t.Errorf("no job line %q in\n%s", want, out)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"text/tabwriter"
@@ -14,6 +15,7 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/fit"
+	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/tune"
 	"github.com/gpualloc/allocsim/trace"
@@ -35,7 +37,10 @@ the Pareto front of the three. The best is printed as the string to paste,
 with its predicted figures against those of the recorded setting (the
 trace replayed as recorded). --capacity holds the reserved bytes (a
 per-process cap), --card holds the footprint to a card's memory less its
-context; without either, a record run trace's card is used.
+context; without either, a record run trace's card is used. The per-rank
+traces of a job (job.rank0.trace ...: see replay sim) get one setting for
+every rank, ranked by the largest rank's peak reserved bytes and the
+ranks' OOMs, device calls and allocator time together.
 
 What the search can miss: values between the grid's points, other keys,
 and a program that would have run differently (one that caught an OOM and
@@ -124,6 +129,15 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	var all []*sim.Result
+	// The per-rank traces of a job: each rank's candidates in the order
+	// of confs, and its recorded replay, by job.
+	type rankRun struct {
+		rank     int
+		cs       []tune.Candidate
+		recorded *sim.Result
+	}
+	jobRuns := map[string][]rankRun{}
+	var jobOrder []string
 	for _, path := range fs.Args() {
 		f, err := tracefile.Open(path, tracefile.Options{})
 		if err != nil {
@@ -150,6 +164,12 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		for _, c := range cs {
 			all = append(all, c.Result)
 		}
+		if name, rank, ok := job.Rank(path); ok {
+			if jobRuns[name] == nil {
+				jobOrder = append(jobOrder, name)
+			}
+			jobRuns[name] = append(jobRuns[name], rankRun{rank, append([]tune.Candidate(nil), cs...), recorded})
+		}
 		tune.Rank(cs)
 		// The recorded replay's warnings (a failed malloc served for want
 		// of a capacity...) apply to every candidate.
@@ -157,6 +177,35 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		if *jsonOut != "-" {
 			writeTune(stdout, path, h, recorded, cs, *top)
 		}
+	}
+	for _, name := range jobOrder {
+		runs := jobRuns[name]
+		if len(runs) < 2 || *jsonOut == "-" {
+			continue
+		}
+		// One setting for the whole job: ranked by its largest rank's
+		// peak and the ranks' OOMs, calls and time together.
+		var ranks [][]tune.Candidate
+		var recorded []tune.Candidate
+		for _, r := range runs {
+			ranks = append(ranks, r.cs)
+			recorded = append(recorded, tune.Candidate{Conf: "recorded", Result: r.recorded})
+		}
+		cs := tune.Combine(name, ranks)
+		rec := tune.Combine(name, func() [][]tune.Candidate {
+			out := make([][]tune.Candidate, len(recorded))
+			for k := range recorded {
+				out[k] = recorded[k : k+1]
+			}
+			return out
+		}())
+		if cs == nil || rec == nil {
+			continue
+		}
+		tune.Rank(cs)
+		best := cs[0].Result
+		fmt.Fprintf(stdout, "job %s (%d ranks): recommended for every rank: PYTORCH_CUDA_ALLOC_CONF=%q: predicted peak reserved of its largest rank %d bytes, %d OOMs over the ranks, %d device calls (recorded: %d bytes, %d OOMs, %d)\n",
+			filepath.Base(name), len(runs), cs[0].Conf, best.PeakReserved, best.OOMs, tune.Calls(best), rec[0].Result.PeakReserved, rec[0].Result.OOMs, tune.Calls(rec[0].Result))
 	}
 	if *jsonOut != "" {
 		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {

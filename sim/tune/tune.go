@@ -163,3 +163,36 @@ func Describe(conf string) string {
 	}
 	return conf
 }
+
+// Combine returns the candidates of a job of many ranks, each run under one
+// setting (PYTORCH_CUDA_ALLOC_CONF is the job's, the same on every rank):
+// ranks holds each rank's candidates in the same order of settings, and
+// the job's candidate of a setting has for result the job's figures, its
+// largest rank's peak reserved and footprint (the device every rank needs)
+// and the sums of the ranks' OOMs, device calls and allocator time, so that
+// Rank orders settings for the job. It returns nil for ranks whose
+// settings differ.
+func Combine(name string, ranks [][]Candidate) []Candidate {
+	if len(ranks) == 0 {
+		return nil
+	}
+	out := make([]Candidate, len(ranks[0]))
+	for k := range out {
+		conf := ranks[0][k].Conf
+		r := &sim.Result{Trace: name, Policy: ranks[0][k].Result.Policy, FirstOOMEvent: -1}
+		for _, cs := range ranks {
+			if len(cs) != len(out) || cs[k].Conf != conf {
+				return nil
+			}
+			x := cs[k].Result
+			r.PeakReserved = max(r.PeakReserved, x.PeakReserved)
+			r.PeakFootprint = max(r.PeakFootprint, x.PeakFootprint)
+			r.OOMs += x.OOMs
+			r.DeviceAllocs += x.DeviceAllocs
+			r.DeviceFrees += x.DeviceFrees
+			r.SimAllocTimeNS += x.SimAllocTimeNS
+		}
+		out[k] = Candidate{Conf: conf, Result: r}
+	}
+	return out
+}

@@ -141,3 +141,26 @@ func TestTuneH200(t *testing.T) {
 		}
 	}
 }
+
+// TestCombine: a job's candidate takes its largest rank's peak and the
+// sums of the ranks' OOMs and calls; the setting best for the job is not
+// the best of either rank alone.
+func TestCombine(t *testing.T) {
+	c := func(conf string, reserved uint64, ooms, allocs int64) Candidate {
+		return Candidate{Conf: conf, Result: &sim.Result{PeakReserved: reserved, OOMs: ooms, DeviceAllocs: allocs}}
+	}
+	rank0 := []Candidate{c("a", 100, 0, 5), c("b", 300, 0, 1)} // a is rank 0's best
+	rank1 := []Candidate{c("a", 500, 1, 5), c("b", 400, 0, 1)} // b is rank 1's best, and the job's
+	job := Combine("job.rank*.trace", [][]Candidate{rank0, rank1})
+	if len(job) != 2 || job[0].Result.PeakReserved != 500 || job[0].Result.OOMs != 1 || job[0].Result.DeviceAllocs != 10 ||
+		job[1].Result.PeakReserved != 400 || job[1].Result.OOMs != 0 || job[1].Result.DeviceAllocs != 2 {
+		t.Fatalf("combined %+v %+v", *job[0].Result, *job[1].Result)
+	}
+	Rank(job)
+	if job[0].Conf != "b" {
+		t.Errorf("the job's best is %q, want b", job[0].Conf)
+	}
+	if Combine("j", [][]Candidate{rank0, {c("x", 1, 0, 0), c("b", 1, 0, 0)}}) != nil {
+		t.Errorf("ranks of other settings combined")
+	}
+}
