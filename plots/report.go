@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
 )
 
@@ -355,6 +356,7 @@ type (
 		Charts          []image
 		Fit             *fitTable
 		Compare         *fitTable // a replay diff's figures
+		Ranks           *fitTable // a job's ranks side by side
 		Notes           []string
 	}
 	fact struct{ Name, Value string }
@@ -431,6 +433,12 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		}
 		pg.Sections = append(pg.Sections, s)
 	}
+	for k, js := range jobSections(r) {
+		id := fmt.Sprintf("job-%d", k+1)
+		js.ID = id
+		pg.Nav = append(pg.Nav, navItem{id, js.Name})
+		pg.Sections = append(pg.Sections, js)
+	}
 	for k, d := range r.Diffs {
 		id := fmt.Sprintf("diff-%d", k+1)
 		name := fmt.Sprintf("Compare %d: %s against %s", k+1, shortRun(&d.A), shortRun(&d.B))
@@ -447,6 +455,56 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		pg.Sections = append(pg.Sections, s)
 	}
 	return pg
+}
+
+// jobSections returns a section per job among the report's results
+// (per-rank traces, job.Rank): a row per policy with each rank's peak
+// reserved bytes side by side, the spread between ranks and the ranks that
+// ran out of memory, the first of them in time.
+func jobSections(r *Report) []section {
+	rs := make([]*sim.Result, len(r.Results))
+	for i := range r.Results {
+		rs[i] = &r.Results[i].Result
+	}
+	var out []section
+	index := map[string]int{} // job -> its section in out
+	for _, s := range job.Summarize(rs) {
+		k, ok := index[s.Job]
+		if !ok {
+			k = len(out)
+			index[s.Job] = k
+			head := []string{"policy"}
+			for _, rank := range s.Ranks {
+				head = append(head, fmt.Sprintf("rank %d reserved MiB", rank))
+			}
+			head = append(head, "spread", "OOM ranks", "first OOM")
+			out = append(out, section{Name: "Job " + filepath.Base(s.Job), Trace: s.Job,
+				Facts: []fact{{"ranks", strconv.Itoa(len(s.Ranks))}},
+				Ranks: &fitTable{Head: head, Notes: []string{"Each rank replayed on a device of its own; the job needs the largest rank's device, and fails where its first rank runs out of memory. Spread: how far the smallest rank's peak reserved lies below the largest's."}}})
+		}
+		cells := []cell{{Text: s.Policy}}
+		for i, res := range s.Results {
+			c := cell{Text: MiBText(res.PeakReserved), Class: "num"}
+			if s.Ranks[i] == s.MaxReservedRank {
+				c.Title = "the largest rank"
+			}
+			cells = append(cells, c)
+		}
+		ooms, first := "-", "-"
+		if len(s.OOMRanks) > 0 {
+			parts := make([]string, len(s.OOMRanks))
+			for i, rank := range s.OOMRanks {
+				parts[i] = strconv.Itoa(rank)
+			}
+			ooms, first = strings.Join(parts, ", "), "order unknown"
+			if s.FirstOOMRank >= 0 {
+				first = fmt.Sprintf("rank %d, event %d", s.FirstOOMRank, s.FirstOOMEvent)
+			}
+		}
+		cells = append(cells, cell{Text: fmt.Sprintf("%.1f%%", 100*s.Spread()), Class: "num"}, cell{Text: ooms}, cell{Text: first})
+		out[k].Ranks.Rows = append(out[k].Ranks.Rows, row{Cells: cells})
+	}
+	return out
 }
 
 // RunName names a run of a comparison: its trace, policy, settings and
@@ -821,6 +879,12 @@ figcaption { font-size: 12px; color: #444; margin-top: 3px; }
 {{end}}</table></div>
 {{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{end}}{{with .Compare}}<h3>A against B</h3>
+<div class="scroll"><table class="cmp">
+<tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
+{{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>
+{{end}}</table></div>
+{{range .Notes}}<p class="note">{{.}}</p>
+{{end}}{{end}}{{with .Ranks}}<h3>Ranks side by side</h3>
 <div class="scroll"><table class="cmp">
 <tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
 {{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>

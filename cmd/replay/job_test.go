@@ -81,3 +81,27 @@ func TestTuneJob(t *testing.T) {
 		t.Errorf("no job line %q in\n%s", want, out)
 	}
 }
+
+// TestReportJob: the report of the job's replay has a section with the
+// ranks side by side, a row per policy.
+func TestReportJob(t *testing.T) {
+	dir := jobDir(t)
+	js := filepath.Join(dir, "job.json")
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch", "--capacity", "1GiB", "--json", js, filepath.Join(dir, "job.rank0.pickle.gz"), filepath.Join(dir, "job.rank1.pickle.gz")); err != nil {
+		t.Fatal(err)
+	}
+	html := filepath.Join(dir, "r.html")
+	if _, _, err := runCmd(t, "report", "-o", html, js); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(html)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<h2>Job job.rank*.pickle.gz</h2>", "<h3>Ranks side by side</h3>", "<th>rank 0 reserved MiB</th><th>rank 1 reserved MiB</th>",
+		`<td>pytorch</td><td class="num">792.0</td><td class="num">1024.0</td><td class="num">22.7%</td><td>1</td><td>rank 1, event 310</td>`} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("no %q in the report", want)
+		}
+	}
+}
