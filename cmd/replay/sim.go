@@ -41,7 +41,8 @@ the context. Warnings go to stderr and into the JSON.
 
 The per-rank traces of a multi-GPU job (names with "rank" and a number:
 job.rank0.trace, as record run names a launcher's processes, or
-rank0_memory_snapshot.pickle) are each replayed on a device of their own,
+rank0_memory_snapshot.pickle; a directory or a glob gives the traces in
+it) are each replayed on a device of their own,
 and a line per job and policy follows the table: the largest and smallest
 rank's peak reserved bytes and their spread, the largest footprint, the
 ranks that ran out of memory and the first of them in time (the job fails
@@ -81,7 +82,15 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("sim: no trace given")}
 	}
-	if err := checkOutputs(fs.Args(), "json", *jsonOut, "csv", *csvOut); err != nil {
+	// A directory or a glob stands for the traces in it (a job's ranks).
+	inputs, notes, err := tracefile.Glob(fs.Args())
+	if err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintf(stderr, "sim: %s\n", n)
+	}
+	if err := checkOutputs(inputs, "json", *jsonOut, "csv", *csvOut); err != nil {
 		return err
 	}
 	capBytes, err := policies.ParseSize(*capacity)
@@ -107,7 +116,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	}
 	var results []*sim.Result
 	vd := newVizDir(*vizOut)
-	for _, path := range fs.Args() {
+	for _, path := range inputs {
 		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
 			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
