@@ -71,7 +71,7 @@ func (pl *ptPool) unmappedIndex(stream, addr uint64) int {
 // device refuses a mapping.
 func (p *PyTorch) allocExpandable(pool *ptPool, stream, size uint64) (*ptBlock, error) {
 	c, err := p.findExpandableBlock(pool, stream, size)
-	if err != nil {
+	if err != nil || c == nil {
 		return nil, err
 	}
 	if c.unmapped {
@@ -81,6 +81,9 @@ func (p *PyTorch) allocExpandable(pool *ptPool, stream, size uint64) (*ptBlock, 
 	}
 	for c.size < size {
 		next := c.next
+		if next == nil {
+			return nil, nil // the segment ends before size bytes
+		}
 		if ok, err := p.mapBlock(next, min(size-c.size, next.size)); !ok || err != nil {
 			return nil, err
 		}
@@ -93,7 +96,7 @@ func (p *PyTorch) allocExpandable(pool *ptPool, stream, size uint64) (*ptBlock, 
 // findExpandableBlock is find_expandable_block: the first block, by
 // address, of an unmapped run (or the free block right before it) from
 // which free and unmapped blocks add up to size bytes; else the whole of a
-// new segment.
+// new segment; nil for a size no segment can hold.
 func (p *PyTorch) findExpandableBlock(pool *ptPool, stream, size uint64) (*ptBlock, error) {
 	allocatable := func(b *ptBlock) bool { return b != nil && !b.allocated }
 	for i := pool.unmappedIndex(stream, 0); i < len(pool.unmapped) && pool.unmapped[i].stream == stream; i++ {
@@ -110,6 +113,11 @@ func (p *PyTorch) findExpandableBlock(pool *ptPool, stream, size uint64) (*ptBlo
 		}
 	}
 	va := (ptDeviceMemory + ptDeviceMemory/8 + pool.page - 1) / pool.page * pool.page
+	if size > va {
+		// More than a segment's address space: no segment holds it, an
+		// OOM (PyTorch's mapping of it fails).
+		return nil, nil
+	}
 	base, err := p.mapper.Reserve(va)
 	if err != nil {
 		return nil, fmt.Errorf("pytorch: reserving %d bytes of address space: %w", va, err)

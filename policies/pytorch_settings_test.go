@@ -541,3 +541,19 @@ func TestPyTorchRecordedSettings(t *testing.T) {
 		t.Errorf("a bad recorded setting: %v, want an error naming it", err)
 	}
 }
+
+// TestPyTorchExpandableHuge: a request larger than an expandable segment's
+// address space (1 TiB, as a snapshot's failed malloc records it) is an
+// OOM; it panicked walking past the segment's end.
+func TestPyTorchExpandableHuge(t *testing.T) {
+	p, err := policies.New("pytorch", sim.NewDevice(0), policies.Settings{"expandable_segments": "True"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Malloc(1<<40, 0); !errors.Is(err, policies.ErrOutOfMemory) {
+		t.Errorf("malloc of 1 TiB: %v, want an OOM", err)
+	}
+	if b, err := p.Malloc(1<<20, 0); err != nil || b.Size != 1<<20 {
+		t.Errorf("then a malloc of 1 MiB: %+v, %v", b, err)
+	}
+}
