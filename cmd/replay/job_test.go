@@ -105,3 +105,30 @@ func TestReportJob(t *testing.T) {
 		}
 	}
 }
+
+// TestSimAllDevices: --device all replays each device of a multi-device
+// snapshot (trace/pytorch/testdata/tiny_proto4: device 0 with a failed
+// 1 TiB malloc, device 1 with one 4 KiB block) as a rank of a job.
+func TestSimAllDevices(t *testing.T) {
+	out, _, err := runCmd(t, "sim", "--policy", "pytorch", "--device", "all", filepath.Join("..", "..", "trace", "pytorch", "testdata", "tiny_proto4.pickle.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"tiny_proto4.pickle.gz#rank0  pytorch", "tiny_proto4.pickle.gz#rank1  pytorch"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no row %q in\n%s", want, out)
+		}
+	}
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "tiny_proto4.pickle.gz#rank*") {
+			line = l
+		}
+	}
+	if got := strings.Join(strings.Fields(line), " "); got != "tiny_proto4.pickle.gz#rank* pytorch 2 4.0 0 2.0 1 50.0% 4.0 0 0 rank 0, event 5" {
+		t.Errorf("job line %q\n%s", got, out)
+	}
+	if _, _, err := runCmd(t, "sim", "--device", "x", "t.trace"); err == nil || !strings.Contains(err.Error(), `--device "x": want a device index or all`) {
+		t.Errorf("--device x: %v", err)
+	}
+}

@@ -66,7 +66,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
 	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, cli.DeviceDoc)
+	device := fs.String("device", "0", "device `N` of a trace that holds several (a PyTorch snapshot's device, a torch.profiler trace's Device Id, a CuPy log's device_id, an XSpace's GPU_N_bfc), or all: every device of a multi-device PyTorch snapshot, each as a rank of a job (TRACE#rankN)")
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
 	wide := fs.Bool("wide", false, "print every column of the table (requested, allocated, retries, the first OOM...), not the compact one that fits 120 columns")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies replayed at once, each group of them one pass over the trace (the results are the same)")
@@ -81,6 +81,13 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("sim: no trace given")}
+	}
+	allDevices, dev := *device == "all", 0
+	if !allDevices {
+		var err error
+		if dev, err = strconv.Atoi(*device); err != nil {
+			return cli.UsageError{Err: fmt.Errorf("--device %q: want a device index or all", *device)}
+		}
 	}
 	// A directory or a glob stands for the traces in it (a job's ranks).
 	inputs, notes, err := tracefile.Glob(fs.Args())
@@ -117,28 +124,46 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	var results []*sim.Result
 	vd := newVizDir(*vizOut)
 	for _, path := range inputs {
-		cfgs := make([]sim.Config, len(names))
-		for k, n := range names {
-			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
+		devs := []int{dev}
+		if allDevices {
+			n, err := deviceCount(path, *from)
+			if err != nil {
+				return err
+			}
+			devs = devs[:0]
+			for d := range n {
+				devs = append(devs, d)
+			}
 		}
-		vr, err := vd.start(path, cfgs)
-		if err != nil {
-			return err
+		for _, d := range devs {
+			// Each device of a multi-device snapshot is a rank of a job.
+			name := path
+			if len(devs) > 1 {
+				name = fmt.Sprintf("%s#rank%d", path, d)
+			}
+			cfgs := make([]sim.Config, len(names))
+			for k, n := range names {
+				cfgs[k] = sim.Config{Trace: name, Policy: n, Settings: settings[n], Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
+			}
+			vr, err := vd.start(name, cfgs)
+			if err != nil {
+				return err
+			}
+			j := *jobs
+			if *vizOut != "" {
+				j = 1 // one history recorder for the trace's policies
+			}
+			res, err := sweep.RunFileParallel(path, tracefile.Options{From: *from, Device: d}, j, cfgs...)
+			if err == nil {
+				err = tracefile.NameError(path, vr.finish())
+			} else {
+				vr.abort()
+			}
+			if err != nil {
+				return err
+			}
+			results = append(results, res...)
 		}
-		j := *jobs
-		if *vizOut != "" {
-			j = 1 // one history recorder for the trace's policies
-		}
-		res, err := sweep.RunFileParallel(path, tracefile.Options{From: *from, Device: *device}, j, cfgs...)
-		if err == nil {
-			err = tracefile.NameError(path, vr.finish())
-		} else {
-			vr.abort()
-		}
-		if err != nil {
-			return err
-		}
-		results = append(results, res...)
 	}
 	if n := writeWarnings(stderr, results); n > 0 && *strict {
 		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
@@ -191,6 +216,21 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		writeJobs(stdout, job.Summarize(results))
 	}
 	return nil
+}
+
+// deviceCount returns the number of devices the trace at path holds: a
+// PyTorch snapshot's device traces (its Metadata "devices"), 1 for the
+// other formats.
+func deviceCount(path, from string) (int, error) {
+	f, err := tracefile.Open(path, tracefile.Options{From: from})
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if n, err := strconv.Atoi(f.Header().Metadata["devices"]); err == nil && n > 0 {
+		return n, nil
+	}
+	return 1, nil
 }
 
 // writeJobs prints, for each job among the traces (per-rank traces,

@@ -6,7 +6,8 @@
 // number in it (job.rank0.trace, as record run names the processes a
 // launcher started; rank0_memory_snapshot.pickle, as torchtitan dumps its
 // snapshots; job_rank3.pickle.gz) is rank N of the job named by the rest,
-// in the same folder.
+// in the same folder; so is snap.pickle.gz#rankN, the name replay sim gives
+// device N of a multi-device snapshot.
 package job
 
 import (
@@ -23,7 +24,7 @@ import (
 // rankRE finds the rank in a base name: "rank" (any case) and its number,
 // after the start of the name or a separator, before the end or a
 // separator or a dot.
-var rankRE = regexp.MustCompile(`(?i)(^|[._-])rank[_-]?(\d{1,6})($|[._-])`)
+var rankRE = regexp.MustCompile(`(?i)(^|[._#-])rank[_-]?(\d{1,6})($|[._-])`)
 
 // Rank returns the job a trace's path names and the trace's rank in it:
 // the job is the path with the rank's number replaced by '*'

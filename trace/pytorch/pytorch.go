@@ -482,6 +482,7 @@ func header(d *decoder, name string, opts Options) (trace.Header, value, error) 
 		}
 	}
 	h.Metadata["device"] = strconv.Itoa(opts.Device)
+	h.Metadata["devices"] = strconv.Itoa(tc.n) // the snapshot's device traces
 	if sk, sc := d.kindOf(segments); sk == pyList && sc != nil {
 		h.Metadata["segments"] = strconv.Itoa(sc.n)
 		if sc.role == roleKeep {

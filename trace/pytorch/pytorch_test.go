@@ -94,7 +94,7 @@ func TestImportTiny(t *testing.T) {
 				Version:  trace.Version,
 				Source:   "pytorch",
 				Settings: tinySettings,
-				Metadata: map[string]string{"device": "0", "entries": "11", "segments": "1"},
+				Metadata: map[string]string{"device": "0", "devices": "2", "entries": "11", "segments": "1"},
 			}
 			if !reflect.DeepEqual(h, want) {
 				t.Errorf("header:\n got %+v\nwant %+v", h, want)

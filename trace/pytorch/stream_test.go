@@ -178,7 +178,7 @@ func TestImportPythonShapes(t *testing.T) {
 			if !reflect.DeepEqual(h.Settings, want.Settings) {
 				t.Errorf("%s: settings\n got %v\nwant %v", name, h.Settings, want.Settings)
 			}
-			wantMeta := map[string]string{"device": strconv.Itoa(dev), "entries": strconv.Itoa(len(wantEvs)), "segments": strconv.Itoa(want.Segments)}
+			wantMeta := map[string]string{"device": strconv.Itoa(dev), "devices": strconv.Itoa(len(want.Devices)), "entries": strconv.Itoa(len(wantEvs)), "segments": strconv.Itoa(want.Segments)}
 			if !reflect.DeepEqual(h.Metadata, wantMeta) {
 				t.Errorf("%s device %d: metadata %v, want %v", name, dev, h.Metadata, wantMeta)
 			}
