@@ -5,8 +5,8 @@ package tracefile
 
 import (
 	"bufio"
-	"compress/gzip"
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -255,22 +255,18 @@ func Detect(head []byte) string {
 		return "xspace"
 	case kineto.Detect(head):
 		return "kineto"
-	case isGzip(head) && detectText(trace.GunzipHead(head)) != "":
-		// A gzip-compressed log of a text format, before the
-		// snapshots, which take any gzip file.
-		return detectText(trace.GunzipHead(head))
-	case pytorch.Detect(head):
-		return "pytorch"
-	case rmm.Detect(head):
-		return "rmm"
-	case minimalloc.Detect(head):
-		return "minimalloc"
-	case cupy.Detect(head):
-		return "cupy"
-	case looksLikeText(head):
-		return "text"
 	}
-	return ""
+	if isGzip(head) {
+		// A gzip-compressed log of a text format, before the snapshots,
+		// which take any gzip file.
+		if f := detectText(trace.GunzipHead(head)); f != "" {
+			return f
+		}
+	}
+	if pytorch.Detect(head) {
+		return "pytorch"
+	}
+	return detectText(head)
 }
 
 // countingReader counts the bytes read through it.
