@@ -214,17 +214,27 @@ type plainModel struct {
 // find returns the segment that holds addr, or nil, and the index of the
 // first segment above addr.
 func (m *plainModel) find(addr uint64) (*segment, int) {
-	i, _ := slices.BinarySearchFunc(m.segs, addr, func(s *segment, a uint64) int {
+	return findRange(m.segs, addr, func(s *segment) (uint64, uint64) { return s.addr, s.size })
+}
+
+// findRange returns the range of xs (disjoint, by address; bounds gives a
+// range's start and size) that holds addr, or nil, and the index of the
+// first range above addr.
+func findRange[T any](xs []*T, addr uint64, bounds func(*T) (start, size uint64)) (*T, int) {
+	i, _ := slices.BinarySearchFunc(xs, addr, func(x *T, a uint64) int {
+		start, size := bounds(x)
 		switch {
-		case s.addr+s.size <= a:
+		case start+size <= a:
 			return -1
-		case s.addr > a:
+		case start > a:
 			return 1
 		}
 		return 0
 	})
-	if i < len(m.segs) && m.segs[i].addr <= addr && addr < m.segs[i].addr+m.segs[i].size {
-		return m.segs[i], i
+	if i < len(xs) {
+		if start, size := bounds(xs[i]); start <= addr && addr < start+size {
+			return xs[i], i
+		}
 	}
 	return nil, i
 }
@@ -369,19 +379,7 @@ type expandableModel struct {
 }
 
 func (m *expandableModel) find(addr uint64) (*xrange, int) {
-	i, _ := slices.BinarySearchFunc(m.ranges, addr, func(x *xrange, a uint64) int {
-		switch {
-		case x.start+x.size <= a:
-			return -1
-		case x.start > a:
-			return 1
-		}
-		return 0
-	})
-	if i < len(m.ranges) && m.ranges[i].start <= addr && addr < m.ranges[i].start+m.ranges[i].size {
-		return m.ranges[i], i
-	}
-	return nil, i
+	return findRange(m.ranges, addr, func(x *xrange) (uint64, uint64) { return x.start, x.size })
 }
 
 // unmapped returns the runs of pages of x that [addr, addr+size) meets
