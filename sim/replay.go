@@ -407,7 +407,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	if !ev.Kind.OnDevice() {
 		return r.hostMalloc(i, ev, slot)
 	}
-	if ev.Label != "" && trace.DirectSite(ev.Label) {
+	if ev.Label != "" && trace.IsDirect(ev.Kind, ev.Label) {
 		return r.directMalloc(i, ev, slot)
 	}
 	r.res.Mallocs++
@@ -1054,12 +1054,12 @@ func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
 }
 
 // withoutDirect returns evs without the mallocs that go around the policy
-// (trace.DirectSite: directMalloc) and their frees, which a Planner must
+// (trace.IsDirect: directMalloc) and their frees, which a Planner must
 // not plan for; evs itself when it has none.
 func withoutDirect(evs []trace.Event) []trace.Event {
 	first := -1
 	for i := range evs {
-		if ev := &evs[i]; ev.Op == trace.OpMalloc && ev.Kind == trace.KindDevice && ev.Label != "" && trace.DirectSite(ev.Label) {
+		if ev := &evs[i]; ev.Op == trace.OpMalloc && trace.IsDirect(ev.Kind, ev.Label) {
 			first = i
 			break
 		}
@@ -1071,7 +1071,7 @@ func withoutDirect(evs []trace.Event) []trace.Event {
 	direct := map[uint64]bool{} // live direct mallocs by address
 	for _, ev := range evs[first:] {
 		switch {
-		case ev.Op == trace.OpMalloc && ev.Kind == trace.KindDevice && ev.Label != "" && trace.DirectSite(ev.Label):
+		case ev.Op == trace.OpMalloc && trace.IsDirect(ev.Kind, ev.Label):
 			direct[ev.Addr] = true
 			continue
 		case (ev.Op == trace.OpFree || ev.Op == trace.OpFreeRequested) && direct[ev.Addr]:

@@ -199,7 +199,7 @@ func (s *Stats) Add(ev Event) {
 			s.take(*p)
 		}
 		*p = LiveAlloc{ev.Addr, ev.Size, ev.Stream, ev.Kind, ev.Thread, i, ev.Time, ev.Label}
-		if isDirect(ev.Kind, ev.Label) {
+		if IsDirect(ev.Kind, ev.Label) {
 			s.DirectMallocs++
 			s.direct += ev.Size
 			s.PeakDirect = max(s.PeakDirect, s.direct)
@@ -227,15 +227,16 @@ func (s *Stats) Add(ev Event) {
 	}
 }
 
-// isDirect reports whether a malloc of kind k from call site label is one
-// a CUDA library made around the allocator (DirectSite).
-func isDirect(k Kind, label string) bool {
-	return k == KindDevice && label != "" && DirectSite(label)
+// IsDirect reports whether a malloc of kind k from call site label is one
+// a CUDA library made around the allocator: device memory (k.OnDevice)
+// from a DirectSite.
+func IsDirect(k Kind, label string) bool {
+	return k.OnDevice() && label != "" && DirectSite(label)
 }
 
 // take takes the live allocation a out of the live bytes.
 func (s *Stats) take(a LiveAlloc) {
-	if isDirect(a.Kind, a.Label) {
+	if IsDirect(a.Kind, a.Label) {
 		s.direct -= a.Size
 		return
 	}

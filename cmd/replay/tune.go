@@ -185,20 +185,12 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 		// One setting for the whole job: ranked by its largest rank's
 		// peak and the ranks' OOMs, calls and time together.
-		var ranks [][]tune.Candidate
-		var recorded []tune.Candidate
+		var ranks, recorded [][]tune.Candidate
 		for _, r := range runs {
 			ranks = append(ranks, r.cs)
-			recorded = append(recorded, tune.Candidate{Conf: "recorded", Result: r.recorded})
+			recorded = append(recorded, []tune.Candidate{{Conf: "recorded", Result: r.recorded}})
 		}
-		cs := tune.Combine(name, ranks)
-		rec := tune.Combine(name, func() [][]tune.Candidate {
-			out := make([][]tune.Candidate, len(recorded))
-			for k := range recorded {
-				out[k] = recorded[k : k+1]
-			}
-			return out
-		}())
+		cs, rec := tune.Combine(name, ranks), tune.Combine(name, recorded)
 		if cs == nil || rec == nil {
 			continue
 		}
