@@ -25,7 +25,12 @@ demo: build
 # kv_decode (from ../shared/traces, or $$ALLOCSIM_TRACES) and on a synthetic
 # 10M-event trace, and the bytes held per live allocation with 10M live at
 # once (pytorch, best-fit, check), then prints one BENCH line per
-# measurement.
+# measurement. With DYNAPIPE set to a checkout of
+# github.com/awslabs/optimizing-multitask-training-through-dynamic-pipelines
+# (and Python's sortedcontainers), it also times DynaPipe's Python port of
+# PyTorch's caching allocator on kv_decode's mallocs and frees beside our
+# replay of them (sim/testdata/dynapipe/loop.py): the loop-against-loop
+# ratio.
 bench:
 	$(GO) test ./sim -run '^$$' -bench . -benchtime 2x -timeout 60m
 

@@ -1,12 +1,15 @@
 package sim_test
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -277,4 +280,73 @@ func BenchmarkReplayMallocFree(b *testing.B) {
 	sec := b.Elapsed().Seconds() / float64(b.N)
 	benchReport("kv_decode-mallocfree 3replay pytorch", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=replay policy=pytorch seconds=%.4f events=%d", sec, len(evs)))
 	b.ReportMetric(float64(len(evs))/sec, "events/s")
+	dynaPipeOnce.Do(func() { dynaPipe = benchDynaPipe(b, bt.h, evs) })
+	if dynaPipe > 0 {
+		ours := sec / float64(len(evs)) * 1e9
+		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=%.0f allocsim_ns_per_op=%.1f ratio=%.1f", dynaPipe, ours, dynaPipe/ours))
+	}
+}
+
+var (
+	dynaPipeOnce sync.Once
+	dynaPipe     float64 // DynaPipe's nanoseconds per op, 0 if not run
+)
+
+// benchDynaPipe times DynaPipe's Python port of PyTorch's caching
+// allocator (TorchCachingAllocatorSimulator in its
+// dynapipe/memory_opt/allocation_simulator.py) on the same mallocs and
+// frees, with testdata/dynapipe/loop.py, from the checkout that $DYNAPIPE
+// names, and returns its nanoseconds per op (the best of 3 runs), for
+// BenchmarkReplayMallocFree's loop-against-loop ratio:
+//
+//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=N allocsim_ns_per_op=M ratio=R
+//
+// It fails the benchmark if the port's peak reserved bytes or device
+// mallocs differ from the pytorch policy's (they agree on kv_decode), and
+// says so in a BENCH line and returns 0 when $DYNAPIPE is not set.
+func benchDynaPipe(b *testing.B, h trace.Header, evs []trace.Event) float64 {
+	root := os.Getenv("DYNAPIPE")
+	if root == "" {
+		benchReport("kv_decode-mallocfree 4dynapipe", "BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe skipped=\"set DYNAPIPE to a checkout of github.com/awslabs/optimizing-multitask-training-through-dynamic-pipelines\"")
+		return 0
+	}
+	var ops strings.Builder
+	slot := map[uint64]int{}
+	for k, ev := range evs {
+		switch {
+		case ev.Op == trace.OpMalloc && ev.Stream == 0:
+			slot[ev.Addr] = k
+			fmt.Fprintf(&ops, "m %d\n", ev.Size)
+		case ev.Op == trace.OpFree && ev.Stream == 0:
+			fmt.Fprintf(&ops, "f %d\n", slot[ev.Addr])
+		default:
+			b.Fatalf("event %d: %v on stream %d: loop.py replays mallocs and frees on the default stream", k, ev.Op, ev.Stream)
+		}
+	}
+	opsFile := filepath.Join(b.TempDir(), "ops.txt")
+	if err := os.WriteFile(opsFile, []byte(ops.String()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	out, err := exec.Command("python3", filepath.Join("testdata", "dynapipe", "loop.py"),
+		filepath.Join(root, "dynapipe", "memory_opt", "allocation_simulator.py"), opsFile).Output()
+	if err != nil {
+		b.Fatalf("DynaPipe loop: %v", err)
+	}
+	var got struct {
+		Ops           int     `json:"ops"`
+		NsPerOp       float64 `json:"ns_per_op"`
+		PeakReserved  uint64  `json:"peak_reserved"`
+		DeviceMallocs int64   `json:"device_mallocs"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		b.Fatalf("DynaPipe loop printed %q: %v", out, err)
+	}
+	rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "pytorch"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got.Ops != len(evs) || got.PeakReserved != rs[0].PeakReserved || got.DeviceMallocs != rs[0].DeviceAllocs {
+		b.Fatalf("DynaPipe's port: %d ops, peak reserved %d, %d device mallocs; pytorch policy: %d, %d, %d", got.Ops, got.PeakReserved, got.DeviceMallocs, len(evs), rs[0].PeakReserved, rs[0].DeviceAllocs)
+	}
+	return got.NsPerOp
 }
