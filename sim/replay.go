@@ -417,7 +417,9 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	if r.rec.ties != nil {
 		r.rec.ties.FollowTie(ev.Addr)
 	}
+	reserved, allocs := r.deviceState()
 	b, err := r.policyMalloc(ev)
+	r.fragmented(ev.Size, reserved, allocs, err != nil)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
@@ -574,7 +576,9 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	if !ev.Kind.OnDevice() {
 		return nil
 	}
+	reserved, allocs := r.deviceState()
 	b, err := r.policyMalloc(ev)
+	r.fragmented(ev.Size, reserved, allocs, err != nil)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
@@ -593,11 +597,14 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {
 		r.res.PeakReserved = reserved
-		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
+		r.res.FragmentationAtPeak = r.series.evFrag
+		r.res.IdleAtPeak = idle(r.allocated, reserved)
 	}
 	if r.dev != nil {
 		r.res.PeakFootprint = max(r.res.PeakFootprint, r.dev.Footprint())
+		r.series.Footprint(r.dev.Footprint())
 	}
+	r.series.Instant(with.sat(), r.allocated, r.back.Reserved())
 	r.allocated -= b.Size
 	if r.check != nil {
 		if err := r.check.Malloc(b, ev.Size); err != nil {
@@ -729,11 +736,40 @@ func (r *Replay) observe(i, t int64) {
 	r.series.Observe(&r.res, r.policy, i, t, r.requested.sat(), r.allocated, reserved)
 }
 
-func fragmentation(allocated, reserved uint64) float64 {
+// idle is the cached but idle share of reserved bytes: 1 -
+// allocated/reserved, 0 when nothing is reserved.
+func idle(allocated, reserved uint64) float64 {
 	if reserved == 0 || allocated >= reserved {
 		return 0
 	}
 	return 1 - float64(allocated)/float64(reserved)
+}
+
+// deviceState returns the bytes reserved and the device allocations (maps
+// included) made so far, which fragmented compares after a malloc.
+func (r *Replay) deviceState() (reserved uint64, allocs int64) {
+	if r.dev != nil {
+		return r.dev.Reserved(), r.dev.Allocs()
+	}
+	allocs, _ = r.back.DeviceCalls()
+	return r.back.Reserved(), allocs
+}
+
+// fragmented folds in the fragmentation of a malloc of size bytes, made
+// with reserved bytes reserved and allocs device allocations made before
+// it (deviceState), r.allocated not yet counting it: the policy's free
+// bytes over its reserved ones where they added up to the request and the
+// policy still allocated from the device (or failed, as failed says).
+func (r *Replay) fragmented(size, reserved uint64, allocs int64, failed bool) {
+	if reserved <= r.allocated || reserved-r.allocated < size {
+		return
+	}
+	if !failed {
+		if _, now := r.deviceState(); now == allocs {
+			return // served from its free memory
+		}
+	}
+	r.series.Fragmented(float64(reserved-r.allocated) / float64(reserved))
 }
 
 // SetPoolNames gives the replay the names of the trace's private pools,
@@ -1090,10 +1126,11 @@ func withoutDirect(evs []trace.Event) []trace.Event {
 // events; when the points run out, neighbours are merged and the runs
 // double. The zero value is ready to use. Package gpu shares it.
 type SeriesBuilder struct {
-	pts   []Point
-	width int64 // events per point; 0 means 1
-	cur   Point
-	n     int64 // events in cur
+	pts    []Point
+	width  int64 // events per point; 0 means 1
+	cur    Point
+	n      int64   // events in cur
+	evFrag float64 // the fragmentation of the event being folded in
 }
 
 // Add folds event i, at time t (ns), with its requested, allocated and
@@ -1112,13 +1149,31 @@ func (s *SeriesBuilder) Add(i, t int64, req, alloc, res uint64) bool {
 // the next Add (or Observe) folds in into the current point.
 func (s *SeriesBuilder) Footprint(f uint64) { s.cur.Footprint = max(s.cur.Footprint, f) }
 
+// Instant folds into the current point the requested, allocated and
+// reserved bytes of an instant within the event that the next Observe
+// folds in (a failed malloc that the replay served, its block held for an
+// instant), so that the series shows the peaks the result counts.
+func (s *SeriesBuilder) Instant(req, alloc, res uint64) {
+	s.cur.Requested = max(s.cur.Requested, req)
+	s.cur.Allocated = max(s.cur.Allocated, alloc)
+	s.cur.Reserved = max(s.cur.Reserved, res)
+}
+
+// Fragmented folds the fragmentation f (0..1, Result.PeakFragmentation's
+// definition) of the event that the next Observe folds in into the
+// current point.
+func (s *SeriesBuilder) Fragmented(f float64) {
+	s.evFrag = f
+	s.cur.Fragmentation = max(s.cur.Fragmentation, f)
+}
+
 // Open reports whether the current point holds events not yet closed.
 func (s *SeriesBuilder) Open() bool { return s.n > 0 }
 
-// Close ends the current point with the fragmentation (1 - allocated /
+// Close ends the current point with the idle share (1 - allocated /
 // reserved) and external fragmentation at its last event.
-func (s *SeriesBuilder) Close(frag, ext float64) {
-	s.cur.Fragmentation, s.cur.External = frag, ext
+func (s *SeriesBuilder) Close(idle, ext float64) {
+	s.cur.Idle, s.cur.External = idle, ext
 	s.pts = append(s.pts, s.cur)
 	s.cur, s.n = Point{}, 0
 	if len(s.pts) < MaxSeriesPoints {
@@ -1131,6 +1186,7 @@ func (s *SeriesBuilder) Close(frag, ext float64) {
 		b.Allocated = max(a.Allocated, b.Allocated)
 		b.Reserved = max(a.Reserved, b.Reserved)
 		b.Footprint = max(a.Footprint, b.Footprint)
+		b.Fragmentation = max(a.Fragmentation, b.Fragmentation)
 		half = append(half, b)
 	}
 	s.pts = half
@@ -1142,14 +1198,18 @@ func (s *SeriesBuilder) Points() []Point { return s.pts }
 
 // Observe folds event i, at time t (ns), with the live requested,
 // allocated and reserved bytes after it, into the series and into res's
-// peak reserved bytes and fragmentation at that peak. A point that fills
-// is closed with the fragmentation at the event and the external
-// fragmentation of policy p's free space (0 if p does not report it).
+// peak reserved bytes and the fragmentation and idle share at that peak
+// (the event's fragmentation is that given to Fragmented since the last
+// Observe, else 0). A point that fills is closed with the idle share at
+// the event and the external fragmentation of policy p's free space (0 if
+// p does not report it).
 func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req, alloc, reserved uint64) {
 	if reserved > res.PeakReserved {
 		res.PeakReserved = reserved
-		res.FragmentationAtPeak = fragmentation(alloc, reserved)
+		res.FragmentationAtPeak = s.evFrag
+		res.IdleAtPeak = idle(alloc, reserved)
 	}
+	s.evFrag = 0
 	if s.Add(i, t, req, alloc, reserved) {
 		s.closeAt(p, alloc, reserved)
 	}
@@ -1174,7 +1234,7 @@ func (s *SeriesBuilder) closeAt(p policies.Policy, alloc, reserved uint64) {
 			ext = 1 - float64(largest)/float64(total)
 		}
 	}
-	s.Close(fragmentation(alloc, reserved), ext)
+	s.Close(idle(alloc, reserved), ext)
 }
 
 // Live reports whether the trace's allocation at addr is live in the

@@ -46,12 +46,22 @@ type Result struct {
 	// the hard lower bound). It is 0 when the offline policy was not
 	// replayed with this result.
 	PeakOffline uint64 `json:"offline_peak_reserved_bytes,omitempty"`
-	// PeakFragmentation is the largest 1 - allocated/reserved seen at a
-	// series point (0..1).
+	// PeakFragmentation is the largest fragmentation of the run (0..1):
+	// at a malloc of the policy that had to allocate from the device (or
+	// ran out of memory) although its free reserved bytes, reserved -
+	// allocated, were at least the request, those free bytes over the
+	// reserved bytes before the malloc. That much memory was held and
+	// idle but could not serve the request that followed. 0 where the
+	// policy never grew past free memory that added up to the request.
 	PeakFragmentation float64 `json:"peak_fragmentation"`
-	// FragmentationAtPeak is 1 - allocated/reserved at the moment of peak
-	// reserved bytes (0..1).
+	// FragmentationAtPeak is the fragmentation (as PeakFragmentation's) of
+	// the malloc that took the reserved bytes to their peak, 0 if its
+	// policy's free bytes were fewer than the request (0..1).
 	FragmentationAtPeak float64 `json:"fragmentation_at_peak"`
+	// IdleAtPeak is the cached but idle share of the reserved bytes at
+	// their peak: 1 - allocated/reserved (0..1). It counts free memory
+	// whether or not the requests after could use it.
+	IdleAtPeak float64 `json:"idle_at_peak"`
 
 	// DeviceAllocs and DeviceFrees count device segment allocations and
 	// frees (cudaMalloc / cudaFree calls).
@@ -142,8 +152,8 @@ type Result struct {
 	Series []Point `json:"series"`
 }
 
-// Point summarizes a run of consecutive events: the peak byte figures over
-// the run and the fragmentation at its last event.
+// Point summarizes a run of consecutive events: the peak byte figures and
+// fragmentation over the run, and the idle share at its last event.
 type Point struct {
 	// Event is the index of the run's last event; Time its time in
 	// nanoseconds.
@@ -158,9 +168,13 @@ type Point struct {
 	// card's memory the device's segments take as the driver takes them
 	// (Result.PeakFootprint's); 0 on a real GPU.
 	Footprint uint64 `json:"footprint,omitempty"`
-	// Fragmentation is 1 - allocated/reserved at the run's last event, 0
-	// when nothing is reserved.
+	// Fragmentation is the largest fragmentation of a malloc of the run
+	// (Result.PeakFragmentation's definition), 0 if none grew past free
+	// memory that added up to its request.
 	Fragmentation float64 `json:"fragmentation"`
+	// Idle is 1 - allocated/reserved at the run's last event: the cached
+	// but idle share of the reserved bytes, 0 when nothing is reserved.
+	Idle float64 `json:"idle"`
 	// External is 1 - largest free block / total free bytes at the run's
 	// last event, 0 when nothing is free or the policy cannot say.
 	External float64 `json:"external_fragmentation"`

@@ -50,5 +50,6 @@ func (r *Replay) historyBegins() {
 	if r.dev != nil {
 		r.res.PeakFootprint = r.dev.Footprint()
 	}
-	r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
+	r.res.FragmentationAtPeak = 0
+	r.res.IdleAtPeak = idle(r.allocated, reserved)
 }

@@ -105,7 +105,7 @@ func TestOldResultsFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 		lines := strings.SplitN(string(data), "\n", 4)
-		if !strings.HasPrefix(lines[1], ` "kind": `) || lines[2] != ` "version": 1,` {
+		if !strings.HasPrefix(lines[1], ` "kind": `) || lines[2] != ` "version": 2,` {
 			t.Fatalf("%s starts %q", p, lines[:3])
 		}
 		os.WriteFile(p, []byte(lines[0]+"\n"+lines[3]), 0o644)

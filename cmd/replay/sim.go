@@ -32,8 +32,10 @@ const simUsage = `usage: replay sim [--policy NAME[,NAME...]|all] [--capacity SI
 Replays each trace against the policies on a simulated device and prints,
 per trace and policy, the peak requested, allocated and reserved bytes and
 the device footprint (MiB), reserved against requested and against offline,
-fragmentation at the peak, device calls, simulated allocator time (ms, the
-H200 cost model), retries and OOMs. A recording is replayed as recorded
+fragmentation (the free reserved memory that could not serve a request
+the policy grew for, at its worst) and the idle share at the peak (1 -
+allocated/reserved), device calls, simulated allocator time (ms, the H200
+cost model), retries and OOMs (the README defines each). A recording is replayed as recorded
 (its allocator settings, its addresses); --set overrides one setting. The
 capacity holds the reserved bytes (a per-process cap); without --capacity a
 trace that names its card (record run, an XSpace) is replayed on it, less
@@ -373,7 +375,7 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 	}
 	names := resultNames(results)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\t1-allocated/reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	for _, r := range results {
 		ratio := "-"
 		if r.PeakRequested > 0 {
@@ -392,9 +394,9 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 		if r.PeakReserved > 0 && r.PeakAllocated < r.PeakReserved {
 			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
 			names[r.Trace], r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
-			ratio, vsOffline, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
+			ratio, vsOffline, 100*r.PeakFragmentation, 100*r.IdleAtPeak, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
 	writeNotes(w, results)
@@ -402,13 +404,14 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 
 // writeCompactTable prints the table that fits 120 columns: per trace and
 // policy the peak reserved bytes and footprint (MiB), reserved against
-// the peak requested and against offline, fragmentation at the peak
-// (1 - allocated/reserved), device calls (allocations and frees),
+// the peak requested and against offline, the peak fragmentation
+// (Result.PeakFragmentation) and the idle share at the peak reserved
+// bytes (1 - allocated/reserved), device calls (allocations and frees),
 // simulated allocator time (ms) and OOMs; --wide prints every column.
 func writeCompactTable(w io.Writer, results []*sim.Result) {
 	names := resultNames(results)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tcalls\talloc ms\tOOMs\t")
+	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
 	ratio := func(a, b uint64) string {
 		if b == 0 {
 			return "-"
@@ -416,13 +419,9 @@ func writeCompactTable(w io.Writer, results []*sim.Result) {
 		return strconv.FormatFloat(float64(a)/float64(b), 'f', 3, 64)
 	}
 	for _, r := range results {
-		frag := 0.0
-		if r.PeakReserved > 0 && r.PeakAllocated < r.PeakReserved {
-			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t%.1f\t%d\t\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t\n",
 			names[r.Trace], r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
-			100*frag, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
+			100*r.PeakFragmentation, 100*r.IdleAtPeak, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
 	}
 	tw.Flush()
 	writeNotes(w, results)

@@ -41,6 +41,7 @@ var columns = []column{
 	{"offline_peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakOffline) }},
 	{"peak_fragmentation", func(r *sim.Result) string { return f(r.PeakFragmentation) }},
 	{"fragmentation_at_peak", func(r *sim.Result) string { return f(r.FragmentationAtPeak) }},
+	{"idle_at_peak", func(r *sim.Result) string { return f(r.IdleAtPeak) }},
 	{"device_allocs", func(r *sim.Result) string { return i(r.DeviceAllocs) }},
 	{"device_frees", func(r *sim.Result) string { return i(r.DeviceFrees) }},
 	{"alloc_retries", func(r *sim.Result) string { return i(r.AllocRetries) }},

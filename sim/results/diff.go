@@ -26,7 +26,8 @@ type DiffFigure struct {
 }
 
 // NewDiff compares runs a and b: peak requested, allocated and reserved
-// bytes, the peak footprint, fragmentation at the peak, device allocs and
+// bytes, the peak footprint, the peak fragmentation, fragmentation and
+// idle share at the peak reserved bytes, device allocs and
 // frees, retries, OOMs, the simulated allocator time and the mallocs.
 func NewDiff(a, b *sim.Result) *Diff {
 	figures := []struct {
@@ -37,7 +38,9 @@ func NewDiff(a, b *sim.Result) *Diff {
 		{"peak allocated", "bytes", func(r *sim.Result) float64 { return float64(r.PeakAllocated) }},
 		{"peak reserved", "bytes", func(r *sim.Result) float64 { return float64(r.PeakReserved) }},
 		{"peak footprint", "bytes", func(r *sim.Result) float64 { return float64(r.PeakFootprint) }},
+		{"peak fragmentation", "fraction", func(r *sim.Result) float64 { return r.PeakFragmentation }},
 		{"fragmentation at peak", "fraction", func(r *sim.Result) float64 { return r.FragmentationAtPeak }},
+		{"idle at peak", "fraction", func(r *sim.Result) float64 { return r.IdleAtPeak }},
 		{"device allocs", "calls", func(r *sim.Result) float64 { return float64(r.DeviceAllocs) }},
 		{"device frees", "calls", func(r *sim.Result) float64 { return float64(r.DeviceFrees) }},
 		{"retries", "count", func(r *sim.Result) float64 { return float64(r.AllocRetries) }},

@@ -64,9 +64,24 @@ func ParseKind(s string) (Kind, bool) {
 }
 
 // Version is the version of the results files written. A Reader reads
-// files of this version and those without one (written before files said
-// their kind and version).
-const Version = 1
+// files of this version, of version 1 and those without one (written
+// before files said their kind and version). Version 2 defines
+// fragmentation as the free reserved memory that could not serve a request
+// (sim.Result.PeakFragmentation); before, "fragmentation" was the idle
+// share 1 - allocated/reserved, now sim.Result.IdleAtPeak and Point.Idle,
+// to which a Reader moves the older files' figures (upgradeV1).
+const Version = 2
+
+// upgradeV1 moves the fragmentation figures of a result of a file of
+// version 1 or none, then 1 - allocated/reserved, to the idle share, and
+// says in its warnings that its fragmentation is unknown.
+func upgradeV1(r *sim.Result) {
+	r.IdleAtPeak, r.FragmentationAtPeak, r.PeakFragmentation = r.FragmentationAtPeak, 0, 0
+	for k := range r.Series {
+		r.Series[k].Idle, r.Series[k].Fragmentation = r.Series[k].Fragmentation, 0
+	}
+	r.Warnings = append(r.Warnings, "from a results file of version 1: its fragmentation figures (1 - allocated/reserved) are shown as the idle share; its fragmentation as defined now is unknown (replay the trace again)")
+}
 
 // The errors a Reader returns, wrapped in an *Error.
 var (
@@ -292,6 +307,14 @@ func (r *Reader) Scan() bool {
 		r.fail(err)
 		return false
 	}
+	if r.version < 2 {
+		for _, res := range rec.results() {
+			upgradeV1(res)
+		}
+		if rec.Diff != nil {
+			rec.Diff.Figures = NewDiff(&rec.Diff.A, &rec.Diff.B).Figures
+		}
+	}
 	rec.Index = r.n
 	r.rec = rec
 	r.n++
@@ -380,6 +403,19 @@ func decodeRecord(raw json.RawMessage, kind Kind) (Record, error) {
 		return rec, err
 	}
 	return rec, checkNamed(rec.Sim)
+}
+
+// results returns the sim results the record holds.
+func (rec Record) results() []*sim.Result {
+	switch {
+	case rec.Sim != nil:
+		return []*sim.Result{rec.Sim}
+	case rec.GPU != nil:
+		return []*sim.Result{&rec.GPU.Result}
+	case rec.Diff != nil:
+		return []*sim.Result{&rec.Diff.A, &rec.Diff.B}
+	}
+	return nil
 }
 
 func checkNamed(r *sim.Result) error {

@@ -44,7 +44,7 @@ func TestRoundTrip(t *testing.T) {
 			if err := tc.write(&buf); err != nil {
 				t.Fatal(err)
 			}
-			if want := `{` + "\n" + ` "kind": "` + tc.kind.String() + `",` + "\n" + ` "version": 1,` + "\n" + ` "results": [`; !strings.HasPrefix(buf.String(), want) {
+			if want := `{` + "\n" + ` "kind": "` + tc.kind.String() + `",` + "\n" + ` "version": 2,` + "\n" + ` "results": [`; !strings.HasPrefix(buf.String(), want) {
 				t.Errorf("file starts %.60q, want %q", buf.String(), want)
 			}
 			kind, recs, err := readAll(t, buf.String())
@@ -79,6 +79,35 @@ func TestLegacy(t *testing.T) {
 	}
 }
 
+// TestVersion1 reads a version 1 file, whose fragmentation figures were 1 -
+// allocated/reserved: they become the idle share, fragmentation unknown (0),
+// said in the warnings; a diff's figures are made again from its runs.
+func TestVersion1(t *testing.T) {
+	_, recs, err := readAll(t, `{"kind": "sim", "version": 1, "results": [
+		{"trace": "t", "policy": "bfc", "peak_fragmentation": 0.9, "fragmentation_at_peak": 0.25,
+		 "series": [{"event": 3, "fragmentation": 0.5, "external_fragmentation": 0.125}]}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := recs[0].Sim
+	if r.IdleAtPeak != 0.25 || r.FragmentationAtPeak != 0 || r.PeakFragmentation != 0 ||
+		r.Series[0].Idle != 0.5 || r.Series[0].Fragmentation != 0 || r.Series[0].External != 0.125 ||
+		len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], "version 1") {
+		t.Errorf("version 1 result read as %+v", r)
+	}
+	_, recs, err = readAll(t, `{"kind": "diff", "version": 1, "results": [{
+		"a": {"trace": "t", "policy": "bfc", "fragmentation_at_peak": 0.25},
+		"b": {"trace": "t", "policy": "cuda"},
+		"figures": [{"figure": "fragmentation at peak", "unit": "fraction", "a": 0.25, "b": 0, "delta": -0.25}]}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := recs[0].Diff
+	if d.A.IdleAtPeak != 0.25 || !slices.ContainsFunc(d.Figures, func(f DiffFigure) bool { return f.Figure == "idle at peak" && f.A == 0.25 }) {
+		t.Errorf("version 1 diff read as %+v", d)
+	}
+}
+
 // TestErrors checks that each error names the file and the result, and
 // wraps its sentinel.
 func TestErrors(t *testing.T) {
@@ -90,7 +119,7 @@ func TestErrors(t *testing.T) {
 		{"no results", `{"rows": []}`, ErrNoResults, `in.json: byte offset 11: no "results" list`},
 		{"not an object", `[1]`, ErrNoResults, `in.json: byte offset 1: no "results" list`},
 		{"unknown kind", `{"kind": "tune", "results": []}`, ErrUnknownKind, `in.json: byte offset 15: unknown kind of results "tune" (known: sim, gpu, fit)`},
-		{"newer version", `{"kind": "sim", "version": 2, "results": []}`, ErrUnsupportedVersion, `unsupported results version 2 (this replay reads up to 1)`},
+		{"newer version", `{"kind": "sim", "version": 3, "results": []}`, ErrUnsupportedVersion, `unsupported results version 3 (this replay reads up to 2)`},
 		{"no trace", `{"kind": "sim", "version": 1, "results": [{"trace": "t", "policy": "bfc"}, {"policy": "bfc"}]}`, ErrNoTraceOrPolicy, `in.json: result 1, byte offset 92: no trace or policy`},
 		{"bad field", `{"results": [{"trace": "t", "policy": 3}]}`, nil, `in.json: result 0, byte offset 40: json: cannot unmarshal number`},
 		{"empty", ``, nil, `in.json: byte offset 0: unexpected EOF`},

@@ -26,8 +26,10 @@ import (
 	"github.com/gpualloc/allocsim/sim/results"
 )
 
-// PlanVersion is the version of plan.json.
-const PlanVersion = 1
+// PlanVersion is the version of plan.json. Version 2 came with results
+// version 2 (fragmentation redefined): the cells of a version 1 sweep hold
+// the older figures, and are not resumed.
+const PlanVersion = 2
 
 // Cell is one cell of a sweep: a trace replayed against one policy with
 // one set of settings on a device of Capacity bytes (0: unlimited).
