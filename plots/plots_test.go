@@ -273,13 +273,13 @@ func TestWriteAll(t *testing.T) {
 		result("other/small.csv", "best_fit", 10*mib, 30*mib),
 		result("elsewhere/train_gpt.pickle.gz", "caching", 2<<30),
 	)
-	paths, err := plots.WriteAll(dir, results)
+	paths, err := plots.WriteAll(dir, results, plots.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var want []string
 	for _, name := range []string{"train_gpt", "small", "train_gpt-2"} {
-		for _, chart := range []string{"memory", "fragmentation", "peaks", "calls"} {
+		for _, chart := range []string{"memory", "memory-all", "fragmentation", "peaks", "calls"} {
 			for _, ext := range []string{"png", "svg"} {
 				want = append(want, filepath.Join(dir, name+"-"+chart+"."+ext))
 			}
@@ -320,14 +320,14 @@ func TestWriteAll(t *testing.T) {
 }
 
 func TestWriteAllErrors(t *testing.T) {
-	if _, err := plots.WriteAll(t.TempDir(), nil); !errors.Is(err, plots.ErrNoResults) {
+	if _, err := plots.WriteAll(t.TempDir(), nil, plots.Options{}); !errors.Is(err, plots.ErrNoResults) {
 		t.Errorf("WriteAll(no results) = %v, want ErrNoResults", err)
 	}
 	file := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	paths, err := plots.WriteAll(filepath.Join(file, "sub"), trainingResults())
+	paths, err := plots.WriteAll(filepath.Join(file, "sub"), trainingResults(), plots.Options{})
 	if err == nil || len(paths) != 0 {
 		t.Errorf("WriteAll into a path under a file = %v, %v; want no paths and an error", paths, err)
 	}
