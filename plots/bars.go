@@ -101,23 +101,7 @@ func (b *barSet) Plot(c draw.Canvas, p *plot.Plot) {
 		if br.Value > base {
 			y0 := trY(base)
 			r := vg.Rectangle{Min: vg.Point{X: x0, Y: max(y0, c.Min.Y)}, Max: vg.Point{X: x1, Y: min(top, c.Max.Y)}}
-			pts := []vg.Point{r.Min, {X: r.Max.X, Y: r.Min.Y}, r.Max, {X: r.Min.X, Y: r.Max.Y}}
-			fill := br.Fill
-			if br.OOM {
-				fill = tint(toRGBA(br.Fill), 0.7)
-			}
-			c.FillPolygon(fill, pts)
-			if br.OOM {
-				hatch(c, r, 1, vg.Points(3.5), draw.LineStyle{Color: black, Width: vg.Points(0.6)})
-				hatch(c, r, 2, vg.Points(3.5), draw.LineStyle{Color: black, Width: vg.Points(0.6)})
-			} else if br.Hatch > 0 {
-				gap := vg.Points(4)
-				if br.Dense {
-					gap /= 2
-				}
-				hatch(c, r, br.Hatch, gap, draw.LineStyle{Color: color.White, Width: vg.Points(1)})
-			}
-			c.StrokeLines(b.Line, append(pts, pts[0]))
+			fillBar(c, r, br, b.Line)
 			if br.Broken {
 				breakMark(c, x0, x1, top-vg.Points(7))
 			}
@@ -151,6 +135,39 @@ func (l barLabels) Plot(c draw.Canvas, p *plot.Plot) {
 			c.FillText(sty, at, b.label(br))
 		}
 	}
+}
+
+// fillBar fills r as br is drawn: its fill, washed out and crossed with
+// black for a run out of memory, else hatched in white by its look; then
+// outlined in line.
+func fillBar(c draw.Canvas, r vg.Rectangle, br bar, line draw.LineStyle) {
+	pts := []vg.Point{r.Min, {X: r.Max.X, Y: r.Min.Y}, r.Max, {X: r.Min.X, Y: r.Max.Y}}
+	fill := br.Fill
+	if br.OOM {
+		fill = tint(toRGBA(br.Fill), 0.7)
+	}
+	c.FillPolygon(fill, pts)
+	switch {
+	case br.OOM:
+		cross := draw.LineStyle{Color: black, Width: vg.Points(0.6)}
+		hatch(c, r, 1, vg.Points(3.5), cross)
+		hatch(c, r, 2, vg.Points(3.5), cross)
+	case br.Hatch > 0:
+		gap := vg.Points(4)
+		if br.Dense {
+			gap /= 2
+		}
+		hatch(c, r, br.Hatch, gap, draw.LineStyle{Color: color.White, Width: vg.Points(1)})
+	}
+	c.StrokeLines(line, append(pts, pts[0]))
+}
+
+// thumbRect is the rectangle of a legend thumbnail a bar is drawn in.
+func thumbRect(c *draw.Canvas) vg.Rectangle {
+	r := c.Rectangle
+	r.Min.X += c.Size().X * 0.15
+	r.Max.X -= c.Size().X * 0.15
+	return r
 }
 
 // toRGBA converts c to color.RGBA (opaque colours only are used here).
@@ -220,19 +237,7 @@ type hatchThumb struct{ b bar }
 
 // Thumbnail implements plot.Thumbnailer.
 func (t hatchThumb) Thumbnail(c *draw.Canvas) {
-	r := c.Rectangle
-	r.Min.X += c.Size().X * 0.15
-	r.Max.X -= c.Size().X * 0.15
-	pts := []vg.Point{r.Min, {X: r.Max.X, Y: r.Min.Y}, r.Max, {X: r.Min.X, Y: r.Max.Y}}
-	c.FillPolygon(t.b.Fill, pts)
-	if t.b.Hatch > 0 {
-		gap := vg.Points(4)
-		if t.b.Dense {
-			gap /= 2
-		}
-		hatch(*c, r, t.b.Hatch, gap, draw.LineStyle{Color: color.White, Width: vg.Points(1)})
-	}
-	c.StrokeLines(draw.LineStyle{Color: black, Width: vg.Points(0.5)}, append(pts, pts[0]))
+	fillBar(*c, thumbRect(c), t.b, draw.LineStyle{Color: black, Width: vg.Points(0.5)})
 }
 
 // oomThumb is the legend's picture of a bar of a run that ran out of
@@ -241,14 +246,7 @@ type oomThumb struct{}
 
 // Thumbnail implements plot.Thumbnailer.
 func (oomThumb) Thumbnail(c *draw.Canvas) {
-	r := c.Rectangle
-	r.Min.X += c.Size().X * 0.15
-	r.Max.X -= c.Size().X * 0.15
-	pts := []vg.Point{r.Min, {X: r.Max.X, Y: r.Min.Y}, r.Max, {X: r.Min.X, Y: r.Max.Y}}
-	c.FillPolygon(tint(grey, 0.7), pts)
-	hatch(*c, r, 1, vg.Points(3.5), draw.LineStyle{Color: black, Width: vg.Points(0.6)})
-	hatch(*c, r, 2, vg.Points(3.5), draw.LineStyle{Color: black, Width: vg.Points(0.6)})
-	c.StrokeLines(draw.LineStyle{Color: black, Width: vg.Points(0.5)}, append(pts, pts[0]))
+	fillBar(*c, thumbRect(c), bar{Fill: grey, OOM: true}, draw.LineStyle{Color: black, Width: vg.Points(0.5)})
 }
 
 // DataRange implements plot.DataRanger.
