@@ -13,6 +13,9 @@
 // (WriteReport).
 //
 // Byte figures are drawn in MiB or GiB, chosen from the largest value drawn
-// (ChooseUnit); policies keep the same colour in every chart of a trace,
-// given by their position in the results.
+// (ChooseUnit). A policy has one look in every chart, by its name: a
+// colour-blind-safe colour and a line pattern (a bar hatch), all in
+// style.go. The memory and fragmentation charts draw a readable set of
+// policies (ShownPolicies); MemoryGrid draws every policy in small
+// multiples.
 package plots

@@ -201,7 +201,7 @@ func ExampleWriteAll() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	paths, err := plots.WriteAll(dir, trainingResults())
+	paths, err := plots.WriteAll(dir, trainingResults(), plots.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -211,6 +211,8 @@ func ExampleWriteAll() {
 	// Output:
 	// train_gpt-memory.png
 	// train_gpt-memory.svg
+	// train_gpt-memory-all.png
+	// train_gpt-memory-all.svg
 	// train_gpt-fragmentation.png
 	// train_gpt-fragmentation.svg
 	// train_gpt-peaks.png

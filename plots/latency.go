@@ -7,7 +7,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-	"gonum.org/v1/plot/vg/draw"
 
 	"github.com/gpualloc/allocsim/sim"
 )
@@ -100,7 +99,7 @@ func LatencyDistribution(rows []sim.LatencyRow) ([]LatencyPoint, int64) {
 }
 
 // LatencyCDF returns the chart of the device call latencies of results of
-// one trace: for each policy (a line in its colour) the fraction of its
+// one trace: for each policy (a line in its look) the fraction of its
 // device calls (every call its Latency rows summarize: cudaMalloc and
 // cudaFree, simulated by the cost model in replay sim, measured in replay
 // gpu) that took at most a time, against the time in microseconds on a
@@ -113,7 +112,8 @@ func LatencyCDF(results []sim.Result) (*plot.Plot, error) {
 	if err != nil {
 		return nil, err
 	}
-	labels := policyLabels(results)
+	labels, key := chartLabels(results)
+	looks := resultLooks(results)
 	p := newPlot()
 	setTitle(p, "device call latency: ", trace)
 	p.X.Label.Text = "latency per call (µs, log scale)"
@@ -122,7 +122,7 @@ func LatencyCDF(results []sim.Result) (*plot.Plot, error) {
 	lo, hi := inf, -inf
 	drawn := false
 	for i, r := range results {
-		sty := draw.LineStyle{Color: policyColor(i), Width: vg.Points(1.5)}
+		sty := looks[i].line(vg.Points(1.5))
 		pts, n := LatencyDistribution(r.Latency)
 		label := labels[i]
 		if n == 0 {
@@ -144,6 +144,7 @@ func LatencyCDF(results []sim.Result) (*plot.Plot, error) {
 		leg.add(label, lineThumb(sty))
 		drawn = true
 	}
+	leg.addKey(key)
 	p.Add(leg)
 	if !drawn {
 		p.Add(newNote("no latency data in these results"))

@@ -64,28 +64,32 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 		caps[r.Trace][r.Capacity] = true
 	}
 	// Policies: by label across all results.
-	labels := variantLabels(rs)
-	var order []string
+	labels, key := overviewLabels(rs)
+	var order, orderPolicy []string
 	color := map[string]int{}
-	for _, l := range labels {
+	for i, l := range labels {
 		if _, ok := color[l]; !ok {
 			color[l] = len(order)
 			order = append(order, l)
+			orderPolicy = append(orderPolicy, rs[i].Policy)
 		}
 	}
+	looks := chartLooks(orderPolicy)
 
 	p := newPlot()
 	p.Title.Text = "peak reserved ÷ lower bound, every policy on every trace"
 	p.Y.Label.Text = "peak reserved ÷ peak requested"
 	leg := newSideLegend()
-	for _, l := range order {
-		leg.add(l, swatchThumb{fill: policyColor(color[l]), line: black})
+	for k, l := range order {
+		b := bar{}
+		b.setLook(looks[k])
+		leg.add(l, hatchThumb{b})
 	}
 	bars := newBarSet(overviewBase)
 	bars.Label.Font = font.From(sans, 7)
 	var ooms plotter.XYs
 	var ticks []segment
-	top := 1.0
+	top, broken := 1.0, false
 	var names []string
 	for gi, g := range groups {
 		name := results.TraceName(g.trace)
@@ -101,9 +105,13 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 			}
 			ratio := float64(r.PeakReserved) / float64(r.PeakRequested)
 			x := float64(gi) - 0.42 + w*(float64(k)+0.5)
-			b := bar{X: x, Width: w, Value: math.Min(ratio, overviewTop), Fill: policyColor(color[labels[i]])}
+			b := bar{X: x, Width: w, Value: math.Min(ratio, overviewTop), OOM: failed(r)}
+			b.setLook(looks[color[labels[i]]])
 			if ratio > overviewTop {
+				// Cut at the top: a break across it, its true value above.
 				b.Label = fmt.Sprintf("%.3g", ratio)
+				b.Broken = true
+				broken = true
 			}
 			bars.Bars = append(bars.Bars, b)
 			top = math.Max(top, b.Value)
@@ -112,20 +120,20 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 				ticks = append(ticks, segment{X0: x - w/2, X1: x + w/2, Y: y, Style: footprintStyle})
 				top = math.Max(top, y)
 			}
-			if r.OOMs > 0 {
+			if b.OOM {
 				// Inside the bar, below the lower bound line: clear of
 				// the labels.
 				ooms = append(ooms, plotter.XY{X: x, Y: (overviewBase + 1) / 2})
 			}
 		}
 	}
-	// Values on bars too narrow for them are left out.
-	barW := (overviewWidth(len(bars.Bars)) - vg.Inch - leg.width()) / vg.Length(max(len(groups), 1)) * 0.84 / vg.Length(max(len(order), 1))
-	for i, b := range bars.Bars {
-		if bars.Label.Rectangle(b.Label).Size().X > barW*1.6 {
-			bars.Bars[i].Label = ""
-		}
+	// Every cut bar keeps its value: upright where it would not fit.
+	maxGroup := 1
+	for _, g := range groups {
+		maxGroup = max(maxGroup, len(g.idx))
 	}
+	barW := (overviewWidth(len(bars.Bars)) - vg.Inch - leg.width()) / vg.Length(max(len(groups), 1)) * 0.84 / vg.Length(maxGroup)
+	bars.fitLabels(barW)
 	p.Add(bars)
 	for _, t := range ticks {
 		p.Add(t)
@@ -140,15 +148,23 @@ func Overview(rs []sim.Result) (*plot.Plot, error) {
 		s.GlyphStyle.Radius = vg.Points(3)
 		p.Add(s)
 		leg.add("")
-		leg.add("ran out of memory", glyphThumb(s.GlyphStyle))
+		leg.add("ran out of memory:", oomThumb{}, glyphThumb(s.GlyphStyle))
+		leg.add("ratio not comparable")
+	}
+	if broken {
+		leg.add("")
+		leg.add(fmt.Sprintf("cut at %g: true", float64(overviewTop)), breakThumb{fill: lightGrey})
+		leg.add("value above the bar")
 	}
 	leg.add("")
 	leg.add("lower bound", lineThumb(requestedStyle))
 	if len(ticks) > 0 {
 		leg.add("peak footprint", lineThumb(footprintStyle))
 	}
+	leg.addKey(key)
+	p.Add(bars.labels())
 	p.Add(leg)
-	nominalPolicies(p, names, leg.width())
+	nominalPolicies(p, names, overviewWidth(len(bars.Bars)), leg.width())
 	step, _ := niceStep((top - 1) / 5)
 	step = math.Max(step, 0.1)
 	p.Y.Min = overviewBase
@@ -210,7 +226,8 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 		top = max(top, r.MinCapacity, r.UnlimitedPeakReserved, r.LowerBound)
 		bound = max(bound, r.LowerBound)
 	}
-	labels := policyLabels(rs)
+	labels, key := chartLabels(rs)
+	looks := resultLooks(rs)
 	// The cards at or below the top, and the first above it.
 	var shown []results.Card
 	for _, c := range cards {
@@ -240,7 +257,7 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 	bars := newBarSet(0)
 	const w = 0.36
 	for i, r := range rows {
-		c := policyColor(i)
+		c := looks[i].Color
 		label := "never"
 		value := 0.0
 		if r.Fits {
@@ -250,9 +267,11 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 				label += "*"
 			}
 		}
+		fit := bar{X: float64(i) + w/2, Width: w, Value: value, Label: label}
+		fit.setLook(looks[i])
 		bars.Bars = append(bars.Bars,
 			bar{X: float64(i) - w/2, Width: w, Value: u.Of(r.UnlimitedPeakReserved), Fill: tint(c, 0.6)},
-			bar{X: float64(i) + w/2, Width: w, Value: value, Fill: c, Label: label},
+			fit,
 		)
 	}
 	leg := newSideLegend()
@@ -270,7 +289,8 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 			break
 		}
 	}
-	bars.dropWideLabels(slotWidth(len(rows), leg.width()))
+	leg.addKey(key)
+	bars.fitLabels(slotWidth(len(rows), Width, leg.width()))
 	p.Add(bars)
 	if bound > 0 {
 		p.Add(hline{Y: u.Of(bound), Style: requestedStyle})
@@ -278,8 +298,9 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 	for _, c := range shown {
 		p.Add(namedLine{hline: hline{Y: u.Of(c.Capacity), Style: capacityStyle}, name: c.Name})
 	}
+	p.Add(bars.labels())
 	p.Add(leg)
-	nominalPolicies(p, labels, leg.width())
+	nominalPolicies(p, labels, Width, leg.width())
 	valueRange(p, math.Max(u.Of(drawTop), minBytesTop), formatFixed)
 	return p, nil
 }
@@ -301,11 +322,56 @@ func (l namedLine) Plot(c draw.Canvas, p *plot.Plot) {
 	c.FillText(sty, vg.Point{X: c.Max.X - vg.Points(2), Y: trY(l.Y) + vg.Points(1)}, l.name)
 }
 
+// overviewLabels returns the label of each result across traces and the
+// key to the labels it abbreviates: its policy name, with its settings
+// where one trace has results of that policy under different settings
+// (as variantLabels, but keyed where long, never cut: keyed). Results of
+// the same policy and settings share a label.
+func overviewLabels(results []sim.Result) (labels, key []string) {
+	names, settings := variantParts(results)
+	labels = make([]string, len(results))
+	// keyed tells repeated labels apart; here they are one policy.
+	distinct := map[string]int{}
+	var un, us []string
+	idx := make([]int, len(results))
+	for i := range results {
+		k := names[i] + "\x00" + settings[i]
+		j, ok := distinct[k]
+		if !ok {
+			j = len(un)
+			distinct[k] = j
+			un, us = append(un, names[i]), append(us, settings[i])
+		}
+		idx[i] = j
+	}
+	ul, key := keyed(un, us)
+	for i := range results {
+		labels[i] = ul[idx[i]]
+	}
+	return labels, key
+}
+
 // variantLabels returns the label of each result across traces: its
 // policy name, with its settings where one trace has results of that
 // policy under different settings, shortened to maxPolicyLabel characters.
 // Results of the same policy and settings share a label.
 func variantLabels(results []sim.Result) []string {
+	names, settings := variantParts(results)
+	labels := make([]string, len(results))
+	for i := range results {
+		l := names[i]
+		if settings[i] != "" {
+			l += " " + settings[i]
+		}
+		labels[i] = shorten(l, maxPolicyLabel)
+	}
+	return labels
+}
+
+// variantParts returns the policy name of each result ("(unnamed)" for
+// none) and its settings joined where one trace has results of that
+// policy under different settings, else "".
+func variantParts(results []sim.Result) (names, settings []string) {
 	// A policy is told apart by its settings only where it is replayed
 	// more than once on one trace and capacity (a sweep's grid); its
 	// settings may otherwise differ between traces only because each
@@ -319,16 +385,16 @@ func variantLabels(results []sim.Result) []string {
 		}
 		seen[k] = true
 	}
-	labels := make([]string, len(results))
+	names = make([]string, len(results))
+	settings = make([]string, len(results))
 	for i, r := range results {
-		l := r.Policy
-		if l == "" {
-			l = "(unnamed)"
+		names[i] = r.Policy
+		if names[i] == "" {
+			names[i] = "(unnamed)"
 		}
-		if set := policies.Settings(r.Settings).Join(" "); repeated[r.Policy] && set != "" {
-			l += " " + set
+		if repeated[r.Policy] {
+			settings[i] = policies.Settings(r.Settings).Join(" ")
 		}
-		labels[i] = shorten(l, maxPolicyLabel)
 	}
-	return labels
+	return names, settings
 }

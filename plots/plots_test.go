@@ -3,6 +3,7 @@ package plots_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"image/png"
 	"io"
 	"math"
@@ -273,13 +274,13 @@ func TestWriteAll(t *testing.T) {
 		result("other/small.csv", "best_fit", 10*mib, 30*mib),
 		result("elsewhere/train_gpt.pickle.gz", "caching", 2<<30),
 	)
-	paths, err := plots.WriteAll(dir, results)
+	paths, err := plots.WriteAll(dir, results, plots.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var want []string
 	for _, name := range []string{"train_gpt", "small", "train_gpt-2"} {
-		for _, chart := range []string{"memory", "fragmentation", "peaks", "calls"} {
+		for _, chart := range []string{"memory", "memory-all", "fragmentation", "peaks", "calls"} {
 			for _, ext := range []string{"png", "svg"} {
 				want = append(want, filepath.Join(dir, name+"-"+chart+"."+ext))
 			}
@@ -320,14 +321,14 @@ func TestWriteAll(t *testing.T) {
 }
 
 func TestWriteAllErrors(t *testing.T) {
-	if _, err := plots.WriteAll(t.TempDir(), nil); !errors.Is(err, plots.ErrNoResults) {
+	if _, err := plots.WriteAll(t.TempDir(), nil, plots.Options{}); !errors.Is(err, plots.ErrNoResults) {
 		t.Errorf("WriteAll(no results) = %v, want ErrNoResults", err)
 	}
 	file := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(file, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	paths, err := plots.WriteAll(filepath.Join(file, "sub"), trainingResults())
+	paths, err := plots.WriteAll(filepath.Join(file, "sub"), trainingResults(), plots.Options{})
 	if err == nil || len(paths) != 0 {
 		t.Errorf("WriteAll into a path under a file = %v, %v; want no paths and an error", paths, err)
 	}
@@ -367,5 +368,165 @@ func TestFootprintShown(t *testing.T) {
 		if s := svg(tc.build, even); strings.Contains(s, tc.label) {
 			t.Errorf("%q with the footprint equal to the reserved bytes", tc.label)
 		}
+	}
+}
+
+// svgText renders d as SVG and returns it.
+func svgText(t *testing.T, d plots.Drawer) string {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := plots.Render(&buf, d, "svg"); err != nil {
+		t.Fatal(err)
+	}
+	return buf.String()
+}
+
+// hasText reports whether the SVG s draws the text txt (as a whole text
+// element).
+func hasText(s, txt string) bool {
+	r := strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;")
+	return strings.Contains(s, ">"+r.Replace(txt)+"</text>")
+}
+
+// review returns the results of a PyTorch snapshot under six policies:
+// pytorch (recorded), cuda (baseline), bfc the worst, rmm-arena the
+// lowest but out of memory, and slab, buddy, best-fit the three best.
+func review() []sim.Result {
+	var rs []sim.Result
+	for _, p := range []struct {
+		name     string
+		reserved uint64
+	}{{"bfc", 1000}, {"best-fit", 700}, {"buddy", 650}, {"cuda", 600}, {"pytorch", 780}, {"rmm-arena", 400}, {"slab", 610}} {
+		r := result("kv.pickle.gz", p.name, 100*mib, p.reserved*mib, 300*mib)
+		r.TraceSource = "pytorch"
+		r.PeakRequested = 590 * mib
+		if p.name == "rmm-arena" {
+			r.OOMs, r.FirstOOMEvent = 16, 10
+		}
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+// TestMemoryShown: the memory and fragmentation charts draw the default
+// set (named with their roles) or the named policies, and the grid draws
+// every policy, each in a panel of its own.
+func TestMemoryShown(t *testing.T) {
+	rs := review()
+	for _, build := range []func([]sim.Result, []string) (*plot.Plot, error){plots.MemoryOf, plots.FragmentationOf} {
+		p, err := build(rs, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := svgText(t, p)
+		for _, want := range []string{"pytorch (recorded)", "slab (lowest peak)", "buddy (2nd lowest peak)", "best-fit (3rd lowest peak)", "cuda (baseline)", "+2 more: every policy"} {
+			if !hasText(s, want) {
+				t.Errorf("%s: no legend entry %q", p.Title.Text, want)
+			}
+		}
+		for _, absent := range []string{"bfc", "rmm-arena"} {
+			if strings.Contains(s, ">"+absent) {
+				t.Errorf("%s: draws %s, not in the default set", p.Title.Text, absent)
+			}
+		}
+		p, err = build(rs, []string{"rmm-arena", "bfc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s = svgText(t, p)
+		if !hasText(s, "rmm-arena") || !hasText(s, "bfc") || strings.Contains(s, ">pytorch") || !hasText(s, "first OOM") {
+			t.Errorf("%s of rmm-arena,bfc: want those two, the first OOM, no pytorch", p.Title.Text)
+		}
+		if _, err := build(rs, []string{"tlsf"}); err == nil || !strings.Contains(err.Error(), `"tlsf"`) {
+			t.Errorf("%s of tlsf = %v, want an error naming tlsf", p.Title.Text, err)
+		}
+	}
+	g, err := plots.MemoryGrid(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Panels) != len(rs) || g.Cols != 4 || g.Rows() != 2 {
+		t.Errorf("grid of %d panels in %d columns, %d rows; want %d in 4 x 2", len(g.Panels), g.Cols, g.Rows(), len(rs))
+	}
+	s := svgText(t, g)
+	for _, r := range rs {
+		want := r.Policy
+		if r.OOMs > 0 {
+			want += " — OOM ×16"
+		}
+		if !hasText(s, want) {
+			t.Errorf("grid has no panel %q", want)
+		}
+	}
+	if !hasText(s, "requested (lower bound)") {
+		t.Errorf("grid's legend names no requested bytes")
+	}
+	if w, h := g.Size(); w <= plots.Width || h < plots.Height {
+		t.Errorf("grid of 4 x 2 drawn %v x %v, want wider than a slide's chart", w, h)
+	}
+}
+
+// TestPeaksLabels: every reserved bar carries its value and excess, in
+// the chart of 19 policies too; an OOM bar says OOM, and the legend says
+// what that means.
+func TestPeaksLabels(t *testing.T) {
+	var rs []sim.Result
+	for i := range 19 {
+		r := result("many.trace", fmt.Sprintf("policy-number-%02d", i), 100*mib, uint64(600+20*i)*mib)
+		r.PeakRequested = 600 * mib
+		rs = append(rs, r)
+	}
+	rs[3].OOMs, rs[3].FirstOOMEvent = 2, 10
+	p, err := plots.Peaks(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := svgText(t, p)
+	for i, r := range rs {
+		want := fmt.Sprintf("%.0f +%d%%", float64(r.PeakReserved)/mib, int(math.Round(100*float64(20*i)/600)))
+		if i == 3 {
+			want = fmt.Sprintf("%.0f OOM ×2", float64(r.PeakReserved)/mib)
+		}
+		if !hasText(s, want) {
+			t.Errorf("bar %d: no label %q", i, want)
+		}
+		if !hasText(s, r.Policy) {
+			t.Errorf("bar %d: no name %q on the axis", i, r.Policy)
+		}
+	}
+	if !hasText(s, "ran out of memory:") {
+		t.Errorf("no legend entry for the OOM bar")
+	}
+	rs[3].OOMs = 0
+	if p, _ = plots.Peaks(rs); strings.Contains(svgText(t, p), "OOM") {
+		t.Errorf("OOM drawn with no run out of memory")
+	}
+}
+
+// TestOverviewCut: a bar above the overview's top is cut there with a
+// break and keeps its true value, among 19 policies on 4 traces.
+func TestOverviewCut(t *testing.T) {
+	var rs []sim.Result
+	for tr := range 4 {
+		for i := range 19 {
+			r := result(fmt.Sprintf("t%d.trace", tr), fmt.Sprintf("p%02d", i), 100*mib, uint64(100+i)*mib)
+			r.PeakRequested = 100 * mib
+			rs = append(rs, r)
+		}
+	}
+	rs[5].PeakReserved = 2640 * mib // 26.4 times the bound
+	rs[40].PeakReserved = 301 * mib // 3.01
+	p, err := plots.Overview(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := svgText(t, p)
+	for _, want := range []string{"26.4", "3.01", "cut at 3: true"} {
+		if !hasText(s, want) {
+			t.Errorf("overview has no %q", want)
+		}
+	}
+	if p.Y.Max != 3 {
+		t.Errorf("overview's top %v, want 3", p.Y.Max)
 	}
 }

@@ -45,6 +45,9 @@ type Report struct {
 	Results []ReportResult
 	Fits    []results.Fit
 	Diffs   []results.Diff // replay diff's comparisons, a section each
+	// Policies names the policies the memory and fragmentation charts
+	// draw (ShownPolicies); nil for the default set.
+	Policies []string
 }
 
 // ReportChart is one chart of a report: ID is unique in the report and
@@ -191,8 +194,8 @@ func (r *Report) Charts() ([]ReportChart, error) {
 				suffix, caption string
 				build           func([]sim.Result) (*plot.Plot, error)
 			}{
-				{"memory", "Reserved (solid) and allocated (dashed) bytes of each policy over the trace, against the requested bytes, the lower bound.", Memory},
-				{"fragmentation", "Fragmentation, 1 − allocated / reserved, over the trace.", Fragmentation},
+				{"memory", "Reserved (thick) and allocated (thin) bytes over the trace of the recorded allocator, the lowest peaks and the cuda baseline (or the policies --plot-policy names), against the requested bytes, the lower bound.", func(rs []sim.Result) (*plot.Plot, error) { return MemoryOf(rs, r.Policies) }},
+				{"fragmentation", "Fragmentation, 1 − allocated / reserved, over the trace, of the same policies.", func(rs []sim.Result) (*plot.Plot, error) { return FragmentationOf(rs, r.Policies) }},
 				{"peaks", "Peak reserved and allocated bytes per policy against the lower bound, the peak requested bytes.", Peaks},
 				{"calls", "Device allocations and frees (cudaMalloc and cudaFree calls) per policy.", Calls},
 			}

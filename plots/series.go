@@ -1,10 +1,12 @@
 package plots
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"image/color"
 	"math"
+	"slices"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -12,6 +14,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 )
 
@@ -198,50 +201,204 @@ func valueRange(p *plot.Plot, top float64, format func(v, step, top float64) str
 	p.Y.Tick.Marker = roundTicker{Step: step, Format: format}
 }
 
-// Memory returns the chart of memory over the trace for results of one
-// trace: for each policy its reserved bytes (a solid line in the policy's
-// colour), its allocated bytes (thin, dashed, same colour), its device
-// footprint where it is above the reserved bytes somewhere (the card's
-// memory the driver's pages take, sim.Point.Footprint: dotted, same
-// colour), and once the
-// trace's requested bytes, the lower bound for every policy (dashed black),
-// against the trace's time in seconds (the event index where the trace has
-// no time: xAxis). Bytes are drawn in MiB or GiB (ChooseUnit of the
-// largest value). Where a policy ran out of memory its first OOM is marked
-// with a cross, and a device capacity near the data is drawn as a dotted
-// line. It returns ErrNoResults for no results and an error if the results
-// come from more than one trace.
-func Memory(results []sim.Result) (*plot.Plot, error) {
-	trace, err := traceOf(results)
-	if err != nil {
-		return nil, err
-	}
-	labels := policyLabels(results)
-	ax := chooseX(results)
+// Shown is a result drawn in the memory and fragmentation charts: its
+// index in the results and why it is there in the default set
+// ("recorded", "lowest peak", "2nd lowest peak", ..., "baseline"; "" when
+// named).
+type Shown struct {
+	Index int
+	Role  string
+}
 
-	// The requested bytes are the trace's, the same under every policy:
-	// draw them from the longest series.
-	req := -1
-	var top uint64
-	for i, r := range results {
-		if len(r.Series) > 0 && (req < 0 || len(r.Series) > len(results[req].Series)) {
-			req = i
+// BestShown is how many results of the lowest peak reserved bytes the
+// default set of the memory and fragmentation charts holds.
+const BestShown = 3
+
+// BaselinePolicy is the policy the default set holds as the baseline
+// where it was run: no caching, a cudaMalloc and cudaFree per request.
+const BaselinePolicy = "cuda"
+
+// ShownPolicies returns the results of one trace that the memory and
+// fragmentation charts draw, in legend order. With names (policy names,
+// each selecting every result of that policy, in the order named) it is
+// those; it returns an error naming the first name no result has. With
+// none it is the default set, a readable one: the policy that simulates
+// the allocator the trace was recorded under (policies.SourcePolicy; none
+// for a source that records no allocator), the BestShown other results of
+// the lowest peak reserved bytes among those that served every malloc,
+// clairvoyant planners and the baseline left aside, and the baseline
+// (BaselinePolicy) where it was run. The requested bytes, the lower
+// bound, are drawn beside them in any case.
+func ShownPolicies(results []sim.Result, names []string) ([]Shown, error) {
+	var out []Shown
+	if len(names) > 0 {
+		for _, n := range names {
+			found := false
+			for i, r := range results {
+				if r.Policy == n {
+					out = append(out, Shown{Index: i})
+					found = true
+				}
+			}
+			if !found {
+				trace := ""
+				if len(results) > 0 {
+					trace = " on " + baseName(results[0].Trace)
+				}
+				return nil, fmt.Errorf("plots: no result of policy %q%s", n, trace)
+			}
 		}
+		return out, nil
+	}
+	taken := map[int]bool{}
+	first := func(policy string) int {
+		for i, r := range results {
+			if r.Policy == policy {
+				return i
+			}
+		}
+		return -1
+	}
+	if len(results) > 0 {
+		if name, ok := policies.SourcePolicy(results[0].TraceSource); ok {
+			if i := first(name); i >= 0 {
+				out = append(out, Shown{Index: i, Role: "recorded"})
+				taken[i] = true
+			}
+		}
+	}
+	base := first(BaselinePolicy)
+	var cand []int
+	for i, r := range results {
+		info, _ := policies.Lookup(r.Policy)
+		if taken[i] || i == base || failed(r) || info.Abilities.Planner {
+			continue
+		}
+		cand = append(cand, i)
+	}
+	slices.SortStableFunc(cand, func(a, b int) int { return cmp.Compare(results[a].PeakReserved, results[b].PeakReserved) })
+	for k, i := range cand[:min(len(cand), BestShown)] {
+		role := "lowest peak"
+		if k > 0 {
+			role = ordinal(k+1) + " lowest peak"
+		}
+		out = append(out, Shown{Index: i, Role: role})
+	}
+	if base >= 0 {
+		out = append(out, Shown{Index: base, Role: "baseline"})
+	}
+	return out, nil
+}
+
+// ordinal returns "2nd", "3rd", "4th", ... for n > 1.
+func ordinal(n int) string {
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 2:
+		return fmt.Sprintf("%dnd", n)
+	case n%10 == 3:
+		return fmt.Sprintf("%drd", n)
+	case n%10 == 1:
+		return fmt.Sprintf("%dst", n)
+	}
+	return fmt.Sprintf("%dth", n)
+}
+
+// shownLabel returns the legend label of a shown result: its chart label,
+// with its role in parentheses.
+func shownLabel(label string, s Shown) string {
+	if s.Role == "" {
+		return label
+	}
+	return label + " (" + s.Role + ")"
+}
+
+// memoryScale returns what the memory charts of results draw against: the
+// largest value drawn (reserved, allocated, requested, footprint, and the
+// device capacity where it is drawn), the capacity to draw (0 for none),
+// and the unit.
+func memoryScale(results []sim.Result) (top, capacity uint64, u Unit) {
+	for _, r := range results {
 		for _, pt := range r.Series {
 			top = max(top, pt.Reserved, pt.Allocated, pt.Requested, pt.Footprint)
 		}
 	}
-	capacity := results[0].Capacity
+	capacity = results[0].Capacity
 	for _, r := range results {
 		if r.Capacity != capacity {
 			capacity = 0 // not one device; draw none
 		}
 	}
-	showCapacity := capacity > 0 && top > 0 && float64(capacity) <= 1.5*float64(top)
-	if showCapacity {
-		top = max(top, capacity)
+	if !(capacity > 0 && top > 0 && float64(capacity) <= 1.5*float64(top)) {
+		capacity = 0
 	}
-	u := ChooseUnit(top)
+	top = max(top, capacity)
+	return top, capacity, ChooseUnit(top)
+}
+
+// requestedSeries returns the index of the result whose series draws the
+// trace's requested bytes (the same under every policy): the longest, -1
+// where none has points.
+func requestedSeries(results []sim.Result) int {
+	req := -1
+	for i, r := range results {
+		if len(r.Series) > 0 && (req < 0 || len(r.Series) > len(results[req].Series)) {
+			req = i
+		}
+	}
+	return req
+}
+
+// Memory is MemoryOf the default set of policies.
+func Memory(results []sim.Result) (*plot.Plot, error) { return MemoryOf(results, nil) }
+
+// requestedOnly returns s with only the requested bytes of each point.
+func requestedOnly(s []sim.Point) []sim.Point {
+	out := make([]sim.Point, len(s))
+	for i, pt := range s {
+		out[i] = sim.Point{Event: pt.Event, Time: pt.Time, Requested: pt.Requested}
+	}
+	return out
+}
+
+// MemoryOf returns the chart of memory over the trace for results of one
+// trace, drawing the results ShownPolicies(results, names) picks (names
+// nil: the default set): for each its reserved bytes (a thick line in the
+// policy's look: colour and dash, the same in every chart), its allocated
+// bytes (thin, lighter, same look), its device footprint where it is above
+// the reserved bytes somewhere (the card's memory the driver's pages take,
+// sim.Point.Footprint: a thin dotted line of its colour), and once the
+// trace's requested bytes, the lower bound for every policy (dashed
+// black), against the trace's time in seconds (the event index where the
+// trace has no time: xAxis). The legend names each policy with its role in
+// the default set and says how many are left to MemoryGrid. Bytes are
+// drawn in MiB or GiB (ChooseUnit of the largest value drawn). Where a policy ran out of memory its
+// first OOM is marked with a cross, and a device capacity near the data
+// is drawn as a dotted line. It returns ErrNoResults for no results, and
+// an error if the results come from more than one trace or a name has no
+// result.
+func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
+	trace, err := traceOf(results)
+	if err != nil {
+		return nil, err
+	}
+	shown, err := ShownPolicies(results, names)
+	if err != nil {
+		return nil, err
+	}
+	labels, key := chartLabels(results)
+	looks := resultLooks(results)
+	ax := chooseX(results)
+	req := requestedSeries(results)
+	// The scale is the policies drawn, and the requested bytes.
+	drawn := make([]sim.Result, 0, len(shown)+1)
+	for _, s := range shown {
+		drawn = append(drawn, results[s.Index])
+	}
+	if req >= 0 {
+		drawn = append(drawn, sim.Result{Capacity: results[req].Capacity, Series: requestedOnly(results[req].Series)})
+	}
+	top, capacity, u := memoryScale(drawn)
 
 	p := newPlot()
 	setTitle(p, "memory over the trace: ", trace)
@@ -251,56 +408,62 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 		return func(pt sim.Point) float64 { return u.Of(f(pt)) }
 	}
 
-	for i, r := range results {
-		sty := draw.LineStyle{Color: tint(policyColor(i), 0.15), Width: allocatedWidth, Dashes: allocatedDashes}
-		if err := addCurve(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
+	for _, s := range shown {
+		sty := looks[s.Index].line(allocatedWidth)
+		sty.Color = tint(sty.Color.(color.RGBA), 0.35)
+		if err := addCurve(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
 			return nil, err
 		}
 	}
 	anyFootprint := false
-	for i, r := range results {
+	for _, s := range shown {
+		r := results[s.Index]
 		if !footprintAbove(r.Series) {
 			continue
 		}
-		sty := draw.LineStyle{Color: policyColor(i), Width: footprintWidth, Dashes: footprintDashes}
+		sty := draw.LineStyle{Color: looks[s.Index].Color, Width: footprintWidth, Dashes: footprintDashes}
 		if err := addCurve(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Footprint })), sty); err != nil {
 			return nil, err
 		}
 		anyFootprint = true
 	}
 	anyOOM := false
-	for i, r := range results {
-		sty := draw.LineStyle{Color: policyColor(i), Width: reservedWidth}
-		if err := addCurve(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Reserved })), sty); err != nil {
+	// The first in the legend is drawn last, on top.
+	for k := len(shown) - 1; k >= 0; k-- {
+		s := shown[k]
+		if err := addCurve(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Reserved })), looks[s.Index].line(reservedWidth)); err != nil {
 			return nil, err
 		}
-		label := labels[i]
+	}
+	for _, s := range shown {
+		r := results[s.Index]
+		label := shownLabel(labels[s.Index], s)
 		if len(r.Series) == 0 {
 			label += " (no series)"
 		}
-		leg.add(label, lineThumb(sty))
+		leg.add(label, lineThumb(looks[s.Index].line(reservedWidth)))
 		if pt, ok := oomPoint(r); ok {
-			s, err := plotter.NewScatter(plotter.XYs{{X: ax.of(pt), Y: u.Of(pt.Reserved)}})
-			if err != nil {
+			if err := addOOM(p, plotter.XY{X: ax.of(pt), Y: u.Of(pt.Reserved)}, looks[s.Index].Color); err != nil {
 				return nil, err
 			}
-			s.GlyphStyle = oomGlyph(policyColor(i))
-			p.Add(s)
 			anyOOM = true
 		}
 	}
+	// The lower bound on top, where the policies that reach it would
+	// hide it.
 	if req >= 0 {
 		if err := addCurve(p, seriesXYs(ax, results[req].Series, bytes(func(pt sim.Point) uint64 { return pt.Requested })), requestedStyle); err != nil {
 			return nil, err
 		}
 	}
-	if showCapacity {
+	if capacity > 0 {
 		p.Add(hline{Y: u.Of(capacity), Style: capacityStyle})
 	}
+	addHidden(leg, len(results)-len(shown))
 
 	leg.add("")
-	leg.add("reserved", lineThumb{Color: grey, Width: reservedWidth})
-	leg.add("allocated", lineThumb{Color: grey, Width: allocatedWidth, Dashes: allocatedDashes})
+	leg.add("reserved: thick", lineThumb{Color: grey, Width: reservedWidth})
+	leg.add("allocated: thin", lineThumb{Color: tint(grey, 0.35), Width: allocatedWidth})
 	if anyFootprint {
 		leg.add("device footprint", lineThumb{Color: grey, Width: footprintWidth, Dashes: footprintDashes})
 	}
@@ -308,9 +471,10 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 	if anyOOM {
 		leg.add("first OOM", glyphThumb(oomGlyph(grey)))
 	}
-	if showCapacity {
+	if capacity > 0 {
 		leg.add("device capacity", lineThumb(capacityStyle))
 	}
+	leg.addKey(key)
 	p.Add(leg)
 	if req < 0 {
 		p.Add(newNote("no series points to draw"))
@@ -319,6 +483,28 @@ func Memory(results []sim.Result) (*plot.Plot, error) {
 	xRange(p, ax, results)
 	valueRange(p, math.Max(u.Of(top), minBytesTop), formatFixed)
 	return p, nil
+}
+
+// addHidden says in the legend how many policies a chart leaves to its
+// grid of every policy.
+func addHidden(leg *sideLegend, n int) {
+	if n <= 0 {
+		return
+	}
+	leg.add("")
+	leg.add(fmt.Sprintf("+%d more: every policy", n))
+	leg.add("in the -all chart")
+}
+
+// addOOM marks a first OOM at xy with a cross of colour c.
+func addOOM(p *plot.Plot, xy plotter.XY, c color.Color) error {
+	s, err := plotter.NewScatter(plotter.XYs{xy})
+	if err != nil {
+		return err
+	}
+	s.GlyphStyle = oomGlyph(c)
+	p.Add(s)
+	return nil
 }
 
 // footprintAbove reports whether a series' footprint is above its reserved
@@ -351,49 +537,90 @@ func oomGlyph(c color.Color) draw.GlyphStyle {
 	return draw.GlyphStyle{Color: c, Radius: vg.Points(4.5), Shape: draw.CrossGlyph{}}
 }
 
-// Fragmentation returns the chart of fragmentation over the trace for
-// results of one trace: for each policy 1 - allocated/reserved in percent
-// (a line in the policy's colour) against the trace's time in seconds (the
-// event index where it has none). The Y axis runs
-// from 0 to a round percentage at or above the largest value, at most 100.
-// It returns ErrNoResults for no results and an error if the results come
-// from more than one trace.
-func Fragmentation(results []sim.Result) (*plot.Plot, error) {
+// Fragmentation is FragmentationOf the default set of policies.
+func Fragmentation(results []sim.Result) (*plot.Plot, error) { return FragmentationOf(results, nil) }
+
+// FragmentationOf returns the chart of fragmentation over the trace for
+// results of one trace, drawing the results ShownPolicies(results, names)
+// picks (names nil: the default set): for each 1 - allocated/reserved
+// (sim.Point.Fragmentation) in percent, a line in the policy's look,
+// against the trace's time in seconds (the event index where it has
+// none), with a cross at its first OOM. The Y axis runs from 0 to a round
+// percentage at or above the largest value drawn, at most 100.
+// It returns ErrNoResults for no results, and an error if the results come
+// from more than one trace or a name has no result.
+func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	trace, err := traceOf(results)
 	if err != nil {
 		return nil, err
 	}
-	labels := policyLabels(results)
+	shown, err := ShownPolicies(results, names)
+	if err != nil {
+		return nil, err
+	}
+	labels, key := chartLabels(results)
+	looks := resultLooks(results)
 	ax := chooseX(results)
 	p := newPlot()
 	setTitle(p, "fragmentation: ", trace)
 	p.Y.Label.Text = "1 − allocated / reserved (%)"
 	leg := newSideLegend()
-	percent := func(pt sim.Point) float64 { return 100 * math.Min(math.Max(pt.Fragmentation, 0), 1) }
 
-	top, points := 0.0, 0
-	for i, r := range results {
-		sty := draw.LineStyle{Color: policyColor(i), Width: vg.Points(1.5)}
-		xys := seriesXYs(ax, r.Series, percent)
-		for _, xy := range xys {
-			top = math.Max(top, xy.Y)
-		}
+	drawn := make([]sim.Result, len(shown))
+	for k, s := range shown {
+		drawn[k] = results[s.Index]
+	}
+	top, points := fragmentationTop(ax, drawn), 0
+	anyOOM := false
+	for k := len(shown) - 1; k >= 0; k-- {
+		s := shown[k]
+		xys := seriesXYs(ax, results[s.Index].Series, percent)
 		points += len(xys)
-		if err := addCurve(p, xys, sty); err != nil {
+		if err := addCurve(p, xys, looks[s.Index].line(vg.Points(1.5))); err != nil {
 			return nil, err
 		}
-		label := labels[i]
+	}
+	for _, s := range shown {
+		r := results[s.Index]
+		label := shownLabel(labels[s.Index], s)
 		if len(r.Series) == 0 {
 			label += " (no series)"
 		}
-		leg.add(label, lineThumb(sty))
+		leg.add(label, lineThumb(looks[s.Index].line(vg.Points(1.5))))
+		if pt, ok := oomPoint(r); ok {
+			if err := addOOM(p, plotter.XY{X: ax.of(pt), Y: percent(pt)}, looks[s.Index].Color); err != nil {
+				return nil, err
+			}
+			anyOOM = true
+		}
 	}
+	addHidden(leg, len(results)-len(shown))
+	if anyOOM {
+		leg.add("")
+		leg.add("first OOM", glyphThumb(oomGlyph(grey)))
+	}
+	leg.addKey(key)
 	p.Add(leg)
 	if points == 0 {
 		p.Add(newNote("no series points to draw"))
 	}
 
 	xRange(p, ax, results)
-	valueRange(p, math.Min(math.Max(top, 10), 100), formatFixed)
+	valueRange(p, top, formatFixed)
 	return p, nil
+}
+
+// percent is a point's fragmentation in percent, held to 0..100.
+func percent(pt sim.Point) float64 { return 100 * math.Min(math.Max(pt.Fragmentation, 0), 1) }
+
+// fragmentationTop is the top of the fragmentation charts' Y axis for
+// results: their largest percentage, at least 10, at most 100.
+func fragmentationTop(ax xAxis, results []sim.Result) float64 {
+	top := 0.0
+	for _, r := range results {
+		for _, xy := range seriesXYs(ax, r.Series, percent) {
+			top = math.Max(top, xy.Y)
+		}
+	}
+	return math.Min(math.Max(top, 10), 100)
 }

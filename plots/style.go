@@ -15,6 +15,7 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 )
 
@@ -32,36 +33,138 @@ var inf = math.Inf(1)
 // sans is the typeface of every text in the charts.
 var sans = font.Font{Typeface: "Liberation", Variant: "Sans"}
 
-// palette holds the policy colours: the Okabe-Ito colours (safe for colour
-// blind readers, without yellow and black, which read badly on white and
-// black is the lower bound's), then darker and brighter ones, so that all
-// the registered policies get a colour of their own in one chart. Colours
-// repeat after the last.
-var palette = []color.RGBA{
+// okabeIto are the six hues of Okabe and Ito's colour-blind-safe palette
+// (Color Universal Design, 2008): their black is the lower bound's and
+// their yellow reads badly as a line on white, so neither is a policy's.
+var okabeIto = []color.RGBA{
 	{0x00, 0x72, 0xB2, 0xff}, // blue
 	{0xD5, 0x5E, 0x00, 0xff}, // vermillion
 	{0x00, 0x9E, 0x73, 0xff}, // bluish green
-	{0xCC, 0x79, 0xA7, 0xff}, // reddish purple
 	{0xE6, 0x9F, 0x00, 0xff}, // orange
 	{0x56, 0xB4, 0xE9, 0xff}, // sky blue
-	{0x8C, 0x56, 0x4B, 0xff}, // brown
-	{0x59, 0x59, 0x59, 0xff}, // dark grey
-	{0x9A, 0x9A, 0x00, 0xff}, // olive
-	{0x1F, 0x3A, 0x93, 0xff}, // navy
-	{0xA5, 0x1C, 0x30, 0xff}, // crimson
-	{0x00, 0x60, 0x4A, 0xff}, // dark teal
-	{0x6A, 0x3D, 0x9A, 0xff}, // purple
-	{0xB1, 0x59, 0x28, 0xff}, // rust
-	{0x33, 0xA0, 0x2C, 0xff}, // green
-	{0xFB, 0x6A, 0x9A, 0xff}, // pink
-	{0x1B, 0x9E, 0xC4, 0xff}, // cyan
-	{0x7F, 0x6A, 0x00, 0xff}, // dark gold
-	{0x99, 0x99, 0xCC, 0xff}, // lavender
-	{0x3B, 0x3B, 0x3B, 0xff}, // charcoal
+	{0xCC, 0x79, 0xA7, 0xff}, // reddish purple
 }
 
-// policyColor returns the colour of the i'th policy of a chart.
-func policyColor(i int) color.RGBA { return palette[i%len(palette)] }
+// Line patterns of a look, by its Dash: solid, dashed, dotted, dash-dot
+// (the order in which they tell lines apart best). A bar of the look is
+// filled plain, hatched with rising, with falling or with level lines.
+var dashPatterns = [][]vg.Length{
+	nil,
+	{vg.Points(7), vg.Points(3.5)},
+	{vg.Points(1.2), vg.Points(2.4)},
+	{vg.Points(9), vg.Points(3), vg.Points(1.5), vg.Points(3)},
+}
+
+// look is how one policy is drawn: a colour of okabeIto and a line
+// pattern (dashPatterns, and the matching bar hatch). Thin doubles the
+// combinations for charts of more than 24 series: a thinner line, a
+// denser hatch.
+type look struct {
+	Color color.RGBA
+	Dash  int
+	Thin  bool
+}
+
+// lookOf returns the k'th of all looks: every colour solid first, then
+// dashed, dotted, dash-dot, then all of them thin.
+func lookOf(k int) look {
+	n := len(okabeIto) * len(dashPatterns)
+	k %= 2 * n
+	return look{Color: okabeIto[k%len(okabeIto)], Dash: (k / len(okabeIto)) % len(dashPatterns), Thin: k >= n}
+}
+
+// policyLooks is the one place that says how each registered policy is
+// drawn, in every chart: its colour and pattern. Policies that are often
+// compared have their own colour, and no two share a look (TestPolicyLooks
+// holds every registered policy to an entry). A chart that draws a policy
+// twice (under two settings) or an unknown one gives it the first look not
+// yet taken in that chart (chartLooks).
+var policyLooks = map[string]look{
+	// solid
+	"pytorch":    {Color: okabeIto[0], Dash: 0},
+	"cuda":       {Color: okabeIto[1], Dash: 0},
+	"slab":       {Color: okabeIto[2], Dash: 0},
+	"cupy":       {Color: okabeIto[3], Dash: 0},
+	"async-pool": {Color: okabeIto[4], Dash: 0},
+	"bfc":        {Color: okabeIto[5], Dash: 0},
+	// dashed
+	"best-fit": {Color: okabeIto[0], Dash: 1},
+	"rmm-pool": {Color: okabeIto[1], Dash: 1},
+	"offline":  {Color: okabeIto[2], Dash: 1},
+	"buddy":    {Color: okabeIto[3], Dash: 1},
+	"paddle":   {Color: okabeIto[4], Dash: 1},
+	"tlsf":     {Color: okabeIto[5], Dash: 1},
+	// dotted
+	"first-fit":      {Color: okabeIto[0], Dash: 2},
+	"rmm-binning":    {Color: okabeIto[1], Dash: 2},
+	"greedy-by-size": {Color: okabeIto[2], Dash: 2},
+	"fixed-block":    {Color: okabeIto[3], Dash: 2},
+	"rmm-arena":      {Color: okabeIto[4], Dash: 2},
+	"workspace":      {Color: okabeIto[5], Dash: 2},
+	// dash-dot
+	"greedy-by-lifetime": {Color: okabeIto[2], Dash: 3},
+}
+
+// chartLooks returns the look of each policy name of a chart (names may
+// repeat: a policy under two settings): its policyLooks entry, or, where
+// that is taken in the chart already or the policy has none, the first
+// look not taken, of the same colour if one is left. No two entries are
+// alike for up to 48 names.
+func chartLooks(names []string) []look {
+	out := make([]look, len(names))
+	taken := map[look]bool{}
+	var later []int
+	for i, n := range names {
+		l, ok := policyLooks[n]
+		if !ok || taken[l] {
+			later = append(later, i)
+			continue
+		}
+		out[i] = l
+		taken[l] = true
+	}
+	total := 2 * len(okabeIto) * len(dashPatterns)
+	for _, i := range later {
+		want, known := policyLooks[names[i]]
+		pick := -1
+		for k := range total {
+			l := lookOf(k)
+			if taken[l] {
+				continue
+			}
+			if pick < 0 {
+				pick = k
+			}
+			if known && l.Color == want.Color {
+				pick = k
+				break
+			}
+		}
+		if pick < 0 {
+			pick = i // more than 48: they repeat
+		}
+		out[i] = lookOf(pick)
+		taken[out[i]] = true
+	}
+	return out
+}
+
+// resultLooks returns chartLooks of the results' policy names.
+func resultLooks(results []sim.Result) []look {
+	names := make([]string, len(results))
+	for i, r := range results {
+		names[i] = r.Policy
+	}
+	return chartLooks(names)
+}
+
+// line returns the look's line at width (half as wide for a thin look).
+func (l look) line(width vg.Length) draw.LineStyle {
+	if l.Thin {
+		width /= 2
+	}
+	return draw.LineStyle{Color: l.Color, Width: width, Dashes: dashPatterns[l.Dash]}
+}
 
 // tint returns c mixed with white, f of the way to white.
 func tint(c color.RGBA, f float64) color.RGBA {
@@ -155,6 +258,126 @@ func policyLabels(results []sim.Result) []string {
 	return labels
 }
 
+// chartLabels returns the name to show for each result in a chart and the
+// key to the names it abbreviates: its policy name, with its settings
+// where two results share a policy name, then " #2", " #3" where even
+// that does not tell them apart. Names are never cut: a name with
+// settings longer than maxPolicyLabel characters shows as the policy name
+// and a mark, "pytorch [1]", and the key has a line "[1] the settings"
+// for it.
+func chartLabels(results []sim.Result) (labels, key []string) {
+	full := make([]string, len(results))
+	count := map[string]int{}
+	for i, r := range results {
+		full[i] = r.Policy
+		if full[i] == "" {
+			full[i] = "(unnamed)"
+		}
+		count[full[i]]++
+	}
+	settings := make([]string, len(results))
+	for i, r := range results {
+		if count[full[i]] > 1 && len(r.Settings) > 0 {
+			settings[i] = policies.Settings(r.Settings).Join(",")
+		}
+	}
+	return keyed(full, settings)
+}
+
+// keyed returns, for names and their settings ("" for none), the labels
+// "name settings", "name [k]" where that is longer than maxPolicyLabel
+// characters, and " #n" after labels that would repeat; and the key lines
+// "[k] settings".
+func keyed(names, settings []string) (labels, key []string) {
+	labels = make([]string, len(names))
+	marks := map[string]int{}
+	for i, n := range names {
+		labels[i] = n
+		if settings[i] == "" {
+			continue
+		}
+		if l := n + " " + settings[i]; len([]rune(l)) <= maxPolicyLabel {
+			labels[i] = l
+			continue
+		}
+		k, ok := marks[settings[i]]
+		if !ok {
+			k = len(marks) + 1
+			marks[settings[i]] = k
+			key = append(key, fmt.Sprintf("[%d] %s", k, settings[i]))
+		}
+		labels[i] = fmt.Sprintf("%s [%d]", n, k)
+	}
+	seen := map[string]int{}
+	for _, l := range labels {
+		seen[l]++
+	}
+	nth := map[string]int{}
+	for i, l := range labels {
+		if seen[l] > 1 {
+			nth[l]++
+			labels[i] = fmt.Sprintf("%s #%d", l, nth[l])
+		}
+	}
+	return labels, key
+}
+
+// wrapWords breaks s into lines of at most n characters at spaces and
+// after commas, never inside a word (a longer word has a line of its
+// own).
+func wrapWords(s string, n int) string {
+	type word struct {
+		text  string
+		space bool // a space before it in s
+	}
+	var words []word
+	for _, f := range strings.Fields(s) {
+		for j, p := range strings.SplitAfter(f, ",") {
+			if p != "" {
+				words = append(words, word{p, j == 0})
+			}
+		}
+	}
+	var b strings.Builder
+	line := 0
+	for i, w := range words {
+		l := len([]rune(w.text))
+		sep := 0
+		if w.space {
+			sep = 1
+		}
+		switch {
+		case i == 0:
+		case line+sep+l > n:
+			b.WriteString("\n")
+			line = 0
+		case w.space:
+			b.WriteByte(' ')
+			line++
+		}
+		b.WriteString(w.text)
+		line += l
+	}
+	return b.String()
+}
+
+// addKey adds the key lines to the legend, each wrapped to keyWidth
+// characters.
+func (l *sideLegend) addKey(key []string) {
+	if len(key) == 0 {
+		return
+	}
+	l.add("")
+	for _, k := range key {
+		for _, line := range strings.Split(wrapWords(k, keyWidth), "\n") {
+			l.add(line)
+		}
+	}
+}
+
+// keyWidth is the width, in characters, of the lines of a chart's key.
+const keyWidth = 26
+
 // legendEntry is one line of a sideLegend.
 type legendEntry struct {
 	label  string
@@ -193,6 +416,9 @@ func (l *sideLegend) em() vg.Length { return l.style.Rectangle("M").Max.X }
 
 // width returns the room the legend needs right of the data area.
 func (l *sideLegend) width() vg.Length {
+	if len(l.entries) == 0 {
+		return 0
+	}
 	var w vg.Length
 	for _, e := range l.entries {
 		w = max(w, l.style.Rectangle(e.label).Max.X)

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 
-	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -23,16 +22,21 @@ import (
 // Formats are the file formats Render writes, by file extension.
 var Formats = []string{"png", "svg"}
 
-// Render draws p at Width x Height and writes it to w as format, "png" (at
-// DPI dots per inch) or "svg" (fonts named, not embedded, with metric
-// compatible fallbacks). It returns an error for any other format and any
-// error of w.
-func Render(w io.Writer, p *plot.Plot, format string) error {
-	return renderSize(w, p, format, Width, Height)
+// Render draws p (a *plot.Plot or a Grid) at Width x Height, or a Sizer
+// at its own size, and writes it to w as format, "png" (at DPI dots per
+// inch) or "svg" (fonts named, not embedded, with metric compatible
+// fallbacks). It returns an error for any other format and any error of
+// w.
+func Render(w io.Writer, p Drawer, format string) error {
+	width, height := Width, Height
+	if s, ok := p.(Sizer); ok {
+		width, height = s.Size()
+	}
+	return renderSize(w, p, format, width, height)
 }
 
 // renderSize is Render at width x height.
-func renderSize(w io.Writer, p *plot.Plot, format string, width, height vg.Length) error {
+func renderSize(w io.Writer, p Drawer, format string, width, height vg.Length) error {
 	switch format {
 	case "png":
 		c := vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(DPI))
@@ -58,28 +62,38 @@ func renderSize(w io.Writer, p *plot.Plot, format string, width, height vg.Lengt
 	}
 }
 
+// Options say how WriteAll draws its charts.
+type Options struct {
+	// Policies names the policies the memory and fragmentation charts
+	// draw (ShownPolicies); nil for the default set. A trace without a
+	// result of one of them is an error.
+	Policies []string
+}
+
 // charts are the charts WriteAll writes for each trace, by file name
 // suffix.
 var charts = []struct {
 	suffix string
-	build  func([]sim.Result) (*plot.Plot, error)
+	build  func([]sim.Result, Options) (Drawer, error)
 }{
-	{"memory", Memory},
-	{"fragmentation", Fragmentation},
-	{"peaks", Peaks},
-	{"calls", Calls},
+	{"memory", func(rs []sim.Result, o Options) (Drawer, error) { return MemoryOf(rs, o.Policies) }},
+	{"memory-all", func(rs []sim.Result, _ Options) (Drawer, error) { return MemoryGrid(rs) }},
+	{"fragmentation", func(rs []sim.Result, o Options) (Drawer, error) { return FragmentationOf(rs, o.Policies) }},
+	{"peaks", func(rs []sim.Result, _ Options) (Drawer, error) { return Peaks(rs) }},
+	{"calls", func(rs []sim.Result, _ Options) (Drawer, error) { return Calls(rs) }},
 }
 
 // WriteAll groups results by trace, in order of first appearance and
 // keeping the order of the policies, and writes into dir, for each trace
 // NAME (TraceName of its path; NAME-2, NAME-3 ... where two traces share a
-// name), the files NAME-memory, NAME-fragmentation, NAME-peaks and
-// NAME-calls, each as .png and .svg. Each file is written to a temporary
-// file in dir and renamed into place, so that no half-written file is left
-// behind. It returns the paths written, in order; on error, those written
-// before it. It creates dir if it does not exist, and returns
-// ErrNoResults for no results.
-func WriteAll(dir string, rs []sim.Result) ([]string, error) {
+// name), the files NAME-memory (the policies opt names, else the default
+// set: MemoryOf), NAME-memory-all (every policy: MemoryGrid),
+// NAME-fragmentation, NAME-peaks and NAME-calls, each as .png and .svg.
+// Each file is written to a temporary file in dir and renamed into place,
+// so that no half-written file is left behind. It returns the paths
+// written, in order; on error, those written before it. It creates dir if
+// it does not exist, and returns ErrNoResults for no results.
+func WriteAll(dir string, rs []sim.Result, opt Options) ([]string, error) {
 	if len(rs) == 0 {
 		return nil, ErrNoResults
 	}
@@ -103,7 +117,7 @@ func WriteAll(dir string, rs []sim.Result) ([]string, error) {
 		}
 		used[strings.ToLower(name)] = true
 		for _, ch := range charts {
-			p, err := ch.build(groups[trace])
+			p, err := ch.build(groups[trace], opt)
 			if err != nil {
 				return written, fmt.Errorf("plots: %s chart of %s: %w", ch.suffix, trace, err)
 			}

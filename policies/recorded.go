@@ -74,3 +74,22 @@ type TieFollower interface {
 	// for that Malloc only.
 	FollowTie(addr uint64)
 }
+
+// SourcePolicy returns the policy that simulates the allocator a trace
+// from source (trace.Header.Source) was recorded under: cupy for a CuPy
+// log, bfc for an XSpace (XLA's BFC), pytorch for the rest (PyTorch
+// snapshots, torch.profiler traces, and record run traces of PyTorch
+// jobs). It reports false for a source that records no allocator of its
+// own (synthetic workloads, MiniMalloc problems, RMM logs, the text
+// form), for which it still returns pytorch, the default to compare with.
+func SourcePolicy(source string) (string, bool) {
+	switch source {
+	case "cupy":
+		return "cupy", true
+	case "xspace":
+		return "bfc", true
+	case "pytorch", "kineto", "record":
+		return "pytorch", true
+	}
+	return "pytorch", false
+}

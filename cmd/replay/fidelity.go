@@ -104,7 +104,7 @@ Flags:
 		}
 		pol := *policy
 		if pol == "" {
-			pol = sourcePolicy(f.Header().Source)
+			pol, _ = policies.SourcePolicy(f.Header().Source)
 		}
 		run := settings[pol]
 		if measured != nil {
@@ -189,20 +189,6 @@ func measuredPath(path string) string {
 		base = strings.TrimSuffix(path, filepath.Ext(path))
 	}
 	return base + ".stats.json"
-}
-
-// sourcePolicy returns the policy that simulates the allocator of a trace
-// from source (trace.Header.Source): cupy for a CuPy log, bfc for an
-// XSpace (XLA's BFC), pytorch for the rest (PyTorch snapshots,
-// torch.profiler traces, and record run traces of PyTorch jobs).
-func sourcePolicy(source string) string {
-	switch source {
-	case "cupy":
-		return "cupy"
-	case "xspace":
-		return "bfc"
-	}
-	return "pytorch"
 }
 
 // settingsText writes settings as key=value pairs, sorted, or "default".

@@ -53,6 +53,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE`")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
+	plotList := fs.String("plot-policy", "", plotPolicyDoc)
 	table := fs.Bool("table", false, "print the table also when writing --json or --csv")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
@@ -93,6 +94,10 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return cli.UsageError{Err: fmt.Errorf("--set %w", err)}
 	}
+	shown, err := plotPolicies(*plotList, *plotDir, names)
+	if err != nil {
+		return err
+	}
 	for _, n := range names {
 		if err := gpu.CheckSettings(n, settings[n]); err != nil {
 			return cli.UsageError{Err: fmt.Errorf("--set: %w", err)}
@@ -107,7 +112,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	cfg.Pace = *pace
 	opts := tracefile.Options{From: *from, Device: *device}
 	if *simOnly {
-		for _, f := range []string{"plots", "calls", "repeat", "c-loop", "table", "unbatched", "cudart", "margin", "max-pinned", "no-sim", "sample-every"} {
+		for _, f := range []string{"plots", "plot-policy", "calls", "repeat", "c-loop", "table", "unbatched", "cudart", "margin", "max-pinned", "no-sim", "sample-every"} {
 			if fs.Changed(f) {
 				return fmt.Errorf("--sim-only with --%s: a simulation alone writes the table, --json and --csv", f)
 			}
@@ -173,7 +178,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		for i, r := range rs {
 			flat[i] = r.Result
 		}
-		if _, err := plots.WriteAll(*plotDir, flat); err != nil {
+		if _, err := plots.WriteAll(*plotDir, flat, plots.Options{Policies: shown}); err != nil {
 			return fmt.Errorf("--plots: %w", err)
 		}
 	}

@@ -39,6 +39,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	}
 	out := fs.StringP("out", "o", "", "write the page to `FILE` (required)")
 	plotDir := fs.String("plots", "", "also write every chart as PNG and SVG into `DIR`")
+	plotList := fs.String("plot-policy", "", "the policies the memory and fragmentation charts draw, a comma-separated `LIST` (default: the recorded allocator, the 3 lowest peaks reserved without OOM, cuda as the baseline)")
 	title := fs.String("title", "", "the page's `TITLE`")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -56,6 +57,11 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	rep := &plots.Report{Title: *title, Inputs: fs.Args()}
+	shown, err := plotPolicies(*plotList, "-", nil)
+	if err != nil {
+		return err
+	}
+	rep.Policies = shown
 	for _, in := range fs.Args() {
 		if err := readReportInput(rep, in); err != nil {
 			return err

@@ -27,7 +27,7 @@ import (
 )
 
 const simUsage = `usage: replay sim [--policy NAME[,NAME...]|all] [--capacity SIZE] [--set NAME.key=value]...
-                  [--json FILE] [--csv FILE] [--plots DIR] [--viz DIR] [-j N] TRACE...
+                  [--json FILE] [--csv FILE] [--plots DIR [--plot-policy LIST]] [--viz DIR] [-j N] TRACE...
 
 Replays each trace against the policies on a simulated device and prints,
 per trace and policy, the peak requested, allocated and reserved bytes and
@@ -66,6 +66,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	csvOut := fs.String("csv", "", "write the results as CSV to `FILE` (- for stdout)")
 	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
+	plotList := fs.String("plot-policy", "", plotPolicyDoc)
 	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.String("device", "0", "device `N` of a trace that holds several (a PyTorch snapshot's device, a torch.profiler trace's Device Id, a CuPy log's device_id, an XSpace's GPU_N_bfc), or all: every device of a multi-device PyTorch snapshot, each as a rank of a job (TRACE#rankN)")
@@ -114,6 +115,10 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	settings, err := parseSets(*sets, names)
+	if err != nil {
+		return err
+	}
+	shown, err := plotPolicies(*plotList, *plotDir, names)
 	if err != nil {
 		return err
 	}
@@ -199,7 +204,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		for i, r := range results {
 			flat[i] = *r
 		}
-		if written, err := plots.WriteAll(*plotDir, flat); err != nil {
+		if written, err := plots.WriteAll(*plotDir, flat, plots.Options{Policies: shown}); err != nil {
 			for _, f := range written {
 				os.Remove(f)
 			}
