@@ -165,8 +165,8 @@ func ExampleFragmentation() {
 	fmt.Println(p.Title.Text)
 	fmt.Println(p.X.Label.Text, "/", p.Y.Label.Text)
 	// Output:
-	// fragmentation: train_gpt.pickle.gz
-	// time (s) / 1 − allocated / reserved (%)
+	// fragmentation and idle memory: train_gpt.pickle.gz
+	// time (s) / % of the reserved bytes
 }
 
 func ExamplePeaks() {

@@ -195,7 +195,7 @@ func (r *Report) Charts() ([]ReportChart, error) {
 				build           func([]sim.Result) (*plot.Plot, error)
 			}{
 				{"memory", "Reserved (thick) and allocated (thin) bytes over the trace of the recorded allocator, the lowest peaks and the cuda baseline (or the policies --plot-policy names), against the requested bytes, the lower bound.", func(rs []sim.Result) (*plot.Plot, error) { return MemoryOf(rs, r.Policies) }},
-				{"fragmentation", "Fragmentation, 1 − allocated / reserved, over the trace, of the same policies.", func(rs []sim.Result) (*plot.Plot, error) { return FragmentationOf(rs, r.Policies) }},
+				{"fragmentation", "Fragmentation (dots: the free reserved memory that could not serve a malloc the policy grew for) and the idle share (lines: 1 − allocated / reserved), over the trace, of the same policies.", func(rs []sim.Result) (*plot.Plot, error) { return FragmentationOf(rs, r.Policies) }},
 				{"peaks", "Peak reserved and allocated bytes per policy against the lower bound, the peak requested bytes.", Peaks},
 				{"calls", "Device allocations and frees (cudaMalloc and cudaFree calls) per policy.", Calls},
 			}

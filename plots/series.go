@@ -540,13 +540,16 @@ func oomGlyph(c color.Color) draw.GlyphStyle {
 // Fragmentation is FragmentationOf the default set of policies.
 func Fragmentation(results []sim.Result) (*plot.Plot, error) { return FragmentationOf(results, nil) }
 
-// FragmentationOf returns the chart of fragmentation over the trace for
-// results of one trace, drawing the results ShownPolicies(results, names)
-// picks (names nil: the default set): for each 1 - allocated/reserved
-// (sim.Point.Fragmentation) in percent, a line in the policy's look,
-// against the trace's time in seconds (the event index where it has
-// none), with a cross at its first OOM. The Y axis runs from 0 to a round
-// percentage at or above the largest value drawn, at most 100.
+// FragmentationOf returns the chart of fragmentation and idle memory over
+// the trace for results of one trace, drawing the results
+// ShownPolicies(results, names) picks (names nil: the default set): for
+// each its idle share, 1 - allocated/reserved (sim.Point.Idle), in percent
+// as a line in the policy's look, and its fragmentation (sim.Point.
+// Fragmentation: the free reserved memory that could not serve a malloc
+// the policy grew for) as dots of its colour where it is above 0, against
+// the trace's time in seconds (the event index where it has none), with a
+// cross at its first OOM. The Y axis runs from 0 to a round percentage at
+// or above the largest value drawn, at most 100.
 // It returns ErrNoResults for no results, and an error if the results come
 // from more than one trace or a name has no result.
 func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
@@ -562,8 +565,8 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	looks := resultLooks(results)
 	ax := chooseX(results)
 	p := newPlot()
-	setTitle(p, "fragmentation: ", trace)
-	p.Y.Label.Text = "1 − allocated / reserved (%)"
+	setTitle(p, "fragmentation and idle memory: ", trace)
+	p.Y.Label.Text = "% of the reserved bytes"
 	leg := newSideLegend()
 
 	drawn := make([]sim.Result, len(shown))
@@ -571,14 +574,33 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		drawn[k] = results[s.Index]
 	}
 	top, points := fragmentationTop(ax, drawn), 0
-	anyOOM := false
+	anyOOM, anyFrag := false, false
 	for k := len(shown) - 1; k >= 0; k-- {
 		s := shown[k]
-		xys := seriesXYs(ax, results[s.Index].Series, percent)
+		xys := seriesXYs(ax, results[s.Index].Series, idlePercent)
 		points += len(xys)
 		if err := addCurve(p, xys, looks[s.Index].line(vg.Points(1.5))); err != nil {
 			return nil, err
 		}
+	}
+	for k := len(shown) - 1; k >= 0; k-- {
+		s := shown[k]
+		var dots plotter.XYs
+		for _, xy := range seriesXYs(ax, results[s.Index].Series, percent) {
+			if xy.Y > 0 {
+				dots = append(dots, xy)
+			}
+		}
+		if len(dots) == 0 {
+			continue
+		}
+		sc, err := plotter.NewScatter(dots)
+		if err != nil {
+			return nil, err
+		}
+		sc.GlyphStyle = fragGlyph(looks[s.Index].Color)
+		p.Add(sc)
+		anyFrag = true
 	}
 	for _, s := range shown {
 		r := results[s.Index]
@@ -588,15 +610,23 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		}
 		leg.add(label, lineThumb(looks[s.Index].line(vg.Points(1.5))))
 		if pt, ok := oomPoint(r); ok {
-			if err := addOOM(p, plotter.XY{X: ax.of(pt), Y: percent(pt)}, looks[s.Index].Color); err != nil {
+			if err := addOOM(p, plotter.XY{X: ax.of(pt), Y: idlePercent(pt)}, looks[s.Index].Color); err != nil {
 				return nil, err
 			}
 			anyOOM = true
 		}
 	}
 	addHidden(leg, len(results)-len(shown))
+	leg.add("")
+	leg.add("line: idle, 1 − allocated / reserved", lineThumb(draw.LineStyle{Color: grey, Width: vg.Points(1.5)}))
+	if anyFrag {
+		leg.add("dot: fragmentation, free memory that", glyphThumb(fragGlyph(grey)))
+		leg.add("could not serve a malloc it grew for")
+	} else {
+		leg.add("no fragmentation: no malloc grew")
+		leg.add("past free memory as large as it")
+	}
 	if anyOOM {
-		leg.add("")
 		leg.add("first OOM", glyphThumb(oomGlyph(grey)))
 	}
 	leg.addKey(key)
@@ -610,16 +640,27 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	return p, nil
 }
 
+// fragGlyph is the dot of a fragmentation in the fragmentation chart.
+func fragGlyph(c color.Color) draw.GlyphStyle {
+	return draw.GlyphStyle{Color: c, Radius: vg.Points(3), Shape: draw.CircleGlyph{}}
+}
+
 // percent is a point's fragmentation in percent, held to 0..100.
 func percent(pt sim.Point) float64 { return 100 * math.Min(math.Max(pt.Fragmentation, 0), 1) }
 
+// idlePercent is a point's idle share in percent, held to 0..100.
+func idlePercent(pt sim.Point) float64 { return 100 * math.Min(math.Max(pt.Idle, 0), 1) }
+
 // fragmentationTop is the top of the fragmentation charts' Y axis for
-// results: their largest percentage, at least 10, at most 100.
+// results: the largest percentage of their idle shares and
+// fragmentation, at least 10, at most 100.
 func fragmentationTop(ax xAxis, results []sim.Result) float64 {
 	top := 0.0
 	for _, r := range results {
-		for _, xy := range seriesXYs(ax, r.Series, percent) {
-			top = math.Max(top, xy.Y)
+		for _, f := range []func(sim.Point) float64{percent, idlePercent} {
+			for _, xy := range seriesXYs(ax, r.Series, f) {
+				top = math.Max(top, xy.Y)
+			}
 		}
 	}
 	return math.Min(math.Max(top, 10), 100)

@@ -86,3 +86,31 @@ func TestFailedMallocInSeries(t *testing.T) {
 		t.Errorf("peak reserved %d, requested %d; series %d, %d; want 4194304 in all", r.PeakReserved, r.PeakRequested, reserved, requested)
 	}
 }
+
+// TestFragmentationOOM: an OOM counts the free reserved bytes when they and
+// the capacity not reserved would have served the malloc. best-fit under
+// a 5 MiB cap:
+//
+//	0 malloc 1 MiB     segment 0..2; 1 malloc 512 KiB at 1 MiB
+//	2 malloc 1 MiB     0.5 MiB free, fewer than asked: a segment 2..4, reserved 4
+//	                   (fragmentation 0)
+//	3 free the first   free: 1 MiB at 0, 512 KiB at 1.5, 1 MiB at 3: 2.5 MiB
+//	4 malloc 3 MiB     a 4 MiB segment does not fit the cap, no segment is wholly
+//	                   free: OOM; 2.5 free + 1 under the cap >= 3:
+//	                   fragmentation 2.5 / 4 = 0.625
+func TestFragmentationOOM(t *testing.T) {
+	text := "malloc id=1 size=1MiB\nmalloc id=2 size=512KiB\nmalloc id=3 size=1MiB\nfree id=1\nmalloc id=4 size=3MiB\n"
+	h, evs, err := trace.ParseText("oom.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "best-fit", Capacity: 5 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	if r.OOMs != 1 || r.FirstOOMEvent != 4 || r.PeakReserved != 4<<20 || r.PeakFragmentation != 0.625 || r.FragmentationAtPeak != 0 {
+		t.Errorf("OOMs %d at %d, peak reserved %d, peak fragmentation %v, at peak %v; want 1 at 4, 4194304, 0.625, 0",
+			r.OOMs, r.FirstOOMEvent, r.PeakReserved, r.PeakFragmentation, r.FragmentationAtPeak)
+	}
+}

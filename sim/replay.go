@@ -759,12 +759,25 @@ func (r *Replay) deviceState() (reserved uint64, allocs int64) {
 // with reserved bytes reserved and allocs device allocations made before
 // it (deviceState), r.allocated not yet counting it: the policy's free
 // bytes over its reserved ones where they added up to the request and the
-// policy still allocated from the device (or failed, as failed says).
+// policy still allocated from the device, or where they and the capacity
+// not reserved added up to it and the malloc failed (as failed says):
+// free memory that, joined, would have served it.
 func (r *Replay) fragmented(size, reserved uint64, allocs int64, failed bool) {
-	if reserved <= r.allocated || reserved-r.allocated < size {
+	if reserved <= r.allocated {
 		return
 	}
-	if !failed {
+	free := reserved - r.allocated
+	if failed {
+		if r.dev != nil && r.dev.Capacity() > reserved {
+			free += r.dev.Capacity() - reserved
+		}
+		if free < size {
+			return
+		}
+	} else {
+		if free < size {
+			return
+		}
 		if _, now := r.deviceState(); now == allocs {
 			return // served from its free memory
 		}

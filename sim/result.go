@@ -47,12 +47,13 @@ type Result struct {
 	// replayed with this result.
 	PeakOffline uint64 `json:"offline_peak_reserved_bytes,omitempty"`
 	// PeakFragmentation is the largest fragmentation of the run (0..1):
-	// at a malloc of the policy that had to allocate from the device (or
-	// ran out of memory) although its free reserved bytes, reserved -
-	// allocated, were at least the request, those free bytes over the
-	// reserved bytes before the malloc. That much memory was held and
-	// idle but could not serve the request that followed. 0 where the
-	// policy never grew past free memory that added up to the request.
+	// at a malloc of the policy that had to allocate from the device
+	// although its free reserved bytes, reserved - allocated, were at least
+	// the request, or that ran out of memory although they and the
+	// capacity not reserved were, those free bytes over the reserved bytes
+	// before the malloc. That much memory was held and idle but could not
+	// serve the request that followed. 0 where no malloc grew or failed
+	// past free memory that added up to the request.
 	PeakFragmentation float64 `json:"peak_fragmentation"`
 	// FragmentationAtPeak is the fragmentation (as PeakFragmentation's) of
 	// the malloc that took the reserved bytes to their peak, 0 if its
