@@ -360,6 +360,7 @@ type (
 		Head            []string
 		Rows            []row
 		Bars            []legendItem // what the comparison table's bars show
+		Sites           *fitTable    // the allocation sites at each policy's peak (sitesTable)
 		Charts          []chart
 		Data            template.JS // sectionData as JSON
 		Fit             *fitTable
@@ -446,6 +447,7 @@ func buildPage(r *Report) (page, error) {
 		if len(g.results) > 0 {
 			s.Facts, s.Notes = traceFacts(g)
 			s.Head, s.Rows, s.Bars = comparisonTable(g)
+			s.Sites = sitesTable(g)
 			rs := g.sim()
 			labels := policyLabels(rs)
 			var data sectionData
@@ -504,6 +506,14 @@ func buildPage(r *Report) (page, error) {
 	}
 	return pg, nil
 }
+
+// sitesTable returns the table of the allocation sites live at each
+// policy's peak, nil while results do not carry them. It is the place for
+// the per-policy "sites at peak" list that sim.Result is to get from the
+// call-sites work: a row per site and policy (its bytes at the peak, its
+// share of the peak), drawn under the comparison table with the page's
+// other tables (sortable; bars as comparisonTable makes them).
+func sitesTable(*reportGroup) *fitTable { return nil }
 
 // num is v as a cell's sort value.
 func num(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
@@ -1056,7 +1066,9 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 {{end}}</table>
 {{end}}{{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{if .Rows}}<h3>Policies compared</h3>
-{{template "table" table "cmp" .Head .Rows false}}{{template "barlegend" .Bars}}{{end}}{{if .Charts}}<script type="application/json" id="data-{{.ID}}">{{.Data}}</script>
+{{template "table" table "cmp" .Head .Rows false}}{{template "barlegend" .Bars}}{{end}}{{with .Sites}}<h3>Allocation sites at the peak</h3>
+{{template "table" table "cmp sites" .Head .Rows false}}{{template "barlegend" .Bars}}{{range .Notes}}<p class="note">{{.}}</p>
+{{end}}{{end}}{{if .Charts}}<script type="application/json" id="data-{{.ID}}">{{.Data}}</script>
 {{range .Charts}}<figure class="chart" id="{{.ID}}" data-kind="{{.Kind}}" data-src="data-{{$sid}}"><div class="plot"></div><figcaption>{{.Caption}}</figcaption></figure>
 {{end}}{{end}}{{with .Fit}}<h3>Smallest device that fits</h3>
 {{template "table" table "fit" .Head .Rows false}}{{template "barlegend" .Bars}}{{range .Notes}}<p class="note">{{.}}</p>

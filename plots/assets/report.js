@@ -58,7 +58,7 @@
   }
   function decimals(step) {
     var d = 0;
-    while (d < 6 && Math.abs(Math.round(step * Math.pow(10, d)) - step * Math.pow(10, d)) > 1e-6) d++;
+    while (d < 9 && Math.abs(Math.round(step * Math.pow(10, d)) - step * Math.pow(10, d)) > 1e-6) d++;
     return d;
   }
   // linearSplits puts ticks at multiples of a round step from 0.
@@ -79,10 +79,24 @@
     if (text != null) e.textContent = text;
     return e;
   }
-  function fmtX(unit, v) {
+  // fmtX prints an X of the cursor: seconds to a thousandth of the shown
+  // range (u's X scale), or an event index.
+  function fmtX(unit, v, u) {
     if (v == null) return "";
-    if (unit === "s") return v.toFixed(v < 10 ? 4 : 3) + " s";
-    return "event " + Math.round(v);
+    if (unit !== "s") return "event " + Math.round(v);
+    var span = u ? u.scales.x.max - u.scales.x.min : 0;
+    var dec = span > 0 ? Math.min(Math.max(Math.ceil(-Math.log10(span / 1000)), 0), 9) : 4;
+    return v.toFixed(dec) + " s";
+  }
+  // xAxis is the X axis of a series chart: seconds or events, its labels
+  // with the decimals of its ticks' step.
+  function xAxis(unit) {
+    return { label: unit === "s" ? "time (s)" : "events", grid: { stroke: "#eee" },
+      values: function (u, vals) {
+        if (vals.length < 2) return vals.map(String);
+        var dec = decimals(Math.abs(vals[1] - vals[0]));
+        return vals.map(function (v) { return v == null ? "" : v.toFixed(dec); });
+      } };
   }
 
   // A group holds the charts of one section, which share their cursor,
@@ -206,7 +220,7 @@
     opts.scales.y = { range: function (u, lo, hi) { return [0, niceTop(Math.max(hi || 0, d.capacity || 0, 0.1 * MiB))]; } };
     opts.scales.ev = { range: [0, 1] };
     opts.axes = [
-      { label: d.xunit === "s" ? "time (s)" : "events", grid: { stroke: "#eee" } },
+      xAxis(d.xunit),
       { label: "memory (" + uname + ")", size: 60, grid: { stroke: "#e4e4e4" },
         splits: function (u, ax, lo, hi) { return linearSplits(u, ax, lo / unit, hi / unit).map(function (v) { return v * unit; }); },
         values: function (u, vals) {
@@ -253,7 +267,7 @@
     opts.hooks.setCursor = [function (u) {
       var i = u.cursor.idx;
       if (i == null) { lg.at.textContent = "reserved / allocated MiB at the cursor (move over the chart)"; lg.rows.forEach(function (r) { r.val.textContent = ""; }); return; }
-      var t = fmtX(d.xunit, u.data[0][i]);
+      var t = fmtX(d.xunit, u.data[0][i], u);
       if (evIdx > 0 && u.data[evIdx][i] != null) t += ", event " + u.data[evIdx][i];
       var req = null;
       all.forEach(function (s, j) { if (s.kind === "requested") req = u.data[j + 1][i]; });
@@ -366,7 +380,7 @@
     var yTop = niceTop(Math.min(Math.max(top, 10), 100));
     opts.scales.y = { range: [0, yTop] };
     opts.axes = [
-      { label: d.xunit === "s" ? "time (s)" : "events", grid: { stroke: "#eee" } },
+      xAxis(d.xunit),
       { label: "1 − allocated / reserved (%)", size: 60, grid: { stroke: "#e4e4e4" }, splits: linearSplits }
     ];
     var c = { timeX: true, fig: fig };
@@ -374,7 +388,7 @@
     opts.hooks.setCursor = [function (u) {
       var i = u.cursor.idx;
       if (i == null) { lg.at.textContent = "fragmentation at the cursor (move over the chart)"; lg.rows.forEach(function (r) { r.val.textContent = ""; }); return; }
-      lg.at.textContent = "at " + fmtX(d.xunit, u.data[0][i]) + ": 1 − allocated / reserved";
+      lg.at.textContent = "at " + fmtX(d.xunit, u.data[0][i], u) + ": 1 − allocated / reserved";
       var vals = {};
       all.forEach(function (s, j) { vals[s.pol] = u.data[j + 1][i]; });
       lg.rows.forEach(function (r, k) { r.val.textContent = vals[k] == null ? "-" : vals[k].toFixed(2) + "%"; });
