@@ -493,7 +493,7 @@ func buildPage(r *Report) (page, error) {
 			c := DiffCells(f)
 			ratio := ""
 			if f.Ratio != nil {
-				ratio = strconv.FormatFloat(*f.Ratio, 'g', -1, 64)
+				ratio = num(*f.Ratio)
 			}
 			t.Rows = append(t.Rows, row{Cells: []cell{{Text: f.Figure},
 				{Text: c[0], Class: "num", Sort: num(f.A)}, {Text: c[1], Class: "num", Sort: num(f.B)},
@@ -516,7 +516,7 @@ func buildPage(r *Report) (page, error) {
 func sitesTable(*reportGroup) *fitTable { return nil }
 
 // num is v as a cell's sort value.
-func num(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
 
 // seriesKind says where the series of rs come from: "simulated",
 // "measured on the GPU" or both.
