@@ -8,9 +8,12 @@
 // every trace, Fit of the smallest capacities), so that callers may
 // restyle it or render it elsewhere; Render writes a plot as PNG or SVG at
 // slide size, and WriteAll groups results by trace and writes every chart
-// of every trace, each file atomically. A Report puts the charts, with the
-// tables of a design review, on one self-contained HTML page
-// (WriteReport).
+// of every trace, each file atomically. A Report puts the tables of a
+// design review and its charts on one self-contained HTML page
+// (WriteReport): the series are embedded as data (SeriesData, LatencyData)
+// and drawn in the browser by uPlot (vendored under assets/uplot), with
+// the values under the cursor and zoom; the bar charts become bars in the
+// tables. Report.Charts builds the same figures as PNG and SVG for slides.
 //
 // Byte figures are drawn in MiB or GiB, chosen from the largest value drawn
 // (ChooseUnit). A policy has one look in every chart, by its name: a

@@ -1,17 +1,17 @@
 package plots
 
 import (
-	"bytes"
-	"encoding/base64"
+	_ "embed"
+	"encoding/json"
 	"fmt"
 	"html/template"
+	"image/color"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/vg"
@@ -293,46 +293,51 @@ func WriteReportCharts(dir string, charts []ReportChart) ([]string, error) {
 	return written, nil
 }
 
-// WriteReport writes the report as one self-contained HTML page: the
-// charts are PNG images inside it, so that it needs no other file and no
-// network to view. The page is well-formed XML as well as HTML. It holds
-// a summary, an overview of every policy on every trace when there is
-// more than one trace, and for each trace (and capacity) its figures, the
-// comparison table of the policies, the charts of Charts, and the fit
-// answers.
-func WriteReport(w io.Writer, r *Report, charts []ReportChart) error {
-	imgs, err := renderPNGs(charts)
+// The page's script and styles, embedded: uPlot (plots/assets/uplot, MIT
+// licence) draws the series, report.js builds the charts from the page's
+// data and sorts the tables.
+var (
+	//go:embed assets/uplot/uPlot.iife.min.js
+	uplotJS string
+	//go:embed assets/uplot/uPlot.min.css
+	uplotCSS string
+	//go:embed assets/uplot/LICENSE
+	uplotLicense string
+	//go:embed assets/report.js
+	reportJS string
+	//go:embed assets/report.css
+	reportCSS string
+)
+
+// pageScript is the page's script: uPlot with its licence, then ours, in
+// a CDATA section for XML readers (its markers behind line comments for
+// HTML ones; html/template drops comments of the template's own text, so
+// they are part of the value). The address in uPlot's banner loses its
+// scheme, so that the page names no URL at all (it loads nothing).
+func pageScript() template.JS {
+	lib := strings.Replace(uplotJS, "https://github.com/", "github.com/", 1)
+	return template.JS("//<![CDATA[\n/* uPlot 1.6.32, vendored unchanged (plots/assets/uplot):\n" + uplotLicense + "\n*/\n" + lib + "\n" + reportJS + "\n//]]>")
+}
+
+// WriteReport writes the report as one self-contained HTML page, which
+// needs no other file and no network to view: its styles, its script
+// (uPlot and the page's own) and its data are inside it. The page is
+// well-formed XML as well as HTML. It holds a summary, an overview table
+// of every policy on every trace, and for each trace (and capacity) its
+// figures, the comparison table of the policies with their peaks as bars,
+// memory and fragmentation over the trace and the device call latencies
+// as charts drawn in the browser (the value under the cursor; drag to
+// zoom into a time range, double-click to zoom out), and the fit answers
+// with their capacities as bars; then a section per job and per
+// comparison of replay diff. Every table sorts by a click on a column's
+// header. The series are embedded as SeriesData and LatencyData, one JSON
+// object per section. Errors are those of w.
+func WriteReport(w io.Writer, r *Report) error {
+	pg, err := buildPage(r)
 	if err != nil {
 		return err
 	}
-	page := buildPage(r, charts, imgs)
-	return reportTemplate.Execute(w, page)
-}
-
-// renderPNGs renders the charts as PNG in parallel.
-func renderPNGs(charts []ReportChart) ([][]byte, error) {
-	out := make([][]byte, len(charts))
-	errs := make([]error, len(charts))
-	sem := make(chan struct{}, 4)
-	var wg sync.WaitGroup
-	for i, c := range charts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			var buf bytes.Buffer
-			errs[i] = c.render(&buf, "png")
-			out[i] = buf.Bytes()
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			return nil, fmt.Errorf("plots: chart %s: %w", charts[i].ID, err)
-		}
-	}
-	return out, nil
+	return reportTemplate.Execute(w, pg)
 }
 
 // The page's data, as the template reads it.
@@ -344,19 +349,23 @@ type (
 		Nav      []navItem
 		Overview *overview
 		Sections []section
+		CSS      template.CSS
+		Script   template.JS
 	}
 	navItem  struct{ ID, Name string }
 	overview struct {
-		Chart    *image
-		Policies []string
-		Rows     []row
+		Head []string // "trace", then a column per policy
+		Rows []row
 	}
 	section struct {
 		ID, Name, Trace string
 		Facts           []fact
 		Head            []string
 		Rows            []row
-		Charts          []image
+		Bars            []legendItem // what the comparison table's bars show
+		Sites           *fitTable    // the allocation sites at each policy's peak (sitesTable)
+		Charts          []chart
+		Data            template.JS // sectionData as JSON
 		Fit             *fitTable
 		Compare         *fitTable // a replay diff's figures
 		Ranks           *fitTable // a job's ranks side by side
@@ -367,36 +376,42 @@ type (
 	cell struct {
 		Text, Class, Title string
 		Style              template.CSS
+		// Sort is the cell's value when its column is sorted (a number),
+		// "" to sort by Text.
+		Sort string
+		// Bar, when set, is drawn in the cell (after Text).
+		Bar []barPart
 	}
-	image struct {
-		ID, Caption string
-		Src         template.URL
-		// Style sets the width of a chart wider than the others (100 CSS
-		// pixels an inch); empty for the others.
-		Style template.CSS
+	// barPart is a part of a cell's bar: a bar from the left (Class "fill"
+	// or "light"), or a mark ("bound", "tick", "card"), placed by Style.
+	barPart struct {
+		Class, Title string
+		Style        template.CSS
+	}
+	legendItem struct {
+		Class, Text string
+	}
+	// chart is a chart the page's script draws into an element: Kind is
+	// "memory", "fragmentation" or "latency".
+	chart struct {
+		ID, Kind, Caption string
 	}
 	fitTable struct {
 		Head  []string
 		Rows  []row
+		Bars  []legendItem
 		Notes []string
+	}
+	// sectionData is what a section embeds for its charts.
+	sectionData struct {
+		Series  *SeriesData  `json:"series,omitempty"`
+		Latency *LatencyData `json:"latency,omitempty"`
 	}
 )
 
-func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
-	imgOf := map[string][]image{}
-	for i, c := range charts {
-		img := image{
-			ID:      "chart-" + c.ID,
-			Caption: c.Caption,
-			Src:     template.URL("data:image/png;base64," + base64.StdEncoding.EncodeToString(pngs[i])),
-		}
-		if c.Width > Width {
-			img.Style = template.CSS(fmt.Sprintf("width: %dpx; max-width: none", int(c.Width/vg.Inch*100)))
-		}
-		imgOf[c.Section] = append(imgOf[c.Section], img)
-	}
+func buildPage(r *Report) (page, error) {
 	groups := r.groups()
-	pg := page{Title: r.Title, Inputs: r.Inputs}
+	pg := page{Title: r.Title, Inputs: r.Inputs, CSS: template.CSS(uplotCSS + "\n" + reportCSS), Script: pageScript()}
 	if pg.Title == "" {
 		pg.Title = "Allocator policies compared"
 	}
@@ -419,17 +434,46 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		pg.Summary = strings.TrimSpace(pg.Summary + fmt.Sprintf(" %d comparisons of two runs.", n))
 	}
 
-	if imgs := imgOf["overview"]; len(imgs) > 0 {
+	var withResults int
+	for _, g := range groups {
+		if len(g.results) > 0 {
+			withResults++
+		}
+	}
+	if withResults > 1 {
 		pg.Nav = append(pg.Nav, navItem{"overview", "Overview"})
 		pg.Overview = overviewTable(groups)
-		pg.Overview.Chart = &imgs[0]
 	}
 	for _, g := range groups {
 		pg.Nav = append(pg.Nav, navItem{g.id, g.name()})
-		s := section{ID: g.id, Name: g.name(), Trace: g.trace, Charts: imgOf[g.id]}
+		s := section{ID: g.id, Name: g.name(), Trace: g.trace}
 		if len(g.results) > 0 {
 			s.Facts, s.Notes = traceFacts(g)
-			s.Head, s.Rows = comparisonTable(g)
+			s.Head, s.Rows, s.Bars = comparisonTable(g)
+			s.Sites = sitesTable(g)
+			rs := g.sim()
+			labels := policyLabels(rs)
+			var data sectionData
+			data.Series = seriesData(rs, labels)
+			if hasLatency(g.results) {
+				data.Latency = latencyData(g.results, labels)
+			}
+			js, err := json.Marshal(data)
+			if err != nil {
+				return page{}, fmt.Errorf("plots: the data of %s: %w", g.trace, err)
+			}
+			s.Data = template.JS(js)
+			kind := seriesKind(g.results)
+			if data.Series != nil {
+				s.Charts = append(s.Charts,
+					chart{ID: "chart-" + g.id[2:] + "-memory", Kind: "memory", Caption: "Memory over the trace, " + kind + ": each policy's reserved bytes (solid), allocated bytes (dashed) and, where it is above the reserved bytes, its device footprint (dotted), against the requested bytes, the lower bound (black, dashed); a cross marks a policy's first OOM, a grey dotted line the device capacity. Each point is the largest value of its run of events."},
+					chart{ID: "chart-" + g.id[2:] + "-fragmentation", Kind: "fragmentation", Caption: "Fragmentation, 1 − allocated / reserved, over the trace, " + kind + ", at the last event of each point's run."})
+			} else {
+				s.Notes = append(s.Notes, "No result has series points: there is no memory or fragmentation over the trace to draw.")
+			}
+			if data.Latency != nil {
+				s.Charts = append(s.Charts, chart{ID: "chart-" + g.id[2:] + "-latency", Kind: "latency", Caption: latencyCaption(g.results)})
+			}
 		}
 		if len(g.fits) > 0 {
 			s.Fit = fitRows(g.fits)
@@ -450,14 +494,48 @@ func buildPage(r *Report, charts []ReportChart, pngs [][]byte) page {
 		t := &fitTable{Head: []string{"figure", "A", "B", "B − A", "B / A"}}
 		for _, f := range d.Figures {
 			c := DiffCells(f)
-			t.Rows = append(t.Rows, row{Cells: []cell{{Text: f.Figure}, {Text: c[0], Class: "num"}, {Text: c[1], Class: "num"}, {Text: c[2], Class: "num"}, {Text: c[3], Class: "num"}}})
+			ratio := ""
+			if f.Ratio != nil {
+				ratio = num(*f.Ratio)
+			}
+			t.Rows = append(t.Rows, row{Cells: []cell{{Text: f.Figure},
+				{Text: c[0], Class: "num", Sort: num(f.A)}, {Text: c[1], Class: "num", Sort: num(f.B)},
+				{Text: c[2], Class: "num", Sort: num(f.Delta)}, {Text: c[3], Class: "num", Sort: ratio}}})
 		}
 		t.Notes = append(t.Notes, d.A.Warnings...)
 		t.Notes = append(t.Notes, d.B.Warnings...)
 		s.Compare = t
 		pg.Sections = append(pg.Sections, s)
 	}
-	return pg
+	return pg, nil
+}
+
+// sitesTable returns the table of the allocation sites live at each
+// policy's peak, nil while results do not carry them. It is the place for
+// the per-policy "sites at peak" list that sim.Result is to get from the
+// call-sites work: a row per site and policy (its bytes at the peak, its
+// share of the peak), drawn under the comparison table with the page's
+// other tables (sortable; bars as comparisonTable makes them).
+func sitesTable(*reportGroup) *fitTable { return nil }
+
+// num is v as a cell's sort value.
+func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// seriesKind says where the series of rs come from: "simulated",
+// "measured on the GPU" or both.
+func seriesKind(rs []ReportResult) string {
+	measured, simulated := false, false
+	for _, r := range rs {
+		measured = measured || r.Measured
+		simulated = simulated || !r.Measured
+	}
+	switch {
+	case measured && simulated:
+		return "measured on the GPU for the (gpu) policies and simulated for the others"
+	case measured:
+		return "measured on the GPU (the bytes the policy held there)"
+	}
+	return "simulated"
 }
 
 // jobSections returns a section per job among the report's results
@@ -487,7 +565,7 @@ func jobSections(r *Report) []section {
 		}
 		cells := []cell{{Text: s.Policy}}
 		for i, res := range s.Results {
-			c := cell{Text: MiBText(res.PeakReserved), Class: "num"}
+			c := cell{Text: MiBText(res.PeakReserved), Class: "num", Sort: strconv.FormatUint(res.PeakReserved, 10)}
 			if s.Ranks[i] == s.MaxReservedRank {
 				c.Title = "the largest rank"
 			}
@@ -504,7 +582,7 @@ func jobSections(r *Report) []section {
 				first = fmt.Sprintf("rank %d, event %d", s.FirstOOMRank, s.FirstOOMEvent)
 			}
 		}
-		cells = append(cells, cell{Text: fmt.Sprintf("%.1f%%", 100*s.Spread()), Class: "num"}, cell{Text: ooms}, cell{Text: first})
+		cells = append(cells, cell{Text: fmt.Sprintf("%.1f%%", 100*s.Spread()), Class: "num", Sort: num(s.Spread())}, cell{Text: ooms}, cell{Text: first})
 		out[k].Ranks.Rows = append(out[k].Ranks.Rows, row{Cells: cells})
 	}
 	return out
@@ -612,95 +690,215 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 	if r0.Truncated {
 		notes = append(notes, fmt.Sprintf("The recorded history starts mid-run: its first %d events rebuild the state before it, and the peaks count from there.", r0.ReconstructedEvents))
 	}
+	var devices []string
+	measured := map[string][]string{} // device -> its policies
 	for _, r := range g.results {
 		if r.BuildError != "" {
 			notes = append(notes, fmt.Sprintf("%s could not be built on this device (%s): every malloc counts as an OOM.", r.Policy, r.BuildError))
 		}
 		if r.Measured {
-			notes = append(notes, fmt.Sprintf("%s (gpu) ran on %s: its figures are the device's.", r.Policy, r.Device))
+			if measured[r.Device] == nil {
+				devices = append(devices, r.Device)
+			}
+			measured[r.Device] = append(measured[r.Device], r.Policy+" (gpu)")
+		}
+	}
+	for _, d := range devices {
+		if ps := measured[d]; len(ps) == 1 {
+			notes = append(notes, fmt.Sprintf("%s ran on %s: its figures are the device's.", ps[0], d))
+		} else {
+			notes = append(notes, fmt.Sprintf("%s and %s ran on %s: their figures are the device's.", strings.Join(ps[:len(ps)-1], ", "), ps[len(ps)-1], d))
 		}
 	}
 	return facts, notes
 }
 
-func comparisonTable(g *reportGroup) ([]string, []row) {
-	head := []string{"policy", "settings", "peak reserved MiB", "÷ lower bound", "peak allocated MiB", "fragmentation at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
+// comparisonTable returns the head and rows of a section's table of
+// policies, and the legend of its bars: each policy's peak reserved bytes
+// (its colour), peak allocated bytes (light) and, where it is above the
+// reserved bytes, its peak footprint (a black tick), against the lower
+// bound (a black line), on one scale for the section.
+func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
+	head := []string{"policy", "settings", "peak reserved MiB", "÷ lower bound", "peak allocated MiB", "peaks against the lower bound", "fragmentation at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
 	labels := policyLabels(g.sim())
 	best := uint64(math.MaxUint64)
 	lower := g.lowerBound()
+	var top uint64
+	ticks := false
 	for _, r := range g.results {
 		if r.OOMs == 0 && r.PeakReserved > 0 {
 			best = min(best, r.PeakReserved)
 		}
+		top = max(top, r.PeakReserved, r.PeakAllocated, r.PeakRequested, r.PeakFootprint)
+		ticks = ticks || r.PeakFootprint > r.PeakReserved
 	}
 	var rows []row
 	for i, r := range g.results {
-		ratio := "-"
+		ratio, ratioSort := "-", ""
 		if lower > 0 {
-			ratio = strconv.FormatFloat(float64(r.PeakReserved)/float64(lower), 'f', 3, 64)
+			v := float64(r.PeakReserved) / float64(lower)
+			ratio, ratioSort = strconv.FormatFloat(v, 'f', 3, 64), num(v)
 		}
 		reservedClass := "num"
 		if r.PeakReserved == best {
 			reservedClass = "num best"
 		}
-		oomClass, first := "num", "-"
+		oomClass, first, firstSort := "num", "-", ""
 		if r.OOMs > 0 {
 			oomClass = "num bad"
-			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
+			first, firstSort = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize), strconv.FormatInt(r.FirstOOMEvent, 10)
 		}
-		timeText, timeTitle := "-", ""
+		timeText, timeTitle, timeSort := "-", "", ""
 		switch {
 		case r.Measured && r.MeasuredAllocTimeNS > 0:
-			timeText, timeTitle = msText(r.MeasuredAllocTimeNS), "measured"
+			timeText, timeTitle, timeSort = msText(r.MeasuredAllocTimeNS), "measured", strconv.FormatInt(r.MeasuredAllocTimeNS, 10)
 			if r.Paced {
 				timeTitle += ", keeping the trace's idle times"
 			}
 		case r.SimAllocTimeNS > 0:
-			timeText, timeTitle = msText(r.SimAllocTimeNS), "simulated by the cost model, "+msText(r.SimWakeTimeNS)+" of it wake-ups after idle times"
+			timeText, timeTitle, timeSort = msText(r.SimAllocTimeNS), "simulated by the cost model, "+msText(r.SimWakeTimeNS)+" of it wake-ups after idle times", strconv.FormatInt(r.SimAllocTimeNS, 10)
 		}
 		settings := policies.Settings(r.Settings).Join(" ")
+		c := policyColor(i)
+		bar := []barPart{
+			{Class: "fill", Style: barStyle(r.PeakReserved, top, c, 0)},
+			{Class: "light", Style: barStyle(r.PeakAllocated, top, c, 0.6)},
+		}
+		title := fmt.Sprintf("peak reserved %s MiB, peak allocated %s MiB, lower bound %s MiB", MiBText(r.PeakReserved), MiBText(r.PeakAllocated), MiBText(r.PeakRequested))
+		if r.PeakRequested > 0 {
+			bar = append(bar, barPart{Class: "bound", Style: markStyle(r.PeakRequested, top)})
+		}
+		if r.PeakFootprint > r.PeakReserved {
+			bar = append(bar, barPart{Class: "tick", Style: markStyle(r.PeakFootprint, top)})
+			title += ", peak footprint " + MiBText(r.PeakFootprint) + " MiB"
+		}
+		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+		i64 := func(v int64) string { return strconv.FormatInt(v, 10) }
 		rows = append(rows, row{Cells: []cell{
 			{Text: labels[i]}, {Text: settings, Class: "set"},
-			{Text: MiBText(r.PeakReserved), Class: reservedClass, Title: strconv.FormatUint(r.PeakReserved, 10) + " bytes"},
-			{Text: ratio, Class: "num"},
-			{Text: MiBText(r.PeakAllocated), Class: "num"},
-			{Text: strconv.FormatFloat(100*r.FragmentationAtPeak, 'f', 1, 64) + "%", Class: "num"},
-			{Text: strconv.FormatInt(r.DeviceAllocs, 10), Class: "num"},
-			{Text: strconv.FormatInt(r.DeviceFrees, 10), Class: "num"},
-			{Text: strconv.FormatInt(r.AllocRetries, 10), Class: "num"},
-			{Text: strconv.FormatInt(r.OOMs, 10), Class: oomClass},
-			{Text: first, Class: "num"},
-			{Text: timeText, Class: "num", Title: timeTitle},
+			{Text: MiBText(r.PeakReserved), Class: reservedClass, Title: u(r.PeakReserved) + " bytes", Sort: u(r.PeakReserved)},
+			{Text: ratio, Class: "num", Sort: ratioSort},
+			{Text: MiBText(r.PeakAllocated), Class: "num", Title: u(r.PeakAllocated) + " bytes", Sort: u(r.PeakAllocated)},
+			{Class: "barcell", Title: title, Sort: u(r.PeakReserved), Bar: bar},
+			{Text: strconv.FormatFloat(100*r.FragmentationAtPeak, 'f', 1, 64) + "%", Class: "num", Sort: num(r.FragmentationAtPeak)},
+			{Text: i64(r.DeviceAllocs), Class: "num", Sort: i64(r.DeviceAllocs)},
+			{Text: i64(r.DeviceFrees), Class: "num", Sort: i64(r.DeviceFrees)},
+			{Text: i64(r.AllocRetries), Class: "num", Sort: i64(r.AllocRetries)},
+			{Text: i64(r.OOMs), Class: oomClass, Sort: i64(r.OOMs)},
+			{Text: first, Class: "num", Sort: firstSort},
+			{Text: timeText, Class: "num", Title: timeTitle, Sort: timeSort},
 		}})
 	}
-	return head, rows
+	legend := []legendItem{{"fill", "peak reserved"}, {"light", "peak allocated"}, {"bound", "lower bound (peak requested)"}}
+	if ticks {
+		legend = append(legend, legendItem{"tick", "peak footprint (driver pages)"})
+	}
+	return head, rows, legend
+}
+
+// barStyle places a bar of v on a scale of 0..top in colour c tinted f of
+// the way to white.
+func barStyle(v, top uint64, c color.RGBA, f float64) template.CSS {
+	return template.CSS(fmt.Sprintf("width: %.2f%%; background: %s", share(v, top), hexColor(tint(c, f))))
+}
+
+// markStyle places a mark at v on a scale of 0..top.
+func markStyle(v, top uint64) template.CSS {
+	return template.CSS(fmt.Sprintf("left: %.2f%%", share(v, top)))
+}
+
+// share is v in percent of top, 0 for no top, at most 100.
+func share(v, top uint64) float64 {
+	if top == 0 {
+		return 0
+	}
+	return math.Min(100*float64(v)/float64(top), 100)
 }
 
 func msText(ns int64) string { return strconv.FormatFloat(float64(ns)/1e6, 'f', 3, 64) }
 
+// fitRows returns the table of a trace's fit answers: a row per policy
+// with its smallest capacity as a bar in its colour beside its peak
+// reserved bytes on an unlimited device (light), against the lower bound
+// (a black line) and the capacities the cards near the bars leave (their
+// memory less the context, grey lines, named in their titles), then a
+// column per card saying whether it fits.
 func fitRows(fits []results.Fit) *fitTable {
 	cards := fitCards(fits)
-	t := &fitTable{Head: []string{"policy", "smallest capacity MiB", "bytes", "over lower bound", "peak reserved, unlimited MiB"}}
+	t := &fitTable{Head: []string{"policy", "smallest capacity MiB", "bytes", "over lower bound", "peak reserved, unlimited MiB", "capacities against the lower bound"}}
 	for _, c := range cards {
 		t.Head = append(t.Head, c.Name)
 	}
 	rows := make([]sim.Result, len(fits))
+	var top uint64
 	for i, f := range fits {
 		rows[i] = sim.Result{Policy: f.Policy, Settings: f.Settings}
+		top = max(top, f.MinCapacity, f.UnlimitedPeakReserved, f.LowerBound)
+	}
+	// The cards (less the context) at or below the top, and the first
+	// above it, where it is near, as Fit draws them.
+	type mark struct {
+		name     string
+		capacity uint64
+	}
+	var shown []mark
+	var above *mark
+	for _, c := range cards {
+		if c.Capacity <= fits[0].Context {
+			continue
+		}
+		m := mark{c.Name, c.Capacity - fits[0].Context}
+		switch {
+		case m.capacity <= top:
+			shown = append(shown, m)
+		case above == nil || m.capacity < above.capacity:
+			above = &m
+		}
+	}
+	if above != nil && float64(above.capacity) <= 1.6*float64(top) {
+		shown = append(shown, *above)
+	}
+	scale := top
+	for _, m := range shown {
+		scale = max(scale, m.capacity)
 	}
 	labels := policyLabels(rows)
 	for i, f := range fits {
 		minText, bytesText, over := "never", "-", "-"
+		minSort, overSort := "", ""
 		if f.Fits {
 			minText, bytesText = MiBText(f.MinCapacity), strconv.FormatUint(f.MinCapacity, 10)
+			minSort = bytesText
 			if !f.Monotone {
 				minText += " *"
 			}
 			if f.LowerBound > 0 {
-				over = fmt.Sprintf("%+.1f%%", 100*(float64(f.MinCapacity)/float64(f.LowerBound)-1))
+				v := float64(f.MinCapacity)/float64(f.LowerBound) - 1
+				over, overSort = fmt.Sprintf("%+.1f%%", 100*v), num(v)
 			}
 		}
-		cells := []cell{{Text: labels[i]}, {Text: minText, Class: "num"}, {Text: bytesText, Class: "num"}, {Text: over, Class: "num"}, {Text: MiBText(f.UnlimitedPeakReserved), Class: "num"}}
+		c := policyColor(i)
+		var bar []barPart
+		if f.Fits {
+			bar = append(bar, barPart{Class: "fill", Style: barStyle(f.MinCapacity, scale, c, 0)})
+		}
+		bar = append(bar, barPart{Class: "light", Style: barStyle(f.UnlimitedPeakReserved, scale, c, 0.6)})
+		if f.LowerBound > 0 {
+			bar = append(bar, barPart{Class: "bound", Style: markStyle(f.LowerBound, scale)})
+		}
+		for _, m := range shown {
+			bar = append(bar, barPart{Class: "card", Title: m.name + " less the context: " + MiBText(m.capacity) + " MiB", Style: markStyle(m.capacity, scale)})
+		}
+		title := "smallest capacity: " + minText + " MiB, peak reserved on an unlimited device " + MiBText(f.UnlimitedPeakReserved) + " MiB, lower bound " + MiBText(f.LowerBound) + " MiB"
+		if !f.Fits {
+			title = "no capacity tried fits; peak reserved on an unlimited device " + MiBText(f.UnlimitedPeakReserved) + " MiB, lower bound " + MiBText(f.LowerBound) + " MiB"
+		}
+		for _, m := range shown {
+			title += "; " + m.name + " leaves " + MiBText(m.capacity) + " MiB"
+		}
+		cells := []cell{{Text: labels[i]}, {Text: minText, Class: "num", Sort: minSort}, {Text: bytesText, Class: "num", Sort: minSort}, {Text: over, Class: "num", Sort: overSort},
+			{Text: MiBText(f.UnlimitedPeakReserved), Class: "num", Sort: strconv.FormatUint(f.UnlimitedPeakReserved, 10)},
+			{Class: "barcell", Title: title, Sort: minSort, Bar: bar}}
 		fitsOn := map[uint64]bool{}
 		known := map[uint64]bool{}
 		for _, c := range f.Cards {
@@ -724,6 +922,14 @@ func fitRows(fits []results.Fit) *fitTable {
 			}
 			t.Notes = append(t.Notes, fmt.Sprintf("* %s is not monotone in capacity: it runs out of memory at %s although %s MiB fits.", labels[i], strings.Join(caps, ", "), MiBText(f.MinCapacity)))
 		}
+	}
+	t.Bars = []legendItem{{"fill", "smallest capacity without an OOM"}, {"light", "peak reserved, unlimited device"}, {"bound", "lower bound"}}
+	if len(shown) > 0 {
+		var names []string
+		for _, m := range shown {
+			names = append(names, m.name)
+		}
+		t.Bars = append(t.Bars, legendItem{"card", "cards less the context (" + strings.Join(names, ", ") + ")"})
 	}
 	return t
 }
@@ -766,7 +972,7 @@ func overviewTable(groups []*reportGroup) *overview {
 			cols = append(cols, l)
 		}
 	}
-	ov := &overview{Policies: cols}
+	ov := &overview{Head: append([]string{"trace"}, cols...)}
 	k := 0
 	for _, g := range groups {
 		if len(g.results) == 0 {
@@ -796,7 +1002,7 @@ func overviewTable(groups []*reportGroup) *overview {
 			} else {
 				best = math.Min(best, ratio)
 			}
-			c := cell{Text: text, Class: class}
+			c := cell{Text: text, Class: class, Sort: num(ratio)}
 			if r.OOMs == 0 {
 				c.Style = heat(ratio)
 			}
@@ -812,91 +1018,71 @@ func overviewTable(groups []*reportGroup) *overview {
 	return ov
 }
 
+// tableView is a table as the template draws it: RowHead makes the first
+// cell of each row a row header.
+type tableView struct {
+	Class   string
+	Head    []string
+	Rows    []row
+	RowHead bool
+}
+
 // reportTemplate writes the page as polyglot HTML: valid HTML5 that is
-// also well-formed XML (void elements closed, no named entities).
-var reportTemplate = template.Must(template.New("report").Parse(`<!DOCTYPE html>
+// also well-formed XML (void elements closed, no named entities, the
+// script in a CDATA section, the data as JSON without <, > or &).
+var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
+	"table": func(class string, head []string, rows []row, rowHead bool) tableView {
+		return tableView{class, head, rows, rowHead}
+	},
+}).Parse(`{{define "table"}}<div class="scroll"><table class="{{.Class}}">
+<thead><tr>{{range .Head}}<th class="sortable" tabindex="0" aria-sort="none">{{.}}</th>{{end}}</tr></thead>
+<tbody>
+{{$rh := .RowHead}}{{range .Rows}}<tr>{{range $i, $c := .Cells}}{{if and $rh (not $i)}}<th>{{$c.Text}}</th>{{else}}<td{{with $c.Class}} class="{{.}}"{{end}}{{with $c.Title}} title="{{.}}"{{end}}{{with $c.Style}} style="{{.}}"{{end}}{{with $c.Sort}} data-v="{{.}}"{{end}}>{{$c.Text}}{{with $c.Bar}}<div class="bar">{{range .}}<span class="{{.Class}}" style="{{.Style}}"{{with .Title}} title="{{.}}"{{end}}></span>{{end}}</div>{{end}}</td>{{end}}{{end}}</tr>
+{{end}}</tbody></table></div>
+{{end}}{{define "barlegend"}}<p class="barlegend">{{range .}}<span class="key {{.Class}}"></span>{{.Text}} {{end}}</p>
+{{end}}<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8"/>
 <meta name="viewport" content="width=device-width, initial-scale=1"/>
 <title>{{.Title}}</title>
 <style>
-body { font-family: "Liberation Sans", Arimo, Arial, Helvetica, sans-serif; margin: 0 auto; max-width: 1500px; padding: 0 24px 48px; color: #1a1a1a; }
-h1 { font-size: 26px; margin: 24px 0 4px; }
-h2 { font-size: 21px; margin: 36px 0 8px; padding-top: 12px; border-top: 2px solid #d0d0d0; }
-h3 { font-size: 16px; margin: 20px 0 6px; }
-p, li { font-size: 14px; line-height: 1.45; }
-.meta { color: #555; }
-nav ul { display: flex; flex-wrap: wrap; gap: 6px 16px; padding: 0; list-style: none; }
-nav a { color: #0a58a8; text-decoration: none; font-size: 14px; }
-table { border-collapse: collapse; font-size: 13px; margin: 6px 0 12px; }
-th, td { border: 1px solid #d6d6d6; padding: 3px 7px; }
-th { background: #f0f0f0; font-weight: 600; text-align: left; vertical-align: bottom; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-td.set { color: #555; font-size: 12px; }
-td.best { background: #dff3e4; font-weight: 600; }
-table.matrix td.best { outline: 2px solid #17693a; outline-offset: -2px; }
-td.bad { background: #fbe1de; }
-td.yn { text-align: center; }
-td.yes { color: #17693a; }
-td.no { color: #a3261a; font-weight: 600; }
-table.facts th { background: none; border: none; font-weight: normal; color: #555; padding-left: 0; }
-table.facts td { border: none; }
-.charts { display: grid; grid-template-columns: repeat(auto-fill, minmax(600px, 1fr)); gap: 14px; }
-.wide { max-width: 1200px; }
-.scroll { overflow-x: auto; }
-figure { margin: 0; }
-figure img { width: 100%; height: auto; border: 1px solid #e2e2e2; }
-figcaption { font-size: 12px; color: #444; margin-top: 3px; }
-.note { font-size: 13px; color: #7a4a00; }
+{{.CSS}}
 </style>
 </head>
 <body>
+<header>
 <h1>{{.Title}}</h1>
 <p class="meta">{{.Summary}}{{if .Inputs}} From {{range $i, $f := .Inputs}}{{if $i}}, {{end}}<code>{{$f}}</code>{{end}}.{{end}}</p>
+<p class="meta">Click a column's header to sort a table by it. On a chart the values under the cursor are listed below it; drag across it to zoom into a range, double-click to zoom out; click a policy below a chart to hide or show it.</p>
+<noscript><p class="note">The charts are drawn by the page's script, which is off: the tables hold every figure.</p></noscript>
 <nav><ul>{{range .Nav}}<li><a href="#{{.ID}}">{{.Name}}</a></li>{{end}}</ul></nav>
+</header>
 {{with .Overview}}<section id="overview">
 <h2>Overview: every policy on every trace</h2>
 <p>Peak reserved bytes as a multiple of each trace's lower bound, its peak requested bytes (1.00 is the best any allocator can do): green near the bound, red at three times it and more. The best policy of each trace without an OOM is in bold; OOM marks a policy that ran out of memory.</p>
-<div class="wide">{{with .Chart}}<figure><div class="scroll"><img id="{{.ID}}" src="{{.Src}}" alt="{{.Caption}}"{{with .Style}} style="{{.}}"{{end}}/></div><figcaption>{{.Caption}}</figcaption></figure>{{end}}</div>
-<div class="scroll"><table class="matrix">
-<tr><th>trace</th>{{range .Policies}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range $i, $c := .Cells}}{{if $i}}<td class="{{$c.Class}}"{{with $c.Style}} style="{{.}}"{{end}}>{{$c.Text}}</td>{{else}}<th>{{$c.Text}}</th>{{end}}{{end}}</tr>
-{{end}}</table></div>
-</section>
-{{end}}{{range .Sections}}<section id="{{.ID}}">
+{{template "table" table "matrix" .Head .Rows true}}</section>
+{{end}}{{range .Sections}}{{$sid := .ID}}<section id="{{.ID}}">
 <h2>{{.Name}}</h2>
 {{if .Facts}}<table class="facts">
 {{range .Facts}}<tr><th>{{.Name}}</th><td>{{.Value}}</td></tr>
 {{end}}</table>
 {{end}}{{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{if .Rows}}<h3>Policies compared</h3>
-<div class="scroll"><table class="cmp">
-<tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}{{if .Title}} title="{{.Title}}"{{end}}>{{.Text}}</td>{{end}}</tr>
-{{end}}</table></div>
-{{end}}{{with .Fit}}<h3>Smallest device that fits</h3>
-<div class="scroll"><table class="fit">
-<tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>
-{{end}}</table></div>
-{{range .Notes}}<p class="note">{{.}}</p>
+{{template "table" table "cmp" .Head .Rows false}}{{template "barlegend" .Bars}}{{end}}{{with .Sites}}<h3>Allocation sites at the peak</h3>
+{{template "table" table "cmp sites" .Head .Rows false}}{{template "barlegend" .Bars}}{{range .Notes}}<p class="note">{{.}}</p>
+{{end}}{{end}}{{if .Charts}}<script type="application/json" id="data-{{.ID}}">{{.Data}}</script>
+{{range .Charts}}<figure class="chart" id="{{.ID}}" data-kind="{{.Kind}}" data-src="data-{{$sid}}"><div class="plot"></div><figcaption>{{.Caption}}</figcaption></figure>
+{{end}}{{end}}{{with .Fit}}<h3>Smallest device that fits</h3>
+{{template "table" table "fit" .Head .Rows false}}{{template "barlegend" .Bars}}{{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{end}}{{with .Compare}}<h3>A against B</h3>
-<div class="scroll"><table class="cmp">
-<tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>
-{{end}}</table></div>
-{{range .Notes}}<p class="note">{{.}}</p>
+{{template "table" table "cmp" .Head .Rows false}}{{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{end}}{{with .Ranks}}<h3>Ranks side by side</h3>
-<div class="scroll"><table class="cmp">
-<tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr>{{range .Cells}}<td{{if .Class}} class="{{.Class}}"{{end}}>{{.Text}}</td>{{end}}</tr>
-{{end}}</table></div>
-{{range .Notes}}<p class="note">{{.}}</p>
-{{end}}{{end}}{{if .Charts}}<div class="charts">
-{{range .Charts}}<figure><img id="{{.ID}}" src="{{.Src}}" alt="{{.Caption}}"/><figcaption>{{.Caption}}</figcaption></figure>
-{{end}}</div>
-{{end}}</section>
-{{end}}</body>
+{{template "table" table "cmp" .Head .Rows false}}{{range .Notes}}<p class="note">{{.}}</p>
+{{end}}{{end}}</section>
+{{end}}<script>
+{{.Script}}
+</script>
+</body>
 </html>
 `))

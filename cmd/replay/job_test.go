@@ -98,8 +98,8 @@ func TestReportJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"<h2>Job job.rank*.pickle.gz</h2>", "<h3>Ranks side by side</h3>", "<th>rank 0 reserved MiB</th><th>rank 1 reserved MiB</th>",
-		`<td>pytorch</td><td class="num">792.0</td><td class="num">1024.0</td><td class="num">22.7%</td><td>1</td><td>rank 1, event 310</td>`} {
+	for _, want := range []string{"<h2>Job job.rank*.pickle.gz</h2>", "<h3>Ranks side by side</h3>", `<th class="sortable" tabindex="0" aria-sort="none">rank 0 reserved MiB</th><th class="sortable" tabindex="0" aria-sort="none">rank 1 reserved MiB</th>`,
+		`<td>pytorch</td><td class="num" data-v="830472192">792.0</td><td class="num" title="the largest rank" data-v="1073741824">1024.0</td><td class="num" data-v="0.2265625">22.7%</td><td>1</td><td>rank 1, event 310</td>`} {
 		if !strings.Contains(string(raw), want) {
 			t.Errorf("no %q in the report", want)
 		}

@@ -16,16 +16,18 @@ import (
 
 const reportUsage = `usage: replay report -o report.html [--plots DIR] [--title TEXT] INPUT...
 
-Writes one self-contained HTML page (the charts inside it as images; no
-network or other file needed to view it) from results of replay sim --json,
+Writes one self-contained HTML page (its data, script and styles inside it;
+no network or other file needed to view it) from results of replay sim --json,
 replay gpu --json, replay fit --json, replay diff --json or a sweep (its
-directory or its results.json): a summary, an overview of every policy on
-every trace, and for each trace its figures, the comparison table, memory
-and fragmentation over the trace, peaks against the lower bound, device
-calls, the latency distribution (simulated, or measured for replay gpu
-results) and the smallest capacities found by fit; each comparison of
-replay diff is a section of its own, its figures side by side with the
-deltas. --plots DIR also writes each chart as PNG and SVG, for slides.
+directory or its results.json): a summary, an overview table of every policy
+on every trace, and for each trace its figures, the comparison table with the
+peaks as bars, memory and fragmentation over the trace and the latency
+distribution (simulated, or measured for replay gpu results) as charts drawn
+in the browser (the values under the cursor; drag to zoom into a time range,
+double-click to zoom out), and the smallest capacities found by fit; each job
+and each comparison of replay diff is a section of its own. A click on a
+column's header sorts a table. --plots DIR also writes each chart as PNG and
+SVG, for slides.
 
 Flags:
 `
@@ -70,19 +72,19 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	if len(rep.Results) == 0 && len(rep.Fits) == 0 && len(rep.Diffs) == 0 {
 		return fmt.Errorf("report: the inputs hold no results")
 	}
-	charts, err := rep.Charts()
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep, charts) }); err != nil {
+	if err := atomicfile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep) }); err != nil {
 		return fmt.Errorf("-o: %w", err)
 	}
 	var size int64
 	if st, err := os.Stat(*out); err == nil {
 		size = st.Size()
 	}
-	fmt.Fprintf(stdout, "report: %s, %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), count(len(charts), "chart"), *out, float64(size)/1e6)
+	fmt.Fprintf(stdout, "report: %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), *out, float64(size)/1e6)
 	if *plotDir != "" {
+		charts, err := rep.Charts()
+		if err != nil {
+			return err
+		}
 		written, err := plots.WriteReportCharts(*plotDir, charts)
 		if err != nil {
 			return fmt.Errorf("--plots: %w", err)

@@ -10,7 +10,8 @@ import (
 )
 
 // TestReport writes a report from replay sim and replay fit results of two
-// traces and checks that the page parses, holds every chart inline, and
+// traces and checks that the page parses, holds the memory,
+// fragmentation and latency charts of each trace with their data, and
 // that --plots writes each chart as PNG and SVG.
 func TestReport(t *testing.T) {
 	dir := t.TempDir()
@@ -26,9 +27,7 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// overview + 2 x (memory, fragmentation, peaks, calls) + fit; the
-	// latency chart only where results carry latencies.
-	if !strings.Contains(stdout, "report: 4 results, 2 fit answers") {
+	if !strings.Contains(stdout, "report: 4 results, 2 fit answers, 0 comparisons: ") || !strings.Contains(stdout, "report: 24 chart files in "+slides) {
 		t.Errorf("stdout: %s", stdout)
 	}
 	data, err := os.ReadFile(html)
@@ -37,7 +36,7 @@ func TestReport(t *testing.T) {
 	}
 	d := xml.NewDecoder(strings.NewReader(string(data)))
 	d.Strict = true
-	var imgs []string
+	var charts, blocks []string
 	for {
 		tok, err := d.Token()
 		if err == io.EOF {
@@ -46,21 +45,33 @@ func TestReport(t *testing.T) {
 		if err != nil {
 			t.Fatalf("report.html is not well-formed: %v", err)
 		}
-		if e, ok := tok.(xml.StartElement); ok && e.Name.Local == "img" {
+		if e, ok := tok.(xml.StartElement); ok {
 			for _, a := range e.Attr {
-				if a.Name.Local == "id" {
-					imgs = append(imgs, a.Value)
+				switch {
+				case e.Name.Local == "figure" && a.Name.Local == "id":
+					charts = append(charts, a.Value)
+				case e.Name.Local == "script" && a.Name.Local == "id":
+					blocks = append(blocks, a.Value)
 				}
 			}
 		}
 	}
-	files, _ := filepath.Glob(filepath.Join(slides, "*"))
-	if len(files) != 2*len(imgs) || len(imgs) < 10 {
-		t.Errorf("%d charts in the page, %d files in --plots", len(imgs), len(files))
+	want := "chart-split_frag_oom-memory chart-split_frag_oom-fragmentation chart-split_frag_oom-latency chart-token_lengths-memory chart-token_lengths-fragmentation chart-token_lengths-latency"
+	if got := strings.Join(charts, " "); got != want {
+		t.Errorf("charts %s\nwant %s", got, want)
 	}
-	for _, id := range []string{"chart-overview", "chart-split_frag_oom-memory", "chart-token_lengths-calls", "chart-split_frag_oom-fit"} {
-		if !strings.Contains(strings.Join(imgs, " "), id) {
-			t.Errorf("no %s in %v", id, imgs)
+	if got := strings.Join(blocks, " "); got != "data-t-split_frag_oom data-t-token_lengths" {
+		t.Errorf("data %s", got)
+	}
+	// --plots: overview, then for each trace memory, fragmentation, peaks,
+	// calls and latency, and the fit chart, as PNG and SVG.
+	files, _ := filepath.Glob(filepath.Join(slides, "*"))
+	if len(files) != 24 {
+		t.Errorf("%d files in --plots, want 24", len(files))
+	}
+	for _, f := range []string{"overview.png", "split_frag_oom-memory.svg", "token_lengths-calls.png", "split_frag_oom-fit.png"} {
+		if _, err := os.Stat(filepath.Join(slides, f)); err != nil {
+			t.Errorf("--plots: %v", err)
 		}
 	}
 	// A sweep's directory is an input too; a file of another shape is not.

@@ -1,0 +1,4 @@
+package plots
+
+// EncodeColumn is encodeColumn, for the tests.
+var EncodeColumn = encodeColumn
