@@ -467,7 +467,7 @@ func buildPage(r *Report) (page, error) {
 			if data.Series != nil {
 				s.Charts = append(s.Charts,
 					chart{ID: "chart-" + g.id[2:] + "-memory", Kind: "memory", Caption: "Memory over the trace, " + kind + ": each policy's reserved bytes (solid), allocated bytes (dashed) and, where it is above the reserved bytes, its device footprint (dotted), against the requested bytes, the lower bound (black, dashed); a cross marks a policy's first OOM, a grey dotted line the device capacity. Each point is the largest value of its run of events."},
-					chart{ID: "chart-" + g.id[2:] + "-fragmentation", Kind: "fragmentation", Caption: "Fragmentation, 1 − allocated / reserved, over the trace, " + kind + ", at the last event of each point's run."})
+					chart{ID: "chart-" + g.id[2:] + "-fragmentation", Kind: "fragmentation", Caption: "Fragmentation over the trace, " + kind + ": dots where a malloc made the policy grow (or fail) although its free reserved memory added up to the request, that free memory as a share of the reserved bytes (the largest of each point's run); lines: the idle share, 1 − allocated / reserved, at the last event of each point's run (the README defines both)."})
 			} else {
 				s.Notes = append(s.Notes, "No result has series points: there is no memory or fragmentation over the trace to draw.")
 			}
@@ -719,8 +719,9 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 // reserved bytes, its peak footprint (a black tick), against the lower
 // bound (a black line), on one scale for the section.
 func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
-	head := []string{"policy", "settings", "peak reserved MiB", "÷ lower bound", "peak allocated MiB", "peaks against the lower bound", "fragmentation at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
+	head := []string{"policy", "settings", "peak reserved MiB", "÷ lower bound", "peak allocated MiB", "peaks against the lower bound", "fragmentation", "idle at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
 	labels := policyLabels(g.sim())
+	looks := resultLooks(g.sim())
 	best := uint64(math.MaxUint64)
 	lower := g.lowerBound()
 	var top uint64
@@ -759,7 +760,7 @@ func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
 			timeText, timeTitle, timeSort = msText(r.SimAllocTimeNS), "simulated by the cost model, "+msText(r.SimWakeTimeNS)+" of it wake-ups after idle times", strconv.FormatInt(r.SimAllocTimeNS, 10)
 		}
 		settings := policies.Settings(r.Settings).Join(" ")
-		c := policyColor(i)
+		c := looks[i].Color
 		bar := []barPart{
 			{Class: "fill", Style: barStyle(r.PeakReserved, top, c, 0)},
 			{Class: "light", Style: barStyle(r.PeakAllocated, top, c, 0.6)},
@@ -780,7 +781,8 @@ func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
 			{Text: ratio, Class: "num", Sort: ratioSort},
 			{Text: MiBText(r.PeakAllocated), Class: "num", Title: u(r.PeakAllocated) + " bytes", Sort: u(r.PeakAllocated)},
 			{Class: "barcell", Title: title, Sort: u(r.PeakReserved), Bar: bar},
-			{Text: strconv.FormatFloat(100*r.FragmentationAtPeak, 'f', 1, 64) + "%", Class: "num", Sort: num(r.FragmentationAtPeak)},
+			{Text: strconv.FormatFloat(100*r.PeakFragmentation, 'f', 1, 64) + "%", Class: "num", Sort: num(r.PeakFragmentation)},
+			{Text: strconv.FormatFloat(100*r.IdleAtPeak, 'f', 1, 64) + "%", Class: "num", Sort: num(r.IdleAtPeak)},
 			{Text: i64(r.DeviceAllocs), Class: "num", Sort: i64(r.DeviceAllocs)},
 			{Text: i64(r.DeviceFrees), Class: "num", Sort: i64(r.DeviceFrees)},
 			{Text: i64(r.AllocRetries), Class: "num", Sort: i64(r.AllocRetries)},
@@ -862,7 +864,7 @@ func fitRows(fits []results.Fit) *fitTable {
 	for _, m := range shown {
 		scale = max(scale, m.capacity)
 	}
-	labels := policyLabels(rows)
+	labels, looks := policyLabels(rows), resultLooks(rows)
 	for i, f := range fits {
 		minText, bytesText, over := "never", "-", "-"
 		minSort, overSort := "", ""
@@ -877,7 +879,7 @@ func fitRows(fits []results.Fit) *fitTable {
 				over, overSort = fmt.Sprintf("%+.1f%%", 100*v), num(v)
 			}
 		}
-		c := policyColor(i)
+		c := looks[i].Color
 		var bar []barPart
 		if f.Fits {
 			bar = append(bar, barPart{Class: "fill", Style: barStyle(f.MinCapacity, scale, c, 0)})

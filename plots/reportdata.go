@@ -142,6 +142,9 @@ type PolicySeries struct {
 	// colour in the charts, "#rrggbb".
 	Label string `json:"label"`
 	Color string `json:"color"`
+	// Dash is the dash pattern of its reserved line in pixels (on, off,
+	// ...), as the PNG charts draw it; empty for a solid line.
+	Dash []float64 `json:"dash,omitempty"`
 	// X is the index in SeriesData.X of the series' X column, -1 for a
 	// result without series points.
 	X int `json:"x"`
@@ -152,9 +155,11 @@ type PolicySeries struct {
 	Reserved  int `json:"reserved"`
 	Allocated int `json:"allocated"`
 	Footprint int `json:"footprint"`
-	// Fragmentation is the column of 1 - allocated / reserved at each
-	// point's last event, in FracScale units.
+	// Fragmentation is the column of each point's fragmentation
+	// (sim.Point.Fragmentation), Idle that of 1 - allocated / reserved at
+	// its last event, in FracScale units.
 	Fragmentation int `json:"fragmentation"`
+	Idle          int `json:"idle"`
 	// OOM is the index of the point of the first OOM (the first at or
 	// after its event), -1 for none.
 	OOM int `json:"oom"`
@@ -179,6 +184,7 @@ func (d *SeriesData) Column(i int) ([]int64, error) {
 // seriesData returns the series of results of one trace as a page embeds
 // them, nil when no result has series points.
 func seriesData(results []sim.Result, labels []string) *SeriesData {
+	looks := resultLooks(results)
 	ax := chooseX(results)
 	d := &SeriesData{XUnit: "events", Requested: -1, RequestedX: -1, Policies: make([]PolicySeries, len(results))}
 	if ax.byTime {
@@ -229,7 +235,7 @@ func seriesData(results []sim.Result, labels []string) *SeriesData {
 	req := -1
 	var top uint64
 	for i, r := range results {
-		p := PolicySeries{Label: labels[i], Color: hexColor(policyColor(i)), X: xIndex(r.Series), Footprint: -1, OOM: -1}
+		p := PolicySeries{Label: labels[i], Color: hexColor(looks[i].Color), Dash: looks[i].dashArray(), X: xIndex(r.Series), Footprint: -1, OOM: -1}
 		if len(r.Series) == 0 {
 			p.Label += " (no series)"
 		}
@@ -239,6 +245,7 @@ func seriesData(results []sim.Result, labels []string) *SeriesData {
 			p.Footprint = col(r.Series, func(pt sim.Point) int64 { return int64(pt.Footprint) })
 		}
 		p.Fragmentation = col(r.Series, func(pt sim.Point) int64 { return fracInt(pt.Fragmentation) })
+		p.Idle = col(r.Series, func(pt sim.Point) int64 { return fracInt(pt.Idle) })
 		if r.OOMs > 0 && r.FirstOOMEvent >= 0 {
 			for k, pt := range r.Series {
 				if pt.Event >= r.FirstOOMEvent {
@@ -305,6 +312,7 @@ type PolicyLatency struct {
 // latencyData returns the latency distributions of results of one trace,
 // nil when none has latency rows.
 func latencyData(results []ReportResult, labels []string) *LatencyData {
+	looks := resultLooks(reportSims(results))
 	type dist struct {
 		pts []LatencyPoint
 		n   int64
@@ -342,7 +350,7 @@ func latencyData(results []ReportResult, labels []string) *LatencyData {
 		}
 	}
 	for i, ds := range ds {
-		p := PolicyLatency{Label: labels[i], Color: hexColor(policyColor(i)), Calls: ds.n}
+		p := PolicyLatency{Label: labels[i], Color: hexColor(looks[i].Color), Calls: ds.n}
 		if ds.n == 0 {
 			p.Label += " (no latency data)"
 		} else {

@@ -149,6 +149,25 @@ func chartLooks(names []string) []look {
 	return out
 }
 
+// dashArray returns the look's dash pattern in points (on, off, ...),
+// nil for a solid line: for the report's charts, drawn in the browser.
+func (l look) dashArray() []float64 {
+	var out []float64
+	for _, d := range dashPatterns[l.Dash] {
+		out = append(out, float64(d/vg.Points(1)))
+	}
+	return out
+}
+
+// reportSims returns the sim results of rs.
+func reportSims(rs []ReportResult) []sim.Result {
+	out := make([]sim.Result, len(rs))
+	for i, r := range rs {
+		out[i] = r.Result
+	}
+	return out
+}
+
 // resultLooks returns chartLooks of the results' policy names.
 func resultLooks(results []sim.Result) []look {
 	names := make([]string, len(results))

@@ -195,7 +195,7 @@
       if (p.x < 0) return;
       add(p.x, col(p.allocated), { kind: "allocated", pol: k, label: p.label + " allocated", stroke: tint(p.color, 0.15), width: 1, dash: [3, 2] });
       if (p.footprint >= 0) add(p.x, col(p.footprint), { kind: "footprint", pol: k, label: p.label + " footprint", stroke: p.color, width: 1, dash: [1, 2] });
-      add(p.x, col(p.reserved), { kind: "reserved", pol: k, label: p.label + " reserved", stroke: p.color, width: 2 });
+      add(p.x, col(p.reserved), { kind: "reserved", pol: k, label: p.label + " reserved", stroke: p.color, width: 2, dash: p.dash });
     });
     var data = tables.length === 1 ? tables[0] : uPlot.join(tables);
     var all = [];
@@ -355,7 +355,8 @@
     box.appendChild(div);
   }
 
-  // fragChart draws fragmentation over the trace, a line per policy.
+  // fragChart draws the idle share over the trace, a line per policy, and
+  // its fragmentation, dots where a malloc grew past free memory.
   function fragChart(fig, d, group) {
     var col = columns(d);
     var xs = d.x.map(col);
@@ -365,33 +366,43 @@
     var top = 0;
     d.policies.forEach(function (p, k) {
       if (p.x < 0) return;
-      var v = col(p.fragmentation).map(function (f) { return f / 100; });
-      v.forEach(function (f) { if (f > top) top = f; });
-      tables[p.x].push(v);
-      specs[p.x].push({ pol: k, label: p.label, stroke: p.color });
+      var idle = col(p.idle).map(function (f) { return f / 100; });
+      var frag = col(p.fragmentation).map(function (f) { return f > 0 ? f / 100 : null; });
+      idle.concat(frag).forEach(function (f) { if (f > top) top = f; });
+      tables[p.x].push(idle, frag);
+      specs[p.x].push({ pol: k, kind: "idle", label: p.label + " idle", stroke: p.color, dash: p.dash },
+        { pol: k, kind: "frag", label: p.label + " fragmentation", stroke: p.color });
     });
     var data = tables.length === 1 ? tables[0] : uPlot.join(tables);
     var all = [];
     specs.forEach(function (s) { all = all.concat(s); });
     var opts = baseOpts(fig.clientWidth || 1000, 240, group, true);
     opts.series = [{ label: "x" }].concat(all.map(function (s) {
-      return { label: s.label, stroke: s.stroke, width: 1.5, spanGaps: true, points: { show: false } };
+      if (s.kind === "frag") {
+        return { label: s.label, stroke: s.stroke, width: 0, spanGaps: false, paths: function () { return null; },
+          points: { show: true, size: 8, width: 1, stroke: s.stroke, fill: s.stroke } };
+      }
+      return { label: s.label, stroke: s.stroke, width: 1.5, dash: s.dash, spanGaps: true, points: { show: false } };
     }));
     var yTop = niceTop(Math.min(Math.max(top, 10), 100));
     opts.scales.y = { range: [0, yTop] };
     opts.axes = [
       xAxis(d.xunit),
-      { label: "1 − allocated / reserved (%)", size: 60, grid: { stroke: "#e4e4e4" }, splits: linearSplits }
+      { label: "% of the reserved bytes", size: 60, grid: { stroke: "#e4e4e4" }, splits: linearSplits }
     ];
     var c = { timeX: true, fig: fig };
     var lg;
     opts.hooks.setCursor = [function (u) {
       var i = u.cursor.idx;
-      if (i == null) { lg.at.textContent = "fragmentation at the cursor (move over the chart)"; lg.rows.forEach(function (r) { r.val.textContent = ""; }); return; }
-      lg.at.textContent = "at " + fmtX(d.xunit, u.data[0][i], u) + ": 1 − allocated / reserved";
-      var vals = {};
-      all.forEach(function (s, j) { vals[s.pol] = u.data[j + 1][i]; });
-      lg.rows.forEach(function (r, k) { r.val.textContent = vals[k] == null ? "-" : vals[k].toFixed(2) + "%"; });
+      if (i == null) { lg.at.textContent = "idle share (line) and fragmentation (dots) at the cursor (move over the chart)"; lg.rows.forEach(function (r) { r.val.textContent = ""; }); return; }
+      lg.at.textContent = "at " + fmtX(d.xunit, u.data[0][i], u) + ": idle, 1 − allocated / reserved; fragmentation, free memory that could not serve a malloc the policy grew for";
+      var idle = {}, frag = {};
+      all.forEach(function (s, j) { (s.kind === "frag" ? frag : idle)[s.pol] = u.data[j + 1][i]; });
+      lg.rows.forEach(function (r, k) {
+        var t = idle[k] == null ? "-" : "idle " + idle[k].toFixed(2) + "%";
+        if (frag[k] != null) t += ", fragmentation " + frag[k].toFixed(2) + "%";
+        r.val.textContent = t;
+      });
     }];
     opts.hooks.setScale = [function (u, key) {
       if (key === "x") group.zoom(u, u.scales.x.min, u.scales.x.max);
