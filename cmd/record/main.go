@@ -1,7 +1,7 @@
 // Command record records allocation traces or imports them from other
 // formats into the native trace format.
 //
-//	record import [--from auto|pytorch|rmm|minimalloc|native|text] [--device N] -o OUT INPUT
+//	record import [--from FORMAT] [--device N] -o OUT|- INPUT
 //	record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]
 //	record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT
 package main
@@ -40,8 +40,9 @@ func main() {
 const usage = `usage: record COMMAND [flags] ARGS...
 
 Commands:
-  import   convert a trace (PyTorch snapshot, RMM log, MiniMalloc CSV, text form) to the native format
-           record import [--from auto|pytorch|rmm|minimalloc|native|text] [--device N] -o OUT INPUT
+  import   convert a trace (PyTorch snapshot, torch.profiler trace, CuPy log, JAX XSpace, RMM log,
+           MiniMalloc CSV, text form) to the native format
+           record import [--from FORMAT] [--device N] -o OUT|- INPUT
   run      run a program and record its CUDA allocation calls
            record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]
   synth    generate a synthetic workload (record synth --list describes them)

@@ -42,6 +42,24 @@ func (e *exitStatus) Error() string { return e.msg }
 // ExitCode returns the status to exit with.
 func (e *exitStatus) ExitCode() int { return e.code }
 
+const runUsage = `usage: record run [-o OUT] [--cudart PATH] [--interposer PATH] -- PROGRAM [ARGS...]
+
+Runs PROGRAM with an LD_PRELOAD interposer (librecord-interpose.so) that
+records its CUDA allocation calls and writes them as a native trace when it
+exits: the runtime's and the driver's mallocs and frees (cudaMalloc,
+cuMemAlloc, pinned and managed memory), stream-ordered mallocs
+(cudaMallocAsync, cudaFreeAsync), the virtual memory API (a cuMemMap is a
+device malloc, as PyTorch's expandable segments and XLA use it), stream
+and event synchronizations, and CUDA graph capture (its private pool),
+each with its size in bytes, stream, time in nanoseconds and call site.
+The header names the card (cudaMemGetInfo's total memory in bytes, asked
+once). Under a launcher that starts one process per GPU (torchrun), each
+rank's trace is OUT with .rankN before its extension. The program's exit
+status is record's.
+
+Flags:
+`
+
 func runRun(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -50,7 +68,7 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	cudart := fs.String("cudart", "", "the CUDA runtime library to forward runtime calls to when the program's own is not visible (`PATH`)")
 	lib := fs.String("interposer", "", "the interposer library (`PATH`; default "+interpose.LibraryName+" next to the record binary)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: record run [-o OUT] [--cudart PATH] -- PROGRAM [ARGS...]\n")
+		fmt.Fprint(stderr, runUsage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

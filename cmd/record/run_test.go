@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"io"
 	"os"
 	"os/exec"
@@ -186,6 +187,42 @@ func TestRecordHelp(t *testing.T) {
 		_, stderr, err := runCmd(t, cmd, "--help")
 		if err != nil || !strings.HasPrefix(stderr, "usage: record "+cmd) || strings.Contains(stderr, " string ") {
 			t.Errorf("record %s --help: %v\n%s", cmd, err, stderr)
+		}
+	}
+}
+
+var updateHelp = flag.Bool("update-help", false, "rewrite testdata/help/*.golden from the commands' --help")
+
+// TestHelpGolden: record's usage and every command's --help are the golden
+// files' text (testdata/help; -update-help rewrites them after a
+// deliberate change: read the diff), in the manner of benchstat's golden
+// tests.
+func TestHelpGolden(t *testing.T) {
+	for _, cmd := range []string{"", "import", "run", "synth"} {
+		args, name := []string{cmd, "--help"}, cmd
+		if cmd == "" {
+			args, name = []string{"--help"}, "record"
+		}
+		stdout, stderr, err := runCmd(t, args...)
+		if err != nil {
+			t.Errorf("record %s: %v", strings.Join(args, " "), err)
+			continue
+		}
+		got := stdout + stderr
+		path := filepath.Join("testdata", "help", name+".golden")
+		if *updateHelp {
+			os.MkdirAll(filepath.Dir(path), 0o755)
+			if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run go test -run TestHelpGolden -update-help)", err)
+		}
+		if got != string(want) {
+			t.Errorf("record %s differs from %s:\n%s", strings.Join(args, " "), path, got)
 		}
 	}
 }

@@ -16,6 +16,19 @@ import (
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
+const synthUsage = `usage: record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT
+       record synth --list
+
+Generates a synthetic trace of a workload (training, inference, a KV
+cache, a service, RMM's random allocations) and writes it as a native
+trace to OUT: the same seed and parameters give the same bytes. --list
+describes each workload and its parameters with their defaults; a
+parameter is a count (N), a size in bytes or with a unit (SIZE: 8MiB) or
+a fraction (X).
+
+Flags:
+`
+
 func runSynth(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("synth", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -44,7 +57,7 @@ func runSynth(stdout, stderr io.Writer, args []string) error {
 		vals[n] = fs.String(n, "", "a parameter of "+strings.Join(owners[n], ", ")+" (see --list): `"+kinds[n]+"`")
 	}
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: record synth --workload NAME [--seed N] [--PARAM VALUE]... -o OUT\n       record synth --list\n")
+		fmt.Fprint(stderr, synthUsage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
