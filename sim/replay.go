@@ -593,6 +593,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {
 		r.res.PeakReserved = reserved
+		r.res.PeakReservedEvent = i
 		r.res.FragmentationAtPeak = fragmentation(r.allocated, reserved)
 	}
 	if r.dev != nil {
@@ -928,6 +929,11 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, c := range cfgs {
+		if so, ok := c.Observer.(SourceObserver); ok {
+			so.ObserveSource(src.Header(), trace.StacksOf(src))
+		}
+	}
 	return reps, src, nil
 }
 
@@ -982,7 +988,7 @@ func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
 		}
 		src = again
 	} else {
-		src = trace.NewSliceSource(src.Header(), evs)
+		src = trace.NewSliceSource(src.Header(), evs).WithStacks(trace.StacksOf(src))
 	}
 	out := make([]Config, len(cfgs))
 	for k, c := range cfgs {
@@ -1050,7 +1056,7 @@ func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
 			return nil, fmt.Errorf("policy %s: plan: %w", rep.policy.Name(), err)
 		}
 	}
-	return trace.NewSliceSource(src.Header(), evs), nil
+	return trace.NewSliceSource(src.Header(), evs).WithStacks(trace.StacksOf(src)), nil
 }
 
 // withoutDirect returns evs without the mallocs that go around the policy
@@ -1148,6 +1154,7 @@ func (s *SeriesBuilder) Points() []Point { return s.pts }
 func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req, alloc, reserved uint64) {
 	if reserved > res.PeakReserved {
 		res.PeakReserved = reserved
+		res.PeakReservedEvent = i
 		res.FragmentationAtPeak = fragmentation(alloc, reserved)
 	}
 	if s.Add(i, t, req, alloc, reserved) {
