@@ -341,14 +341,12 @@ type pickler struct {
 	memo map[string]uint32
 	err  error
 	buf  [16]byte
-	// frameMemo holds the memo index of each frame dict written, which
-	// later lists fetch (one dict a frame, as memory_viz reads them
-	// alike); next is the memo's next index.
-	frameMemo map[trace.Frame]uint32
 }
 
-// frames writes a list of frame dicts {"name", "filename", "line"}: each
-// distinct frame in full once, memoized, then fetched from the memo.
+// frames writes a list of frame dicts {"name", "filename", "line"}, each
+// dict in full as PyTorch writes them (its strings from the memo): a
+// reader that steps over some lists' frames (Import steps over a free's)
+// needs no dict of them later.
 func (p *pickler) frames(fs []trace.Frame) {
 	p.op(opEmptyList)
 	if len(fs) == 0 {
@@ -356,19 +354,7 @@ func (p *pickler) frames(fs []trace.Frame) {
 	}
 	p.op(opMark)
 	for _, f := range fs {
-		if idx, ok := p.frameMemo[f]; ok {
-			p.get(idx)
-			continue
-		}
-		p.op(opEmptyDict)
-		if p.next() < maxMemo {
-			if p.frameMemo == nil {
-				p.frameMemo = map[trace.Frame]uint32{}
-			}
-			p.frameMemo[f] = p.next()
-			p.op(opMemoize)
-		}
-		p.op(opMark)
+		p.op(opEmptyDict, opMark)
 		p.str("name")
 		p.str(f.Name)
 		p.str("filename")
@@ -379,10 +365,6 @@ func (p *pickler) frames(fs []trace.Frame) {
 	}
 	p.op(opAppends)
 }
-
-// next returns the memo index the next MEMOIZE takes: one for each string
-// and frame memoized before.
-func (p *pickler) next() uint32 { return uint32(len(p.memo) + len(p.frameMemo)) }
 
 // get fetches memo index idx.
 func (p *pickler) get(idx uint32) {
@@ -424,8 +406,8 @@ func (p *pickler) str(s string) {
 	if p.err == nil {
 		_, p.err = p.w.WriteString(s)
 	}
-	if len(s) <= maxMemoLen && p.next() < maxMemo {
-		p.memo[s] = p.next()
+	if len(s) <= maxMemoLen && len(p.memo) < maxMemo {
+		p.memo[s] = uint32(len(p.memo))
 		p.op(opMemoize)
 	}
 }
