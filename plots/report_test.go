@@ -226,7 +226,7 @@ func TestReportSortable(t *testing.T) {
 			t.Errorf("table %s: %d of %d header cells sortable", tb.class, tb.sortable, tb.heads)
 		}
 	}
-	if pg.tables[0].class != "cmp" || pg.tables[0].heads != 13 || pg.tables[1].class != "fit" || pg.tables[1].heads != 6+3 {
+	if pg.tables[0].class != "cmp" || pg.tables[0].heads != 14 || pg.tables[1].class != "fit" || pg.tables[1].heads != 6+3 {
 		t.Errorf("tables %+v", pg.tables)
 	}
 	const th = `<th class="sortable" tabindex="0" aria-sort="none">peak reserved MiB</th>`

@@ -65,6 +65,20 @@ type Action struct {
 	// Pool is the private pool of the malloc the action belongs to
 	// (trace.Event.Pool), 0 for the default pools.
 	Pool uint32
+	// Stack and Label are those of the event being replayed
+	// (trace.Event.Stack, an id in the trace's Stacks, and Label): for
+	// the actions of a malloc, its call stack and call site.
+	Stack uint32
+	Label string
+}
+
+// SourceObserver is an Observer told of the trace before the replay
+// starts (by Prepare): its header and its stack table (trace.StacksOf the
+// source, nil if none), which Action.Stack names and which fills as the
+// events are read.
+type SourceObserver interface {
+	Observer
+	ObserveSource(h trace.Header, st *trace.Stacks)
 }
 
 // Observer is told, in order, of every action of the allocator during a
@@ -99,7 +113,7 @@ func (s *observing) at(i int64, ev *trace.Event) {
 	if s == nil {
 		return
 	}
-	s.cur = Action{Event: i, Time: ev.Time, Stream: ev.Stream, Pool: ev.Pool}
+	s.cur = Action{Event: i, Time: ev.Time, Stream: ev.Stream, Pool: ev.Pool, Stack: ev.Stack, Label: ev.Label}
 }
 
 // tell tells the Observer of an action of the current event.

@@ -597,6 +597,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {
 		r.res.PeakReserved = reserved
+		r.res.PeakReservedEvent = i
 		r.res.FragmentationAtPeak = r.series.evFrag
 		r.res.IdleAtPeak = idle(r.allocated, reserved)
 	}
@@ -977,6 +978,11 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	for _, c := range cfgs {
+		if so, ok := c.Observer.(SourceObserver); ok {
+			so.ObserveSource(src.Header(), trace.StacksOf(src))
+		}
+	}
 	return reps, src, nil
 }
 
@@ -1031,7 +1037,7 @@ func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
 		}
 		src = again
 	} else {
-		src = trace.NewSliceSource(src.Header(), evs)
+		src = trace.NewSliceSource(src.Header(), evs).WithStacks(trace.StacksOf(src))
 	}
 	out := make([]Config, len(cfgs))
 	for k, c := range cfgs {
@@ -1099,7 +1105,7 @@ func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
 			return nil, fmt.Errorf("policy %s: plan: %w", rep.policy.Name(), err)
 		}
 	}
-	return trace.NewSliceSource(src.Header(), evs), nil
+	return trace.NewSliceSource(src.Header(), evs).WithStacks(trace.StacksOf(src)), nil
 }
 
 // withoutDirect returns evs without the mallocs that go around the policy
@@ -1219,6 +1225,7 @@ func (s *SeriesBuilder) Points() []Point { return s.pts }
 func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req, alloc, reserved uint64) {
 	if reserved > res.PeakReserved {
 		res.PeakReserved = reserved
+		res.PeakReservedEvent = i
 		res.FragmentationAtPeak = s.evFrag
 		res.IdleAtPeak = idle(alloc, reserved)
 	}

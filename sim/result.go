@@ -151,6 +151,14 @@ type Result struct {
 	// Series is the time series over the trace, at most MaxSeriesPoints
 	// points, each summarizing a run of consecutive events.
 	Series []Point `json:"series"`
+
+	// PeakReservedEvent is the index of the event at whose end the
+	// reserved bytes first reached PeakReserved (not in the JSON).
+	PeakReservedEvent int64 `json:"-"`
+	// Sites is where the memory at the peak of reserved bytes came from,
+	// by allocation site (replay sim --sites; package sim/sites); nil
+	// unless asked for.
+	Sites *SitesAtPeak `json:"sites_at_peak,omitempty"`
 }
 
 // Point summarizes a run of consecutive events: the peak byte figures and

@@ -47,6 +47,7 @@ func (r *Replay) historyBegins() {
 	r.res.PeakRequested = r.requested.sat()
 	r.res.PeakAllocated = r.allocated
 	r.res.PeakReserved = reserved
+	r.res.PeakReservedEvent = r.history - 1
 	if r.dev != nil {
 		r.res.PeakFootprint = r.dev.Footprint()
 	}

@@ -186,6 +186,10 @@ type Event struct {
 	// Label is the text of a marker, or the call site of a malloc where
 	// the source recorded one (e.g. "cudaMalloc@libc10_cuda.so+0x2f4cb").
 	Label string
+	// Stack is the call stack of a malloc (or failed malloc), an id in
+	// the source's Stacks (StackSource), 0 where none was recorded: a
+	// PyTorch snapshot's frames of the entry. Since format version 3.
+	Stack uint32
 }
 
 // Header describes a trace. It is written once, before the events.
@@ -310,8 +314,9 @@ func ReadAll(src Source) ([]Event, error) {
 }
 
 // Version is the native format version this package writes. Version 2
-// added Event.Pool and OpPoolRelease; version 1 files still read.
-const Version = 2
+// added Event.Pool and OpPoolRelease, version 3 Event.Stack and the stack
+// table; version 1 and 2 files still read.
+const Version = 3
 
 // directLibraries are the CUDA libraries that take device memory from the
 // driver themselves (handles, work areas, communicators), whatever

@@ -23,13 +23,20 @@ import (
 // The first frame ('H') holds the Header as a msgpack map. Event frames
 // ('E') hold a msgpack uint count and then that many events, each a msgpack
 // array [op, time delta, address delta, size, stream, kind, thread, label,
-// pool, restore (1 or absent)] with trailing zero fields left out (label ""
-// is zero); the time and
+// pool, restore (1, or 0 when a stack follows), stack] with trailing zero
+// fields left out (label "" is zero); the time and
 // address deltas are signed differences from the previous event's (starting
-// from 0). Version 1, which had no pool, is read as well: its arrays end at
-// the label, and its events are all of the default pools. The last frame
+// from 0). Stack frames ('S', since version 3) carry the stack table
+// (Stacks) as it grows: before the first event frame that names a new
+// stack, a msgpack array [first frame id, [[name, file, line], ...],
+// first stack id, [[frame id, ...], ...]] of the frames and stacks added
+// since the last stack frame, each list numbered on from the ones before.
+// Version 1, which had no pool, is read as well: its arrays end at
+// the label, and its events are all of the default pools; version 2's end
+// at the restore flag and have no stack frames. The last frame
 // ('T') is the trailer, a msgpack map {"events": total events, "crc32c": the
-// CRC-32C of every event frame's payload in order}, after which the file
+// CRC-32C of every event frame's payload in order (from version 3, every
+// event and stack frame's)}, after which the file
 // must end. So truncation anywhere and corruption of any byte are detected.
 
 // Magic is the first 8 bytes of a native trace file.
@@ -39,6 +46,7 @@ const (
 	frameHeader  = 'H'
 	frameEvents  = 'E'
 	frameTrailer = 'T'
+	frameStacks  = 'S'
 
 	// frameTarget is the payload size at which the Writer ends a frame.
 	frameTarget = 64 << 10
@@ -98,7 +106,16 @@ type Writer struct {
 	prevA   uint64
 	err     error
 	closed  bool
+	// stacks is the table the events' stacks name (SetStacks); the
+	// frames and stacks below the counts were written.
+	stacks                       *Stacks
+	framesWritten, stacksWritten int
 }
+
+// SetStacks gives the writer the table that the events' Stack ids name;
+// the writer writes its stacks as the events that name them are written.
+// An event with a stack needs it.
+func (w *Writer) SetStacks(s *Stacks) { w.stacks = s }
 
 // NewWriter writes the magic, version and header h to w and returns a
 // Writer for the events. h.Version is set to Version.
@@ -161,8 +178,13 @@ func (w *Writer) Write(ev Event) error {
 		uint64(ev.Kind),
 		ev.Thread,
 	}
+	if ev.Stack != 0 && int(ev.Stack) > w.stacks.Len() {
+		return fmt.Errorf("trace: event %d: stack %d is not in the writer's stack table (%d stacks)", w.events, ev.Stack, w.stacks.Len())
+	}
 	n := len(fields)
 	switch {
+	case ev.Stack != 0:
+		n += 4
 	case ev.Restore:
 		n += 3
 	case ev.Pool != 0:
@@ -190,6 +212,11 @@ func (w *Writer) Write(ev Event) error {
 	}
 	if ev.Restore {
 		w.enc.EncodeUint(1)
+	} else if n > len(fields)+2 {
+		w.enc.EncodeUint(0)
+	}
+	if n > len(fields)+3 {
+		w.enc.EncodeUint(uint64(ev.Stack))
 	}
 	w.prevT, w.prevA = ev.Time, ev.Addr
 	w.inFrame++
@@ -204,6 +231,9 @@ func (w *Writer) flush() error {
 	if w.inFrame == 0 {
 		return nil
 	}
+	if err := w.flushStacks(); err != nil {
+		return err
+	}
 	var cnt bytes.Buffer
 	msgpack.NewEncoder(&cnt).EncodeUint(w.inFrame)
 	payload := append(cnt.Bytes(), w.buf.Bytes()...)
@@ -211,6 +241,39 @@ func (w *Writer) flush() error {
 	w.buf.Reset()
 	w.inFrame = 0
 	return w.writeFrame(frameEvents, payload)
+}
+
+// flushStacks writes a stack frame of the frames and stacks added to the
+// table since the last one, if any.
+func (w *Writer) flushStacks() error {
+	st := w.stacks
+	if st.Len() == w.stacksWritten && st.NumFrames() == w.framesWritten {
+		return nil
+	}
+	var b bytes.Buffer
+	e := msgpack.NewEncoder(&b)
+	e.EncodeArrayLen(4)
+	e.EncodeUint(uint64(w.framesWritten))
+	e.EncodeArrayLen(st.NumFrames() - w.framesWritten)
+	for f := w.framesWritten; f < st.NumFrames(); f++ {
+		fr := st.Frame(uint32(f))
+		e.EncodeArrayLen(3)
+		e.EncodeString(fr.Name)
+		e.EncodeString(fr.File)
+		e.EncodeInt(fr.Line)
+	}
+	e.EncodeUint(uint64(w.stacksWritten + 1))
+	e.EncodeArrayLen(st.Len() - w.stacksWritten)
+	for id := w.stacksWritten + 1; id <= st.Len(); id++ {
+		fids := st.FrameIDs(uint32(id))
+		e.EncodeArrayLen(len(fids))
+		for _, f := range fids {
+			e.EncodeUint(uint64(f))
+		}
+	}
+	w.framesWritten, w.stacksWritten = st.NumFrames(), st.Len()
+	w.crc = crc32.Update(w.crc, castagnoli, b.Bytes())
+	return w.writeFrame(frameStacks, b.Bytes())
 }
 
 // Close writes the buffered events and the trailer. It does not close the
@@ -258,9 +321,14 @@ type Reader struct {
 	prevT    int64
 	prevA    uint64
 	done     bool
+	stacks   *Stacks // from the stack frames, nil until the first
 }
 
-var _ Source = (*Reader)(nil)
+var _ StackSource = (*Reader)(nil)
+
+// Stacks returns the stack table read so far: every stack that an event
+// already returned names. It is nil for a trace without stacks.
+func (r *Reader) Stacks() *Stacks { return r.stacks }
 
 // NewReader checks the magic and version of the trace in r and reads its
 // header. name is used in errors. It returns a *FormatError wrapping
@@ -292,6 +360,9 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	if v >= 2 {
 		tr.maxFields = 10 // pool, restore
 	}
+	if v >= 3 {
+		tr.maxFields = 11 // stack
+	}
 	kind, payload, err := tr.readFrame()
 	if err != nil {
 		return nil, err
@@ -301,6 +372,11 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	}
 	if err := msgpack.Unmarshal(payload, &tr.header); err != nil {
 		return nil, tr.errAt(tr.frameOff, -1, fmt.Errorf("%w: header: %v", ErrCorrupt, err))
+	}
+	if tr.header.Version != tr.version {
+		// The Writer puts the version in both: a changed version byte
+		// would read the events with another version's fields.
+		return nil, tr.errAt(8, -1, fmt.Errorf("%w: format version %d, but the header says %d", ErrCorrupt, tr.version, tr.header.Version))
 	}
 	return tr, nil
 }
@@ -342,7 +418,7 @@ func (r *Reader) readFrame() (byte, []byte, error) {
 		return 0, nil, r.errAt(start, r.events, err)
 	}
 	r.off++
-	if kind != frameHeader && kind != frameEvents && kind != frameTrailer {
+	if kind != frameHeader && kind != frameEvents && kind != frameTrailer && (kind != frameStacks || r.version < 3) {
 		return 0, nil, r.errAt(start, r.events, fmt.Errorf("%w: unknown frame kind %#x", ErrCorrupt, kind))
 	}
 	n, err := r.uvarint()
@@ -415,6 +491,13 @@ func (r *Reader) nextFrame() error {
 		}
 		r.left = n
 		return nil
+	case frameStacks:
+		r.crc = crc32.Update(r.crc, castagnoli, payload)
+		if err := r.readStacks(payload); err != nil {
+			r.done = true
+			return r.errAt(r.frameOff, r.events, fmt.Errorf("%w: stack frame: %v", ErrCorrupt, err))
+		}
+		return nil
 	case frameTrailer:
 		r.done = true
 		var t trailer
@@ -435,6 +518,76 @@ func (r *Reader) nextFrame() error {
 		r.done = true
 		return r.errAt(r.frameOff, r.events, fmt.Errorf("%w: a second header frame", ErrCorrupt))
 	}
+}
+
+// readStacks adds the frames and stacks of a stack frame's payload to the
+// table.
+func (r *Reader) readStacks(payload []byte) error {
+	if r.stacks == nil {
+		r.stacks = NewStacks()
+	}
+	st := r.stacks
+	br := bytes.NewReader(payload)
+	d := msgpack.NewDecoder(br)
+	if n, err := d.DecodeArrayLen(); err != nil || n != 4 {
+		return fmt.Errorf("want an array of 4")
+	}
+	first, err := d.DecodeUint64()
+	if err != nil || first != uint64(st.NumFrames()) {
+		return fmt.Errorf("frames start at %d, want %d", first, st.NumFrames())
+	}
+	nf, err := d.DecodeArrayLen()
+	if err != nil || nf < 0 {
+		return fmt.Errorf("bad frame list")
+	}
+	for k := 0; k < nf; k++ {
+		if n, err := d.DecodeArrayLen(); err != nil || n != 3 {
+			return fmt.Errorf("frame %d is not [name, file, line]", first+uint64(k))
+		}
+		var f Frame
+		if f.Name, err = d.DecodeString(); err != nil {
+			return err
+		}
+		if f.File, err = d.DecodeString(); err != nil {
+			return err
+		}
+		if f.Line, err = d.DecodeInt64(); err != nil {
+			return err
+		}
+		if st.AddFrame(f) != uint32(first)+uint32(k) {
+			return fmt.Errorf("frame %d repeats an earlier one", first+uint64(k))
+		}
+	}
+	firstStack, err := d.DecodeUint64()
+	if err != nil || firstStack != uint64(st.Len()+1) {
+		return fmt.Errorf("stacks start at %d, want %d", firstStack, st.Len()+1)
+	}
+	ns, err := d.DecodeArrayLen()
+	if err != nil || ns < 0 {
+		return fmt.Errorf("bad stack list")
+	}
+	var fids []uint32
+	for k := 0; k < ns; k++ {
+		n, err := d.DecodeArrayLen()
+		if err != nil || n <= 0 {
+			return fmt.Errorf("stack %d is not a list of frames", firstStack+uint64(k))
+		}
+		fids = fids[:0]
+		for j := 0; j < n; j++ {
+			f, err := d.DecodeUint64()
+			if err != nil || f >= uint64(st.NumFrames()) {
+				return fmt.Errorf("stack %d names an unknown frame", firstStack+uint64(k))
+			}
+			fids = append(fids, uint32(f))
+		}
+		if st.Add(fids) != uint32(firstStack)+uint32(k) {
+			return fmt.Errorf("stack %d repeats an earlier one", firstStack+uint64(k))
+		}
+	}
+	if br.Len() > 0 {
+		return fmt.Errorf("%d bytes after the stacks", br.Len())
+	}
+	return nil
 }
 
 func (r *Reader) decodeEvent() (Event, error) {
@@ -505,10 +658,19 @@ func (r *Reader) decodeEvent() (Event, error) {
 			if err != nil {
 				return ev, err
 			}
-			if v != 1 {
+			if v > 1 || v == 0 && n == 10 {
 				return ev, fmt.Errorf("invalid restore flag %d", v)
 			}
-			ev.Restore = true
+			ev.Restore = v == 1
+		case 10:
+			v, err := r.dec.DecodeUint64()
+			if err != nil {
+				return ev, err
+			}
+			if v == 0 || v > uint64(r.stacks.Len()) {
+				return ev, fmt.Errorf("stack %d is not in the trace's stack table (%d stacks)", v, r.stacks.Len())
+			}
+			ev.Stack = uint32(v)
 		}
 	}
 	if n <= 1 {

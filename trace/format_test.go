@@ -267,7 +267,7 @@ func TestFormatBadStart(t *testing.T) {
 		{"", ErrTruncated, "x.trace: byte offset 0: truncated: empty file"},
 		{"GPUTR", ErrTruncated, "x.trace: byte offset 5: truncated: the file ends inside the magic"},
 		{"PK\x03\x04 a zip file", ErrBadMagic, "x.trace: byte offset 0: not a native trace (bad magic)"},
-		{"GPUTRACE\x07", ErrUnsupportedVersion, "x.trace: byte offset 8: unsupported format version 7 (this build reads versions 1 to 2)"},
+		{"GPUTRACE\x07", ErrUnsupportedVersion, "x.trace: byte offset 8: unsupported format version 7 (this build reads versions 1 to 3)"},
 	} {
 		_, _, err := decodeAll([]byte(tc.in))
 		if !errors.Is(err, tc.want) || err.Error() != tc.msg {

@@ -18,6 +18,8 @@ import (
 //	free id=1
 //	event_record event=7 stream=1
 //	marker label="step 2"
+//	stack id=1 frame="train.py:40:forward" frame="train.py:12:main"
+//	malloc id=2 size=1MiB stack=1
 //
 // Each line is an op name (Op.String) followed by key=value fields: addr
 // (or id), size, stream, kind (device, async, pinned, managed), t (time in
@@ -28,7 +30,9 @@ import (
 // are decimal or 0x-prefixed hex; sizes also take suffixes (4KiB, 2MiB).
 // Values holding spaces are double-quoted. An optional header line, before
 // any event, sets Header fields; setting.KEY and meta.KEY fill Settings and
-// Metadata.
+// Metadata. A stack line gives a call stack an id (from 1) for the stack
+// field of the mallocs after it: its frames FILE:LINE:NAME (Frame.String),
+// innermost first; ParseTextStacks returns the table.
 
 // SyntaxError is an error in a text-form trace, at a line.
 type SyntaxError struct {
@@ -46,10 +50,22 @@ func (e *SyntaxError) Error() string {
 
 // ParseText reads a whole text-form trace from r; name is used in errors.
 // It returns the header (Source "text" unless the header line says
-// otherwise) and the events in order, or a *SyntaxError.
+// otherwise) and the events in order, or a *SyntaxError. The events'
+// stacks name the table that ParseTextStacks returns.
 func ParseText(name string, r io.Reader) (Header, []Event, error) {
+	h, evs, _, err := ParseTextStacks(name, r)
+	return h, evs, err
+}
+
+// ParseTextStacks is ParseText that also returns the stack table of the
+// trace's stack lines (nil when it has none), which its events' Stack ids
+// name: a stack's id in the table is its order among the distinct stacks
+// of the stack lines, which need not be the id the line gives it.
+func ParseTextStacks(name string, r io.Reader) (Header, []Event, *Stacks, error) {
 	h := Header{Version: Version, Source: "text"}
 	var evs []Event
+	var st *Stacks
+	stackIDs := map[uint64]uint32{} // the text's ids to the table's
 	// A LineReader refuses NUL bytes; one the caller passes (to check the
 	// last line afterwards) is not wrapped again.
 	lr, ok := r.(*LineReader)
@@ -64,34 +80,49 @@ func ParseText(name string, r io.Reader) (Header, []Event, error) {
 		line++
 		fields, err := splitFields(sc.Text())
 		if err != nil {
-			return h, nil, &SyntaxError{name, line, err.Error()}
+			return h, nil, nil, &SyntaxError{name, line, err.Error()}
 		}
 		if len(fields) == 0 {
 			continue
 		}
 		if fields[0].hasValue {
-			return h, nil, &SyntaxError{name, line, fmt.Sprintf("line starts with %q, not an op", fields[0])}
+			return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("line starts with %q, not an op", fields[0])}
 		}
 		if fields[0].key == "header" {
 			if len(evs) > 0 {
-				return h, nil, &SyntaxError{name, line, "header after the first event"}
+				return h, nil, nil, &SyntaxError{name, line, "header after the first event"}
 			}
 			if err := parseHeaderFields(&h, fields[1:]); err != nil {
-				return h, nil, &SyntaxError{name, line, err.Error()}
+				return h, nil, nil, &SyntaxError{name, line, err.Error()}
+			}
+			continue
+		}
+		if fields[0].key == "stack" {
+			if err := parseStack(&st, stackIDs, fields[1:]); err != nil {
+				return h, nil, nil, &SyntaxError{name, line, err.Error()}
 			}
 			continue
 		}
 		op, ok := ParseOp(fields[0].key)
 		if !ok {
-			return h, nil, &SyntaxError{name, line, fmt.Sprintf("unknown op %q", fields[0].key)}
+			return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("unknown op %q", fields[0].key)}
 		}
 		ev := Event{Op: op, Time: lastTime + 1}
 		for _, f := range fields[1:] {
 			if !f.hasValue {
-				return h, nil, &SyntaxError{name, line, fmt.Sprintf("field %q is not key=value", f.key)}
+				return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("field %q is not key=value", f.key)}
+			}
+			if f.key == "stack" {
+				n, err := parseNumber(f.value)
+				id, ok := stackIDs[n]
+				if err != nil || !ok {
+					return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("stack=%q: no stack line gives that id before", f.value)}
+				}
+				ev.Stack = id
+				continue
 			}
 			if err := setEventField(&ev, f.key, f.value); err != nil {
-				return h, nil, &SyntaxError{name, line, err.Error()}
+				return h, nil, nil, &SyntaxError{name, line, err.Error()}
 			}
 		}
 		lastTime = ev.Time
@@ -99,11 +130,53 @@ func ParseText(name string, r io.Reader) (Header, []Event, error) {
 	}
 	if err := sc.Err(); err != nil {
 		if se, ok := err.(*SyntaxError); ok {
-			return h, nil, se
+			return h, nil, nil, se
 		}
-		return h, nil, &SyntaxError{name, line + 1, err.Error()}
+		return h, nil, nil, &SyntaxError{name, line + 1, err.Error()}
 	}
-	return h, evs, nil
+	return h, evs, st, nil
+}
+
+// parseStack reads the fields of a stack line into st, made if nil, and
+// records the text's id for it in ids.
+func parseStack(st **Stacks, ids map[uint64]uint32, fields []field) error {
+	var id uint64
+	var frames []Frame
+	for _, f := range fields {
+		if !f.hasValue {
+			return fmt.Errorf("field %q is not key=value", f.key)
+		}
+		switch f.key {
+		case "id":
+			n, err := parseNumber(f.value)
+			if err != nil || n == 0 {
+				return fmt.Errorf("id=%q: want a number above 0", f.value)
+			}
+			id = n
+		case "frame":
+			fr, ok := ParseFrame(f.value)
+			if !ok {
+				return fmt.Errorf("frame=%q: want FILE:LINE:NAME", f.value)
+			}
+			frames = append(frames, fr)
+		default:
+			return fmt.Errorf("unknown stack field %q", f.key)
+		}
+	}
+	switch {
+	case id == 0:
+		return fmt.Errorf("a stack without an id")
+	case len(frames) == 0:
+		return fmt.Errorf("stack %d has no frame", id)
+	}
+	if _, dup := ids[id]; dup {
+		return fmt.Errorf("stack %d is given twice", id)
+	}
+	if *st == nil {
+		*st = NewStacks()
+	}
+	ids[id] = (*st).AddFrames(frames)
+	return nil
 }
 
 func parseHeaderFields(h *Header, fields []field) error {
@@ -266,22 +339,43 @@ func (f field) String() string {
 }
 
 // WriteText writes h and evs in the text form that ParseText reads.
+// Events with a stack need WriteTextStacks.
 func WriteText(w io.Writer, h Header, evs []Event) error {
+	return WriteTextStacks(w, h, evs, nil)
+}
+
+// WriteTextStacks writes h and evs in the text form, with a stack line
+// for each stack of st before the first event that names it.
+func WriteTextStacks(w io.Writer, h Header, evs []Event, st *Stacks) error {
 	bw := bufio.NewWriter(w)
 	writeTextHeader(bw, h)
+	written := 0
 	for _, ev := range evs {
+		writeTextStacks(bw, st, ev, &written)
 		bw.WriteString(FormatText(ev))
 		bw.WriteByte('\n')
 	}
 	return bw.Flush()
 }
 
+// writeTextStacks writes the stack lines of the stacks of st from
+// *written+1 up to ev's, if ev names one not written yet.
+func writeTextStacks(bw *bufio.Writer, st *Stacks, ev Event, written *int) {
+	for int(ev.Stack) > *written && *written < st.Len() {
+		*written++
+		bw.WriteString(formatStack(st, uint32(*written)))
+		bw.WriteByte('\n')
+	}
+}
+
 // WriteTextSource writes the header and events of src in the text form,
-// one event at a time, and returns the number of events written and the
-// first error of src or w.
+// one event at a time, with the stack lines of its stacks (StackSource),
+// and returns the number of events written and the first error of src or
+// w.
 func WriteTextSource(w io.Writer, src Source) (n int64, err error) {
 	bw := bufio.NewWriter(w)
 	writeTextHeader(bw, src.Header())
+	written := 0
 	for {
 		ev, err := src.Next()
 		if err == io.EOF {
@@ -290,6 +384,7 @@ func WriteTextSource(w io.Writer, src Source) (n int64, err error) {
 		if err != nil {
 			return n, err
 		}
+		writeTextStacks(bw, StacksOf(src), ev, &written)
 		bw.WriteString(FormatText(ev))
 		if err := bw.WriteByte('\n'); err != nil {
 			return n, err
@@ -350,6 +445,9 @@ func FormatText(ev Event) string {
 	if ev.Label != "" {
 		fmt.Fprintf(&b, " label=%s", quoteIfNeeded(ev.Label))
 	}
+	if ev.Stack != 0 {
+		fmt.Fprintf(&b, " stack=%d", ev.Stack)
+	}
 	return b.String()
 }
 
@@ -371,20 +469,33 @@ func sortedKeys(m map[string]string) []string {
 
 // SliceSource is a Source over events held in memory.
 type SliceSource struct {
-	h   Header
-	evs []Event
-	i   int
+	h      Header
+	evs    []Event
+	i      int
+	stacks *Stacks
 }
 
 // NewSliceSource returns a Source that yields evs in order after header h.
 func NewSliceSource(h Header, evs []Event) *SliceSource { return &SliceSource{h: h, evs: evs} }
+
+// WithStacks sets the stack table that the events' stacks name and
+// returns s.
+func (s *SliceSource) WithStacks(st *Stacks) *SliceSource {
+	s.stacks = st
+	return s
+}
+
+// Stacks returns the table given to WithStacks, nil if none.
+func (s *SliceSource) Stacks() *Stacks { return s.stacks }
 
 // Header returns the header given to NewSliceSource.
 func (s *SliceSource) Header() Header { return s.h }
 
 // Reopen returns a SliceSource over the same events from the first, for a
 // second pass that copies nothing.
-func (s *SliceSource) Reopen() (Source, error) { return NewSliceSource(s.h, s.evs), nil }
+func (s *SliceSource) Reopen() (Source, error) {
+	return NewSliceSource(s.h, s.evs).WithStacks(s.stacks), nil
+}
 
 // Rest returns the events not yet read, which count as read from now on.
 // The slice is the source's own.

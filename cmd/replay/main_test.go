@@ -214,7 +214,7 @@ func TestUsageExitAndVersion(t *testing.T) {
 		t.Errorf("a missing trace: %v (exit %d), want exit 1", err, code(err))
 	}
 	out, _, err := runCmd(t, "--version")
-	if err != nil || !strings.HasPrefix(out, "replay (allocsim) ") || !strings.Contains(out, "; trace format version 2; results version 2\n") {
+	if err != nil || !strings.HasPrefix(out, "replay (allocsim) ") || !strings.Contains(out, "; trace format version 3; results version 2\n") {
 		t.Errorf("--version: %v %q", err, out)
 	}
 	_, stderr, err := runCmd(t, "help", "fit")

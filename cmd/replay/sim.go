@@ -21,6 +21,7 @@ import (
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/sites"
 	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
@@ -75,6 +76,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies replayed at once, each group of them one pass over the trace (the results are the same)")
 	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it, and exit non-zero with nothing written on any warning")
 	costModel := fs.String("cost-model", "", "charge the device calls to the cost model in `FILE` (from replay calibrate) instead of the embedded H200 one")
+	sitesN := fs.Int("sites", 0, "after the table, the top `N` allocation sites of each policy at its peak of reserved bytes: live bytes and count, and their share of the unused reserved bytes (a second replay up to the peak; sites_at_peak in the JSON)")
+	siteDepth := fs.Int("site-depth", 1, "`N` frames of user code name a site (see --sites)")
+	sitesCSV := fs.String("sites-csv", "", "write the --sites rows as CSV to `FILE` (- for stdout)")
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -100,8 +104,11 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	for _, n := range notes {
 		fmt.Fprintf(stderr, "sim: %s\n", n)
 	}
-	if err := checkOutputs(inputs, "json", *jsonOut, "csv", *csvOut); err != nil {
+	if err := checkOutputs(inputs, "json", *jsonOut, "csv", *csvOut, "sites-csv", *sitesCSV); err != nil {
 		return err
+	}
+	if *sitesN < 0 || *siteDepth < 1 || *sitesCSV != "" && *sitesN == 0 {
+		return cli.UsageError{Err: fmt.Errorf("--sites %d --site-depth %d: want --sites of at least 1 (with --sites-csv) and a depth of at least 1", *sitesN, *siteDepth)}
 	}
 	capBytes, err := policies.ParseSize(*capacity)
 	if err != nil {
@@ -166,6 +173,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			} else {
 				vr.abort()
 			}
+			if err == nil && *sitesN > 0 {
+				err = addSites(path, tracefile.Options{From: *from, Device: d}, cfgs, res, sites.Options{Depth: *siteDepth, Top: *sitesN})
+			}
 			if err != nil {
 				return err
 			}
@@ -189,6 +199,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	}{
 		{"json", *jsonOut, func(w io.Writer) error { return writeJSON(w, results) }},
 		{"csv", *csvOut, func(w io.Writer) error { return writeCSV(w, results) }},
+		{"sites-csv", *sitesCSV, func(w io.Writer) error { return writeSitesCSV(w, results) }},
 	} {
 		if o.path == "" {
 			continue
@@ -217,8 +228,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	// The table goes to stdout unless the JSON or CSV does.
-	if *jsonOut != "-" && *csvOut != "-" {
+	if *jsonOut != "-" && *csvOut != "-" && *sitesCSV != "-" {
 		writeTable(stdout, results, *wide)
+		writeSites(stdout, results)
 		writeSettingsUsed(stdout, results, settings)
 		writeJobs(stdout, job.Summarize(results))
 	}

@@ -23,6 +23,7 @@ import (
 	"sort"
 
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/pytorch"
 )
 
@@ -33,13 +34,27 @@ const smallSegment = 2 << 20
 // Recorder writes a replay's allocator actions as a PyTorch memory
 // snapshot for device 0. It is not safe for concurrent use.
 type Recorder struct {
-	w        *pytorch.SnapshotWriter
+	w        *pytorch.SnapshotWriter // nil: the state is kept, nothing written
 	settings map[string]string
 	segs     map[uint64]segment
 	mapped   []span // mapped ranges, by address, adjacent ones of a stream merged
 	blocks   map[uint64]block
 	err      error
 	closed   bool
+
+	// stacks is the trace's stack table (SetStacks), frames the frames
+	// of each stack written so far, by id; pools names the trace's
+	// private pools by number (SetPools).
+	stacks *trace.Stacks
+	frames map[site][]trace.Frame
+	pools  map[uint32][2]uint64
+}
+
+// site is a malloc's call stack (an id of the trace's Stacks) and its
+// call site (trace.Event.Label).
+type site struct {
+	stack uint32
+	label string
 }
 
 // span is a run of mapped bytes [start, end) of a reserved range, of a
@@ -52,26 +67,93 @@ type span struct {
 type segment struct {
 	size, stream uint64
 	pool         uint32
+	site         site // of the malloc that allocated it
 }
 
 type block struct {
 	size, requested, stream uint64
 	pending                 bool // free requested, not completed
+	site                    site
 }
 
 // NewRecorder returns a Recorder writing to w. settings are written as the
 // snapshot's allocator_settings (for example the policy's name and
 // settings), strings by key.
 func NewRecorder(w io.Writer, settings map[string]string) *Recorder {
-	return &Recorder{
-		w:        pytorch.NewSnapshotWriter(w, 0),
+	r := &Recorder{
 		settings: settings,
 		segs:     map[uint64]segment{},
 		blocks:   map[uint64]block{},
+		frames:   map[site][]trace.Frame{},
+	}
+	if w != nil {
+		r.w = pytorch.NewSnapshotWriter(w, 0)
+	}
+	return r
+}
+
+var _ sim.SourceObserver = (*Recorder)(nil)
+
+// ObserveSource takes from the trace what the snapshot keeps of it: its
+// stack table, which the actions' Stack ids name (the entries and blocks
+// of a malloc with a stack get its frames, as in a real snapshot recorded
+// with stacks), the source's ids of its private pools (trace.PoolNames:
+// "(1,0)"), written as the segments' segment_pool_id (a pool not named by
+// such a pair as (0, number)), and its recorded allocator settings
+// (Header.Settings), written among the snapshot's allocator_settings
+// under their own keys, where the recorder's settings do not name them.
+func (r *Recorder) ObserveSource(h trace.Header, st *trace.Stacks) {
+	r.stacks = st
+	if len(h.Settings) > 0 {
+		settings := make(map[string]string, len(r.settings)+len(h.Settings))
+		for k, v := range h.Settings {
+			settings[k] = v
+		}
+		for k, v := range r.settings {
+			settings[k] = v
+		}
+		r.settings = settings
+	}
+	r.pools = map[uint32][2]uint64{}
+	for id, n := range trace.PoolNames(h) {
+		var a, b uint64
+		if _, err := fmt.Sscanf(n, "(%d,%d)", &a, &b); err == nil && fmt.Sprintf("(%d,%d)", a, b) == n {
+			r.pools[id] = [2]uint64{a, b}
+		}
 	}
 }
 
-var _ sim.Observer = (*Recorder)(nil)
+// framesOf returns the frames of site s: its stack's, or for a call site
+// alone (a `record run` malloc's) one frame "??:0:LABEL", as PyTorch
+// writes a frame it has no file of; nil for neither.
+func (r *Recorder) framesOf(s site) []trace.Frame {
+	if s.stack == 0 && s.label == "" {
+		return nil
+	}
+	if f, ok := r.frames[s]; ok {
+		return f
+	}
+	var f []trace.Frame
+	if s.stack != 0 {
+		f = r.stacks.Frames(s.stack)
+	} else {
+		f = []trace.Frame{{Name: s.label, File: "??"}}
+	}
+	r.frames[s] = f
+	return f
+}
+
+// poolID is the segment_pool_id of private pool number p (0: the default
+// pools, (0, 0)).
+func (r *Recorder) poolID(p uint32) [2]uint64 {
+	if p == 0 {
+		return [2]uint64{}
+	}
+	if id, ok := r.pools[p]; ok {
+		return id
+	}
+	return [2]uint64{0, uint64(p)}
+}
 
 // Observe writes one action as a trace entry. Errors (of the writer, or an
 // action that contradicts the state so far) are kept and returned by
@@ -81,14 +163,16 @@ func (r *Recorder) Observe(a sim.Action) {
 		return
 	}
 	e := pytorch.TraceEntry{Action: a.Kind.String(), Addr: a.Addr, Size: a.Requested, Stream: a.Stream, TimeUS: a.Time / 1000}
+	cur := site{a.Stack, a.Label}
 	switch a.Kind {
 	case sim.ActionSegmentAlloc:
 		if _, dup := r.segs[a.Addr]; dup {
 			r.fail(a, "segment %#x is already live", a.Addr)
 			return
 		}
-		r.segs[a.Addr] = segment{size: a.Size, stream: a.Stream, pool: a.Pool}
+		r.segs[a.Addr] = segment{size: a.Size, stream: a.Stream, pool: a.Pool, site: cur}
 		e.Size = a.Size
+		e.Frames = r.framesOf(cur)
 	case sim.ActionSegmentFree:
 		s, ok := r.segs[a.Addr]
 		if !ok {
@@ -97,12 +181,14 @@ func (r *Recorder) Observe(a sim.Action) {
 		}
 		delete(r.segs, a.Addr)
 		e.Size, e.Stream = s.size, s.stream
+		e.Frames = r.framesOf(s.site)
 	case sim.ActionAlloc:
 		if _, dup := r.blocks[a.Addr]; dup {
 			r.fail(a, "block %#x is already live", a.Addr)
 			return
 		}
-		r.blocks[a.Addr] = block{size: a.Size, requested: a.Requested, stream: a.Stream}
+		r.blocks[a.Addr] = block{size: a.Size, requested: a.Requested, stream: a.Stream, site: cur}
+		e.Frames = r.framesOf(cur)
 	case sim.ActionFreeRequested:
 		b, ok := r.blocks[a.Addr]
 		if !ok || b.pending {
@@ -112,6 +198,7 @@ func (r *Recorder) Observe(a sim.Action) {
 		b.pending = true
 		r.blocks[a.Addr] = b
 		e.Size, e.Stream = b.requested, b.stream
+		e.Frames = r.framesOf(b.site)
 	case sim.ActionFreeCompleted:
 		b, ok := r.blocks[a.Addr]
 		if !ok || !b.pending {
@@ -120,12 +207,14 @@ func (r *Recorder) Observe(a sim.Action) {
 		}
 		delete(r.blocks, a.Addr)
 		e.Size, e.Stream = b.requested, b.stream
+		e.Frames = r.framesOf(b.site)
 	case sim.ActionSegmentMap:
 		if err := r.mapRange(a.Addr, a.Size, a.Stream, a.Pool); err != nil {
 			r.fail(a, "%v", err)
 			return
 		}
 		e.Size = a.Size
+		e.Frames = r.framesOf(cur)
 	case sim.ActionSegmentUnmap:
 		stream, err := r.unmapRange(a.Addr, a.Size)
 		if err != nil {
@@ -137,6 +226,9 @@ func (r *Recorder) Observe(a sim.Action) {
 		e.Addr, e.DeviceFree = 0, a.Free
 	default:
 		r.fail(a, "unknown action")
+		return
+	}
+	if r.w == nil {
 		return
 	}
 	if err := r.w.Add(e); err != nil {
@@ -209,8 +301,14 @@ func (r *Recorder) fail(a sim.Action, format string, args ...any) {
 	r.err = fmt.Errorf("viz: event %d: %s: %s", a.Event, a.Kind, fmt.Sprintf(format, args...))
 }
 
-// Entries returns the number of trace entries written.
-func (r *Recorder) Entries() int64 { return r.w.Entries() }
+// Entries returns the number of trace entries written (0 for a recorder
+// that writes nothing).
+func (r *Recorder) Entries() int64 {
+	if r.w == nil {
+		return 0
+	}
+	return r.w.Entries()
+}
 
 // Close writes the final segments and ends the snapshot. It returns the
 // first error of Observe, and an error when a live block lies outside
@@ -225,7 +323,7 @@ func (r *Recorder) Close() error {
 		return r.err
 	}
 	segs, err := r.segments()
-	if err != nil {
+	if err != nil || r.w == nil {
 		return err
 	}
 	return r.w.Close(segs, r.settings)
@@ -237,21 +335,44 @@ func (r *Recorder) Close() error {
 // overlaps another.
 func (r *Recorder) Segments() ([]pytorch.Segment, error) { return r.segments() }
 
-func (r *Recorder) segments() ([]pytorch.Segment, error) {
+// LiveSegment is a live segment of the replay, or a run of mapped bytes of
+// a reserved range (Expandable), as Segments has them, with its live
+// blocks by address: Size bytes at Addr, of a private pool (0 for the
+// default pools), allocated for the malloc of call stack Stack (an id of
+// the trace's Stacks) and call site Label.
+type LiveSegment struct {
+	Addr, Size, Stream uint64
+	Expandable         bool
+	Pool               uint32
+	Stack              uint32
+	Label              string
+	Blocks             []LiveBlock
+}
+
+// LiveBlock is a block handed out and not yet given back: Size bytes at
+// Addr for Requested bytes, freed by the program but waiting on another
+// stream when Pending, placed for the malloc of call stack Stack and call
+// site Label.
+type LiveBlock struct {
+	Addr, Size, Requested uint64
+	Pending               bool
+	Stack                 uint32
+	Label                 string
+}
+
+// Live returns the live segments by address with their live blocks. It
+// returns an error when a live block lies outside every live segment or
+// overlaps another.
+func (r *Recorder) Live() ([]LiveSegment, error) {
 	// Segments and runs of mapped bytes, by address.
-	type piece struct {
-		addr, size, stream uint64
-		expandable         bool
-		pool               uint32
-	}
-	pieces := make([]piece, 0, len(r.segs)+len(r.mapped))
+	pieces := make([]LiveSegment, 0, len(r.segs)+len(r.mapped))
 	for a, s := range r.segs {
-		pieces = append(pieces, piece{a, s.size, s.stream, false, s.pool})
+		pieces = append(pieces, LiveSegment{Addr: a, Size: s.size, Stream: s.stream, Pool: s.pool, Stack: s.site.stack, Label: s.site.label})
 	}
 	for _, sp := range r.mapped {
-		pieces = append(pieces, piece{sp.start, sp.end - sp.start, sp.stream, true, sp.pool})
+		pieces = append(pieces, LiveSegment{Addr: sp.start, Size: sp.end - sp.start, Stream: sp.stream, Expandable: true, Pool: sp.pool})
 	}
-	sort.Slice(pieces, func(i, j int) bool { return pieces[i].addr < pieces[j].addr })
+	sort.Slice(pieces, func(i, j int) bool { return pieces[i].Addr < pieces[j].Addr })
 	baddrs := make([]uint64, 0, len(r.blocks))
 	for a := range r.blocks {
 		baddrs = append(baddrs, a)
@@ -262,10 +383,10 @@ func (r *Recorder) segments() ([]pytorch.Segment, error) {
 	// streams (async-pool).
 	joined := pieces[:0]
 	for _, pc := range pieces {
-		if n := len(joined); n > 0 && pc.expandable && joined[n-1].expandable && joined[n-1].addr+joined[n-1].size == pc.addr {
-			k := sort.Search(len(baddrs), func(i int) bool { return baddrs[i] >= pc.addr })
-			if k > 0 && baddrs[k-1] >= joined[n-1].addr && baddrs[k-1]+r.blocks[baddrs[k-1]].size > pc.addr {
-				joined[n-1].size += pc.size
+		if n := len(joined); n > 0 && pc.Expandable && joined[n-1].Expandable && joined[n-1].Addr+joined[n-1].Size == pc.Addr {
+			k := sort.Search(len(baddrs), func(i int) bool { return baddrs[i] >= pc.Addr })
+			if k > 0 && baddrs[k-1] >= joined[n-1].Addr && baddrs[k-1]+r.blocks[baddrs[k-1]].size > pc.Addr {
+				joined[n-1].Size += pc.Size
 				continue
 			}
 		}
@@ -273,22 +394,14 @@ func (r *Recorder) segments() ([]pytorch.Segment, error) {
 	}
 	pieces = joined
 
-	out := make([]pytorch.Segment, 0, len(pieces))
 	k := 0
-	for _, pc := range pieces {
-		sa := pc.addr
-		end := sa + pc.size
-		seg := pytorch.Segment{Address: sa, TotalSize: pc.size, Stream: pc.stream, SegmentType: "large", IsExpandable: pc.expandable}
-		if pc.pool != 0 {
-			seg.PoolID = [2]uint64{0, uint64(pc.pool)}
-		}
-		if pc.size <= smallSegment {
-			seg.SegmentType = "small"
-		}
-		if k < len(baddrs) && baddrs[k] < sa {
+	for p := range pieces {
+		pc := &pieces[p]
+		end := pc.Addr + pc.Size
+		if k < len(baddrs) && baddrs[k] < pc.Addr {
 			return nil, fmt.Errorf("viz: block %#x lies in no live segment", baddrs[k])
 		}
-		at := sa
+		at := pc.Addr
 		for ; k < len(baddrs) && baddrs[k] < end; k++ {
 			ba := baddrs[k]
 			b := r.blocks[ba]
@@ -299,25 +412,46 @@ func (r *Recorder) segments() ([]pytorch.Segment, error) {
 				return nil, fmt.Errorf("viz: block %#x overlaps the block before it", ba)
 			}
 			if ba+b.size > end {
-				return nil, fmt.Errorf("viz: block %#x of %d bytes runs past the end of segment %#x of %d bytes", ba, b.size, sa, pc.size)
+				return nil, fmt.Errorf("viz: block %#x of %d bytes runs past the end of segment %#x of %d bytes", ba, b.size, pc.Addr, pc.Size)
 			}
-			if ba > at {
-				seg.Blocks = append(seg.Blocks, pytorch.Block{Size: ba - at, State: pytorch.StateInactive})
+			pc.Blocks = append(pc.Blocks, LiveBlock{Addr: ba, Size: b.size, Requested: b.requested, Pending: b.pending, Stack: b.site.stack, Label: b.site.label})
+			at = ba + b.size
+		}
+	}
+	if k < len(baddrs) {
+		return nil, fmt.Errorf("viz: block %#x lies in no live segment", baddrs[k])
+	}
+	return pieces, nil
+}
+
+func (r *Recorder) segments() ([]pytorch.Segment, error) {
+	live, err := r.Live()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]pytorch.Segment, 0, len(live))
+	for _, pc := range live {
+		seg := pytorch.Segment{Address: pc.Addr, TotalSize: pc.Size, Stream: pc.Stream, SegmentType: "large", IsExpandable: pc.Expandable,
+			PoolID: r.poolID(pc.Pool), Frames: r.framesOf(site{pc.Stack, pc.Label})}
+		if pc.Size <= smallSegment {
+			seg.SegmentType = "small"
+		}
+		at, end := pc.Addr, pc.Addr+pc.Size
+		for _, b := range pc.Blocks {
+			if b.Addr > at {
+				seg.Blocks = append(seg.Blocks, pytorch.Block{Size: b.Addr - at, State: pytorch.StateInactive})
 			}
 			state := pytorch.StateActiveAllocated
-			if b.pending {
+			if b.Pending {
 				state = pytorch.StateActivePendingFree
 			}
-			seg.Blocks = append(seg.Blocks, pytorch.Block{Size: b.size, RequestedSize: b.requested, State: state})
-			at = ba + b.size
+			seg.Blocks = append(seg.Blocks, pytorch.Block{Size: b.Size, RequestedSize: b.Requested, State: state, Frames: r.framesOf(site{b.Stack, b.Label})})
+			at = b.Addr + b.Size
 		}
 		if at < end {
 			seg.Blocks = append(seg.Blocks, pytorch.Block{Size: end - at, State: pytorch.StateInactive})
 		}
 		out = append(out, seg)
-	}
-	if k < len(baddrs) {
-		return nil, fmt.Errorf("viz: block %#x lies in no live segment", baddrs[k])
 	}
 	return out, nil
 }

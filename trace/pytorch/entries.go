@@ -12,6 +12,7 @@ import (
 // entryFields are the fields of a trace entry that Import reads.
 type entryFields struct {
 	action, addr, size, stream, timeUS value
+	frames                             value
 }
 
 // sink receives the entries of the device trace, in order, as the decoder
@@ -75,6 +76,8 @@ func (d *decoder) fields(v value, f *entryFields) error {
 			f.stream = c.items[i+1]
 		case sTimeUS:
 			f.timeUS = c.items[i+1]
+		case sFrames:
+			f.frames = c.items[i+1]
 		}
 	}
 	return nil
@@ -165,6 +168,8 @@ func (d *decoder) block(v value) snapBlock {
 			b.size, _ = d.uintOf(val)
 		case sRequestedSize:
 			b.requested, _ = d.uintOf(val)
+		case sFrames:
+			b.stack, _ = d.stackOf(val)
 		case sState:
 			switch {
 			case val.k != vStr:

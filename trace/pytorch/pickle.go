@@ -19,16 +19,19 @@ import (
 type kind uint8
 
 const (
-	vNone  kind = iota + 1
-	vBool       // n: 0 or 1
-	vInt        // n: the int64
-	vUint       // n: the bits of a uint64 above math.MaxInt64
-	vBig        // n: index into decoder.bigs
-	vFloat      // n: the float64's bits
-	vStr        // n: string id
-	vBytes      // n: string id of the bytes
-	vCont       // n: container slot, g: its generation
-	vSkip       // n: the skipped container's pyKind
+	vNone       kind = iota + 1
+	vBool            // n: 0 or 1
+	vInt             // n: the int64
+	vUint            // n: the bits of a uint64 above math.MaxInt64
+	vBig             // n: index into decoder.bigs
+	vFloat           // n: the float64's bits
+	vStr             // n: string id
+	vBytes           // n: string id of the bytes
+	vCont            // n: container slot, g: its generation
+	vSkip            // n: the skipped container's pyKind
+	vFrame           // n: a frame dict already converted, its frame id (frames.go)
+	vStack           // n: a frames list already converted, its stack id
+	vFrameBuild      // n: a frame dict being read, its index in decoder.building; g: buildGen
 )
 
 // pyKind is the Python type of a container.
@@ -63,6 +66,9 @@ type container struct {
 	dev   value   // roleTraces: the item at the device, k 0 if none yet
 	segs  []snapSegment
 	blks  []snapBlock
+	// memo is 1 + the memo index of a frames container, 0 if it was
+	// not memoized: its slot is set to its id once converted.
+	memo uint64
 }
 
 // pickleError is a problem in the pickle itself at byte Offset.
@@ -324,6 +330,7 @@ func (d *decoder) newContainer(kind pyKind, r role) value {
 	c.items = c.items[:0]
 	c.dev = value{}
 	c.segs, c.blks = nil, c.blks[:0]
+	c.memo = 0
 	return value{k: vCont, g: c.gen, n: int64(i)}
 }
 
@@ -353,6 +360,12 @@ func (d *decoder) pyType(v value) string {
 		return "bytes"
 	case vSkip:
 		return pyKindNames[v.n]
+	case vFrame:
+		return "dict"
+	case vStack:
+		return "list"
+	case vFrameBuild:
+		return "dict"
 	case vCont:
 		if c := d.container(v); c != nil {
 			return pyKindNames[c.kind]
@@ -802,6 +815,18 @@ func (d *decoder) memoize(idx uint64, v value) {
 			// Converted and dropped when appended; a later reference
 			// gets an opaque dict.
 			x = tagSkip | uint32(c.kind)
+		case c.role == roleFrames && v.n < memoPending:
+			// The container until converted, then its stack id
+			// (setConverted).
+			x = tagSkip | memoPending | memoList | uint32(v.n)
+			c.memo = idx + 1
+		}
+	case vFrameBuild:
+		// The frame being read until converted (a list may hold one
+		// frame dict twice), then its frame id (frames.go).
+		if v.g == d.buildGen && v.n < memoList {
+			x = tagSkip | memoPending | uint32(v.n)
+			d.buildMemo[v.n] = idx + 1
 		}
 	}
 	if x == 0 && len(d.memo.vals) < tagStr {
@@ -822,7 +847,7 @@ func (d *decoder) get(at int64, op byte, idx uint64) error {
 	case tagStr:
 		v = value{k: vStr, n: int64(x &^ tagMask)}
 	case tagSkip:
-		v = value{k: vSkip, n: int64(x &^ tagMask)}
+		v = d.skipValue(idx, x&^tagMask)
 	default:
 		v = d.memo.vals[x&^tagMask]
 	}
@@ -836,6 +861,9 @@ func (d *decoder) create(k pyKind) value {
 	r := d.childRole(k)
 	if r == 0 {
 		return value{k: vSkip, n: int64(k)}
+	}
+	if r == roleFrame {
+		return d.newFrame()
 	}
 	v := d.newContainer(k, r)
 	if r == roleEntries {

@@ -153,6 +153,8 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 	check := &checker{hist: newHistory(), watch: newPoolWatch()}
 	d := newDecoder(pr, opts.Device, check)
 	d.pickle = pr
+	stacks := trace.NewStacks()
+	d.readFrames(stacks, false, true) // the entries' on the second reading
 	if err := d.run(); err != nil {
 		return nil, decodeError(name, pr, d, err)
 	}
@@ -206,7 +208,7 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["truncated"] = "true"
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
-	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw}
+	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw, stacks: stacks}
 	ids, final, keyed, err := finalPools(d.segments, opts.Device)
 	if err != nil {
 		return nil, fmt.Errorf("%s: segments: %w", name, err)
@@ -533,6 +535,16 @@ func convertEntry(d *decoder, f *entryFields, ev *trace.Event) error {
 	op := actionOps[a]
 	ev.Op = op
 	var err error
+	if f.frames.k != 0 {
+		// Taken first, so that the list is let go whatever follows.
+		stack, err := d.stackOf(f.frames)
+		if err != nil {
+			return err
+		}
+		if op == trace.OpMalloc || op == trace.OpMallocFailed {
+			ev.Stack = stack
+		}
+	}
 	if f.timeUS.k != 0 && f.timeUS.k != vNone {
 		us, err := d.toInt64(f.timeUS, "time_us")
 		if err != nil {
@@ -591,7 +603,18 @@ type source struct {
 	labels  *labeler
 	nextIdx int64
 	release []trace.Event
+
+	// stacks holds the stacks of the mallocs' frames: the final blocks'
+	// from the first reading, the entries' as the second goes.
+	stacks *trace.Stacks
 }
+
+var _ trace.StackSource = (*source)(nil)
+
+// Stacks returns the table of the stacks the events name: a malloc's is
+// the frames of its entry (or, rebuilding a cut history, of its block in
+// the final segments).
+func (s *source) Stacks() *trace.Stacks { return s.stacks }
 
 // queue is the sink of the second reading: the converted events of the
 // last batch of entries.
@@ -659,6 +682,7 @@ func (s *source) fill() error {
 			return err
 		}
 		s.d = newDecoder(pr, s.device, &s.q)
+		s.d.readFrames(s.stacks, true, false)
 		s.d.pauseAfterAppend = true
 		s.d.stopAtTraces = true
 		s.d.pickle = pr

@@ -26,6 +26,13 @@ const tracesDir = "../../../shared/traces"
 
 func importFile(t testing.TB, path string, opts Options) (trace.Header, []trace.Event, error) {
 	t.Helper()
+	h, evs, _, err := importStacks(t, path, opts)
+	return h, evs, err
+}
+
+// importStacks is importFile that also returns the source's stack table.
+func importStacks(t testing.TB, path string, opts Options) (trace.Header, []trace.Event, *trace.Stacks, error) {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -33,9 +40,10 @@ func importFile(t testing.TB, path string, opts Options) (trace.Header, []trace.
 	defer f.Close()
 	src, err := Import(f, filepath.Base(path), opts)
 	if err != nil {
-		return trace.Header{}, nil, err
+		return trace.Header{}, nil, nil, err
 	}
-	return drain(t, src)
+	h, evs, err := drain(t, src)
+	return h, evs, trace.StacksOf(src), err
 }
 
 func drain(t testing.TB, src trace.Source) (trace.Header, []trace.Event, error) {
@@ -61,7 +69,7 @@ const (
 
 var tinyEvents = []trace.Event{
 	{Op: trace.OpSegmentAlloc, Addr: seg, Size: 2 << 20, Time: t0},
-	{Op: trace.OpMalloc, Addr: seg, Size: 1000, Time: t0 + 1000},
+	{Op: trace.OpMalloc, Addr: seg, Size: 1000, Time: t0 + 1000, Stack: 1}, // model.py:42:forward
 	{Op: trace.OpMalloc, Addr: 1<<63 + 0x200, Size: 512, Stream: 7, Time: t0 + 2000},
 	{Op: trace.OpFreeRequested, Addr: seg, Size: 1000, Time: t0 + 3000},
 	{Op: trace.OpFree, Addr: seg, Size: 1000, Time: t0 + 4000},
@@ -86,9 +94,14 @@ func TestImportTiny(t *testing.T) {
 	for _, file := range []string{"tiny_proto2.pickle", "tiny_proto5.pickle", "tiny_proto4.pickle.gz"} {
 		t.Run(file, func(t *testing.T) {
 			path := filepath.Join("testdata", file)
-			h, evs, err := importFile(t, path, Options{})
+			h, evs, st, err := importStacks(t, path, Options{})
 			if err != nil {
 				t.Fatal(err)
+			}
+			// The first alloc's frames, the only ones (gen.py).
+			wantStack := []trace.Frame{{Name: "forward", File: "model.py", Line: 42}}
+			if got := st.Frames(1); st.Len() != 1 || !reflect.DeepEqual(got, wantStack) {
+				t.Errorf("%d stacks, stack 1 = %v, want 1 stack: %v", st.Len(), got, wantStack)
 			}
 			want := trace.Header{
 				Version:  trace.Version,

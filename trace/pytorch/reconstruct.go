@@ -217,6 +217,7 @@ type startBlock struct {
 	stream    uint64
 	pending   bool
 	freedAt   uint32 // for a block known from the trace only: the event that frees it
+	stack     uint32 // for a block of the final segments: its frames' stack, 0 if none
 }
 
 // startSegment is a segment that existed when the history began.
@@ -262,7 +263,7 @@ func reconstruct(h *history, final []snapSegment, device int) []trace.Event {
 			}
 			if b.state == blockAllocated || b.state == blockPendingFree {
 				if _, seen := h.blocks[addr]; !seen {
-					blocks = append(blocks, startBlock{addr: addr, size: b.size, requested: b.requested, stream: s.stream, pending: b.state == blockPendingFree})
+					blocks = append(blocks, startBlock{addr: addr, size: b.size, requested: b.requested, stream: s.stream, pending: b.state == blockPendingFree, stack: b.stack})
 				}
 			}
 			addr += b.size
@@ -294,7 +295,7 @@ func reconstruct(h *history, final []snapSegment, device int) []trace.Event {
 		l.add(trace.Event{Op: trace.OpFree, Addr: f.addr, Stream: f.stream})
 	}
 	for _, b := range orphans {
-		l.add(trace.Event{Op: trace.OpMalloc, Addr: b.addr, Size: max(b.requested, 1), Stream: b.stream})
+		l.add(trace.Event{Op: trace.OpMalloc, Addr: b.addr, Size: max(b.requested, 1), Stream: b.stream, Stack: b.stack})
 		if b.pending {
 			l.pending = append(l.pending, b)
 		}
@@ -406,7 +407,7 @@ func (l *layout) segment(s *startSegment, orphans []startBlock) []startBlock {
 			continue
 		}
 		l.free(s, at, b.addr)
-		l.add(trace.Event{Op: trace.OpMalloc, Addr: b.addr, Size: size, Stream: s.stream})
+		l.add(trace.Event{Op: trace.OpMalloc, Addr: b.addr, Size: size, Stream: s.stream, Stack: b.stack})
 		if b.pending {
 			l.pending = append(l.pending, b)
 		}

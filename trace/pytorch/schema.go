@@ -19,6 +19,8 @@ const (
 	roleSegment                  // a segment: its fields kept
 	roleBlocks                   // a segment's blocks: converted to snapBlock
 	roleBlock                    // a block: its fields kept
+	roleFrames                   // an entry's or a block's frames: items converted to frame ids
+	roleFrame                    // a frame: its three fields kept
 )
 
 // String ids interned before decoding, so that roles and fields can be told
@@ -45,6 +47,10 @@ const (
 	sActiveAllocated
 	sActivePendingFree
 	sSegmentPoolID
+	sFrames
+	sFilename
+	sLine
+	sName
 	// The actions, in actionOps order.
 	sFirstAction
 )
@@ -57,6 +63,7 @@ var knownStrings = []string{
 	sRequestedSize: "requested_size", sState: "state", sSmall: "small",
 	sActiveAllocated: "active_allocated", sActivePendingFree: "active_pending_free",
 	sSegmentPoolID: "segment_pool_id",
+	sFrames:        "frames", sFilename: "filename", sLine: "line", sName: "name",
 }
 
 // snapSegment is a segment of the snapshot's final state, as reconstruct
@@ -81,6 +88,7 @@ type snapBlock struct {
 	addr, size, requested uint64
 	haveAddr              bool
 	state                 blockState
+	stack                 uint32 // its frames' stack in the decoder's table, 0 if none
 }
 
 type blockState uint8
@@ -188,7 +196,9 @@ func roleRank(r role) int {
 	return 2
 }
 
-func isScalar(v value) bool { return v.k != vCont && v.k != vSkip }
+func isScalar(v value) bool {
+	return v.k != vCont && v.k != vSkip && v.k != vFrame && v.k != vStack && v.k != vFrameBuild
+}
 
 // kindOf returns the Python kind of a container value (0 for any other
 // value) and its container, nil if it is skipped.
@@ -259,6 +269,21 @@ func (d *decoder) roleFor(c *container, pos int, key value, k pyKind) role {
 			return roleSegment
 		}
 		return 0
+	case roleEntry:
+		if d.entryFrames && key.k == vStr && key.n == sFrames && k == pyList && d.mallocEntry(c) {
+			return roleFrames
+		}
+		return 0
+	case roleBlock:
+		if d.blockFrames && key.k == vStr && key.n == sFrames && k == pyList {
+			return roleFrames
+		}
+		return 0
+	case roleFrames:
+		if k == pyDict {
+			return roleFrame
+		}
+		return 0
 	case roleSegment:
 		if key.k == vStr && key.n == sBlocks && k == pyList {
 			return roleBlocks
@@ -326,6 +351,20 @@ func (d *decoder) appendItems(at int64, op byte, target value, items []value) er
 			c.n++
 		}
 		return nil
+	case roleFrames:
+		for _, v := range items {
+			fid, err := d.frameOf(v)
+			if err != nil {
+				return d.fail(at, op, "%v", err)
+			}
+			c.items = append(c.items, value{k: vInt, n: int64(fid)})
+			c.n++
+		}
+		for _, v := range items {
+			d.release(v)
+		}
+		d.framesDone()
+		return nil
 	}
 	c.items = append(c.items, items...)
 	c.n += len(items)
@@ -344,6 +383,10 @@ func (d *decoder) setItems(at int64, op byte, target value, items []value) error
 		}
 		return nil
 	}
+	if target.k == vFrameBuild {
+		d.setFrame(target, items)
+		return nil
+	}
 	c := d.container(target)
 	if c == nil || c.kind != pyDict {
 		return d.fail(at, op, "set an item of a %s", d.pyType(target))
@@ -354,14 +397,14 @@ func (d *decoder) setItems(at int64, op byte, target value, items []value) error
 		keep := true
 		switch c.role {
 		case roleEntry:
-			keep = key.k == vStr && key.n < numEntryKeys
+			keep = key.k == vStr && (key.n < numEntryKeys || key.n == sFrames && val.k == vCont)
 		case roleRoot:
 			keep = key.k == vStr && (key.n == sDeviceTraces || key.n == sSegments || key.n == sAllocatorSettings)
 		case roleSegment:
 			keep = key.k == vStr && (key.n == sAddress || key.n == sTotalSize || key.n == sStream || key.n == sSegmentType ||
 				key.n == sIsExpandable || key.n == sDevice || key.n == sBlocks || key.n == sSegmentPoolID)
 		case roleBlock:
-			keep = key.k == vStr && (key.n == sAddress || key.n == sSize || key.n == sRequestedSize || key.n == sState)
+			keep = key.k == vStr && (key.n == sAddress || key.n == sSize || key.n == sRequestedSize || key.n == sState || key.n == sFrames && val.k == vCont)
 		}
 		if !keep {
 			continue

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // This file is a streaming decoder for the pickles of plain Python values
@@ -12,7 +14,9 @@ import (
 // device trace are converted as each batch of them is appended to its list
 // and then dropped, the final segments are kept in a compact form, the
 // allocator settings in full, and everything else (stack frames, other
-// devices' traces, external annotations) is only stepped over.
+// devices' traces, external annotations) is only stepped over; the stack
+// frames of the entries and blocks are kept as stacks when asked
+// (frames.go).
 //
 // A pickle is a program for a stack machine; the decoder runs it with
 // values of 16 bytes and decides, when a list or dict is created, what it
@@ -75,6 +79,30 @@ type decoder struct {
 	scratch      []byte
 	fields1      entryFields   // the entry being converted
 	segments     []snapSegment // from roleSegments
+
+	// stacks, if not nil, takes the stack frames of the entries (with
+	// entryFrames) and of the final segments' blocks (with blockFrames),
+	// which are otherwise stepped over (frames.go); frameIDs holds the
+	// frame ids by the decoder's strings.
+	stacks                   *trace.Stacks
+	entryFrames, blockFrames bool
+	frameIDs                 map[frameKey]uint32
+	fids                     []uint32
+	// building holds the frame dicts being read (vFrameBuild values of
+	// generation buildGen), buildMemo 1 + the memo index of each, 0 if
+	// none.
+	building  []frameKey
+	buildMemo []uint64
+	buildGen  uint32
+}
+
+// readFrames makes d keep the frames of the entries and of the final
+// blocks, as asked, in st.
+func (d *decoder) readFrames(st *trace.Stacks, entries, blocks bool) {
+	d.stacks, d.entryFrames, d.blockFrames = st, entries, blocks
+	if d.frameIDs == nil {
+		d.frameIDs = map[frameKey]uint32{}
+	}
 }
 
 func newDecoder(r io.Reader, device int, s sink) *decoder {

@@ -3,6 +3,7 @@ package pytorch
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -170,7 +171,7 @@ func TestImportPythonShapes(t *testing.T) {
 			t.Fatal(err)
 		}
 		for dev, wantEvs := range want.Devices {
-			h, evs, err := importFile(t, path, Options{Device: dev})
+			h, evs, st, err := importStacks(t, path, Options{Device: dev})
 			if err != nil {
 				t.Errorf("%s device %d: %v", name, dev, err)
 				continue
@@ -196,7 +197,19 @@ func TestImportPythonShapes(t *testing.T) {
 					return x
 				}
 				we := trace.Event{Op: op, Addr: num(1), Size: num(2), Stream: num(3), Time: int64(num(4)), Label: w[5].(string)}
-				if evs[i] != we {
+				// The script gives entry n (at time T0+n us) n%3
+				// frames m{n%3}.py:n:f, the same dict repeated.
+				var wantFrames []trace.Frame
+				if n := we.Time/1000 - 1795945664154792; strings.HasPrefix(name, "frames") && (op == trace.OpMalloc || op == trace.OpMallocFailed) {
+					for range n % 3 {
+						wantFrames = append(wantFrames, trace.Frame{Name: "f", File: fmt.Sprintf("m%d.py", n%3), Line: n})
+					}
+				}
+				if got := st.Frames(evs[i].Stack); !reflect.DeepEqual(got, wantFrames) {
+					t.Errorf("%s device %d event %d: frames %v, want %v", name, dev, i, got, wantFrames)
+					break
+				}
+				if evs[i].Stack = 0; evs[i] != we {
 					t.Errorf("%s device %d event %d: %s, want %s", name, dev, i, trace.FormatText(evs[i]), trace.FormatText(we))
 					break
 				}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"math"
 	"sort"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // TraceEntry is one entry of a snapshot's device trace, as the snapshot
@@ -26,6 +28,10 @@ type TraceEntry struct {
 	Stream     uint64
 	TimeUS     int64
 	DeviceFree uint64
+	// Frames is the call stack written as the entry's "frames",
+	// innermost first: for alloc, free_requested and free_completed the
+	// block's malloc's, as PyTorch records them; empty if none.
+	Frames []trace.Frame
 }
 
 // Segment is one segment of a snapshot's final allocator state: a device
@@ -41,6 +47,8 @@ type Segment struct {
 	IsExpandable bool
 	// PoolID is the segment_pool_id: (0, 0) for the default pools.
 	PoolID [2]uint64
+	// Frames is the stack of the malloc that allocated the segment.
+	Frames []trace.Frame
 	Blocks []Block
 }
 
@@ -51,6 +59,9 @@ type Block struct {
 	Size          uint64
 	RequestedSize uint64
 	State         string
+	// Frames is the stack of the block's malloc (an allocated or pending
+	// block's), innermost first.
+	Frames []trace.Frame
 }
 
 // Block states of a snapshot's segments.
@@ -141,6 +152,10 @@ func (s *SnapshotWriter) Add(e TraceEntry) error {
 	p.int(int64(e.Stream))
 	p.str("time_us")
 	p.int(e.TimeUS)
+	if len(e.Frames) > 0 {
+		p.str("frames")
+		p.frames(e.Frames)
+	}
 	p.op(opSetItems)
 	s.n++
 	s.batch++
@@ -258,7 +273,7 @@ func writeSegment(p *pickler, seg Segment) error {
 	p.uint(seg.PoolID[1])
 	p.op(opTuple2)
 	p.str("frames")
-	p.op(opEmptyList)
+	p.frames(seg.Frames)
 	p.str("blocks")
 	p.op(opEmptyList)
 	if len(seg.Blocks) > 0 {
@@ -275,7 +290,8 @@ func writeSegment(p *pickler, seg Segment) error {
 			p.str("state")
 			p.str(b.State)
 			p.str("frames")
-			p.op(opEmptyList, opSetItems)
+			p.frames(b.Frames)
+			p.op(opSetItems)
 			addr += b.Size
 		}
 		p.op(opAppends)
@@ -327,6 +343,40 @@ type pickler struct {
 	buf  [16]byte
 }
 
+// frames writes a list of frame dicts {"name", "filename", "line"}, each
+// dict in full as PyTorch writes them (its strings from the memo): a
+// reader that steps over some lists' frames (Import steps over a free's)
+// needs no dict of them later.
+func (p *pickler) frames(fs []trace.Frame) {
+	p.op(opEmptyList)
+	if len(fs) == 0 {
+		return
+	}
+	p.op(opMark)
+	for _, f := range fs {
+		p.op(opEmptyDict, opMark)
+		p.str("name")
+		p.str(f.Name)
+		p.str("filename")
+		p.str(f.File)
+		p.str("line")
+		p.int(f.Line)
+		p.op(opSetItems)
+	}
+	p.op(opAppends)
+}
+
+// get fetches memo index idx.
+func (p *pickler) get(idx uint32) {
+	if idx < 256 {
+		p.op(opBinGet, byte(idx))
+		return
+	}
+	binary.LittleEndian.PutUint32(p.buf[:4], idx)
+	p.op(opLongBinGet)
+	p.bytes(p.buf[:4])
+}
+
 func (p *pickler) op(ops ...byte) {
 	if p.err != nil {
 		return
@@ -343,13 +393,7 @@ func (p *pickler) bytes(b []byte) {
 
 func (p *pickler) str(s string) {
 	if idx, ok := p.memo[s]; ok {
-		if idx < 256 {
-			p.op(opBinGet, byte(idx))
-			return
-		}
-		binary.LittleEndian.PutUint32(p.buf[:4], idx)
-		p.op(opLongBinGet)
-		p.bytes(p.buf[:4])
+		p.get(idx)
 		return
 	}
 	if len(s) < 256 {

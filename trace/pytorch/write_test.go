@@ -18,7 +18,7 @@ import (
 // tinyEntries are tinyEvents as snapshot entries.
 var tinyEntries = []TraceEntry{
 	{Action: "segment_alloc", Addr: seg, Size: 2 << 20, TimeUS: t0 / 1000},
-	{Action: "alloc", Addr: seg, Size: 1000, TimeUS: t0/1000 + 1},
+	{Action: "alloc", Addr: seg, Size: 1000, TimeUS: t0/1000 + 1, Frames: []trace.Frame{{Name: "forward", File: "model.py", Line: 42}}},
 	{Action: "alloc", Addr: 1<<63 + 0x200, Size: 512, Stream: 7, TimeUS: t0/1000 + 2},
 	{Action: "free_requested", Addr: seg, Size: 1000, TimeUS: t0/1000 + 3},
 	{Action: "free_completed", Addr: seg, Size: 1000, TimeUS: t0/1000 + 4},

@@ -46,6 +46,10 @@ type File struct {
 	opts   Options
 }
 
+// Stacks returns the stack table of the trace's mallocs (trace.StackSource),
+// nil when its format or file carries none.
+func (f *File) Stacks() *trace.Stacks { return trace.StacksOf(f.Source) }
+
 // Next returns the trace's next event, io.EOF at its end. Any other error
 // is a *ReadError.
 func (f *File) Next() (trace.Event, error) {
@@ -214,14 +218,14 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 		return &completeSource{Source: src, lr: lr}, format, nil
 	case "text":
 		lr := trace.NewLineReader(br, path)
-		h, evs, err := trace.ParseText(path, lr)
+		h, evs, st, err := trace.ParseTextStacks(path, lr)
 		if err == nil {
 			err = lr.Complete()
 		}
 		if err != nil {
 			return nil, "", err
 		}
-		return trace.NewSliceSource(h, evs), format, nil
+		return trace.NewSliceSource(h, evs).WithStacks(st), format, nil
 	}
 	return nil, "", fmt.Errorf("unknown trace format %q (known: auto, %s)", format, strings.Join(Formats, ", "))
 }
@@ -367,6 +371,7 @@ func WriteNative(w io.Writer, src trace.Source) (events uint64, err error) {
 	if err != nil {
 		return 0, err
 	}
+	tw.SetStacks(trace.StacksOf(src))
 	for {
 		ev, err := src.Next()
 		if err == io.EOF {
