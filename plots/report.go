@@ -510,13 +510,53 @@ func buildPage(r *Report) (page, error) {
 	return pg, nil
 }
 
-// sitesTable returns the table of the allocation sites live at each
-// policy's peak, nil while results do not carry them. It is the place for
-// the per-policy "sites at peak" list that sim.Result is to get from the
-// call-sites work: a row per site and policy (its bytes at the peak, its
-// share of the peak), drawn under the comparison table with the page's
-// other tables (sortable; bars as comparisonTable makes them).
-func sitesTable(*reportGroup) *fitTable { return nil }
+// sitesTable returns the table of the allocation sites at each policy's
+// peak (sim.Result.Sites, replay sim --sites), nil when no result of g
+// carries them: a row per policy and site with its live bytes and count,
+// its share of the reserved bytes the policy did not use, and a bar of
+// both against the largest peak of the table, in the policy's colour.
+func sitesTable(g *reportGroup) *fitTable {
+	rs := g.sim()
+	labels, looks := policyLabels(rs), resultLooks(rs)
+	var top uint64
+	for _, r := range rs {
+		if r.Sites != nil {
+			top = max(top, r.Sites.Reserved)
+		}
+	}
+	if top == 0 {
+		return nil
+	}
+	t := &fitTable{
+		Head: []string{"policy", "peak reserved MiB", "peak event", "site", "live MiB", "live allocations", "unused MiB", "live and unused"},
+		Bars: []legendItem{{"fill", "live bytes"}, {"light", "its share of the reserved bytes no live allocation uses"}},
+	}
+	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+	for i, r := range rs {
+		st := r.Sites
+		if st == nil {
+			continue
+		}
+		c := looks[i].Color
+		for _, site := range st.Sites {
+			t.Rows = append(t.Rows, row{Cells: []cell{
+				{Text: labels[i]},
+				{Text: MiBText(st.Reserved), Class: "num", Title: u(st.Reserved) + " bytes", Sort: u(st.Reserved)},
+				{Text: strconv.FormatInt(st.Event, 10), Class: "num", Sort: strconv.FormatInt(st.Event, 10)},
+				{Text: site.Site, Class: "set"},
+				{Text: MiBText(site.LiveBytes), Class: "num", Title: u(site.LiveBytes) + " bytes", Sort: u(site.LiveBytes)},
+				{Text: strconv.FormatInt(site.Count, 10), Class: "num", Sort: strconv.FormatInt(site.Count, 10)},
+				{Text: MiBText(site.UnusedBytes), Class: "num", Title: u(site.UnusedBytes) + " bytes", Sort: u(site.UnusedBytes)},
+				{Class: "barcell", Sort: u(site.LiveBytes + site.UnusedBytes), Title: fmt.Sprintf("%s MiB live, %s MiB unused", MiBText(site.LiveBytes), MiBText(site.UnusedBytes)), Bar: []barPart{
+					{Class: "light", Style: barStyle(site.LiveBytes+site.UnusedBytes, top, c, 0.6)},
+					{Class: "fill", Style: barStyle(site.LiveBytes, top, c, 0)},
+				}},
+			}})
+		}
+	}
+	t.Notes = []string{"A site is the innermost frame of user code of the malloc (file:line:function; --site-depth gives callers), or the call site record run wrote; a segment's unused bytes go to the sites of its live allocations in proportion to their bytes (see the README)."}
+	return t
+}
 
 // num is v as a cell's sort value.
 func num(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }

@@ -647,3 +647,44 @@ func ExampleFit() {
 	// smallest capacity without OOM: train_gpt.pickle.gz
 	// capacity (GiB)
 }
+
+// TestReportSites: a result with its sites at the peak gets a row per site
+// in the sites table, with the site's bytes; without sites there is no
+// table.
+func TestReportSites(t *testing.T) {
+	rs := trainingResults()
+	page := func(rs []sim.Result) string {
+		rep := &plots.Report{}
+		for _, r := range rs {
+			rep.Results = append(rep.Results, plots.ReportResult{Result: r})
+		}
+		var buf bytes.Buffer
+		if err := plots.WriteReport(&buf, rep); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	if p := page(rs); strings.Contains(p, "Allocation sites at the peak") {
+		t.Errorf("a sites table without sites")
+	}
+	rs[0].Sites = &sim.SitesAtPeak{Event: 7, Reserved: 3 << 20, Depth: 1, Sites: []sim.SiteBytes{
+		{Site: "a.py:3:f", LiveBytes: 2 << 20, Count: 2, UnusedBytes: 512 << 10},
+		{Site: "(no stack)", LiveBytes: 512 << 10, Count: 1},
+	}}
+	p := page(rs)
+	pg := checkWellFormed(t, p)
+	var sites *parsedTable
+	for k := range pg.tables {
+		if strings.Contains(pg.tables[k].class, "sites") {
+			sites = &pg.tables[k]
+		}
+	}
+	if sites == nil || sites.heads != 8 || sites.sortable != 8 {
+		t.Fatalf("sites table %+v", sites)
+	}
+	for _, s := range []string{">a.py:3:f<", `title="2097152 bytes"`, `title="524288 bytes"`, ">(no stack)<"} {
+		if !strings.Contains(p, s) {
+			t.Errorf("the sites table lacks %s", s)
+		}
+	}
+}
