@@ -3,12 +3,15 @@ package main
 import (
 	"errors"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 
@@ -17,13 +20,15 @@ import (
 	"github.com/gpualloc/allocsim/sim/fit"
 	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/sim/tune"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 const tuneUsage = `usage: replay tune [--capacity SIZE | --card SIZE] [--grid KEY=v1,v2,...]... [--top N]
-                   [-j N] [--json FILE] TRACE...
+                   [-j N] [--json FILE] [--shard i/n|auto] TRACE...
+       replay tune [--grid KEY=v1,v2,...]... [--top N] --from-results FILE...
 
 Searches PyTorch's caching allocator settings (PYTORCH_CUDA_ALLOC_CONF) for
 each trace: every setting string of a grid (by default max_split_size_mb,
@@ -41,6 +46,15 @@ context; without either, a record run trace's card is used. The per-rank
 traces of a job (job.rank0.trace ...: see replay sim) get one setting for
 every rank, ranked by the largest rank's peak reserved bytes and the
 ranks' OOMs, device calls and allocator time together.
+
+Across a scheduler, --shard i/n replays every n-th setting string from
+the i-th (and the recorded setting) and writes their results to the --json
+FILE with .shard-i-of-n before its extension; --shard auto takes i and n
+from a Slurm array task (the default in one) or, as auto/N, i from a
+Kubernetes Indexed Job, as replay sweep does. A task run again writes the
+same file. --from-results ranks the candidates of those files together, as
+one run would: every setting string of the grid (give the same --grid) must
+be there once per trace, else it names the missing or repeated one.
 
 What the search can miss: values between the grid's points, other keys,
 and a program that would have run differently (one that caught an OOM and
@@ -62,6 +76,8 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	top := fs.Int("top", 10, "candidates listed per trace")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "replays at a time")
 	jsonOut := fs.String("json", "", "write every candidate's result to `FILE` (- for stdout), its setting as set:conf")
+	shard := fs.String("shard", "", "replay only shard `i/n` of the setting strings (0 <= i < n) into the --json FILE with .shard-i-of-n before its extension; auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX")
+	fromResults := fs.Bool("from-results", false, "the arguments are the --json files of tune --shard runs: rank their candidates together")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
@@ -80,6 +96,35 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	}
 	if *jobs < 1 {
 		return cli.UsageError{Err: fmt.Errorf("-j %d: want at least 1", *jobs)}
+	}
+	shardI, shardN := 0, 1
+	if !*fromResults {
+		if auto, count, ok := autoShard(*shard, fs.Changed("shard")); ok {
+			if count < 0 {
+				return cli.UsageError{Err: fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", auto)}
+			}
+			i, n, found, err := sweep.SchedulerShard(os.Getenv, count, 0)
+			switch {
+			case err != nil:
+				return cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
+			case !found:
+				return cli.UsageError{Err: fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", auto)}
+			}
+			shardI, shardN = i, n
+		} else if *shard != "" {
+			var err error
+			if shardI, shardN, err = sweep.ParseShard(*shard); err != nil {
+				return cli.UsageError{Err: fmt.Errorf("--shard %w", err)}
+			}
+		}
+	} else if *shard != "" {
+		return cli.UsageError{Err: fmt.Errorf("tune: --shard and --from-results are exclusive")}
+	}
+	if shardN > 1 {
+		if *jsonOut == "" || *jsonOut == "-" {
+			return cli.UsageError{Err: fmt.Errorf("tune --shard %d/%d: give the results file with --json FILE", shardI, shardN)}
+		}
+		*jsonOut = shardFile(*jsonOut, shardI, shardN)
 	}
 	// As recorded: the candidates replace the recorded settings, and the
 	// replay follows the program's own actions (empty_cache, late frees),
@@ -128,6 +173,18 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	if err := checkOutputs(fs.Args(), "json", *jsonOut); err != nil {
 		return err
 	}
+	if *fromResults {
+		return tuneFromResults(stdout, stderr, fs.Args(), confs, *top)
+	}
+	mine := confs
+	if shardN > 1 {
+		mine = nil
+		for k, c := range confs {
+			if k%shardN == shardI {
+				mine = append(mine, c)
+			}
+		}
+	}
 	var all []*sim.Result
 	// The per-rank traces of a job: each rank's candidates in the order
 	// of confs, and its recorded replay, by job.
@@ -157,12 +214,21 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("%s: %w", path, err)
 		}
 		recorded := rs[0]
-		cs, err := tune.Run(h, evs, cfg, confs, *jobs)
+		cs, err := tune.Run(h, evs, cfg, mine, *jobs)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
+		if shardN > 1 {
+			// Each shard carries the recorded setting's replay, for the
+			// ranking of --from-results.
+			all = append(all, recordedResult(recorded, recordedConf(h)))
+		}
 		for _, c := range cs {
 			all = append(all, c.Result)
+		}
+		if shardN > 1 {
+			fmt.Fprintf(stdout, "%s: shard %d/%d: %d of %d settings tried; rank every shard's with replay tune --from-results\n", path, shardI, shardN, len(cs), len(confs))
+			continue
 		}
 		if name, rank, ok := job.Rank(path); ok {
 			if jobRuns[name] == nil {
@@ -175,7 +241,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		// of a capacity...) apply to every candidate.
 		writeWarnings(stderr, []*sim.Result{recorded})
 		if *jsonOut != "-" {
-			writeTune(stdout, path, h, recorded, cs, *top)
+			writeTune(stdout, path, recordedConf(h), recorded, cs, *top)
 		}
 	}
 	for _, name := range jobOrder {
@@ -207,9 +273,10 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	return nil
 }
 
-// writeTune prints a trace's ranked candidates, the recorded setting's
-// figures and the recommendation.
-func writeTune(w io.Writer, path string, h trace.Header, recorded *sim.Result, cs []tune.Candidate, top int) {
+// writeTune prints a trace's ranked candidates, the recorded setting
+// (recConf, as recordedConf says it) and its figures, and the
+// recommendation.
+func writeTune(w io.Writer, path, recConf string, recorded *sim.Result, cs []tune.Candidate, top int) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "%s\trank\tPYTORCH_CUDA_ALLOC_CONF\treserved MiB\tdevice calls\talloc ms\tOOMs\tfront\n", results.TraceName(path))
 	row := func(rank, conf string, r *sim.Result, front bool) {
@@ -219,7 +286,6 @@ func writeTune(w io.Writer, path string, h trace.Header, recorded *sim.Result, c
 		}
 		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d\t%.1f\t%d\t%s\n", rank, conf, mib(r.PeakReserved), tune.Calls(r), float64(r.SimAllocTimeNS)/1e6, r.OOMs, mark)
 	}
-	recConf := recordedConf(h)
 	row("recorded", recConf, recorded, false)
 	for k := range cs[:min(top, len(cs))] {
 		row(fmt.Sprint(k+1), tune.Describe(cs[k].Conf), cs[k].Result, cs[k].Front)
@@ -238,4 +304,98 @@ func recordedConf(h trace.Header) string {
 		return tune.Describe(c)
 	}
 	return "(as recorded)"
+}
+
+// shardFile is the results file of shard i of n: path with
+// .shard-i-of-n before its extension.
+func shardFile(path string, i, n int) string {
+	ext := filepath.Ext(path)
+	return strings.TrimSuffix(path, ext) + fmt.Sprintf(".shard-%d-of-%d", i, n) + ext
+}
+
+// Settings keys of the recorded setting's replay in a shard's results.
+const (
+	tuneRecordedKey     = "tune"     // "recorded"
+	tuneRecordedConfKey = "recorded" // the recorded setting string, as recordedConf says it
+)
+
+// recordedResult is the recorded setting's replay as a shard's results
+// file holds it: its settings say so and name the recorded setting.
+func recordedResult(r *sim.Result, conf string) *sim.Result {
+	c := *r
+	c.Settings = map[string]string{tuneRecordedKey: "recorded", tuneRecordedConfKey: conf}
+	return &c
+}
+
+// tuneFromResults ranks the candidates of tune --shard results files
+// (paths) together: per trace, in the order of first appearance, every
+// setting string of confs exactly once and the recorded setting's replay
+// (the same in every shard), then the output of one tune run. It returns
+// an error naming the trace and the setting string missing or repeated.
+func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int) error {
+	type traceRuns struct {
+		byConf   map[string]*sim.Result
+		from     map[string]string // the file of each conf's result
+		recorded *sim.Result
+		recConf  string
+	}
+	runs := map[string]*traceRuns{}
+	var order []string
+	for _, path := range paths {
+		rs, err := results.ReadSim(path)
+		if err != nil {
+			return err
+		}
+		for _, r := range rs {
+			tr := runs[r.Trace]
+			if tr == nil {
+				tr = &traceRuns{byConf: map[string]*sim.Result{}, from: map[string]string{}}
+				runs[r.Trace] = tr
+				order = append(order, r.Trace)
+			}
+			if r.Settings[tuneRecordedKey] == "recorded" {
+				if tr.recorded != nil && (tr.recorded.PeakReserved != r.PeakReserved || tr.recorded.OOMs != r.OOMs || tune.Calls(tr.recorded) != tune.Calls(r)) {
+					return fmt.Errorf("%s: %s: the recorded setting's replay differs from another file's: not shards of one tune", path, r.Trace)
+				}
+				tr.recorded, tr.recConf = r, r.Settings[tuneRecordedConfKey]
+				continue
+			}
+			conf, ok := r.Settings["conf"]
+			if !ok {
+				return fmt.Errorf("%s: %s, policy %s: not a result of replay tune (no set:conf)", path, r.Trace, r.Policy)
+			}
+			if prev, dup := tr.from[conf]; dup {
+				return fmt.Errorf("%s: %s: setting %q is also in %s: a shard given twice", path, r.Trace, tune.Describe(conf), prev)
+			}
+			tr.byConf[conf], tr.from[conf] = r, path
+		}
+	}
+	if len(order) == 0 {
+		return fmt.Errorf("tune --from-results: no results in %s", strings.Join(paths, ", "))
+	}
+	for _, name := range order {
+		tr := runs[name]
+		if tr.recorded == nil {
+			return fmt.Errorf("%s: no recorded setting's replay in the results (not written by tune --shard)", name)
+		}
+		cs := make([]tune.Candidate, 0, len(confs))
+		for _, conf := range confs {
+			r, ok := tr.byConf[conf]
+			if !ok {
+				return fmt.Errorf("%s: setting %q of the grid is in none of the results: a shard missing (or another --grid)", name, tune.Describe(conf))
+			}
+			cs = append(cs, tune.Candidate{Conf: conf, Result: r})
+		}
+		if len(tr.byConf) != len(confs) {
+			for conf := range tr.byConf {
+				if !slices.Contains(confs, conf) {
+					return fmt.Errorf("%s: setting %q of %s is not of the grid (give the --grid of the shards)", name, tune.Describe(conf), tr.from[conf])
+				}
+			}
+		}
+		tune.Rank(cs)
+		writeWarnings(stderr, []*sim.Result{tr.recorded})
+		writeTune(stdout, name, tr.recConf, tr.recorded, cs, top)
+	}
+	return nil
 }

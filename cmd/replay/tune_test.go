@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -63,5 +64,58 @@ func TestTuneFlags(t *testing.T) {
 	_, stderr, err := runCmd(t, "tune", "--top", "1", splitFragOOM)
 	if err != nil || !strings.HasPrefix(stderr, splitFragOOM+": warning: the recording has 1 failed malloc(s)") {
 		t.Errorf("warnings: %v\n%s", err, stderr)
+	}
+}
+
+// TestTuneShards: three shards of a 12-string grid, ranked together with
+// --from-results, print what one unsharded run prints; a missing shard or
+// one given twice is refused, naming the setting; a Slurm array task's
+// shard (--shard auto) writes the same file as --shard 1/3.
+func TestTuneShards(t *testing.T) {
+	churn := "../../testdata/pytorch/churn.pickle.gz"
+	dir := t.TempDir()
+	grid := []string{"--grid", "max_split_size_mb=,64,256", "--grid", "roundup_power2_divisions=,4", "--grid", "garbage_collection_threshold="}
+	whole, _, err := runCmd(t, append(append([]string{"tune"}, grid...), churn)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := filepath.Join(dir, "tune.json")
+	var files []string
+	for i := range 3 {
+		out, _, err := runCmd(t, append(append([]string{"tune"}, grid...), "--shard", strconv.Itoa(i)+"/3", "--json", js, churn)...)
+		if err != nil || !strings.Contains(out, "4 of 12 settings tried") {
+			t.Fatalf("shard %d: %v\n%s", i, err, out)
+		}
+		files = append(files, filepath.Join(dir, "tune.shard-"+strconv.Itoa(i)+"-of-3.json"))
+	}
+	if rs := readResults(t, files[1]); len(rs) != 5 { // 4 candidates and the recorded setting
+		t.Errorf("shard 1: %d results, want 5", len(rs))
+	}
+	merged, _, err := runCmd(t, append(append(append([]string{"tune"}, grid...), "--from-results"), files...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if merged != whole || !strings.Contains(merged, "12 settings tried; recommended") {
+		t.Errorf("the shards ranked together:\n%s\nwant, as one run:\n%s", merged, whole)
+	}
+	_, _, err = runCmd(t, append(append(append([]string{"tune"}, grid...), "--from-results"), files[0], files[1])...)
+	if err == nil || !strings.Contains(err.Error(), `setting "roundup_power2_divisions:4" of the grid is in none of the results: a shard missing`) {
+		t.Errorf("a missing shard: %v", err)
+	}
+	_, _, err = runCmd(t, append(append(append([]string{"tune"}, grid...), "--from-results"), files[0], files[1], files[2], files[1])...)
+	if err == nil || !strings.Contains(err.Error(), "a shard given twice") {
+		t.Errorf("a shard twice: %v", err)
+	}
+	t.Setenv("SLURM_ARRAY_TASK_ID", "1")
+	t.Setenv("SLURM_ARRAY_TASK_MIN", "0")
+	t.Setenv("SLURM_ARRAY_TASK_MAX", "2")
+	auto := filepath.Join(dir, "auto.json")
+	if _, _, err := runCmd(t, append(append([]string{"tune"}, grid...), "--json", auto, churn)...); err != nil {
+		t.Fatal(err)
+	}
+	a, errA := os.ReadFile(filepath.Join(dir, "auto.shard-1-of-3.json"))
+	b, errB := os.ReadFile(files[1])
+	if errA != nil || errB != nil || string(a) != string(b) {
+		t.Errorf("the Slurm array task's shard differs from --shard 1/3")
 	}
 }
