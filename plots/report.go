@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -449,6 +450,7 @@ func buildPage(r *Report) (page, error) {
 		s := section{ID: g.id, Name: g.name(), Trace: g.trace}
 		if len(g.results) > 0 {
 			s.Facts, s.Notes = traceFacts(g)
+			s.Notes = append(s.Notes, resultWarnings(g.sim())...)
 			s.Head, s.Rows, s.Bars = comparisonTable(g)
 			s.Sites = sitesTable(g)
 			rs := g.sim()
@@ -821,7 +823,7 @@ func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
 			{Text: ratio, Class: "num", Sort: ratioSort},
 			{Text: MiBText(r.PeakAllocated), Class: "num", Title: u(r.PeakAllocated) + " bytes", Sort: u(r.PeakAllocated)},
 			{Class: "barcell", Title: title, Sort: u(r.PeakReserved), Bar: bar},
-			{Text: strconv.FormatFloat(100*r.PeakFragmentation, 'f', 1, 64) + "%", Class: "num", Sort: num(r.PeakFragmentation)},
+			fragCell(r.Result),
 			{Text: strconv.FormatFloat(100*r.IdleAtPeak, 'f', 1, 64) + "%", Class: "num", Sort: num(r.IdleAtPeak)},
 			{Text: i64(r.DeviceAllocs), Class: "num", Sort: i64(r.DeviceAllocs)},
 			{Text: i64(r.DeviceFrees), Class: "num", Sort: i64(r.DeviceFrees)},
@@ -1128,3 +1130,33 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 </body>
 </html>
 `))
+
+// fragCell is a result's peak fragmentation in a table: its percentage, its
+// bytes in the title, or "-" for a version 1 result that did not measure it.
+func fragCell(r sim.Result) cell {
+	if r.FragmentationUnknown {
+		return cell{Text: "-", Class: "num", Title: "not measured: a results file of version 1"}
+	}
+	return cell{Text: strconv.FormatFloat(100*r.PeakFragmentation, 'f', 1, 64) + "%", Class: "num",
+		Title: strconv.FormatUint(r.PeakFragmentedBytes, 10) + " bytes fragmented at most", Sort: num(r.PeakFragmentation)}
+}
+
+// resultWarnings returns the warnings of results (sim.Result.Warnings), a
+// line each, naming the policies a warning came with.
+func resultWarnings(rs []sim.Result) []string {
+	var order []string
+	who := map[string][]string{}
+	for _, r := range rs {
+		for _, w := range r.Warnings {
+			if who[w] == nil {
+				order = append(order, w)
+			}
+			who[w] = append(who[w], r.Policy)
+		}
+	}
+	out := make([]string, len(order))
+	for k, w := range order {
+		out[k] = "Warning (" + strings.Join(slices.Compact(who[w]), ", ") + "): " + w
+	}
+	return out
+}

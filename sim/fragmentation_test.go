@@ -15,11 +15,15 @@ import (
 //	1 malloc b 512 KiB    served from the free MiB at 1 MiB; allocated 1.5
 //	2 free a              free: 1 MiB at 0 and 512 KiB at 1.5 MiB
 //	3 malloc c 1.25 MiB   1.5 MiB free, no block of 1.25: a new segment;
-//	                      fragmentation 1.5 / 2 = 0.75; reserved 4 (the peak),
-//	                      allocated 1.75: idle 1 - 1.75/4 = 0.5625
-//	4 free b, 5 free c    nothing allocated, 4 MiB reserved: idle 1, and
-//	                      no malloc that free memory failed: fragmentation 0
+//	                      1.5 MiB fragmented, 1.5 / 2 = 0.75 of the reserved
+//	                      bytes before it; reserved 4 (the peak), allocated
+//	                      1.75: idle 1 - 1.75/4 = 0.5625
+//	4 free b, 5 free c    at the peak still, idle 0.6875 then 1: the idle
+//	                      share at the peak is its least, 0.5625; no malloc
+//	                      that free memory failed: fragmentation 0
 //
+// The run's fragmentation is its most fragmented bytes over its peak
+// reserved bytes, 1.5 / 4 = 0.375, that malloc's too, as it set the peak.
 // cuda holds no free memory: its fragmentation and idle share are 0.
 func TestFragmentation(t *testing.T) {
 	text := "malloc id=1 size=1MiB\nmalloc id=2 size=512KiB\nfree id=1\nmalloc id=3 size=1310720\nfree id=2\nfree id=3\n"
@@ -32,9 +36,9 @@ func TestFragmentation(t *testing.T) {
 		t.Fatal(err)
 	}
 	bf, cuda := rs[0], rs[1]
-	if bf.PeakReserved != 4<<20 || bf.PeakFragmentation != 0.75 || bf.FragmentationAtPeak != 0.75 || bf.IdleAtPeak != 0.5625 {
-		t.Errorf("best-fit: peak reserved %d, peak fragmentation %v, at peak %v, idle at peak %v; want 4194304, 0.75, 0.75, 0.5625",
-			bf.PeakReserved, bf.PeakFragmentation, bf.FragmentationAtPeak, bf.IdleAtPeak)
+	if bf.PeakReserved != 4<<20 || bf.PeakFragmentedBytes != 1536<<10 || bf.PeakFragmentation != 0.375 || bf.FragmentationAtPeak != 0.375 || bf.IdleAtPeak != 0.5625 {
+		t.Errorf("best-fit: peak reserved %d, fragmented bytes %d, peak fragmentation %v, at peak %v, idle at peak %v; want 4194304, 1572864, 0.375, 0.375, 0.5625",
+			bf.PeakReserved, bf.PeakFragmentedBytes, bf.PeakFragmentation, bf.FragmentationAtPeak, bf.IdleAtPeak)
 	}
 	var frag, idle []float64
 	for _, pt := range bf.Series {
@@ -96,8 +100,8 @@ func TestFailedMallocInSeries(t *testing.T) {
 //	                   (fragmentation 0)
 //	3 free the first   free: 1 MiB at 0, 512 KiB at 1.5, 1 MiB at 3: 2.5 MiB
 //	4 malloc 3 MiB     a 4 MiB segment does not fit the cap, no segment is wholly
-//	                   free: OOM; 2.5 free + 1 under the cap >= 3:
-//	                   fragmentation 2.5 / 4 = 0.625
+//	                   free: OOM; 2.5 free + 1 under the cap >= 3: 2.5 MiB
+//	                   fragmented, 2.5 / 4 = 0.625 of the peak reserved bytes
 func TestFragmentationOOM(t *testing.T) {
 	text := "malloc id=1 size=1MiB\nmalloc id=2 size=512KiB\nmalloc id=3 size=1MiB\nfree id=1\nmalloc id=4 size=3MiB\n"
 	h, evs, err := trace.ParseText("oom.txt", strings.NewReader(text))

@@ -598,8 +598,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {
 		r.res.PeakReserved = reserved
 		r.res.PeakReservedEvent = i
-		r.res.FragmentationAtPeak = r.series.evFrag
-		r.res.IdleAtPeak = idle(r.allocated, reserved)
+		r.series.atNewPeak(&r.res, r.allocated)
 	}
 	if r.dev != nil {
 		r.res.PeakFootprint = max(r.res.PeakFootprint, r.dev.Footprint())
@@ -783,7 +782,7 @@ func (r *Replay) fragmented(size, reserved uint64, allocs int64, failed bool) {
 			return // served from its free memory
 		}
 	}
-	r.series.Fragmented(float64(reserved-r.allocated) / float64(reserved))
+	r.series.Fragmented(reserved-r.allocated, reserved)
 }
 
 // SetPoolNames gives the replay the names of the trace's private pools,
@@ -1148,8 +1147,11 @@ type SeriesBuilder struct {
 	pts    []Point
 	width  int64 // events per point; 0 means 1
 	cur    Point
-	n      int64   // events in cur
-	evFrag float64 // the fragmentation of the event being folded in
+	n      int64 // events in cur
+	// evFrag is the fragmented bytes of the event being folded in,
+	// peakFrag the most of any event, atPeak those of the event that took
+	// the reserved bytes to their peak.
+	evFrag, peakFrag, atPeak uint64
 }
 
 // Add folds event i, at time t (ns), with its requested, allocated and
@@ -1178,12 +1180,21 @@ func (s *SeriesBuilder) Instant(req, alloc, res uint64) {
 	s.cur.Reserved = max(s.cur.Reserved, res)
 }
 
-// Fragmented folds the fragmentation f (0..1, Result.PeakFragmentation's
-// definition) of the event that the next Observe folds in into the
-// current point.
-func (s *SeriesBuilder) Fragmented(f float64) {
-	s.evFrag = f
-	s.cur.Fragmentation = max(s.cur.Fragmentation, f)
+// Fragmented folds into the current point the fragmentation of the event
+// that the next Observe folds in: its fragmented bytes (the free reserved
+// bytes that could not serve a malloc, Result.PeakFragmentation's
+// definition), of the reserved bytes before the malloc.
+func (s *SeriesBuilder) Fragmented(bytes, reserved uint64) {
+	s.evFrag = bytes
+	s.peakFrag = max(s.peakFrag, bytes)
+	s.cur.Fragmentation = max(s.cur.Fragmentation, float64(bytes)/float64(reserved))
+}
+
+// atNewPeak notes that the event being folded in took the reserved bytes
+// to a new peak (which res holds), with alloc bytes allocated.
+func (s *SeriesBuilder) atNewPeak(res *Result, alloc uint64) {
+	s.atPeak = s.evFrag
+	res.IdleAtPeak = idle(alloc, res.PeakReserved)
 }
 
 // Open reports whether the current point holds events not yet closed.
@@ -1217,17 +1228,21 @@ func (s *SeriesBuilder) Points() []Point { return s.pts }
 
 // Observe folds event i, at time t (ns), with the live requested,
 // allocated and reserved bytes after it, into the series and into res's
-// peak reserved bytes and the fragmentation and idle share at that peak
-// (the event's fragmentation is that given to Fragmented since the last
-// Observe, else 0). A point that fills is closed with the idle share at
+// peak reserved bytes, the idle share at that peak (its least while the
+// reserved bytes are at their peak) and the fragmented bytes of the event
+// that reached it (those given to Fragmented since the last Observe, else
+// 0). A point that fills is closed with the idle share at
 // the event and the external fragmentation of policy p's free space (0 if
 // p does not report it).
 func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req, alloc, reserved uint64) {
-	if reserved > res.PeakReserved {
+	switch {
+	case reserved > res.PeakReserved:
 		res.PeakReserved = reserved
 		res.PeakReservedEvent = i
-		res.FragmentationAtPeak = s.evFrag
-		res.IdleAtPeak = idle(alloc, reserved)
+		s.atNewPeak(res, alloc)
+	case reserved == res.PeakReserved && reserved > 0:
+		// At the peak still: the idle share at its least.
+		res.IdleAtPeak = min(res.IdleAtPeak, idle(alloc, reserved))
 	}
 	s.evFrag = 0
 	if s.Add(i, t, req, alloc, reserved) {
@@ -1236,14 +1251,17 @@ func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req,
 }
 
 // Finish closes the open point, if any, as Observe does, and sets res's
-// series and peak fragmentation.
+// series, its most fragmented bytes and, over its peak reserved bytes, its
+// peak fragmentation and the fragmentation at that peak.
 func (s *SeriesBuilder) Finish(res *Result, p policies.Policy, alloc, reserved uint64) {
 	if s.Open() {
 		s.closeAt(p, alloc, reserved)
 	}
 	res.Series = s.Points()
-	for _, pt := range res.Series {
-		res.PeakFragmentation = max(res.PeakFragmentation, pt.Fragmentation)
+	res.PeakFragmentedBytes = s.peakFrag
+	if res.PeakReserved > 0 {
+		res.PeakFragmentation = float64(s.peakFrag) / float64(res.PeakReserved)
+		res.FragmentationAtPeak = float64(s.atPeak) / float64(res.PeakReserved)
 	}
 }
 

@@ -46,23 +46,33 @@ type Result struct {
 	// the hard lower bound). It is 0 when the offline policy was not
 	// replayed with this result.
 	PeakOffline uint64 `json:"offline_peak_reserved_bytes,omitempty"`
-	// PeakFragmentation is the largest fragmentation of the run (0..1):
-	// at a malloc of the policy that had to allocate from the device
-	// although its free reserved bytes, reserved - allocated, were at least
-	// the request, or that ran out of memory although they and the
-	// capacity not reserved were, those free bytes over the reserved bytes
-	// before the malloc. That much memory was held and idle but could not
-	// serve the request that followed. 0 where no malloc grew or failed
-	// past free memory that added up to the request.
+	// PeakFragmentedBytes is the most fragmented bytes of the run: at a
+	// malloc of the policy that had to allocate from the device although
+	// its free reserved bytes, reserved - allocated, were at least the
+	// request, or that ran out of memory although they and the capacity not
+	// reserved were, those free bytes. That much memory was held and idle
+	// but could not serve the request that followed. 0 where no malloc
+	// grew or failed past free memory that added up to the request.
+	PeakFragmentedBytes uint64 `json:"peak_fragmented_bytes"`
+	// PeakFragmentation is PeakFragmentedBytes over PeakReserved (0..1):
+	// the run's fragmentation as a share of the memory it took at most (so
+	// that a few MiB that a policy could not use while it warmed up do not
+	// read as 100%).
 	PeakFragmentation float64 `json:"peak_fragmentation"`
-	// FragmentationAtPeak is the fragmentation (as PeakFragmentation's) of
-	// the malloc that took the reserved bytes to their peak, 0 if its
+	// FragmentationAtPeak is the fragmented bytes of the malloc that took
+	// the reserved bytes to their peak, over PeakReserved: 0 if its
 	// policy's free bytes were fewer than the request (0..1).
 	FragmentationAtPeak float64 `json:"fragmentation_at_peak"`
-	// IdleAtPeak is the cached but idle share of the reserved bytes at
-	// their peak: 1 - allocated/reserved (0..1). It counts free memory
-	// whether or not the requests after could use it.
+	// IdleAtPeak is the cached but idle share of the reserved bytes while
+	// they are at their peak, at its least: 1 - allocated/reserved with
+	// the most bytes allocated while the reserved bytes held their peak
+	// (0..1). It counts free memory whether or not the requests after
+	// could use it.
 	IdleAtPeak float64 `json:"idle_at_peak"`
+	// FragmentationUnknown marks a result read from a results file of
+	// version 1, which did not measure fragmentation as it is defined now:
+	// its fragmentation figures are 0 and mean nothing.
+	FragmentationUnknown bool `json:"fragmentation_unknown,omitempty"`
 
 	// DeviceAllocs and DeviceFrees count device segment allocations and
 	// frees (cudaMalloc / cudaFree calls).
@@ -177,9 +187,10 @@ type Point struct {
 	// card's memory the device's segments take as the driver takes them
 	// (Result.PeakFootprint's); 0 on a real GPU.
 	Footprint uint64 `json:"footprint,omitempty"`
-	// Fragmentation is the largest fragmentation of a malloc of the run
-	// (Result.PeakFragmentation's definition), 0 if none grew past free
-	// memory that added up to its request.
+	// Fragmentation is the largest fragmentation of a malloc of the run:
+	// its fragmented bytes (Result.PeakFragmentedBytes' definition) over
+	// the reserved bytes before it; 0 if none grew past free memory that
+	// added up to its request.
 	Fragmentation float64 `json:"fragmentation"`
 	// Idle is 1 - allocated/reserved at the run's last event: the cached
 	// but idle share of the reserved bytes, 0 when nothing is reserved.

@@ -51,6 +51,5 @@ func (r *Replay) historyBegins() {
 	if r.dev != nil {
 		r.res.PeakFootprint = r.dev.Footprint()
 	}
-	r.res.FragmentationAtPeak = 0
 	r.res.IdleAtPeak = idle(r.allocated, reserved)
 }

@@ -39,9 +39,11 @@ var columns = []column{
 	{"peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakReserved) }},
 	{"peak_footprint_bytes", func(r *sim.Result) string { return u(r.PeakFootprint) }},
 	{"offline_peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakOffline) }},
-	{"peak_fragmentation", func(r *sim.Result) string { return f(r.PeakFragmentation) }},
-	{"fragmentation_at_peak", func(r *sim.Result) string { return f(r.FragmentationAtPeak) }},
+	{"peak_fragmented_bytes", func(r *sim.Result) string { return unknownIf(r.FragmentationUnknown, u(r.PeakFragmentedBytes)) }},
+	{"peak_fragmentation", func(r *sim.Result) string { return unknownIf(r.FragmentationUnknown, f(r.PeakFragmentation)) }},
+	{"fragmentation_at_peak", func(r *sim.Result) string { return unknownIf(r.FragmentationUnknown, f(r.FragmentationAtPeak)) }},
 	{"idle_at_peak", func(r *sim.Result) string { return f(r.IdleAtPeak) }},
+	{"fragmentation_unknown", func(r *sim.Result) string { return strconv.FormatBool(r.FragmentationUnknown) }},
 	{"device_allocs", func(r *sim.Result) string { return i(r.DeviceAllocs) }},
 	{"device_frees", func(r *sim.Result) string { return i(r.DeviceFrees) }},
 	{"alloc_retries", func(r *sim.Result) string { return i(r.AllocRetries) }},
@@ -225,4 +227,13 @@ func gpuColumnNames() []string {
 		names[k] = c.name
 	}
 	return names
+}
+
+// unknownIf returns v, or "" (unknown) when unknown is set: a version 1
+// result's fragmentation (sim.Result.FragmentationUnknown).
+func unknownIf(unknown bool, v string) string {
+	if unknown {
+		return ""
+	}
+	return v
 }

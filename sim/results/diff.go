@@ -2,6 +2,7 @@ package results
 
 import (
 	"io"
+	"strings"
 
 	"github.com/gpualloc/allocsim/sim"
 )
@@ -38,6 +39,7 @@ func NewDiff(a, b *sim.Result) *Diff {
 		{"peak allocated", "bytes", func(r *sim.Result) float64 { return float64(r.PeakAllocated) }},
 		{"peak reserved", "bytes", func(r *sim.Result) float64 { return float64(r.PeakReserved) }},
 		{"peak footprint", "bytes", func(r *sim.Result) float64 { return float64(r.PeakFootprint) }},
+		{"peak fragmented bytes", "bytes", func(r *sim.Result) float64 { return float64(r.PeakFragmentedBytes) }},
 		{"peak fragmentation", "fraction", func(r *sim.Result) float64 { return r.PeakFragmentation }},
 		{"fragmentation at peak", "fraction", func(r *sim.Result) float64 { return r.FragmentationAtPeak }},
 		{"idle at peak", "fraction", func(r *sim.Result) float64 { return r.IdleAtPeak }},
@@ -48,14 +50,19 @@ func NewDiff(a, b *sim.Result) *Diff {
 		{"simulated alloc time", "ns", func(r *sim.Result) float64 { return float64(r.SimAllocTimeNS) }},
 		{"mallocs", "count", func(r *sim.Result) float64 { return float64(r.Mallocs) }},
 	}
-	d := &Diff{A: *a, B: *b, Figures: make([]DiffFigure, len(figures))}
-	for k, f := range figures {
+	d := &Diff{A: *a, B: *b}
+	unknown := a.FragmentationUnknown || b.FragmentationUnknown
+	for _, f := range figures {
+		if unknown && strings.Contains(f.name, "fragment") {
+			continue // a version 1 result's: not measured
+		}
 		x, y := f.of(a), f.of(b)
-		d.Figures[k] = DiffFigure{Figure: f.name, Unit: f.unit, A: x, B: y, Delta: y - x}
+		fig := DiffFigure{Figure: f.name, Unit: f.unit, A: x, B: y, Delta: y - x}
 		if x != 0 {
 			q := y / x
-			d.Figures[k].Ratio = &q
+			fig.Ratio = &q
 		}
+		d.Figures = append(d.Figures, fig)
 	}
 	return d
 }

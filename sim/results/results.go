@@ -77,6 +77,7 @@ const Version = 2
 // says in its warnings that its fragmentation is unknown.
 func upgradeV1(r *sim.Result) {
 	r.IdleAtPeak, r.FragmentationAtPeak, r.PeakFragmentation = r.FragmentationAtPeak, 0, 0
+	r.FragmentationUnknown = true
 	for k := range r.Series {
 		r.Series[k].Idle, r.Series[k].Fragmentation = r.Series[k].Fragmentation, 0
 	}
