@@ -364,15 +364,11 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 	labels, key := chartLabels(results)
 	looks := resultLooks(results)
 	var top, bound uint64
-	sameBound := true
 	ticks, anyOOM := false, false
 	for _, r := range results {
 		top = max(top, r.PeakReserved, r.PeakAllocated, r.PeakRequested, r.PeakFootprint)
 		ticks = ticks || r.PeakFootprint > r.PeakReserved
 		anyOOM = anyOOM || failed(r)
-		if r.PeakRequested != results[0].PeakRequested {
-			sameBound = false
-		}
 		bound = max(bound, r.PeakRequested)
 	}
 	u := ChooseUnit(top)
@@ -414,14 +410,10 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 	bars.fitLabels(slotWidth(len(results), Width, leg.width()))
 	p.Add(bars)
 
-	if sameBound {
-		p.Add(hline{Y: u.Of(bound), Style: boundStyle})
-	} else {
-		// Not one bound: draw each policy's across its own pair of bars.
-		for i, r := range results {
-			p.Add(segment{X0: float64(i) - 0.45, X1: float64(i) + 0.45, Y: u.Of(r.PeakRequested), Style: boundStyle})
-		}
-	}
+	// The trace's lower bound is the largest peak requested of its
+	// results (one that ran out of memory did not count the requests its
+	// failed mallocs would have held after): one line across every bar.
+	p.Add(hline{Y: u.Of(bound), Style: boundStyle})
 
 	for i, r := range results {
 		if r.PeakFootprint > r.PeakReserved {

@@ -185,15 +185,16 @@ func MemoryGrid(results []sim.Result) (*Grid, error) {
 				return nil, err
 			}
 			l.LineStyle = draw.LineStyle{Color: requestedFill, Width: vg.Points(0.5)}
+			l.StepStyle = plotter.PreStep
 			l.FillColor = requestedFill
 			p.Add(l)
 		}
 		allocated := looks[i].line(vg.Points(0.75))
 		allocated.Color = tint(looks[i].Color, 0.35)
-		if err := addCurve(p, seriesXYs(ax, r.Series, func(pt sim.Point) float64 { return u.Of(pt.Allocated) }), allocated); err != nil {
+		if err := addSteps(p, seriesXYs(ax, r.Series, func(pt sim.Point) float64 { return u.Of(pt.Allocated) }), allocated); err != nil {
 			return nil, err
 		}
-		if err := addCurve(p, seriesXYs(ax, r.Series, func(pt sim.Point) float64 { return u.Of(pt.Reserved) }), looks[i].line(vg.Points(1.5))); err != nil {
+		if err := addSteps(p, seriesXYs(ax, r.Series, func(pt sim.Point) float64 { return u.Of(pt.Reserved) }), looks[i].line(vg.Points(1.5))); err != nil {
 			return nil, err
 		}
 		if pt, ok := oomPoint(r); ok {

@@ -434,8 +434,8 @@ func TestMemoryShown(t *testing.T) {
 			t.Fatal(err)
 		}
 		s = svgText(t, p)
-		if !hasText(s, "rmm-arena") || !hasText(s, "bfc") || strings.Contains(s, ">pytorch") || !hasText(s, "first OOM") {
-			t.Errorf("%s of rmm-arena,bfc: want those two, the first OOM, no pytorch", p.Title.Text)
+		if !hasText(s, "rmm-arena — OOM ×16") || !hasText(s, "bfc") || strings.Contains(s, ">pytorch") || !hasText(s, "first OOM") {
+			t.Errorf("%s of rmm-arena,bfc: want those two, rmm-arena marked OOM in the key, the first OOM, no pytorch", p.Title.Text)
 		}
 		if _, err := build(rs, []string{"tlsf"}); err == nil || !strings.Contains(err.Error(), `"tlsf"`) {
 			t.Errorf("%s of tlsf = %v, want an error naming tlsf", p.Title.Text, err)

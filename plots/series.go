@@ -83,6 +83,18 @@ var (
 // addCurve adds xys to p drawn as a line in sty, or, for a single point, as
 // a dot of sty's colour (a line through one point would not show).
 func addCurve(p *plot.Plot, xys plotter.XYs, sty draw.LineStyle) error {
+	return addLine(p, xys, sty, plotter.NoStep)
+}
+
+// addSteps is addCurve for a series of points that each hold the largest
+// value of a run of events ending at its X (sim.Point): drawn as steps,
+// each value level from the point before to its own, so that an instant's
+// peak shows as a step at its run, not as a slope over the runs around it.
+func addSteps(p *plot.Plot, xys plotter.XYs, sty draw.LineStyle) error {
+	return addLine(p, xys, sty, plotter.PreStep)
+}
+
+func addLine(p *plot.Plot, xys plotter.XYs, sty draw.LineStyle, step plotter.StepKind) error {
 	switch len(xys) {
 	case 0:
 		return nil
@@ -99,6 +111,7 @@ func addCurve(p *plot.Plot, xys plotter.XYs, sty draw.LineStyle) error {
 			return err
 		}
 		l.LineStyle = sty
+		l.StepStyle = step
 		p.Add(l)
 	}
 	return nil
@@ -306,11 +319,17 @@ func ordinal(n int) string {
 
 // shownLabel returns the legend label of a shown result: its chart label,
 // with its role in parentheses.
-func shownLabel(label string, s Shown) string {
-	if s.Role == "" {
-		return label
+func shownLabel(label string, s Shown, r sim.Result) string {
+	if s.Role != "" {
+		label += " (" + s.Role + ")"
 	}
-	return label + " (" + s.Role + ")"
+	if failed(r) {
+		label += " — OOM"
+		if r.OOMs > 1 {
+			label += fmt.Sprintf(" ×%d", r.OOMs)
+		}
+	}
+	return label
 }
 
 // memoryScale returns what the memory charts of results draw against: the
@@ -411,7 +430,7 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	for _, s := range shown {
 		sty := looks[s.Index].line(allocatedWidth)
 		sty.Color = tint(sty.Color.(color.RGBA), 0.35)
-		if err := addCurve(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
+		if err := addSteps(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
 			return nil, err
 		}
 	}
@@ -422,7 +441,7 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 			continue
 		}
 		sty := draw.LineStyle{Color: looks[s.Index].Color, Width: footprintWidth, Dashes: footprintDashes}
-		if err := addCurve(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Footprint })), sty); err != nil {
+		if err := addSteps(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Footprint })), sty); err != nil {
 			return nil, err
 		}
 		anyFootprint = true
@@ -431,13 +450,13 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	// The first in the legend is drawn last, on top.
 	for k := len(shown) - 1; k >= 0; k-- {
 		s := shown[k]
-		if err := addCurve(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Reserved })), looks[s.Index].line(reservedWidth)); err != nil {
+		if err := addSteps(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Reserved })), looks[s.Index].line(reservedWidth)); err != nil {
 			return nil, err
 		}
 	}
 	for _, s := range shown {
 		r := results[s.Index]
-		label := shownLabel(labels[s.Index], s)
+		label := shownLabel(labels[s.Index], s, results[s.Index])
 		if len(r.Series) == 0 {
 			label += " (no series)"
 		}
@@ -452,7 +471,7 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	// The lower bound on top, where the policies that reach it would
 	// hide it.
 	if req >= 0 {
-		if err := addCurve(p, seriesXYs(ax, results[req].Series, bytes(func(pt sim.Point) uint64 { return pt.Requested })), requestedStyle); err != nil {
+		if err := addSteps(p, seriesXYs(ax, results[req].Series, bytes(func(pt sim.Point) uint64 { return pt.Requested })), requestedStyle); err != nil {
 			return nil, err
 		}
 	}
@@ -579,7 +598,7 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		s := shown[k]
 		xys := seriesXYs(ax, results[s.Index].Series, idlePercent)
 		points += len(xys)
-		if err := addCurve(p, xys, looks[s.Index].line(vg.Points(1.5))); err != nil {
+		if err := addSteps(p, xys, looks[s.Index].line(vg.Points(1.5))); err != nil {
 			return nil, err
 		}
 	}
@@ -598,17 +617,17 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		sc.GlyphStyle = fragGlyph(looks[s.Index].Color)
+		sc.GlyphStyle = fragGlyph(looks[s.Index])
 		p.Add(sc)
 		anyFrag = true
 	}
 	for _, s := range shown {
 		r := results[s.Index]
-		label := shownLabel(labels[s.Index], s)
+		label := shownLabel(labels[s.Index], s, results[s.Index])
 		if len(r.Series) == 0 {
 			label += " (no series)"
 		}
-		leg.add(label, lineThumb(looks[s.Index].line(vg.Points(1.5))))
+		leg.add(label, lineThumb(looks[s.Index].line(vg.Points(1.5))), glyphThumb(fragGlyph(looks[s.Index])))
 		if pt, ok := oomPoint(r); ok {
 			if err := addOOM(p, plotter.XY{X: ax.of(pt), Y: idlePercent(pt)}, looks[s.Index].Color); err != nil {
 				return nil, err
@@ -620,7 +639,7 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	leg.add("")
 	leg.add("line: idle, 1 − allocated / reserved", lineThumb(draw.LineStyle{Color: grey, Width: vg.Points(1.5)}))
 	if anyFrag {
-		leg.add("dot: fragmentation, free memory that", glyphThumb(fragGlyph(grey)))
+		leg.add("dot: fragmentation, free memory that", glyphThumb(fragGlyph(look{Color: grey})))
 		leg.add("could not serve a malloc it grew for")
 	} else {
 		leg.add("no fragmentation: no malloc grew")
@@ -640,9 +659,12 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	return p, nil
 }
 
-// fragGlyph is the dot of a fragmentation in the fragmentation chart.
-func fragGlyph(c color.Color) draw.GlyphStyle {
-	return draw.GlyphStyle{Color: c, Radius: vg.Points(3), Shape: draw.CircleGlyph{}}
+// fragGlyph is the dot of a fragmentation in the fragmentation chart of a
+// policy drawn in look l: its colour, and a shape for its line pattern, so
+// that two policies of one colour differ in their dots too.
+func fragGlyph(l look) draw.GlyphStyle {
+	shapes := []draw.GlyphDrawer{draw.CircleGlyph{}, draw.BoxGlyph{}, draw.PyramidGlyph{}, draw.RingGlyph{}}
+	return draw.GlyphStyle{Color: l.Color, Radius: vg.Points(3), Shape: shapes[l.Dash%len(shapes)]}
 }
 
 // percent is a point's fragmentation in percent, held to 0..100.

@@ -204,7 +204,7 @@
     var series = [{ label: d.xunit === "s" ? "time (s)" : "event" }];
     all.forEach(function (s) {
       series.push(s.kind === "events" ? { label: "event", scale: "ev", show: false } :
-        { label: s.label, stroke: s.stroke, width: s.width, dash: s.dash, spanGaps: true, points: { show: false } });
+        { label: s.label, stroke: s.stroke, width: s.width, dash: s.dash, spanGaps: true, points: { show: false }, paths: steps });
     });
     var hasFootprint = pols.some(function (p) { return p.footprint >= 0; });
     var evIdx = -1;
@@ -355,6 +355,11 @@
     box.appendChild(div);
   }
 
+  // steps draws a series of window maxima (sim.Point: the largest value of
+  // the run of events ending at its x) as steps, each value level from the
+  // point before to its own, as the PNG charts do.
+  var steps = uPlot.paths.stepped({ align: -1 });
+
   // fragChart draws the idle share over the trace, a line per policy, and
   // its fragmentation, dots where a malloc grew past free memory.
   function fragChart(fig, d, group) {
@@ -382,7 +387,7 @@
         return { label: s.label, stroke: s.stroke, width: 0, spanGaps: false, paths: function () { return null; },
           points: { show: true, size: 8, width: 1, stroke: s.stroke, fill: s.stroke } };
       }
-      return { label: s.label, stroke: s.stroke, width: 1.5, dash: s.dash, spanGaps: true, points: { show: false } };
+      return { label: s.label, stroke: s.stroke, width: 1.5, dash: s.dash, spanGaps: true, points: { show: false }, paths: steps };
     }));
     var yTop = niceTop(Math.min(Math.max(top, 10), 100));
     opts.scales.y = { range: [0, yTop] };
