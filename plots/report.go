@@ -456,7 +456,7 @@ func buildPage(r *Report) (page, error) {
 			rs := g.sim()
 			labels := policyLabels(rs)
 			var data sectionData
-			data.Series = seriesData(rs, labels)
+			data.Series = seriesData(rs, labels, r.Policies)
 			if hasLatency(g.results) {
 				data.Latency = latencyData(g.results, labels)
 			}

@@ -145,6 +145,9 @@ type PolicySeries struct {
 	// Dash is the dash pattern of its reserved line in pixels (on, off,
 	// ...), as the PNG charts draw it; empty for a solid line.
 	Dash []float64 `json:"dash,omitempty"`
+	// Hidden marks a policy the charts do not draw at first (not among
+	// the PNG charts' policies); its legend entry shows it.
+	Hidden bool `json:"hidden,omitempty"`
 	// X is the index in SeriesData.X of the series' X column, -1 for a
 	// result without series points.
 	X int `json:"x"`
@@ -183,8 +186,17 @@ func (d *SeriesData) Column(i int) ([]int64, error) {
 
 // seriesData returns the series of results of one trace as a page embeds
 // them, nil when no result has series points.
-func seriesData(results []sim.Result, labels []string) *SeriesData {
+func seriesData(results []sim.Result, labels []string, names []string) *SeriesData {
 	looks := resultLooks(results)
+	// The policies drawn at first: those the PNG charts draw
+	// (ShownPolicies, names nil for the default set); the page's legend
+	// shows the others, hidden, a click away.
+	drawn := map[int]bool{}
+	if shown, err := ShownPolicies(results, names); err == nil {
+		for _, s := range shown {
+			drawn[s.Index] = true
+		}
+	}
 	ax := chooseX(results)
 	d := &SeriesData{XUnit: "events", Requested: -1, RequestedX: -1, Policies: make([]PolicySeries, len(results))}
 	if ax.byTime {
@@ -235,7 +247,7 @@ func seriesData(results []sim.Result, labels []string) *SeriesData {
 	req := -1
 	var top uint64
 	for i, r := range results {
-		p := PolicySeries{Label: labels[i], Color: hexColor(looks[i].Color), Dash: looks[i].dashArray(), X: xIndex(r.Series), Footprint: -1, OOM: -1}
+		p := PolicySeries{Label: labels[i], Color: hexColor(looks[i].Color), Dash: looks[i].dashArray(), Hidden: len(drawn) > 0 && !drawn[i], X: xIndex(r.Series), Footprint: -1, OOM: -1}
 		if len(r.Series) == 0 {
 			p.Label += " (no series)"
 		}

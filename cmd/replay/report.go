@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
+	"slices"
 
 	"github.com/spf13/pflag"
 
@@ -39,7 +41,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 		fmt.Fprint(stderr, reportUsage)
 		fs.PrintDefaults()
 	}
-	out := fs.StringP("out", "o", "", "write the page to `FILE` (required)")
+	out := fs.StringP("out", "o", "", "write the page to `FILE` (required; - for stdout)")
 	plotDir := fs.String("plots", "", "also write every chart as PNG and SVG into `DIR`")
 	plotList := fs.String("plot-policy", "", "the policies the memory and fragmentation charts draw, a comma-separated `LIST` (default: the recorded allocator, the 3 lowest peaks reserved without OOM, cuda as the baseline)")
 	title := fs.String("title", "", "the page's `TITLE`")
@@ -72,14 +74,31 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	if len(rep.Results) == 0 && len(rep.Fits) == 0 && len(rep.Diffs) == 0 {
 		return fmt.Errorf("report: the inputs hold no results")
 	}
-	if err := atomicfile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep) }); err != nil {
-		return fmt.Errorf("-o: %w", err)
+	for _, n := range shown {
+		if !slices.ContainsFunc(rep.Results, func(r plots.ReportResult) bool { return r.Policy == n }) {
+			return cli.UsageError{Err: fmt.Errorf("--plot-policy: no result of policy %q in the inputs", n)}
+		}
 	}
 	var size int64
-	if st, err := os.Stat(*out); err == nil {
-		size = st.Size()
+	say := stdout
+	if *out == "-" {
+		var page bytes.Buffer
+		if err := plots.WriteReport(&page, rep); err != nil {
+			return err
+		}
+		if _, err := stdout.Write(page.Bytes()); err != nil {
+			return fmt.Errorf("-o -: %w", err)
+		}
+		size, say = int64(page.Len()), stderr
+	} else {
+		if err := atomicfile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep) }); err != nil {
+			return fmt.Errorf("-o: %w", err)
+		}
+		if st, err := os.Stat(*out); err == nil {
+			size = st.Size()
+		}
 	}
-	fmt.Fprintf(stdout, "report: %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), *out, float64(size)/1e6)
+	fmt.Fprintf(say, "report: %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), *out, float64(size)/1e6)
 	if *plotDir != "" {
 		charts, err := rep.Charts()
 		if err != nil {

@@ -291,10 +291,19 @@ func joinInts(xs []int) string {
 // files (pairs of flag name and path) is one of the inputs
 // (atomicfile.CheckOutput), before any work is done.
 func checkOutputs(inputs []string, flagPaths ...string) error {
+	seen := map[string]string{} // a cleaned output path -> its flag
 	for i := 0; i+1 < len(flagPaths); i += 2 {
-		if err := atomicfile.CheckOutput(flagPaths[i+1], inputs); err != nil {
-			return fmt.Errorf("--%s: %w", flagPaths[i], err)
+		flag, path := flagPaths[i], flagPaths[i+1]
+		if err := atomicfile.CheckOutput(path, inputs); err != nil {
+			return fmt.Errorf("--%s: %w", flag, err)
 		}
+		if path == "" || path == "-" {
+			continue
+		}
+		if other, ok := seen[filepath.Clean(path)]; ok {
+			return cli.UsageError{Err: fmt.Errorf("--%s %s: also the --%s output", flag, path, other)}
+		}
+		seen[filepath.Clean(path)] = flag
 	}
 	return nil
 }

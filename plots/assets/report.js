@@ -519,6 +519,10 @@
         else if (kind === "latency") c = latencyChart(fig, data.latency, group);
         else throw new Error("unknown chart kind " + kind);
         c.npol = (kind === "latency" ? data.latency : data.series).policies.length;
+        if (kind !== "latency") {
+          // At first the policies the PNG charts draw; the others a click away.
+          data.series.policies.forEach(function (p, k) { if (p.hidden) c.showPolicy(k, false); });
+        }
         if (kind !== "latency") group.charts.push(c);
         charts.push(c);
         n++;
