@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -210,5 +211,46 @@ func ParseSets(sets []string, known, names []string) (map[string]Settings, error
 		}
 		out[name][key] = val
 	}
+	for name, set := range out {
+		if err := checkSettings(name, set); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
 	return out, nil
 }
+
+// checkSettings builds the registered policy name with settings s on a
+// scratch device, so that a setting it does not know or a value it
+// refuses is found before any replay (a policy not in the registry, a GPU
+// target, is not checked). An OOM of a policy that takes memory up front
+// is no error of its settings.
+func checkSettings(name string, s Settings) error {
+	if _, ok := Lookup(name); !ok {
+		return nil
+	}
+	_, err := New(name, &scratchDevice{next: 1 << 40}, s)
+	if err != nil && !errors.Is(err, ErrOutOfMemory) {
+		return err
+	}
+	return nil
+}
+
+// scratchDevice is a device (and Mapper) of unlimited memory that hands
+// out addresses and forgets them, for checkSettings.
+type scratchDevice struct{ next uint64 }
+
+func (d *scratchDevice) Alloc(size uint64) (uint64, error) {
+	addr := d.next
+	d.next += (size + 1<<21 - 1) &^ (1<<21 - 1)
+	return addr, nil
+}
+
+func (d *scratchDevice) Free(uint64) error                   { return nil }
+func (d *scratchDevice) Reserve(size uint64) (uint64, error) { return d.Alloc(size) }
+func (d *scratchDevice) Map(addr, size uint64) error         { return nil }
+func (d *scratchDevice) Unmap(addr, size uint64) error       { return nil }
+func (d *scratchDevice) Release(addr uint64) error           { return nil }
+
+// CardMemory makes it a card (CardMemorier) for the policies that size
+// themselves by one: the real replay's card or capacity says how large.
+func (d *scratchDevice) CardMemory() uint64 { return 1 << 40 }

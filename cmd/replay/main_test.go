@@ -205,7 +205,12 @@ func TestUsageExitAndVersion(t *testing.T) {
 		}
 		return 1
 	}
-	for _, args := range [][]string{{"sim", "--bogus"}, {"nosuch"}, {}, {"tune", "--top", "x"}} {
+	mlp := "../../testdata/pytorch/mlp.pickle.gz"
+	for _, args := range [][]string{{"sim", "--bogus"}, {"nosuch"}, {}, {"tune", "--top", "x"},
+		// A setting the policy does not know, or a value it refuses.
+		{"sim", "--policy", "best-fit", "--set", "best-fit.nosuch=1", mlp},
+		{"sim", "--policy", "best-fit", "--set", "best-fit.alignment=3", mlp},
+		{"sim", "--policy", "pytorch", "--set", "pytorch.conf=garbage::", mlp}} {
 		if _, _, err := runCmd(t, args...); err == nil || code(err) != 2 {
 			t.Errorf("%v: %v (exit %d), want a usage error, exit 2", args, err, code(err))
 		}
