@@ -33,7 +33,7 @@ func runSynth(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("synth", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	workload := fs.String("workload", "", "the workload `NAME` to generate: "+strings.Join(synth.Names(), ", "))
-	seed := fs.Uint64("seed", 1, "random seed")
+	seed := fs.Uint64("seed", 1, "the random `SEED`")
 	out := fs.StringP("output", "o", "", "write the native trace to `OUT`")
 	list := fs.Bool("list", false, "list the workloads and their parameters")
 	// Every workload parameter is a flag; defaults differ per workload.

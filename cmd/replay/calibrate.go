@@ -41,9 +41,9 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	cudart := fs.String("cudart", "", "`PATH` of the CUDA runtime library")
 	maxSize := fs.String("max-size", "4GiB", "largest `SIZE` measured")
 	maxBytes := fs.String("max-bytes", "0", "device memory `SIZE` held at once, never exceeded (0: free memory at the start minus 1 GiB)")
-	n := fs.Int("n", 100, "calls per size up to 256 MiB (fewer above)")
-	events := fs.Int("workload-events", 50000, "events of each workload replayed for the sub-allocation costs")
-	wakeReps := fs.Int("wake-reps", 7, "calls timed at each idle time for the wake-up curves")
+	n := fs.Int("n", 100, "`N` calls per size up to 256 MiB (fewer above)")
+	events := fs.Int("workload-events", 50000, "`N` events of each workload replayed for the sub-allocation costs")
+	wakeReps := fs.Int("wake-reps", 7, "`N` calls timed at each idle time for the wake-up curves")
 	workloads := fs.StringArray("workload", nil, "a `TRACE` replayed for the sub-allocation costs (repeatable; default: the synthetic workloads train, inference, kvcache and service)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
 	if err := fs.Parse(args); err != nil {

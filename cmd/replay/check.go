@@ -38,7 +38,7 @@ func runCheck(stdout, stderr io.Writer, args []string) error {
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to read from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	limit := fs.Int("limit", 20, "list at most `N` problems and N allocations live at the end per trace (0: all)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

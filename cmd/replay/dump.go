@@ -30,7 +30,7 @@ func runDump(stdout, stderr io.Writer, args []string) error {
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "`FORMAT` of the trace: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to dump from a multi-device trace")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil

@@ -50,7 +50,8 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	cardList := fs.String("cards", fit.DefaultCards, "card `SIZES` to answer for, comma-separated (GB are 10^9 bytes)")
 	contextSize := fs.String("context", strconv.FormatUint(fit.DefaultContext, 10), "`BYTES` of a card the device's context holds before the first allocation (the H200's measured; a card's memory less this holds the footprint)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
-	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies searched in parallel")
+	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "`N` policies searched in parallel (default: every core)")
+	fs.Lookup("jobs").DefValue = "0" // every core, said in the usage: not this machine's count in the help
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set overrides them) and at its recorded addresses")

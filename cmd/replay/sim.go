@@ -73,7 +73,8 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	device := fs.String("device", "0", "device `N` of a trace that holds several (a PyTorch snapshot's device, a torch.profiler trace's Device Id, a CuPy log's device_id, an XSpace's GPU_N_bfc), or all: every device of a multi-device PyTorch snapshot, each as a rank of a job (TRACE#rankN)")
 	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
 	wide := fs.Bool("wide", false, "print every column of the table (requested, allocated, retries, the first OOM...), not the compact one that fits 120 columns")
-	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "policies replayed at once, each group of them one pass over the trace (the results are the same)")
+	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "replay the policies in `N` groups at once, each group one pass over the trace (the results are the same; default: every core)")
+	fs.Lookup("jobs").DefValue = "0" // every core, said in the usage: not this machine's count in the help
 	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it, and exit non-zero with nothing written on any warning")
 	costModel := fs.String("cost-model", "", "charge the device calls to the cost model in `FILE` (from replay calibrate) instead of the embedded H200 one")
 	sitesN := fs.Int("sites", 0, "after the table, the top `N` allocation sites of each policy at its peak of reserved bytes: live bytes and count, and their share of the unused reserved bytes (a second replay up to the peak; sites_at_peak in the JSON)")

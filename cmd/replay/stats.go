@@ -37,7 +37,7 @@ func runStats(stdout, stderr io.Writer, args []string) error {
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
-	device := fs.Int("device", 0, "device index to read from multi-device traces")
+	device := fs.Int("device", 0, cli.DeviceDoc)
 	jsonOut := fs.Bool("json", false, "print JSON instead of tables")
 	top := fs.Int("top", 10, "list at most `N` streams and threads")
 	if err := fs.Parse(args); err != nil {

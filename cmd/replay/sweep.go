@@ -57,7 +57,8 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	grids := fs.StringArray("grid", nil, "a policy setting to sweep, `NAME.key=v1,v2,...`: one cell per value (repeatable; several make a product)")
 	capacity := fs.String("capacity", "0", "device capacities `SIZE,...`: a comma-separated list of bytes or sizes like 24GiB (0 = unlimited)")
 	outDir := fs.StringP("out", "o", "", "write the results into `DIR` (required)")
-	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "replays run in parallel")
+	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "`N` replays run in parallel (default: every core)")
+	fs.Lookup("jobs").DefValue = "0" // every core, said in the usage: not this machine's count in the help
 	shard := fs.String("shard", "", "run only shard `i/n` of the cells (0 <= i < n); auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX, and writes into DIR/shard-i-of-n")
 	progress := fs.String("progress", "auto", "progress display on stderr, `MODE`: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))

@@ -73,8 +73,9 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	capacity := fs.String("capacity", "", "hold the reserved bytes to `SIZE` (a per-process cap)")
 	card := fs.String("card", "", "hold the footprint to a `CARD` less its context (552402944 bytes, the H200's): a size (80GB, GB are 10^9 bytes), H100-80GB (its nominal size) or H200 (its measured 150109880320 bytes)")
 	grids := fs.StringArray("grid", nil, "a key's values, `KEY=v1,v2,...` (\"\" leaves the key out; repeatable)")
-	top := fs.Int("top", 10, "candidates listed per trace")
-	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "replays at a time")
+	top := fs.Int("top", 10, "list `N` candidates per trace")
+	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "`N` replays at a time (default: every core)")
+	fs.Lookup("jobs").DefValue = "0" // every core, said in the usage: not this machine's count in the help
 	jsonOut := fs.String("json", "", "write every candidate's result to `FILE` (- for stdout), its setting as set:conf")
 	shard := fs.String("shard", "", "replay only shard `i/n` of the setting strings (0 <= i < n) into the --json FILE with .shard-i-of-n before its extension; auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX")
 	fromResults := fs.Bool("from-results", false, "the arguments are the --json files of tune --shard runs: rank their candidates together")
