@@ -1202,8 +1202,9 @@ type SeriesBuilder struct {
 	n     int64 // events in cur
 	// evFrag is the fragmented bytes of the event being folded in,
 	// peakFrag the most of any event, atPeak those of the event that took
-	// the reserved bytes to their peak.
-	evFrag, peakFrag, atPeak uint64
+	// the reserved bytes to their peak; allocAtPeak is the most bytes
+	// allocated while the reserved bytes held their peak.
+	evFrag, peakFrag, atPeak, allocAtPeak uint64
 }
 
 // Add folds event i, at time t (ns), with its requested, allocated and
@@ -1245,7 +1246,7 @@ func (s *SeriesBuilder) Fragmented(bytes, reserved uint64) {
 // atNewPeak notes that the event being folded in took the reserved bytes
 // to a new peak (which res holds), with alloc bytes allocated.
 func (s *SeriesBuilder) atNewPeak(res *Result, alloc uint64) {
-	s.atPeak = s.evFrag
+	s.atPeak, s.allocAtPeak = s.evFrag, alloc
 	res.IdleAtPeak = idle(alloc, res.PeakReserved)
 }
 
@@ -1292,9 +1293,11 @@ func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req,
 		res.PeakReserved = reserved
 		res.PeakReservedEvent = i
 		s.atNewPeak(res, alloc)
-	case reserved == res.PeakReserved && reserved > 0:
-		// At the peak still: the idle share at its least.
-		res.IdleAtPeak = min(res.IdleAtPeak, idle(alloc, reserved))
+	case reserved == res.PeakReserved && alloc > s.allocAtPeak:
+		// At the peak still, with more allocated: the idle share at its
+		// least.
+		s.allocAtPeak = alloc
+		res.IdleAtPeak = idle(alloc, reserved)
 	}
 	s.evFrag = 0
 	if s.Add(i, t, req, alloc, reserved) {

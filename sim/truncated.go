@@ -52,4 +52,5 @@ func (r *Replay) historyBegins() {
 		r.res.PeakFootprint = r.dev.Footprint()
 	}
 	r.res.IdleAtPeak = idle(r.allocated, reserved)
+	r.series.allocAtPeak = r.allocated
 }
