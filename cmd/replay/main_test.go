@@ -210,7 +210,10 @@ func TestUsageExitAndVersion(t *testing.T) {
 		// A setting the policy does not know, or a value it refuses.
 		{"sim", "--policy", "best-fit", "--set", "best-fit.nosuch=1", mlp},
 		{"sim", "--policy", "best-fit", "--set", "best-fit.alignment=3", mlp},
-		{"sim", "--policy", "pytorch", "--set", "pytorch.conf=garbage::", mlp}} {
+		{"sim", "--policy", "pytorch", "--set", "pytorch.conf=garbage::", mlp},
+		// Two outputs on stdout, one after the other, would read as neither.
+		{"sim", "--policy", "cuda", "--json", "-", "--csv", "-", mlp},
+		{"sim", "--policy", "cuda", "--site-depth", "2", mlp}} {
 		if _, _, err := runCmd(t, args...); err == nil || code(err) != 2 {
 			t.Errorf("%v: %v (exit %d), want a usage error, exit 2", args, err, code(err))
 		}

@@ -108,8 +108,8 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if err := checkOutputs(inputs, "json", *jsonOut, "csv", *csvOut, "sites-csv", *sitesCSV); err != nil {
 		return err
 	}
-	if *sitesN < 0 || *siteDepth < 1 || *sitesCSV != "" && *sitesN == 0 {
-		return cli.UsageError{Err: fmt.Errorf("--sites %d --site-depth %d: want --sites of at least 1 (with --sites-csv) and a depth of at least 1", *sitesN, *siteDepth)}
+	if *sitesN < 0 || *siteDepth < 1 || (*sitesCSV != "" || fs.Changed("site-depth")) && *sitesN == 0 {
+		return cli.UsageError{Err: fmt.Errorf("--sites %d --site-depth %d: want --sites of at least 1 (with --sites-csv or --site-depth) and a depth of at least 1", *sitesN, *siteDepth)}
 	}
 	capBytes, err := policies.ParseSize(*capacity)
 	if err != nil {
@@ -292,13 +292,20 @@ func joinInts(xs []int) string {
 // files (pairs of flag name and path) is one of the inputs
 // (atomicfile.CheckOutput), before any work is done.
 func checkOutputs(inputs []string, flagPaths ...string) error {
-	seen := map[string]string{} // a cleaned output path -> its flag
+	seen := map[string]string{} // a cleaned output path, or "-", -> its flag
 	for i := 0; i+1 < len(flagPaths); i += 2 {
 		flag, path := flagPaths[i], flagPaths[i+1]
 		if err := atomicfile.CheckOutput(path, inputs); err != nil {
 			return fmt.Errorf("--%s: %w", flag, err)
 		}
-		if path == "" || path == "-" {
+		if path == "" {
+			continue
+		}
+		if path == "-" {
+			if other, ok := seen["-"]; ok {
+				return cli.UsageError{Err: fmt.Errorf("--%s -: the --%s output goes to stdout already", flag, other)}
+			}
+			seen["-"] = flag
 			continue
 		}
 		if other, ok := seen[filepath.Clean(path)]; ok {

@@ -58,7 +58,7 @@ func writeSites(w io.Writer, rs []*sim.Result) {
 
 // sitesColumns are the columns of --sites-csv: a row per (trace, policy,
 // site), the site's rank from 1 in the order of the table.
-var sitesColumns = []string{"trace", "policy", "peak_event", "peak_time_ns", "peak_reserved_bytes", "depth", "rank", "site", "live_bytes", "count", "unused_bytes"}
+var sitesColumns = []string{"trace", "policy", "peak_event", "peak_time_ns", "peak_reserved_bytes", "depth", "site_rank", "site", "live_bytes", "count", "unused_bytes"}
 
 // writeSitesCSV writes the sites of rs as CSV (sitesColumns).
 func writeSitesCSV(w io.Writer, rs []*sim.Result) error {

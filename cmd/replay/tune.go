@@ -175,7 +175,14 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	if *fromResults {
-		return tuneFromResults(stdout, stderr, fs.Args(), confs, *top)
+		all, err := tuneFromResults(stdout, stderr, fs.Args(), confs, *top, *jsonOut != "-")
+		if err != nil || *jsonOut == "" {
+			return err
+		}
+		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {
+			return fmt.Errorf("--json: %w", err)
+		}
+		return nil
 	}
 	mine := confs
 	if shardN > 1 {
@@ -331,9 +338,11 @@ func recordedResult(r *sim.Result, conf string) *sim.Result {
 // tuneFromResults ranks the candidates of tune --shard results files
 // (paths) together: per trace, in the order of first appearance, every
 // setting string of confs exactly once and the recorded setting's replay
-// (the same in every shard), then the output of one tune run. It returns
-// an error naming the trace and the setting string missing or repeated.
-func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int) error {
+// (the same in every shard), then (with print) the output of one tune
+// run. It returns every candidate's result, as one run's --json holds
+// them, or an error naming the trace and the setting string missing or
+// repeated.
+func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, print bool) ([]*sim.Result, error) {
 	type traceRuns struct {
 		byConf   map[string]*sim.Result
 		from     map[string]string // the file of each conf's result
@@ -345,7 +354,7 @@ func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int) e
 	for _, path := range paths {
 		rs, err := results.ReadSim(path)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		for _, r := range rs {
 			tr := runs[r.Trace]
@@ -356,47 +365,53 @@ func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int) e
 			}
 			if r.Settings[tuneRecordedKey] == "recorded" {
 				if tr.recorded != nil && (tr.recorded.PeakReserved != r.PeakReserved || tr.recorded.OOMs != r.OOMs || tune.Calls(tr.recorded) != tune.Calls(r)) {
-					return fmt.Errorf("%s: %s: the recorded setting's replay differs from another file's: not shards of one tune", path, r.Trace)
+					return nil, fmt.Errorf("%s: %s: the recorded setting's replay differs from another file's: not shards of one tune", path, r.Trace)
 				}
 				tr.recorded, tr.recConf = r, r.Settings[tuneRecordedConfKey]
 				continue
 			}
 			conf, ok := r.Settings["conf"]
 			if !ok {
-				return fmt.Errorf("%s: %s, policy %s: not a result of replay tune (no set:conf)", path, r.Trace, r.Policy)
+				return nil, fmt.Errorf("%s: %s, policy %s: not a result of replay tune (no set:conf)", path, r.Trace, r.Policy)
 			}
 			if prev, dup := tr.from[conf]; dup {
-				return fmt.Errorf("%s: %s: setting %q is also in %s: a shard given twice", path, r.Trace, tune.Describe(conf), prev)
+				return nil, fmt.Errorf("%s: %s: setting %q is also in %s: a shard given twice", path, r.Trace, tune.Describe(conf), prev)
 			}
 			tr.byConf[conf], tr.from[conf] = r, path
 		}
 	}
+	var all []*sim.Result
 	if len(order) == 0 {
-		return fmt.Errorf("tune --from-results: no results in %s", strings.Join(paths, ", "))
+		return nil, fmt.Errorf("tune --from-results: no results in %s", strings.Join(paths, ", "))
 	}
 	for _, name := range order {
 		tr := runs[name]
 		if tr.recorded == nil {
-			return fmt.Errorf("%s: no recorded setting's replay in the results (not written by tune --shard)", name)
+			return nil, fmt.Errorf("%s: no recorded setting's replay in the results (not written by tune --shard)", name)
 		}
 		cs := make([]tune.Candidate, 0, len(confs))
 		for _, conf := range confs {
 			r, ok := tr.byConf[conf]
 			if !ok {
-				return fmt.Errorf("%s: setting %q of the grid is in none of the results: a shard missing (or another --grid)", name, tune.Describe(conf))
+				return nil, fmt.Errorf("%s: setting %q of the grid is in none of the results: a shard missing (or another --grid)", name, tune.Describe(conf))
 			}
 			cs = append(cs, tune.Candidate{Conf: conf, Result: r})
 		}
 		if len(tr.byConf) != len(confs) {
 			for conf := range tr.byConf {
 				if !slices.Contains(confs, conf) {
-					return fmt.Errorf("%s: setting %q of %s is not of the grid (give the --grid of the shards)", name, tune.Describe(conf), tr.from[conf])
+					return nil, fmt.Errorf("%s: setting %q of %s is not of the grid (give the --grid of the shards)", name, tune.Describe(conf), tr.from[conf])
 				}
 			}
 		}
+		for _, c := range cs {
+			all = append(all, c.Result)
+		}
 		tune.Rank(cs)
 		writeWarnings(stderr, []*sim.Result{tr.recorded})
-		writeTune(stdout, name, tr.recConf, tr.recorded, cs, top)
+		if print {
+			writeTune(stdout, name, tr.recConf, tr.recorded, cs, top)
+		}
 	}
-	return nil
+	return all, nil
 }

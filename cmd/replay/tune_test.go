@@ -75,7 +75,8 @@ func TestTuneShards(t *testing.T) {
 	churn := "../../testdata/pytorch/churn.pickle.gz"
 	dir := t.TempDir()
 	grid := []string{"--grid", "max_split_size_mb=,64,256", "--grid", "roundup_power2_divisions=,4", "--grid", "garbage_collection_threshold="}
-	whole, _, err := runCmd(t, append(append([]string{"tune"}, grid...), churn)...)
+	wholeJSON := filepath.Join(dir, "whole.json")
+	whole, _, err := runCmd(t, append(append([]string{"tune"}, grid...), "--json", wholeJSON, churn)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,12 +92,18 @@ func TestTuneShards(t *testing.T) {
 	if rs := readResults(t, files[1]); len(rs) != 5 { // 4 candidates and the recorded setting
 		t.Errorf("shard 1: %d results, want 5", len(rs))
 	}
-	merged, _, err := runCmd(t, append(append(append([]string{"tune"}, grid...), "--from-results"), files...)...)
+	mergedJSON := filepath.Join(dir, "merged.json")
+	merged, _, err := runCmd(t, append(append(append([]string{"tune"}, grid...), "--from-results", "--json", mergedJSON), files...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if merged != whole || !strings.Contains(merged, "12 settings tried; recommended") {
 		t.Errorf("the shards ranked together:\n%s\nwant, as one run:\n%s", merged, whole)
+	}
+	a, errA := os.ReadFile(mergedJSON)
+	w, errW := os.ReadFile(wholeJSON)
+	if errA != nil || errW != nil || string(a) != string(w) {
+		t.Errorf("--from-results --json differs from one run's --json (%v, %v)", errA, errW)
 	}
 	_, _, err = runCmd(t, append(append(append([]string{"tune"}, grid...), "--from-results"), files[0], files[1])...)
 	if err == nil || !strings.Contains(err.Error(), `setting "roundup_power2_divisions:4" of the grid is in none of the results: a shard missing`) {
@@ -113,7 +120,7 @@ func TestTuneShards(t *testing.T) {
 	if _, _, err := runCmd(t, append(append([]string{"tune"}, grid...), "--json", auto, churn)...); err != nil {
 		t.Fatal(err)
 	}
-	a, errA := os.ReadFile(filepath.Join(dir, "auto.shard-1-of-3.json"))
+	a, errA = os.ReadFile(filepath.Join(dir, "auto.shard-1-of-3.json"))
 	b, errB := os.ReadFile(files[1])
 	if errA != nil || errB != nil || string(a) != string(b) {
 		t.Errorf("the Slurm array task's shard differs from --shard 1/3")

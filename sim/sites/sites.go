@@ -52,6 +52,10 @@ type Options struct {
 const (
 	NoStack = "(no stack)"
 	Cached  = "(cached: no live block)"
+	// FailedMalloc is the block, and the memory the policy took for it,
+	// of a malloc that failed in the recording and that the replay served
+	// for an instant at the peak.
+	FailedMalloc = "(failed in the recording, served for an instant)"
 )
 
 // AtPeak replays src, the trace that res is the result of, against cfg,
@@ -74,6 +78,7 @@ func AtPeak(src trace.Source, cfg sim.Config, res *sim.Result, opt Options) (*si
 		return nil, err
 	}
 	rep := reps[0]
+	var last trace.Event
 	for i := int64(0); i <= res.PeakReservedEvent; i++ {
 		ev, err := src.Next()
 		if err == io.EOF {
@@ -85,7 +90,7 @@ func AtPeak(src trace.Source, cfg sim.Config, res *sim.Result, opt Options) (*si
 		if err := rep.Step(i, ev); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", cfg.Policy, err)
 		}
-		out.Time = ev.Time
+		out.Time, last = ev.Time, ev
 	}
 	live, err := rec.Live()
 	if err != nil {
@@ -95,10 +100,23 @@ func AtPeak(src trace.Source, cfg sim.Config, res *sim.Result, opt Options) (*si
 	for _, s := range live {
 		inSegs += s.Size
 	}
-	if inSegs != res.PeakReserved {
+	var instant uint64
+	switch {
+	case inSegs == res.PeakReserved:
+	case last.Op == trace.OpMallocFailed && inSegs < res.PeakReserved:
+		// The peak was an instant within the event: a malloc that failed
+		// in the recording, which the policy served and gave back at once
+		// (sim.Result.SourceOOMsServed), with the segment it took.
+		instant = res.PeakReserved - inSegs
+	default:
 		return nil, fmt.Errorf("sites: policy %s: the segments at event %d hold %d bytes, the replay reserved %d at its peak", cfg.Policy, res.PeakReservedEvent, inSegs, res.PeakReserved)
 	}
 	out.Sites = Rows(live, trace.StacksOf(src), opt)
+	if instant > 0 {
+		row := sim.SiteBytes{Site: FailedMalloc, LiveBytes: min(last.Size, instant), Count: 1}
+		row.UnusedBytes = instant - row.LiveBytes
+		out.Sites = append(out.Sites, row)
+	}
 	return out, nil
 }
 

@@ -121,3 +121,35 @@ func TestName(t *testing.T) {
 		}
 	}
 }
+
+// TestAtPeakFailedMalloc: the peak at an instant within a malloc that
+// failed in the recording and that the policy served and gave back at
+// once. cuda: 1 MiB live (a.py), then 3000 KiB for an instant, rounded to
+// 512 bytes (3072000, a segment of its own that the free gives back): the
+// peak 1048576 + 3072000 = 4120576 bytes at event 1, whose end holds only
+// the 1 MiB; the instant's row has the request's bytes live and none
+// unused, and the rows add up to the peak (it was an error: "the segments
+// at event 1 hold 1048576 bytes, the replay reserved 4120576").
+func TestAtPeakFailedMalloc(t *testing.T) {
+	text := "stack id=1 frame=a.py:10:f\nmalloc id=1 size=1MiB stack=1\nmalloc_failed size=3072000\nfree id=1\n"
+	h, evs, st, err := trace.ParseTextStacks("failed.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := sim.Config{Trace: "failed", Policy: "cuda"}
+	rs, err := sim.Run(trace.NewSliceSource(h, evs).WithStacks(st), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sites.AtPeak(trace.NewSliceSource(h, evs).WithStacks(st), cfg, rs[0], sites.Options{Depth: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []sim.SiteBytes{
+		{Site: "a.py:10:f", LiveBytes: 1 << 20, Count: 1},
+		{Site: sites.FailedMalloc, LiveBytes: 3072000, Count: 1},
+	}
+	if rs[0].PeakReserved != 4120576 || s.Event != 1 || !reflect.DeepEqual(s.Sites, want) {
+		t.Errorf("peak %d at %d, sites %+v\nwant 4120576 at 1, %+v", rs[0].PeakReserved, s.Event, s.Sites, want)
+	}
+}
