@@ -397,17 +397,11 @@ func requestedOnly(s []sim.Point) []sim.Point {
 // an error if the results come from more than one trace or a name has no
 // result.
 func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
-	trace, err := traceOf(results)
+	c, err := newSeriesChart(results, names)
 	if err != nil {
 		return nil, err
 	}
-	shown, err := ShownPolicies(results, names)
-	if err != nil {
-		return nil, err
-	}
-	labels, key := chartLabels(results)
-	looks := resultLooks(results)
-	ax := chooseX(results)
+	trace, shown, labels, key, looks, ax := c.trace, c.shown, c.labels, c.key, c.looks, c.ax
 	req := requestedSeries(results)
 	// The scale is the policies drawn, and the requested bytes.
 	drawn := make([]sim.Result, 0, len(shown)+1)
@@ -556,6 +550,33 @@ func oomGlyph(c color.Color) draw.GlyphStyle {
 	return draw.GlyphStyle{Color: c, Radius: vg.Points(4.5), Shape: draw.CrossGlyph{}}
 }
 
+// seriesChart is what the charts over the trace of results of one trace
+// start from: the trace, the results drawn, their labels and key, looks
+// and X axis.
+type seriesChart struct {
+	trace       string
+	shown       []Shown
+	labels, key []string
+	looks       []look
+	ax          xAxis
+}
+
+// newSeriesChart returns the seriesChart of results drawing those that
+// ShownPolicies(results, names) picks, or the error of traceOf or
+// ShownPolicies.
+func newSeriesChart(results []sim.Result, names []string) (seriesChart, error) {
+	trace, err := traceOf(results)
+	if err != nil {
+		return seriesChart{}, err
+	}
+	shown, err := ShownPolicies(results, names)
+	if err != nil {
+		return seriesChart{}, err
+	}
+	labels, key := chartLabels(results)
+	return seriesChart{trace: trace, shown: shown, labels: labels, key: key, looks: resultLooks(results), ax: chooseX(results)}, nil
+}
+
 // Fragmentation is FragmentationOf the default set of policies.
 func Fragmentation(results []sim.Result) (*plot.Plot, error) { return FragmentationOf(results, nil) }
 
@@ -572,17 +593,11 @@ func Fragmentation(results []sim.Result) (*plot.Plot, error) { return Fragmentat
 // It returns ErrNoResults for no results, and an error if the results come
 // from more than one trace or a name has no result.
 func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
-	trace, err := traceOf(results)
+	c, err := newSeriesChart(results, names)
 	if err != nil {
 		return nil, err
 	}
-	shown, err := ShownPolicies(results, names)
-	if err != nil {
-		return nil, err
-	}
-	labels, key := chartLabels(results)
-	looks := resultLooks(results)
-	ax := chooseX(results)
+	trace, shown, labels, key, looks, ax := c.trace, c.shown, c.labels, c.key, c.looks, c.ax
 	p := newPlot()
 	setTitle(p, "fragmentation and idle memory: ", trace)
 	p.Y.Label.Text = "% of the reserved bytes"
