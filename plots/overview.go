@@ -269,8 +269,9 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 		}
 		fit := bar{X: float64(i) + w/2, Width: w, Value: value, Label: label}
 		fit.setLook(looks[i])
+		unlimited := u.Of(r.UnlimitedPeakReserved)
 		bars.Bars = append(bars.Bars,
-			bar{X: float64(i) - w/2, Width: w, Value: u.Of(r.UnlimitedPeakReserved), Fill: tint(c, 0.6)},
+			bar{X: float64(i) - w/2, Width: w, Value: unlimited, Fill: tint(c, 0.6), Label: fmt.Sprintf("%.*f", valueDecimals(u.Of(drawTop)), unlimited)},
 			fit,
 		)
 	}
