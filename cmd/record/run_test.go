@@ -226,3 +226,28 @@ func TestHelpGolden(t *testing.T) {
 		}
 	}
 }
+
+// TestSynthUsageErrors: record synth's argument errors (no -o, an unknown
+// workload or parameter, a value the workload refuses) are usage errors,
+// exit 2, naming what is wrong; they exited 1.
+func TestSynthUsageErrors(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "x.trace")
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"synth", "--workload", "train"}, "-o OUT is required"},
+		{[]string{"synth", "--workload", "nosuch", "-o", out}, `unknown workload "nosuch"`},
+		{[]string{"synth", "--workload", "train", "--keep", "0.5", "-o", out}, `workload train has no parameter "keep"`},
+		{[]string{"synth", "--workload", "train", "--layers", "-1", "-o", out}, "--layers=-1: must be at least 1"},
+	} {
+		_, _, err := runCmd(t, tc.args...)
+		var ec interface{ ExitCode() int }
+		if err == nil || !errors.As(err, &ec) || ec.ExitCode() != 2 || !strings.Contains(err.Error(), tc.msg) {
+			t.Errorf("record %s: %v, want a usage error (exit 2) saying %q", strings.Join(tc.args, " "), err, tc.msg)
+		}
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Errorf("%s written by a refused command", out)
+	}
+}

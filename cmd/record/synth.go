@@ -71,13 +71,13 @@ func runSynth(stdout, stderr io.Writer, args []string) error {
 		return nil
 	}
 	if *workload == "" {
-		return fmt.Errorf("synth: --workload is required (one of %s; --list describes them)", strings.Join(synth.Names(), ", "))
+		return cli.UsageError{Err: fmt.Errorf("synth: --workload is required (one of %s; --list describes them)", strings.Join(synth.Names(), ", "))}
 	}
 	if *out == "" {
-		return fmt.Errorf("synth: -o OUT is required")
+		return cli.UsageError{Err: fmt.Errorf("synth: -o OUT is required")}
 	}
 	if fs.NArg() != 0 {
-		return fmt.Errorf("synth: unexpected argument %q", fs.Arg(0))
+		return cli.UsageError{Err: fmt.Errorf("synth: unexpected argument %q", fs.Arg(0))}
 	}
 	set := map[string]string{}
 	for _, n := range names {
@@ -87,7 +87,8 @@ func runSynth(stdout, stderr io.Writer, args []string) error {
 	}
 	src, err := synth.New(*workload, *seed, set)
 	if err != nil {
-		return fmt.Errorf("synth: %w", err)
+		// An unknown workload or a parameter it refuses: the arguments'.
+		return cli.UsageError{Err: fmt.Errorf("synth: %w", err)}
 	}
 	n, err := tracefile.WriteSource(*out, src)
 	if err != nil {
