@@ -472,6 +472,7 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	if capacity > 0 {
 		p.Add(hline{Y: u.Of(capacity), Style: capacityStyle})
 	}
+	addRanked(leg, shown)
 	addHidden(leg, len(results)-len(shown))
 
 	leg.add("")
@@ -500,6 +501,19 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 
 // addHidden says in the legend how many policies a chart leaves to its
 // grid of every policy.
+// addRanked says in the legend what the "lowest peak" roles rank, when
+// one of shown has one.
+func addRanked(leg *sideLegend, shown []Shown) {
+	for _, s := range shown {
+		if strings.Contains(s.Role, "lowest peak") {
+			leg.add("")
+			leg.add("lowest peaks: without OOM,")
+			leg.add("not the baseline or a planner")
+			return
+		}
+	}
+}
+
 func addHidden(leg *sideLegend, n int) {
 	if n <= 0 {
 		return
@@ -650,6 +664,7 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 			anyOOM = true
 		}
 	}
+	addRanked(leg, shown)
 	addHidden(leg, len(results)-len(shown))
 	leg.add("")
 	leg.add("line: idle, 1 − allocated / reserved", lineThumb(draw.LineStyle{Color: grey, Width: vg.Points(1.5)}))
