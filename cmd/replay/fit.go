@@ -146,14 +146,7 @@ func writeFitJobs(w io.Writer, sums []*job.FitSummary) {
 			card, cardRank = mib(s.MinCard), strconv.Itoa(s.MinCardRank)
 		}
 		line := fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t", filepath.Base(s.Job), s.Policy, len(s.Ranks), capText, capRank, card, cardRank)
-		for _, c := range s.Cards {
-			if c.Fits {
-				line += "yes\t"
-			} else {
-				line += "no\t"
-			}
-		}
-		fmt.Fprintln(tw, line)
+		fmt.Fprintln(tw, line+cardCells(s.Cards))
 	}
 	tw.Flush()
 }
@@ -177,13 +170,7 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 			}
 		}
 		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t", filepath.Base(r.Trace), r.Policy, mib(r.LowerBound), minCap, bytes, over, card)
-		for _, c := range r.Cards {
-			if c.Fits {
-				line += "yes\t"
-			} else {
-				line += "no\t"
-			}
-		}
+		line += cardCells(r.Cards)
 		fmt.Fprintln(tw, line+strconv.Itoa(r.Replays)+"\t")
 	}
 	tw.Flush()
@@ -200,4 +187,17 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 			fmt.Fprintf(w, "%s: %s: runs out of memory at every capacity tried, unlimited included\n", filepath.Base(r.Trace), r.Policy)
 		}
 	}
+}
+
+// cardCells is the table cells of the cards' answers: yes or no each.
+func cardCells(cards []results.CardFit) string {
+	var b strings.Builder
+	for _, c := range cards {
+		if c.Fits {
+			b.WriteString("yes\t")
+		} else {
+			b.WriteString("no\t")
+		}
+	}
+	return b.String()
 }

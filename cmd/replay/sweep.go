@@ -76,33 +76,19 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if *jobs < 1 {
 		return cli.UsageError{Err: fmt.Errorf("-j %d: want at least 1", *jobs)}
 	}
-	var shardI, shardN int
-	if auto, count, ok := autoShard(*shard, fs.Changed("shard")); ok {
-		if count < 0 {
-			return cli.UsageError{Err: fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", auto)}
-		}
+	shardI, shardN, auto, err := shardFlag(*shard, fs.Changed("shard"), func(count int) (int, error) {
 		done, err := sweep.ShardsIn(*outDir)
-		if err != nil {
-			return cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
+		if err == nil && count > 0 && done > 0 && count != done {
+			err = fmt.Errorf("%s holds the shards of an array of %d tasks", *outDir, done)
 		}
-		if count > 0 && done > 0 && count != done {
-			return cli.UsageError{Err: fmt.Errorf("--shard %s: %s holds the shards of an array of %d tasks", auto, *outDir, done)}
-		}
-		i, n, found, err := sweep.SchedulerShard(os.Getenv, count, done)
-		switch {
-		case err != nil:
-			return cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
-		case !found:
-			return cli.UsageError{Err: fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", auto)}
-		}
-		shardI, shardN = i, n
-		*outDir = sweep.ShardDir(*outDir, i, n)
-		fmt.Fprintf(stderr, "sweep: shard %d/%d from the scheduler, into %s\n", i, n, *outDir)
-	} else {
-		var err error
-		if shardI, shardN, err = sweep.ParseShard(*shard); err != nil {
-			return cli.UsageError{Err: fmt.Errorf("--shard %w", err)}
-		}
+		return done, err
+	})
+	if err != nil {
+		return err
+	}
+	if auto {
+		*outDir = sweep.ShardDir(*outDir, shardI, shardN)
+		fmt.Fprintf(stderr, "sweep: shard %d/%d from the scheduler, into %s\n", shardI, shardN, *outDir)
 	}
 	traces, skipped, err := tracefile.Glob(append(append([]string(nil), *traceGlobs...), fs.Args()...))
 	if err != nil {
@@ -272,6 +258,41 @@ func writeSweepWarnings(w io.Writer, rs []*sim.Result) {
 	for _, k := range order {
 		fmt.Fprintf(w, "%s: warning (%d cells): %s\n", k.trace, cells[k], k.text)
 	}
+}
+
+// shardFlag returns shard i of n that a --shard value spec names (given:
+// the flag was set): i/n as written ("" for 0 of 1), or, for auto, auto/N
+// or no --shard inside a Slurm array task, the scheduler's
+// (sweep.SchedulerShard), which auto reports. done, when not nil, is told
+// the number of tasks auto/N gives (0 for plain auto) and returns the
+// number of shards an earlier run of the array left (0 if none), or an
+// error to refuse the shard with. Every error is a usage error.
+func shardFlag(spec string, given bool, done func(count int) (int, error)) (i, n int, auto bool, err error) {
+	autoSpec, count, ok := autoShard(spec, given)
+	if !ok {
+		i, n, err = sweep.ParseShard(spec)
+		if err != nil {
+			return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %w", err)}
+		}
+		return i, n, false, nil
+	}
+	if count < 0 {
+		return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", autoSpec)}
+	}
+	left := 0
+	if done != nil {
+		if left, err = done(count); err != nil {
+			return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %s: %w", autoSpec, err)}
+		}
+	}
+	i, n, found, err := sweep.SchedulerShard(os.Getenv, count, left)
+	switch {
+	case err != nil:
+		return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
+	case !found:
+		return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", autoSpec)}
+	}
+	return i, n, true, nil
 }
 
 // autoShard reports whether the shard comes from the scheduler: --shard

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -20,7 +19,6 @@ import (
 	"github.com/gpualloc/allocsim/sim/fit"
 	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
-	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/sim/tune"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
@@ -100,23 +98,9 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	}
 	shardI, shardN := 0, 1
 	if !*fromResults {
-		if auto, count, ok := autoShard(*shard, fs.Changed("shard")); ok {
-			if count < 0 {
-				return cli.UsageError{Err: fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", auto)}
-			}
-			i, n, found, err := sweep.SchedulerShard(os.Getenv, count, 0)
-			switch {
-			case err != nil:
-				return cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
-			case !found:
-				return cli.UsageError{Err: fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", auto)}
-			}
-			shardI, shardN = i, n
-		} else if *shard != "" {
-			var err error
-			if shardI, shardN, err = sweep.ParseShard(*shard); err != nil {
-				return cli.UsageError{Err: fmt.Errorf("--shard %w", err)}
-			}
+		var err error
+		if shardI, shardN, _, err = shardFlag(*shard, fs.Changed("shard"), nil); err != nil {
+			return err
 		}
 	} else if *shard != "" {
 		return cli.UsageError{Err: fmt.Errorf("tune: --shard and --from-results are exclusive")}

@@ -82,6 +82,7 @@ package xspace
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"fmt"
 	"io"
@@ -407,9 +408,9 @@ func Import(r io.ReadSeeker, name string, opts Options) (*trace.SliceSource, err
 	}
 	slices.SortStableFunc(evs, func(a, b event) int {
 		if a.ev.Time != b.ev.Time {
-			return cmpInt(a.ev.Time, b.ev.Time)
+			return cmp.Compare(a.ev.Time, b.ev.Time)
 		}
-		return cmpInt(a.ps, b.ps)
+		return cmp.Compare(a.ps, b.ps)
 	})
 	out := make([]trace.Event, len(evs))
 	summarize(&h, evs, skipped)
@@ -417,16 +418,6 @@ func Import(r io.ReadSeeker, name string, opts Options) (*trace.SliceSource, err
 		out[i] = evs[i].ev
 	}
 	return trace.NewSliceSource(h, out), nil
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // summarize fills h with what the events, in time order, record of the
