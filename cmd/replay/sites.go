@@ -14,21 +14,19 @@ import (
 
 // addSites gives each of rs, the results of cfgs on the trace at path,
 // its memory at the peak by allocation site (sim/sites): a second replay
-// of each up to its peak event.
+// of each up to its peak event, all in one pass over the trace.
 func addSites(path string, opts tracefile.Options, cfgs []sim.Config, rs []*sim.Result, opt sites.Options) error {
+	f, err := tracefile.Open(path, opts)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ss, err := sites.AtPeaks(f, cfgs, rs, opt)
+	if err != nil {
+		return tracefile.NameError(path, fmt.Errorf("--sites: %w", err))
+	}
 	for k, r := range rs {
-		f, err := tracefile.Open(path, opts)
-		if err != nil {
-			return err
-		}
-		cfg := cfgs[k]
-		cfg.Observer = nil
-		s, err := sites.AtPeak(f, cfg, r, opt)
-		f.Close()
-		if err != nil {
-			return tracefile.NameError(path, fmt.Errorf("--sites: %w", err))
-		}
-		r.Sites = s
+		r.Sites = ss[k]
 	}
 	return nil
 }

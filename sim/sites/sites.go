@@ -60,41 +60,90 @@ const (
 
 // AtPeak replays src, the trace that res is the result of, against cfg,
 // the config that gave res, up to the end of its peak event
-// (res.PeakReservedEvent) and returns the memory at that moment by site.
-// cfg's Observer is replaced. It returns an error when the trace ends
-// before the peak, when the replay fails, or when the second replay does
-// not reach the first's peak (a replay that is not deterministic).
+// (res.PeakReservedEvent) and returns the memory at that moment by site:
+// AtPeaks of one.
 func AtPeak(src trace.Source, cfg sim.Config, res *sim.Result, opt Options) (*sim.SitesAtPeak, error) {
-	opt.Depth = max(opt.Depth, 1)
-	out := &sim.SitesAtPeak{Event: res.PeakReservedEvent, Reserved: res.PeakReserved, Depth: opt.Depth, Sites: []sim.SiteBytes{}}
-	if res.PeakReserved == 0 {
-		out.Event = -1
-		return out, nil
-	}
-	rec := viz.NewRecorder(nil, nil)
-	cfg.Observer = rec
-	reps, src, err := sim.Prepare(src, cfg)
+	out, err := AtPeaks(src, []sim.Config{cfg}, []*sim.Result{res}, opt)
 	if err != nil {
 		return nil, err
 	}
-	rep := reps[0]
-	var last trace.Event
-	for i := int64(0); i <= res.PeakReservedEvent; i++ {
+	return out[0], nil
+}
+
+// AtPeaks replays src, the trace that each of rs is the result of, against
+// each of cfgs, the configs that gave rs, in one pass (one decoding of
+// the trace), each up to the end of its peak event
+// (sim.Result.PeakReservedEvent), and returns the memory at each peak by
+// site, in the order of cfgs. The configs' Observers are replaced. It
+// returns an error when the trace ends before a peak, when a replay fails,
+// or when a second replay does not reach the first's peak (a replay that
+// is not deterministic).
+func AtPeaks(src trace.Source, cfgs []sim.Config, rs []*sim.Result, opt Options) ([]*sim.SitesAtPeak, error) {
+	opt.Depth = max(opt.Depth, 1)
+	out := make([]*sim.SitesAtPeak, len(cfgs))
+	type pending struct {
+		k   int // the index in cfgs
+		rec *viz.Recorder
+		rep *sim.Replay
+	}
+	var todo []pending
+	var run []sim.Config
+	last := int64(-1)
+	for k, res := range rs {
+		out[k] = &sim.SitesAtPeak{Event: res.PeakReservedEvent, Reserved: res.PeakReserved, Depth: opt.Depth, Sites: []sim.SiteBytes{}}
+		if res.PeakReserved == 0 {
+			out[k].Event = -1
+			continue
+		}
+		cfg := cfgs[k]
+		rec := viz.NewRecorder(nil, nil)
+		cfg.Observer = rec
+		todo, run = append(todo, pending{k: k, rec: rec}), append(run, cfg)
+		last = max(last, res.PeakReservedEvent)
+	}
+	if len(todo) == 0 {
+		return out, nil
+	}
+	reps, src, err := sim.Prepare(src, run...)
+	if err != nil {
+		return nil, err
+	}
+	for n := range todo {
+		todo[n].rep = reps[n]
+	}
+	for i := int64(0); i <= last; i++ {
 		ev, err := src.Next()
 		if err == io.EOF {
-			return nil, fmt.Errorf("sites: the trace ends at event %d, before its peak at event %d", i, res.PeakReservedEvent)
+			return nil, fmt.Errorf("sites: the trace ends at event %d, before a peak at event %d", i, last)
 		}
 		if err != nil {
 			return nil, err
 		}
-		if err := rep.Step(i, ev); err != nil {
-			return nil, fmt.Errorf("policy %s: %w", cfg.Policy, err)
+		for _, p := range todo {
+			res := rs[p.k]
+			if i > res.PeakReservedEvent {
+				continue
+			}
+			if err := p.rep.Step(i, ev); err != nil {
+				return nil, fmt.Errorf("policy %s: %w", cfgs[p.k].Policy, err)
+			}
+			if i == res.PeakReservedEvent {
+				out[p.k].Time = ev.Time
+				if err := atPeak(out[p.k], p.rec, trace.StacksOf(src), ev, cfgs[p.k].Policy, res, opt); err != nil {
+					return nil, err
+				}
+			}
 		}
-		out.Time, last = ev.Time, ev
 	}
+	return out, nil
+}
+
+// atPeak fills out with the memory by site that rec holds at the end of
+// ev, the peak event of res (policy's), the sites named from st.
+func atPeak(out *sim.SitesAtPeak, rec *viz.Recorder, st *trace.Stacks, ev trace.Event, policy string, res *sim.Result, opt Options) error {
 	live, err := rec.Live()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var inSegs uint64
 	for _, s := range live {
@@ -103,21 +152,21 @@ func AtPeak(src trace.Source, cfg sim.Config, res *sim.Result, opt Options) (*si
 	var instant uint64
 	switch {
 	case inSegs == res.PeakReserved:
-	case last.Op == trace.OpMallocFailed && inSegs < res.PeakReserved:
+	case ev.Op == trace.OpMallocFailed && inSegs < res.PeakReserved:
 		// The peak was an instant within the event: a malloc that failed
 		// in the recording, which the policy served and gave back at once
 		// (sim.Result.SourceOOMsServed), with the segment it took.
 		instant = res.PeakReserved - inSegs
 	default:
-		return nil, fmt.Errorf("sites: policy %s: the segments at event %d hold %d bytes, the replay reserved %d at its peak", cfg.Policy, res.PeakReservedEvent, inSegs, res.PeakReserved)
+		return fmt.Errorf("sites: policy %s: the segments at event %d hold %d bytes, the replay reserved %d at its peak", policy, res.PeakReservedEvent, inSegs, res.PeakReserved)
 	}
-	out.Sites = Rows(live, trace.StacksOf(src), opt)
+	out.Sites = Rows(live, st, opt)
 	if instant > 0 {
-		row := sim.SiteBytes{Site: FailedMalloc, LiveBytes: min(last.Size, instant), Count: 1}
+		row := sim.SiteBytes{Site: FailedMalloc, LiveBytes: min(ev.Size, instant), Count: 1}
 		row.UnusedBytes = instant - row.LiveBytes
 		out.Sites = append(out.Sites, row)
 	}
-	return out, nil
+	return nil
 }
 
 // Rows returns the memory of the live segments segs by site (see the
