@@ -30,9 +30,10 @@ demo: build
 # (and Python's sortedcontainers), it also times DynaPipe's Python port of
 # PyTorch's caching allocator on kv_decode's mallocs and frees beside our
 # replay of them (sim/testdata/dynapipe/loop.py): the loop-against-loop
-# ratio.
+# ratio. BenchmarkTune (sim/tune) times replay tune's 180 candidates on
+# kv_decode on one core: each replayed, and as tune runs by default.
 bench:
-	$(GO) test ./sim -run '^$$' -bench . -benchtime 2x -timeout 60m
+	$(GO) test ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
 
 # fuzz runs each fuzz target for FUZZTIME (the seed corpora and the
 # crashers kept under testdata/fuzz run in every `make test`).

@@ -125,6 +125,20 @@ type PyTorch struct {
 	spare   *ptBlock   // recycled blocks, linked through next
 	scratch []*ptBlock // reused by release
 	unmaps  []*ptBlock // reused by release
+
+	reach ptReach // how far the replay came to where two settings act (SameReplay)
+}
+
+// ptReach is what SameReplay needs to know of a replay: the sizes that a
+// max_split_size_mb would have been compared with and the reserved bytes
+// where a garbage_collection_threshold would have been.
+type ptReach struct {
+	// split is the largest rounded request, free block found for one and
+	// largest free block where oversize blocks would have been freed.
+	split uint64
+	// gc is the most reserved bytes at a point where a garbage collection
+	// would have run, under a capacity.
+	gc uint64
 }
 
 var (
@@ -337,6 +351,15 @@ func (p *PyTorch) gcActive() bool {
 	return p.capacity > 0 && p.cfg.garbageCollectionThreshold > 0
 }
 
+// gcPoint is gcActive where a garbage collection would run: it also notes
+// the reserved bytes there, for SameReplay.
+func (p *PyTorch) gcPoint() bool {
+	if p.capacity > 0 {
+		p.reach.gc = max(p.reach.gc, p.reserved)
+	}
+	return p.gcActive()
+}
+
 // Malloc places a request of size bytes on stream, as
 // DeviceCachingAllocator::malloc does: the best-fitting cached block of the
 // pool on stream, else (after garbage collection, when on) a new segment
@@ -364,6 +387,7 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 		return Block{}, errRequestTooLarge(p.Name(), size)
 	}
 	rsize := p.roundSize(size)
+	p.reach.split = max(p.reach.split, rsize)
 	pool := &p.large
 	if priv != nil {
 		pool = &priv.large
@@ -423,7 +447,7 @@ func (p *PyTorch) findOrAllocate(pool *ptPool, stream, rsize, segSize uint64) (*
 	if b := p.getFreeBlock(pool, stream, rsize); b != nil {
 		return b, nil
 	}
-	if p.gcActive() {
+	if p.gcPoint() {
 		if err := p.releaseBlocks(p.gcPlan()); err != nil {
 			return nil, err
 		}
@@ -500,6 +524,7 @@ func (p *PyTorch) findFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 			}
 		}
 	}
+	p.reach.split = max(p.reach.split, b.size)
 	maxSplit := p.cfg.maxSplitSize
 	if size < maxSplit && b.size >= maxSplit {
 		return nil // never hand an oversize block to a smaller request
@@ -605,11 +630,13 @@ func (p *PyTorch) gcPlan() []*ptBlock {
 // largest ones down while they are oversize, until that much. ok reports
 // whether they free enough (PyTorch frees them even when they do not).
 func (p *PyTorch) releaseAvailablePlan(pool *ptPool, stream, size uint64, gone []*ptBlock) (plan []*ptBlock, ok bool) {
-	if p.cfg.maxSplitSize == math.MaxUint64 {
-		return nil, false
-	}
 	sb := pool.blocks(stream, false)
-	if sb == nil {
+	if sb != nil {
+		if b := sb.tree.max(); b != nil {
+			p.reach.split = max(p.reach.split, b.size)
+		}
+	}
+	if p.cfg.maxSplitSize == math.MaxUint64 || sb == nil {
 		return nil, false
 	}
 	key := max(size, p.cfg.maxSplitSize)
@@ -801,3 +828,39 @@ func (p *PyTorch) FreeSpace() (total, largest uint64) {
 // Retries returns the number of device allocations retried after freeing
 // the cached segments (num_alloc_retries).
 func (p *PyTorch) Retries() int64 { return p.retries }
+
+// SameReplay reports whether a replay of the same trace on the same
+// device with settings s would make every decision that this replay made,
+// and so end with the same figures, so that a search over settings need
+// not replay it (replay tune). That holds where s differs from p's
+// settings at most in two keys, each where p's replay never reached the
+// point where s's value acts:
+//   - max_split_size_mb, when p's is unlimited and s's is above every
+//     rounded request, every free block found for one and the largest free
+//     block where oversize blocks would have been freed (a block or a
+//     request that large is what the setting acts on);
+//   - garbage_collection_threshold, when p's is off and, under a capacity,
+//     the reserved bytes at every point where a collection would have run
+//     stayed at or under s's threshold of it (where
+//     garbage_collect_cached_blocks returns at once).
+//
+// It returns false for any other difference, and the error of reading s.
+func (p *PyTorch) SameReplay(s Settings) (bool, error) {
+	cfg, err := pytorchSettings(s)
+	if err != nil {
+		return false, err
+	}
+	if cfg.maxSplitSize != p.cfg.maxSplitSize {
+		if p.cfg.maxSplitSize != math.MaxUint64 || p.reach.split >= cfg.maxSplitSize {
+			return false, nil
+		}
+		cfg.maxSplitSize = p.cfg.maxSplitSize
+	}
+	if t := cfg.garbageCollectionThreshold; t != p.cfg.garbageCollectionThreshold {
+		if p.cfg.garbageCollectionThreshold != 0 || p.capacity > 0 && p.reach.gc > uint64(t*float64(p.capacity)) {
+			return false, nil
+		}
+		cfg.garbageCollectionThreshold = p.cfg.garbageCollectionThreshold
+	}
+	return cfg == p.cfg, nil
+}

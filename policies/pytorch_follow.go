@@ -140,7 +140,7 @@ func (p *PyTorch) wouldRetry(pool *ptPool, stream, rsize, segSize uint64) bool {
 	}
 	var gc []*ptBlock
 	reserved := p.reserved
-	if p.gcActive() {
+	if p.gcPoint() {
 		gc = p.gcPlan()
 		for _, b := range gc {
 			reserved -= b.size
@@ -160,7 +160,7 @@ func (p *PyTorch) wouldRetry(pool *ptPool, stream, rsize, segSize uint64) bool {
 // frees cached segments before any retry: by garbage collection, or by
 // freeing oversize blocks when the new segment passes the capacity.
 func (p *PyTorch) releasesBeforeAlloc(pool *ptPool, stream, rsize, segSize uint64) bool {
-	if p.gcActive() && len(p.gcPlan()) > 0 {
+	if p.gcPoint() && len(p.gcPlan()) > 0 {
 		return true
 	}
 	if p.fits(p.reserved, segSize) {

@@ -358,3 +358,52 @@ func TestDirectMallocs(t *testing.T) {
 		t.Errorf("offline: mallocs %d, direct %d, peak requested %d, OOMs %d", r.Mallocs, r.DirectMallocs, r.PeakRequested, r.OOMs)
 	}
 }
+
+// failingPolicy fails its n-th malloc (from 1) with an error that is not
+// an OOM, and serves each other one with a device segment of its own.
+type failingPolicy struct {
+	dev      policies.Device
+	n, count int
+}
+
+func (f *failingPolicy) Name() string { return "failing" }
+
+func (f *failingPolicy) Malloc(size, stream uint64) (policies.Block, error) {
+	f.count++
+	if f.count == f.n {
+		return policies.Block{}, errors.New("broken")
+	}
+	addr, err := f.dev.Alloc(size)
+	return policies.Block{Addr: addr, Size: size}, err
+}
+
+func (f *failingPolicy) Free(addr, stream uint64) error { return f.dev.Free(addr) }
+
+// TestRunFirstError: of two replays that fail, Run returns the error a
+// single pass over the events meets first, the one at the earlier event
+// (the second config's malloc at event 2, not the first's at event 4),
+// whether the events are in memory (a pass per replay) or streamed.
+func TestRunFirstError(t *testing.T) {
+	text := "malloc id=1 size=1KiB\nfree id=1\nmalloc id=2 size=1KiB\nfree id=2\nmalloc id=3 size=1KiB\nfree id=3\n"
+	h, evs, err := trace.ParseText("t.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing := func(n int) Config {
+		return Config{Policy: "failing", NewPolicy: func(dev policies.Device, _ policies.Settings) (policies.Policy, error) {
+			return &failingPolicy{dev: dev, n: n}, nil
+		}}
+	}
+	for name, src := range map[string]func() trace.Source{
+		"in memory": func() trace.Source { return trace.NewSliceSource(h, evs) },
+		"streamed":  func() trace.Source { return streamOnly{trace.NewSliceSource(h, evs)} },
+	} {
+		_, err := Run(src(), failing(3), failing(2))
+		if err == nil || err.Error() != "policy failing: event 2: malloc of 1024 bytes: broken" {
+			t.Errorf("%s: error %v, want the one at event 2", name, err)
+		}
+	}
+}
+
+// streamOnly hides a SliceSource's type, so that Run reads it as a stream.
+type streamOnly struct{ trace.Source }

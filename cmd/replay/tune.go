@@ -25,7 +25,7 @@ import (
 )
 
 const tuneUsage = `usage: replay tune [--capacity SIZE | --card SIZE] [--grid KEY=v1,v2,...]... [--top N]
-                   [-j N] [--json FILE] [--shard i/n|auto] TRACE...
+                   [-j N] [--json FILE] [--shard i/n|auto] [--replay-all] TRACE...
        replay tune [--grid KEY=v1,v2,...]... [--top N] --from-results FILE...
 
 Searches PyTorch's caching allocator settings (PYTORCH_CUDA_ALLOC_CONF) for
@@ -44,6 +44,14 @@ context; without either, a record run trace's card is used. The per-rank
 traces of a job (job.rank0.trace ...: see replay sim) get one setting for
 every rank, ranked by the largest rank's peak reserved bytes and the
 ranks' OOMs, device calls and allocator time together.
+
+A setting string that differs from another of the grid only in
+max_split_size_mb or garbage_collection_threshold, where the other's is
+left out, is not replayed when the other's replay shows that its value
+could not have acted: no rounded request and no cached block it compared
+was that large, and the reserved bytes never passed the threshold where
+a collection would have run. Its figures are then the other's, exactly
+(--replay-all replays it all the same).
 
 Across a scheduler, --shard i/n replays every n-th setting string from
 the i-th (and the recorded setting) and writes their results to the --json
@@ -77,6 +85,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write every candidate's result to `FILE` (- for stdout), its setting as set:conf")
 	shard := fs.String("shard", "", "replay only shard `i/n` of the setting strings (0 <= i < n) into the --json FILE with .shard-i-of-n before its extension; auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX")
 	fromResults := fs.Bool("from-results", false, "the arguments are the --json files of tune --shard runs: rank their candidates together")
+	replayAll := fs.Bool("replay-all", false, "replay every setting, also those that differ from one replayed only where its replay shows they cannot act (see below)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
@@ -206,7 +215,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("%s: %w", path, err)
 		}
 		recorded := rs[0]
-		cs, err := tune.Run(h, evs, cfg, mine, *jobs)
+		cs, err := tune.Run(h, evs, cfg, mine, *jobs, *replayAll)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}

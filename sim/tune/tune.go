@@ -4,8 +4,12 @@
 //
 // The search is exhaustive over a grid (Grid): for the pytorch policy the
 // PYTORCH_CUDA_ALLOC_CONF keys that move placement, each over the values
-// people set (PyTorch's docs and the issues that recommend them). What it
-// can miss: values between the grid's points, keys outside the grid
+// people set (PyTorch's docs and the issues that recommend them). Every
+// candidate is replayed, one pass over the events each, except one that
+// differs from another only in max_split_size_mb or
+// garbage_collection_threshold (the other leaving it out) where the other's
+// replay shows that the value could not have acted: its figures are the
+// other's, exactly (Run). What it can miss: values between the grid's points, keys outside the grid
 // (max_non_split_rounding_mb, pinned-memory keys), and effects that the
 // trace cannot show because the program would have run differently (a job
 // that caught an OOM and retried smaller makes other requests once the OOM
@@ -13,9 +17,12 @@
 package tune
 
 import (
+	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -73,6 +80,9 @@ type Candidate struct {
 	Conf   string      // the PYTORCH_CUDA_ALLOC_CONF string; "" is the default
 	Result *sim.Result // its replay
 	Front  bool        // on the Pareto front (Rank)
+	// Same is the setting string whose replay gave the result (Run's
+	// SameReplay), "" when the candidate was replayed itself.
+	Same string
 }
 
 // Calls is a result's device calls: allocations and frees.
@@ -131,28 +141,182 @@ func Rank(cs []Candidate) {
 }
 
 // Run replays the trace h, evs under base (its policy, capacity and
-// card) with each setting string of confs, in up to jobs groups at a time
-// (each group one pass over the events), and returns the candidates in
-// the order of confs. base's Settings are replaced by {"conf": conf}: as
-// recorded (base.AsRecorded) the string replaces the recorded settings
-// whole, and the replay still follows what the program did (its
-// empty_cache calls, its frees that completed late).
+// card) with each setting string of confs, jobs replays at a time (each
+// its own pass over the events), and returns the candidates in the order
+// of confs. base's Settings are replaced by {"conf": conf}: as recorded
+// (base.AsRecorded) the string replaces the recorded settings whole, and
+// the replay still follows what the program did (its empty_cache calls,
+// its frees that completed late).
+//
+// For the pytorch policy a candidate that differs from another of confs
+// only in max_split_size_mb or garbage_collection_threshold, where the
+// other's is unlimited or off, is not replayed when the other's replay
+// shows that its value would have changed none of the allocator's
+// decisions (policies.PyTorch.SameReplay: no request or block that
+// large, no collection point with reserved bytes past its threshold):
+// its result is the other's, exactly, under its own settings. Set
+// replayAll to replay every candidate all the same.
 // It returns the first error of a replay.
-func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, jobs int) ([]Candidate, error) {
-	cfgs := make([]sim.Config, len(confs))
-	for k, conf := range confs {
-		cfgs[k] = base
-		cfgs[k].Settings = map[string]string{"conf": conf}
+func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, jobs int, replayAll bool) ([]Candidate, error) {
+	out := make([]Candidate, len(confs))
+	pols := make([]policies.Policy, len(confs))
+	// stand[k] is the candidate whose replay stands for k's (k itself
+	// when k was replayed), -1 while undecided.
+	stand := make([]int, len(confs))
+	for k := range stand {
+		stand[k] = -1
+	}
+	refs := references(confs)
+	for k := range refs {
+		if base.Policy != "pytorch" || replayAll || refs[k] == k {
+			refs[k] = -1
+		}
+	}
+	// Level by level: the candidates without a reference, then those
+	// whose reference is decided.
+	for done := 0; done < len(confs); {
+		var replay, same []int
+		for k := range confs {
+			if stand[k] >= 0 {
+				continue
+			}
+			switch r := refs[k]; {
+			case r < 0:
+				replay = append(replay, k)
+			case stand[r] >= 0:
+				same = append(same, k)
+			}
+		}
+		for _, k := range same {
+			s := stand[refs[k]]
+			pt, _ := pols[s].(*policies.PyTorch)
+			ok := false
+			if pt != nil {
+				settings, err := settingsOf(h, base, confs[k])
+				if err != nil {
+					return nil, err
+				}
+				if ok, err = pt.SameReplay(settings); err != nil {
+					return nil, fmt.Errorf("%s: %w", base.Trace, err)
+				}
+				if ok {
+					r := *out[s].Result
+					r.Settings = settings
+					r.Series = slices.Clone(r.Series)
+					out[k] = Candidate{Conf: confs[k], Result: &r, Same: confs[s]}
+					stand[k], pols[k] = s, pols[s]
+					done++
+				}
+			}
+			if !ok {
+				replay = append(replay, k)
+			}
+		}
+		if err := replayEach(h, evs, base, confs, replay, jobs, out, pols); err != nil {
+			return nil, err
+		}
+		for _, k := range replay {
+			stand[k] = k
+		}
+		done += len(replay)
+	}
+	return out, nil
+}
+
+// references returns, for each setting string of confs, the index of the
+// one it can be compared with (SameReplay), -1 for none: for one with
+// garbage_collection_threshold, the same without it; else for one with
+// max_split_size_mb, the same without it.
+func references(confs []string) []int {
+	index := map[string]int{}
+	for k, c := range confs {
+		index[c] = k
+	}
+	refs := make([]int, len(confs))
+	for k, c := range confs {
+		refs[k] = -1
+		for _, key := range []string{"garbage_collection_threshold", "max_split_size_mb"} {
+			if without, ok := withoutKey(c, key); ok {
+				if r, ok := index[without]; ok {
+					refs[k] = r
+				}
+				break
+			}
+		}
+	}
+	return refs
+}
+
+// withoutKey returns the setting string c without its key:value part for
+// key, and whether it had one. Parts are split at the commas outside
+// brackets (roundup_power2_divisions:[256:1,>:4]).
+func withoutKey(c, key string) (string, bool) {
+	var parts []string
+	depth, start := 0, 0
+	for i := 0; i <= len(c); i++ {
+		switch {
+		case i == len(c) || c[i] == ',' && depth == 0:
+			parts = append(parts, c[start:i])
+			start = i + 1
+		case c[i] == '[':
+			depth++
+		case c[i] == ']':
+			depth--
+		}
+	}
+	kept := parts[:0]
+	found := false
+	for _, part := range parts {
+		if k, _, _ := strings.Cut(part, ":"); strings.TrimSpace(k) == key {
+			found = true
+			continue
+		}
+		kept = append(kept, part)
+	}
+	return strings.Join(kept, ","), found
+}
+
+// settingsOf returns the settings a replay of base with conf runs under:
+// {"conf": conf}, or as recorded what the recorded settings become under it.
+func settingsOf(h trace.Header, base sim.Config, conf string) (policies.Settings, error) {
+	s := policies.Settings{"conf": conf}
+	if !base.AsRecorded {
+		return s, nil
+	}
+	rs, ok, err := policies.Recorded(base.Policy, h, s)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", base.Trace, err)
+	}
+	if ok {
+		s = rs
+	}
+	return s, nil
+}
+
+// replayEach replays the candidates idx of confs, jobs at a time, into out
+// and their policies into pols.
+func replayEach(h trace.Header, evs []trace.Event, base sim.Config, confs []string, idx []int, jobs int, out []Candidate, pols []policies.Policy) error {
+	if len(idx) == 0 {
+		return nil
+	}
+	cfgs := make([]sim.Config, len(idx))
+	for n, k := range idx {
+		cfgs[n] = base
+		cfgs[n].Settings = map[string]string{"conf": confs[k]}
+		cfgs[n].NewPolicy = func(dev policies.Device, s policies.Settings) (policies.Policy, error) {
+			p, err := policies.New(base.Policy, dev, s)
+			pols[k] = p
+			return p, err
+		}
 	}
 	rs, err := sim.RunSplit(jobs, func(int) (trace.Source, func()) { return trace.NewSliceSource(h, evs), nil }, cfgs...)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	out := make([]Candidate, len(confs))
-	for k, r := range rs {
-		out[k] = Candidate{Conf: confs[k], Result: r}
+	for n, k := range idx {
+		out[k] = Candidate{Conf: confs[k], Result: rs[n]}
 	}
-	return out, nil
+	return nil
 }
 
 // Describe returns a candidate's setting as PYTORCH_CUDA_ALLOC_CONF would

@@ -1,6 +1,8 @@
 package tune
 
 import (
+	"bytes"
+	"encoding/json"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -62,7 +64,7 @@ func TestRun(t *testing.T) {
 	confs := Candidates(PyTorchGrid)[:24]
 	base := sim.Config{Trace: "t.txt", Policy: "pytorch", Capacity: 40 << 20}
 	for _, jobs := range []int{1, 5} {
-		cs, err := Run(h, evs, base, confs, jobs)
+		cs, err := Run(h, evs, base, confs, jobs, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +131,7 @@ func TestTuneH200(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs, err := Run(h, evs, sim.Config{Trace: path, Policy: "pytorch", AsRecorded: true, Capacity: tc.capacity}, []string{tc.conf}, 1)
+		cs, err := Run(h, evs, sim.Config{Trace: path, Policy: "pytorch", AsRecorded: true, Capacity: tc.capacity}, []string{tc.conf}, 1, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -162,5 +164,75 @@ func TestCombine(t *testing.T) {
 	}
 	if Combine("j", [][]Candidate{rank0, {c("x", 1, 0, 0), c("b", 1, 0, 0)}}) != nil {
 		t.Errorf("ranks of other settings combined")
+	}
+}
+
+// TestSameReplay: the candidates tune does not replay (SameReplay) have,
+// in JSON, byte for byte the results of their own replays, on recordings
+// where max_split_size_mb and garbage_collection_threshold act (under the
+// recorded cap: churn_gc, churn_maxsplit, churn_oom) and where they do
+// not (churn on its card); and on each some candidates are left unreplayed
+// and some replayed after all, or the test shows nothing.
+func TestSameReplay(t *testing.T) {
+	for _, tc := range []struct {
+		trace    string
+		capacity uint64
+	}{{"churn_gc", 1454374912}, {"churn_maxsplit", 1271922688}, {"churn_oom", 818937856}, {"churn", 0}} {
+		path := filepath.Join("..", "..", "testdata", "pytorch", tc.trace+".pickle.gz")
+		f, err := tracefile.Open(path, tracefile.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := f.Header()
+		evs, err := trace.ReadAll(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := sim.Config{Trace: path, Policy: "pytorch", AsRecorded: true, Capacity: tc.capacity, CardCapacity: tc.capacity == 0}
+		confs := Candidates(PyTorchGrid)
+		same, err := Run(h, evs, base, confs, 2, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := Run(h, evs, base, confs, 2, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		skipped, retried := 0, 0
+		refs := references(confs)
+		for k := range confs {
+			if same[k].Same != "" {
+				skipped++
+			} else if refs[k] >= 0 {
+				retried++ // compared, and its value could act: replayed
+			}
+			if all[k].Same != "" {
+				t.Fatalf("%s %q: not replayed under replayAll", tc.trace, confs[k])
+			}
+			a, _ := json.Marshal(same[k].Result)
+			b, _ := json.Marshal(all[k].Result)
+			if !bytes.Equal(a, b) {
+				t.Errorf("%s %q (as %q): result\n%s\nreplayed\n%s", tc.trace, confs[k], same[k].Same, a, b)
+			}
+		}
+		t.Logf("%s: %d of %d candidates not replayed, %d compared and replayed", tc.trace, skipped, len(confs), retried)
+		if skipped == 0 || retried == 0 {
+			t.Errorf("%s: %d candidates not replayed, %d compared and replayed: want some of each", tc.trace, skipped, retried)
+		}
+	}
+}
+
+func TestWithoutKey(t *testing.T) {
+	for _, tc := range []struct{ in, key, out string }{
+		{"max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4],garbage_collection_threshold:0.6", "garbage_collection_threshold", "max_split_size_mb:64,roundup_power2_divisions:[256:1,>:4]"},
+		{"roundup_power2_divisions:[256:1,>:4],max_split_size_mb:64", "max_split_size_mb", "roundup_power2_divisions:[256:1,>:4]"},
+		{"max_split_size_mb:64", "max_split_size_mb", ""},
+		{"expandable_segments:True", "max_split_size_mb", "expandable_segments:True"},
+	} {
+		got, found := withoutKey(tc.in, tc.key)
+		if got != tc.out || found != (tc.in != tc.out) {
+			t.Errorf("withoutKey(%q, %q) = %q, %v; want %q", tc.in, tc.key, got, found, tc.out)
+		}
 	}
 }
