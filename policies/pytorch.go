@@ -428,6 +428,14 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 // first size bytes, which it returns, and the rest, which stays b and goes
 // back to the pool (the split of alloc_found_block).
 func (p *PyTorch) splitOff(b *ptBlock, size uint64) *ptBlock {
+	front := p.split(b, size)
+	p.insertFree(b)
+	return front
+}
+
+// split cuts the first size bytes of b off into a block of their own,
+// which it returns; b keeps the rest.
+func (p *PyTorch) split(b *ptBlock, size uint64) *ptBlock {
 	front := p.newBlock()
 	*front = ptBlock{addr: b.addr, size: size, stream: b.stream, pool: b.pool, prev: b.prev, next: b, seg: b.seg}
 	if front.prev != nil {
@@ -436,7 +444,6 @@ func (p *PyTorch) splitOff(b *ptBlock, size uint64) *ptBlock {
 	b.prev = front
 	b.addr += size
 	b.size -= size
-	p.insertFree(b)
 	return front
 }
 
@@ -484,9 +491,21 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 		pool.gcCalls++
 	}
 	b := p.findFreeBlock(pool, stream, size)
-	if b != nil {
-		p.removeFree(b)
+	if b == nil {
+		return nil
 	}
+	if len(p.pending) == 0 && p.shouldSplit(b, size) {
+		// Split here, as malloc would right after (no late free to take
+		// back in between): the rest takes b's place in the tree.
+		sb := pool.blocks(b.stream, false)
+		oldSize, oldAddr := b.size, b.addr
+		front := p.split(b, size)
+		b.gcBase = pool.gcCalls
+		sb.tree.rekey(oldSize, oldAddr, ptItem{b.size, b.addr, b})
+		p.freeBytes -= size
+		return front
+	}
+	p.removeFree(b)
 	return b
 }
 
@@ -764,9 +783,31 @@ func (p *PyTorch) Free(addr, stream uint64) error {
 // its free neighbours and goes back to its pool.
 func (p *PyTorch) freeBlock(b *ptBlock) {
 	b.allocated = false
-	p.tryMerge(b, b.prev)
-	p.tryMerge(b, b.next)
-	p.insertFree(b)
+	// A free neighbour's place in the tree becomes b's: one rekey rather
+	// than its removal and b's insertion.
+	var slot *ptBlock
+	var slotSize, slotAddr uint64
+	if prev := b.prev; prev != nil && !prev.allocated && !prev.unmapped {
+		slot, slotSize, slotAddr = prev, prev.size, prev.addr
+		p.freeBytes -= prev.size
+		p.join(b, prev)
+	} else {
+		p.tryMerge(b, prev)
+	}
+	if next := b.next; slot == nil && next != nil && !next.allocated && !next.unmapped {
+		slot, slotSize, slotAddr = next, next.size, next.addr
+		p.freeBytes -= next.size
+		p.join(b, next)
+	} else {
+		p.tryMerge(b, next)
+	}
+	if slot == nil {
+		p.insertFree(b)
+		return
+	}
+	b.gcBase = b.pool.gcCalls
+	b.pool.blocks(b.stream, false).tree.rekey(slotSize, slotAddr, ptItem{b.size, b.addr, b})
+	p.freeBytes += b.size
 }
 
 // tryMerge is try_merge_blocks: src, a neighbour of dst, joins dst if it
@@ -780,6 +821,11 @@ func (p *PyTorch) tryMerge(dst, src *ptBlock) {
 	} else {
 		p.removeFree(src)
 	}
+	p.join(dst, src)
+}
+
+// join merges src, a neighbour of dst out of its pool, into dst.
+func (p *PyTorch) join(dst, src *ptBlock) {
 	if dst.prev == src {
 		dst.addr = src.addr
 		dst.prev = src.prev

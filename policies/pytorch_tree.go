@@ -158,6 +158,31 @@ func (t *ptTree) insert(it ptItem) {
 	t.len++
 }
 
+// rekey replaces the item with key (size, addr), which must be in t, by
+// it, whose key must not be: in a tree of one node (free blocks per stream
+// and pool number tens) by one shift of the items between the two keys,
+// rather than a delete and an insert that shift the items after each.
+func (t *ptTree) rekey(size, addr uint64, it ptItem) {
+	x := t.root
+	if !x.leaf {
+		t.delete(size, addr)
+		t.insert(it)
+		return
+	}
+	i := x.find(size, addr)
+	if i == x.n || x.items[i].size != size || x.items[i].addr != addr {
+		panic(fmt.Sprintf("policies: pytorch free block tree: no block of %d bytes at %#x", size, addr))
+	}
+	// j is where it goes among the items with the old one still there.
+	if j := x.find(it.size, it.addr); j <= i {
+		copy(x.items[j+1:i+1], x.items[j:i])
+		x.items[j] = it
+	} else {
+		copy(x.items[i:j-1], x.items[i+1:j])
+		x.items[j-1] = it
+	}
+}
+
 // splitChild splits the full child i of x around its median, which moves
 // up into x.
 func (t *ptTree) splitChild(x *ptNode, i int) {

@@ -299,8 +299,83 @@ func BenchmarkReplayMallocFree(b *testing.B) {
 			best = min(best, time.Since(start))
 		}
 		ours := float64(best.Nanoseconds()) / float64(len(evs))
-		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=%.0f allocsim_ns_per_op=%.1f ratio=%.1f", theirs, ours, theirs/ours))
+		loop := policyLoop(b, evs)
+		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=%.0f policy_loop_ns_per_op=%.1f ratio=%.1f replay_ns_per_op=%.1f replay_ratio=%.1f", theirs, loop, theirs/loop, ours, theirs/ours))
 	})
+}
+
+// policyLoop times the loop that loop.py times, in Go: the pytorch
+// policy's Malloc and Free called straight on the same mallocs and frees
+// (a free given the block of its malloc by the malloc's index, as
+// loop.py gives DynaPipe's free its block), on a simulated device, best of
+// 3, in nanoseconds per op. The replay (sim.Run) does more per event than
+// either loop: the live table by address, the peaks, series and
+// fragmentation, the cost model's clock and the trace's checks. It fails
+// the benchmark if the loop's peak reserved bytes or device allocations
+// differ from the replay's.
+func policyLoop(b *testing.B, evs []trace.Event) float64 {
+	type op struct {
+		size uint64
+		of   int // the malloc freed, -1 for a malloc
+	}
+	ops := make([]op, len(evs))
+	slot := map[uint64]int{}
+	for k, ev := range evs {
+		if ev.Op == trace.OpMalloc {
+			slot[ev.Addr] = k
+			ops[k] = op{ev.Size, -1}
+		} else {
+			ops[k] = op{0, slot[ev.Addr]}
+		}
+	}
+	rs, err := sim.Run(trace.NewSliceSource(trace.Header{}, evs), sim.Config{Policy: "pytorch"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	best := time.Duration(math.MaxInt64)
+	blocks := make([]policies.Block, len(ops))
+	for range 3 {
+		dev := sim.NewDevice(0)
+		p, err := policies.NewPyTorch(dev, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		for k, o := range ops {
+			if o.of < 0 {
+				blocks[k], err = p.Malloc(o.size, 0)
+			} else {
+				err = p.Free(blocks[o.of].Addr, 0)
+			}
+			if err != nil {
+				b.Fatalf("op %d: %v", k, err)
+			}
+		}
+		best = min(best, time.Since(start))
+		if dev.PeakReserved() != rs[0].PeakReserved || dev.Allocs() != rs[0].DeviceAllocs {
+			b.Fatalf("policy loop: peak reserved %d, %d device allocations; replay %d, %d", dev.PeakReserved(), dev.Allocs(), rs[0].PeakReserved, rs[0].DeviceAllocs)
+		}
+	}
+	return float64(best.Nanoseconds()) / float64(len(ops))
+}
+
+// BenchmarkPolicyLoop times policyLoop, the pytorch policy's calls alone on
+// kv_decode's mallocs and frees (trace=kv_decode-mallocfree
+// stage=policy-loop).
+func BenchmarkPolicyLoop(b *testing.B) {
+	bt := kvDecodeTrace(b, kvDecodePath(b))
+	var evs []trace.Event
+	for _, ev := range bt.evs {
+		if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
+			evs = append(evs, ev)
+		}
+	}
+	b.ResetTimer()
+	var ns float64
+	for i := 0; i < b.N; i++ {
+		ns = policyLoop(b, evs)
+	}
+	benchReport("kv_decode-mallocfree 3policy-loop", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=policy-loop policy=pytorch ns_per_op=%.1f events=%d", ns, len(evs)))
 }
 
 var dynaPipeOnce sync.Once
@@ -313,7 +388,10 @@ var dynaPipeOnce sync.Once
 // BenchmarkReplayMallocFree's loop-against-loop ratio (ours timed right
 // after, the best of 3 too):
 //
-//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=N allocsim_ns_per_op=M ratio=R
+//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=N policy_loop_ns_per_op=M ratio=R replay_ns_per_op=P replay_ratio=Q
+//
+// ratio is loop against loop: loop.py's against policyLoop's, the same
+// calls in Go; replay_ratio is loop.py's against the whole replay's.
 //
 // It fails the benchmark if the port's peak reserved bytes or device
 // mallocs differ from the pytorch policy's (they agree on kv_decode), and
