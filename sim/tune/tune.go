@@ -159,7 +159,6 @@ func Rank(cs []Candidate) {
 // It returns the first error of a replay.
 func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, jobs int, replayAll bool) ([]Candidate, error) {
 	out := make([]Candidate, len(confs))
-	pols := make([]policies.Policy, len(confs))
 	// stand[k] is the candidate whose replay stands for k's (k itself
 	// when k was replayed), -1 while undecided.
 	stand := make([]int, len(confs))
@@ -167,9 +166,16 @@ func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, job
 		stand[k] = -1
 	}
 	refs := references(confs)
-	for k := range refs {
-		if base.Policy != "pytorch" || replayAll || refs[k] == k {
+	// deps[r] counts the undecided candidates compared with r; pols[r]
+	// is the policy of the replay that stands for r while deps[r] > 0
+	// (nil after: a replay's tables can be large).
+	deps := make([]int, len(confs))
+	pols := make([]policies.Policy, len(confs))
+	for k, r := range refs {
+		if base.Policy != "pytorch" || replayAll || r == k {
 			refs[k] = -1
+		} else if r >= 0 {
+			deps[r]++
 		}
 	}
 	// Level by level: the candidates without a reference, then those
@@ -188,8 +194,8 @@ func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, job
 			}
 		}
 		for _, k := range same {
-			s := stand[refs[k]]
-			pt, _ := pols[s].(*policies.PyTorch)
+			r := refs[k]
+			pt, _ := pols[r].(*policies.PyTorch)
 			ok := false
 			if pt != nil {
 				settings, err := settingsOf(h, base, confs[k])
@@ -200,19 +206,25 @@ func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, job
 					return nil, fmt.Errorf("%s: %w", base.Trace, err)
 				}
 				if ok {
-					r := *out[s].Result
-					r.Settings = settings
-					r.Series = slices.Clone(r.Series)
-					out[k] = Candidate{Conf: confs[k], Result: &r, Same: confs[s]}
-					stand[k], pols[k] = s, pols[s]
+					res := *out[r].Result
+					res.Settings = settings
+					res.Series = slices.Clone(res.Series)
+					out[k] = Candidate{Conf: confs[k], Result: &res, Same: confs[stand[r]]}
+					stand[k] = stand[r]
+					if deps[k] > 0 {
+						pols[k] = pt
+					}
 					done++
 				}
 			}
 			if !ok {
 				replay = append(replay, k)
 			}
+			if deps[r]--; deps[r] == 0 {
+				pols[r] = nil
+			}
 		}
-		if err := replayEach(h, evs, base, confs, replay, jobs, out, pols); err != nil {
+		if err := replayEach(h, evs, base, confs, replay, jobs, out, pols, deps); err != nil {
 			return nil, err
 		}
 		for _, k := range replay {
@@ -293,9 +305,9 @@ func settingsOf(h trace.Header, base sim.Config, conf string) (policies.Settings
 	return s, nil
 }
 
-// replayEach replays the candidates idx of confs, jobs at a time, into out
-// and their policies into pols.
-func replayEach(h trace.Header, evs []trace.Event, base sim.Config, confs []string, idx []int, jobs int, out []Candidate, pols []policies.Policy) error {
+// replayEach replays the candidates idx of confs, jobs at a time, into out,
+// and the policies of those compared with others (deps) into pols.
+func replayEach(h trace.Header, evs []trace.Event, base sim.Config, confs []string, idx []int, jobs int, out []Candidate, pols []policies.Policy, deps []int) error {
 	if len(idx) == 0 {
 		return nil
 	}
@@ -305,7 +317,9 @@ func replayEach(h trace.Header, evs []trace.Event, base sim.Config, confs []stri
 		cfgs[n].Settings = map[string]string{"conf": confs[k]}
 		cfgs[n].NewPolicy = func(dev policies.Device, s policies.Settings) (policies.Policy, error) {
 			p, err := policies.New(base.Policy, dev, s)
-			pols[k] = p
+			if deps[k] > 0 {
+				pols[k] = p
+			}
 			return p, err
 		}
 	}
