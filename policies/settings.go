@@ -212,19 +212,19 @@ func ParseSets(sets []string, known, names []string) (map[string]Settings, error
 		out[name][key] = val
 	}
 	for name, set := range out {
-		if err := checkSettings(name, set); err != nil {
+		if err := CheckSettings(name, set); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
 	return out, nil
 }
 
-// checkSettings builds the registered policy name with settings s on a
+// CheckSettings builds the registered policy name with settings s on a
 // scratch device, so that a setting it does not know or a value it
-// refuses is found before any replay (a policy not in the registry, a GPU
-// target, is not checked). An OOM of a policy that takes memory up front
-// is no error of its settings.
-func checkSettings(name string, s Settings) error {
+// refuses is found before any replay: it returns the error New would (a
+// policy not in the registry, a GPU target, is not checked). An OOM of a
+// policy that takes memory up front is no error of its settings.
+func CheckSettings(name string, s Settings) error {
 	if _, ok := Lookup(name); !ok {
 		return nil
 	}
@@ -236,7 +236,7 @@ func checkSettings(name string, s Settings) error {
 }
 
 // scratchDevice is a device (and Mapper) of unlimited memory that hands
-// out addresses and forgets them, for checkSettings.
+// out addresses and forgets them, for CheckSettings.
 type scratchDevice struct{ next uint64 }
 
 func (d *scratchDevice) Alloc(size uint64) (uint64, error) {

@@ -113,6 +113,8 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 	} else if *shard != "" {
 		return cli.UsageError{Err: fmt.Errorf("tune: --shard and --from-results are exclusive")}
+	} else if *replayAll {
+		return cli.UsageError{Err: fmt.Errorf("tune: --replay-all and --from-results are exclusive (the shards' runs replayed)")}
 	}
 	if shardN > 1 {
 		if *jsonOut == "" || *jsonOut == "-" {
@@ -164,6 +166,11 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	confs := tune.Candidates(grid)
+	for _, c := range confs {
+		if err := policies.CheckSettings("pytorch", policies.Settings{"conf": c}); err != nil {
+			return cli.UsageError{Err: fmt.Errorf("tune --grid: %w", err)}
+		}
+	}
 	if err := checkOutputs(fs.Args(), "json", *jsonOut); err != nil {
 		return err
 	}

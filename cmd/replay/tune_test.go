@@ -50,7 +50,13 @@ func TestTune(t *testing.T) {
 // go to stderr (a recording with a failed malloc said nothing).
 func TestTuneFlags(t *testing.T) {
 	churn := "../../testdata/pytorch/churn.pickle.gz"
-	for _, args := range [][]string{{"tune", "--top", "-1", churn}, {"tune", "-j", "0", churn}} {
+	for _, args := range [][]string{
+		{"tune", "--top", "-1", churn}, {"tune", "-j", "0", churn},
+		// A value the allocator refuses, with or without --replay-all.
+		{"tune", "--grid", "max_split_size_mb=,19", churn},
+		{"tune", "--replay-all", "--grid", "garbage_collection_threshold=0.5,1.5", churn},
+		{"tune", "--replay-all", "--from-results", churn},
+	} {
 		_, _, err := runCmd(t, args...)
 		var ec interface{ ExitCode() int }
 		if err == nil || !errors.As(err, &ec) || ec.ExitCode() != 2 || strings.Contains(err.Error(), "internal error") {

@@ -17,7 +17,6 @@
 package tune
 
 import (
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -158,6 +157,13 @@ func Rank(cs []Candidate) {
 // replayAll to replay every candidate all the same.
 // It returns the first error of a replay.
 func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, jobs int, replayAll bool) ([]Candidate, error) {
+	// A setting the policy refuses fails the run, the first of confs so
+	// named, whichever candidates are replayed.
+	for _, conf := range confs {
+		if err := policies.CheckSettings(base.Policy, policies.Settings{"conf": conf}); err != nil {
+			return nil, err
+		}
+	}
 	out := make([]Candidate, len(confs))
 	// stand[k] is the candidate whose replay stands for k's (k itself
 	// when k was replayed), -1 while undecided.
@@ -203,7 +209,7 @@ func Run(h trace.Header, evs []trace.Event, base sim.Config, confs []string, job
 					return nil, err
 				}
 				if ok, err = pt.SameReplay(settings); err != nil {
-					return nil, fmt.Errorf("%s: %w", base.Trace, err)
+					return nil, err
 				}
 				if ok {
 					res := *out[r].Result
@@ -297,7 +303,7 @@ func settingsOf(h trace.Header, base sim.Config, conf string) (policies.Settings
 	}
 	rs, ok, err := policies.Recorded(base.Policy, h, s)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", base.Trace, err)
+		return nil, err
 	}
 	if ok {
 		s = rs
