@@ -270,7 +270,7 @@ func (p *PyTorch) newBlock() *ptBlock {
 		return &ptBlock{}
 	}
 	p.spare = b.next
-	*b = ptBlock{}
+	b.next = nil // recycle left the rest zero
 	return b
 }
 
@@ -490,14 +490,13 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 	if p.gcActive() {
 		pool.gcCalls++
 	}
-	b := p.findFreeBlock(pool, stream, size)
+	b, sb := p.findFree(pool, stream, size)
 	if b == nil {
 		return nil
 	}
 	if len(p.pending) == 0 && p.shouldSplit(b, size) {
 		// Split here, as malloc would right after (no late free to take
 		// back in between): the rest takes b's place in the tree.
-		sb := pool.blocks(b.stream, false)
 		oldSize, oldAddr := b.size, b.addr
 		front := p.split(b, size)
 		b.gcBase = pool.gcCalls
@@ -505,7 +504,8 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 		p.freeBytes -= size
 		return front
 	}
-	p.removeFree(b)
+	sb.tree.delete(b.size, b.addr)
+	p.freeBytes -= b.size
 	return b
 }
 
@@ -516,13 +516,20 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 // takes a block of that size, a larger one only a block less than
 // max_non_split_rounding larger than itself.
 func (p *PyTorch) findFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
+	b, _ := p.findFree(pool, stream, size)
+	return b
+}
+
+// findFree is findFreeBlock that also returns the free blocks of stream
+// in pool that it searched.
+func (p *PyTorch) findFree(pool *ptPool, stream, size uint64) (*ptBlock, *ptStreamBlocks) {
 	sb := pool.blocks(stream, false)
 	if sb == nil {
-		return nil
+		return nil, nil
 	}
 	b := sb.tree.lowerBound(size)
 	if b == nil {
-		return nil
+		return nil, nil
 	}
 	if b.seg != nil {
 		if p.cfg.expandableSegments {
@@ -539,19 +546,19 @@ func (p *PyTorch) findFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 				b = sb.tree.successor(b)
 			}
 			if b == nil {
-				return nil
+				return nil, nil
 			}
 		}
 	}
 	p.reach.split = max(p.reach.split, b.size)
 	maxSplit := p.cfg.maxSplitSize
 	if size < maxSplit && b.size >= maxSplit {
-		return nil // never hand an oversize block to a smaller request
+		return nil, nil // never hand an oversize block to a smaller request
 	}
 	if size >= maxSplit && b.size >= size+p.cfg.maxNonSplitRounding {
-		return nil
+		return nil, nil
 	}
-	return b
+	return b, sb
 }
 
 // shouldSplit is should_split: whether the rest of b after size bytes
