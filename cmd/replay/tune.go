@@ -85,7 +85,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write every candidate's result to `FILE` (- for stdout), its setting as set:conf")
 	shard := fs.String("shard", "", "replay only shard `i/n` of the setting strings (0 <= i < n) into the --json FILE with .shard-i-of-n before its extension; auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX")
 	fromResults := fs.Bool("from-results", false, "the arguments are the --json files of tune --shard runs: rank their candidates together")
-	replayAll := fs.Bool("replay-all", false, "replay every setting, also those that differ from one replayed only where its replay shows they cannot act (see below)")
+	replayAll := fs.Bool("replay-all", false, "replay every setting, also those that differ from one replayed only where its replay shows they cannot act (see above)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
