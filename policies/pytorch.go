@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-
-	"github.com/gpualloc/allocsim/trace"
 )
 
 // This file simulates PyTorch's CUDA caching allocator, following
@@ -104,7 +102,7 @@ type PyTorch struct {
 	cfg      pytorchConfig
 
 	large, small ptPool
-	active       trace.AddrMap[*ptBlock] // allocated blocks by address
+	active       ptActive // allocated blocks by address
 
 	// Private pools (pytorch_pools.go): by id, and those released, in the
 	// order of their release (graph_pools, graph_pools_freeable).
@@ -420,7 +418,7 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 		b = p.splitOff(b, rsize)
 	}
 	b.allocated = true
-	p.active.Put(b.addr, b)
+	p.active.put(b.addr, b)
 	return Block{Addr: b.addr, Size: b.size}, nil
 }
 
@@ -778,7 +776,7 @@ func (p *PyTorch) Free(addr, stream uint64) error {
 			return err
 		}
 	}
-	b, _ := p.active.Take(addr)
+	b := p.active.take(addr)
 	if b == nil {
 		return fmt.Errorf("pytorch: free of %#x on stream %#x: not an allocated block", addr, stream)
 	}

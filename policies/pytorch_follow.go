@@ -48,7 +48,7 @@ func (p *PyTorch) FreeLate(addr, stream uint64) error {
 			return err
 		}
 	}
-	b, _ := p.active.Take(addr)
+	b := p.active.take(addr)
 	if b == nil {
 		return fmt.Errorf("pytorch: free of %#x on stream %#x: not an allocated block", addr, stream)
 	}

@@ -134,7 +134,7 @@ func (p *PyTorch) RestoreBlock(size, stream uint64, id uint32) (Block, error) {
 		b = p.splitOff(b, size)
 	}
 	b.allocated = true
-	p.active.Put(b.addr, b)
+	p.active.put(b.addr, b)
 	pp.restored = b
 	return Block{Addr: b.addr, Size: b.size}, nil
 }

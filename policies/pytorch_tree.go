@@ -323,3 +323,84 @@ func (t *ptTree) merge(x *ptNode, i int) {
 	x.n--
 	t.recycle(z)
 }
+
+// ptActive is the table of allocated blocks by address: open addressing
+// with linear probing and backward-shift deletion over (address, block)
+// slots, grown at half full. For the pytorch policy's per-malloc and
+// per-free lookups it is faster than trace.AddrMap, whose records sit
+// apart from its index, at a like cost per live block (two to four slots
+// of 16 bytes). The zero value is ready to use.
+type ptActive struct {
+	slots []ptActiveSlot
+	n     int
+	shift uint // 64 - log2(len(slots))
+}
+
+type ptActiveSlot struct {
+	addr uint64 // 0 for an empty slot (no block is at address 0)
+	b    *ptBlock
+}
+
+func (m *ptActive) home(addr uint64) int { return int(addr * 0x9e3779b97f4a7c15 >> m.shift) }
+
+// put sets the block at addr, which must not be in m, and must not be 0.
+func (m *ptActive) put(addr uint64, b *ptBlock) {
+	if 2*(m.n+1) > len(m.slots) {
+		m.grow()
+	}
+	mask := len(m.slots) - 1
+	i := m.home(addr)
+	for m.slots[i].addr != 0 {
+		i = (i + 1) & mask
+	}
+	m.slots[i] = ptActiveSlot{addr, b}
+	m.n++
+}
+
+// take removes the block at addr and returns it, nil if there is none.
+func (m *ptActive) take(addr uint64) *ptBlock {
+	if m.n == 0 || addr == 0 {
+		return nil
+	}
+	mask := len(m.slots) - 1
+	i := m.home(addr)
+	for m.slots[i].addr != addr {
+		if m.slots[i].addr == 0 {
+			return nil
+		}
+		i = (i + 1) & mask
+	}
+	b := m.slots[i].b
+	m.n--
+	// Shift back the later slots of the probe run whose home is not in
+	// the cyclic range (i, j].
+	for j := (i + 1) & mask; m.slots[j].addr != 0; j = (j + 1) & mask {
+		h := m.home(m.slots[j].addr)
+		if (j > i && (h <= i || h > j)) || (j < i && h <= i && h > j) {
+			m.slots[i] = m.slots[j]
+			i = j
+		}
+	}
+	m.slots[i] = ptActiveSlot{}
+	return b
+}
+
+func (m *ptActive) grow() {
+	old := m.slots
+	size := max(64, 2*len(old))
+	m.slots = make([]ptActiveSlot, size)
+	m.shift = 64
+	for s := size; s > 1; s >>= 1 {
+		m.shift--
+	}
+	mask := size - 1
+	for _, s := range old {
+		if s.addr != 0 {
+			i := m.home(s.addr)
+			for m.slots[i].addr != 0 {
+				i = (i + 1) & mask
+			}
+			m.slots[i] = s
+		}
+	}
+}

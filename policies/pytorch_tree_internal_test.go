@@ -68,3 +68,50 @@ func TestPtTree(t *testing.T) {
 		}
 	}
 }
+
+// TestPtActive checks the table of allocated blocks against a Go map
+// under random puts and takes of clustered addresses (a probe run that
+// wraps around the table's end included), up to 3000 held.
+func TestPtActive(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	var m ptActive
+	model := map[uint64]*ptBlock{}
+	var held []uint64
+	for step := range 200000 {
+		if len(held) == 0 || rng.Intn(2) == 0 && len(held) < 3000 {
+			addr := 0x7f0000000000 + uint64(rng.Intn(1<<14))*512
+			if _, dup := model[addr]; dup {
+				continue
+			}
+			b := &ptBlock{addr: addr}
+			m.put(addr, b)
+			model[addr] = b
+			held = append(held, addr)
+		} else {
+			k := rng.Intn(len(held))
+			addr := held[k]
+			held[k] = held[len(held)-1]
+			held = held[:len(held)-1]
+			if got := m.take(addr); got != model[addr] {
+				t.Fatalf("step %d: take(%#x) = %v, want %v", step, addr, got, model[addr])
+			}
+			delete(model, addr)
+		}
+		if m.n != len(model) {
+			t.Fatalf("step %d: %d held, want %d", step, m.n, len(model))
+		}
+		if probe := 0x7f0000000000 + uint64(rng.Intn(1<<14))*512; m.take(probe) != model[probe] {
+			t.Fatalf("step %d: take(%#x) of a block %v", step, probe, model[probe])
+		} else if b := model[probe]; b != nil {
+			m.put(probe, b) // put back what the probe took
+		}
+	}
+	for _, addr := range held {
+		if m.take(addr) != model[addr] {
+			t.Fatalf("the end: take(%#x) wrong", addr)
+		}
+	}
+	if m.n != 0 || m.take(0x7f0000000000) != nil || m.take(0) != nil {
+		t.Fatal("the end: not empty")
+	}
+}
