@@ -267,12 +267,7 @@ func isPlanner(name string) bool {
 // comparison loop against loop (trace=kv_decode-mallocfree).
 func BenchmarkReplayMallocFree(b *testing.B) {
 	bt := kvDecodeTrace(b, kvDecodePath(b))
-	var evs []trace.Event
-	for _, ev := range bt.evs {
-		if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
-			evs = append(evs, ev)
-		}
-	}
+	evs := mallocsAndFrees(bt.evs)
 	b.ReportAllocs()
 	b.ResetTimer() // the filtering above is not the loop
 	for i := 0; i < b.N; i++ {
@@ -372,17 +367,24 @@ func bestOf3(ops int, loop func()) float64 {
 	return best
 }
 
+// mallocsAndFrees returns the malloc and free events of evs, in order:
+// what a port of the allocator replaying a list of calls loops over.
+func mallocsAndFrees(evs []trace.Event) []trace.Event {
+	var out []trace.Event
+	for _, ev := range evs {
+		if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
 // BenchmarkPolicyLoop times policyLoop, the pytorch policy's calls alone on
 // kv_decode's mallocs and frees (trace=kv_decode-mallocfree
 // stage=policy-loop).
 func BenchmarkPolicyLoop(b *testing.B) {
 	bt := kvDecodeTrace(b, kvDecodePath(b))
-	var evs []trace.Event
-	for _, ev := range bt.evs {
-		if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
-			evs = append(evs, ev)
-		}
-	}
+	evs := mallocsAndFrees(bt.evs)
 	b.ResetTimer()
 	var ns float64
 	for i := 0; i < b.N; i++ {

@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/gpualloc/allocsim/sim"
-	"github.com/gpualloc/allocsim/trace"
-	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 // BenchmarkTune measures replay tune's search on kv_decode (from
@@ -22,16 +20,7 @@ import (
 //	BENCH trace=kv_decode stage=tune mode=M candidates=180 replays=N seconds=S candidates_per_s_per_core=C replays_per_s_per_core=R
 func BenchmarkTune(b *testing.B) {
 	path := kvDecode(b)
-	f, err := tracefile.Open(path, tracefile.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := f.Header()
-	evs, err := trace.ReadAll(f)
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
+	h, evs := readTrace(b, path)
 	confs := Candidates(PyTorchGrid)
 	base := sim.Config{Trace: path, Policy: "pytorch", AsRecorded: true, CardCapacity: true}
 	for _, all := range []bool{true, false} {

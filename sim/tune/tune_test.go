@@ -121,16 +121,7 @@ var tuneH200 = []struct {
 func TestTuneH200(t *testing.T) {
 	for _, tc := range tuneH200 {
 		path := filepath.Join("..", "..", "testdata", "pytorch", tc.trace+".pickle.gz")
-		f, err := tracefile.Open(path, tracefile.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := f.Header()
-		evs, err := trace.ReadAll(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		h, evs := readTrace(t, path)
 		cs, err := Run(h, evs, sim.Config{Trace: path, Policy: "pytorch", AsRecorded: true, Capacity: tc.capacity}, []string{tc.conf}, 1, false)
 		if err != nil {
 			t.Fatal(err)
@@ -179,16 +170,7 @@ func TestSameReplay(t *testing.T) {
 		capacity uint64
 	}{{"churn_gc", 1454374912}, {"churn_maxsplit", 1271922688}, {"churn_oom", 818937856}, {"churn", 0}} {
 		path := filepath.Join("..", "..", "testdata", "pytorch", tc.trace+".pickle.gz")
-		f, err := tracefile.Open(path, tracefile.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := f.Header()
-		evs, err := trace.ReadAll(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
+		h, evs := readTrace(t, path)
 		base := sim.Config{Trace: path, Policy: "pytorch", AsRecorded: true, Capacity: tc.capacity, CardCapacity: tc.capacity == 0}
 		confs := Candidates(PyTorchGrid)
 		same, err := Run(h, evs, base, confs, 2, false)
@@ -235,4 +217,19 @@ func TestWithoutKey(t *testing.T) {
 			t.Errorf("withoutKey(%q, %q) = %q, %v; want %q", tc.in, tc.key, got, found, tc.out)
 		}
 	}
+}
+
+// readTrace decodes the trace at path into memory, as replay tune does.
+func readTrace(tb testing.TB, path string) (trace.Header, []trace.Event) {
+	tb.Helper()
+	f, err := tracefile.Open(path, tracefile.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	evs, err := trace.ReadAll(f)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return f.Header(), evs
 }
