@@ -434,8 +434,12 @@ func (p *PyTorch) splitOff(b *ptBlock, size uint64) *ptBlock {
 // split cuts the first size bytes of b off into a block of their own,
 // which it returns; b keeps the rest.
 func (p *PyTorch) split(b *ptBlock, size uint64) *ptBlock {
+	// Field by field into the zeroed block: a composite literal is built
+	// on the stack and copied, and that copy's wide loads of the narrow
+	// stores just made stall (no store forwarding).
 	front := p.newBlock()
-	*front = ptBlock{addr: b.addr, size: size, stream: b.stream, pool: b.pool, prev: b.prev, next: b, seg: b.seg}
+	front.addr, front.size, front.stream, front.pool, front.seg = b.addr, size, b.stream, b.pool, b.seg
+	front.prev, front.next = b.prev, b
 	if front.prev != nil {
 		front.prev.next = front
 	}
