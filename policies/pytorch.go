@@ -200,8 +200,8 @@ func newPyTorch(dev Device, cfg pytorchConfig) *PyTorch {
 func (p *PyTorch) Name() string { return "pytorch" }
 
 // ptBlock is a block of a segment: allocated, free and then in its pool's
-// tree, or (in an expandable segment) unmapped and then in its pool's
-// unmapped list. The blocks of one segment form an address-ordered list
+// free blocks of its stream (a ptFree), or (in an expandable segment)
+// unmapped and then in its pool's unmapped list. The blocks of one segment form an address-ordered list
 // through prev and next; a segment that is one block has neither.
 type ptBlock struct {
 	addr, size uint64
@@ -210,13 +210,17 @@ type ptBlock struct {
 	prev, next *ptBlock
 	seg        *ptSegment // the expandable segment, nil for a cudaMalloc one
 	gcBase     int64      // pool.gcCalls when it became free (gc_count_base)
-	allocated  bool       // also while a late free is not taken back
-	unmapped   bool
+	// While free: its neighbours in its bin of its pool's free blocks,
+	// and the bin.
+	binPrev, binNext *ptBlock
+	bin              uint16
+	allocated        bool // also while a late free is not taken back
+	unmapped         bool
 }
 
 func (b *ptBlock) isSplit() bool { return b.prev != nil || b.next != nil }
 
-// ptPool is a pool of free blocks (BlockPool): per stream, a tree ordered
+// ptPool is a pool of free blocks (BlockPool): per stream, a set ordered
 // by (size, address); the streams in ascending order.
 type ptPool struct {
 	small   bool
@@ -234,7 +238,7 @@ type ptPool struct {
 
 type ptStreamBlocks struct {
 	stream uint64
-	tree   ptTree
+	free   ptFree
 }
 
 // blocks returns the free blocks of stream, created if absent when create
@@ -280,13 +284,13 @@ func (p *PyTorch) recycle(b *ptBlock) {
 // insertFree puts the free block b into its pool (insert_into_blocks).
 func (p *PyTorch) insertFree(b *ptBlock) {
 	b.gcBase = b.pool.gcCalls
-	b.pool.blocks(b.stream, true).tree.insert(ptItem{b.size, b.addr, b})
+	b.pool.blocks(b.stream, true).free.insert(b)
 	p.freeBytes += b.size
 }
 
 // removeFree takes the free block b out of its pool.
 func (p *PyTorch) removeFree(b *ptBlock) {
-	b.pool.blocks(b.stream, false).tree.delete(b.size, b.addr)
+	b.pool.blocks(b.stream, false).free.delete(b)
 	p.freeBytes -= b.size
 }
 
@@ -496,17 +500,16 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 	if b == nil {
 		return nil
 	}
+	sb.free.delete(b)
 	if len(p.pending) == 0 && p.shouldSplit(b, size) {
 		// Split here, as malloc would right after (no late free to take
-		// back in between): the rest takes b's place in the tree.
-		oldSize, oldAddr := b.size, b.addr
+		// back in between).
 		front := p.split(b, size)
 		b.gcBase = pool.gcCalls
-		sb.tree.rekey(oldSize, oldAddr, ptItem{b.size, b.addr, b})
+		sb.free.insert(b)
 		p.freeBytes -= size
 		return front
 	}
-	sb.tree.delete(b.size, b.addr)
 	p.freeBytes -= b.size
 	return b
 }
@@ -529,14 +532,14 @@ func (p *PyTorch) findFree(pool *ptPool, stream, size uint64) (*ptBlock, *ptStre
 	if sb == nil {
 		return nil, nil
 	}
-	b := sb.tree.lowerBound(size)
+	b := sb.free.lowerBound(size)
 	if b == nil {
 		return nil, nil
 	}
 	if b.seg != nil {
 		if p.cfg.expandableSegments {
 			for b.seg != nil {
-				next := sb.tree.successor(b)
+				next := sb.free.successor(b)
 				if next == nil || expandableSize(next) >= expandableSize(b) {
 					break
 				}
@@ -545,7 +548,7 @@ func (p *PyTorch) findFree(pool *ptPool, stream, size uint64) (*ptBlock, *ptStre
 		} else {
 			// Expandable segments turned off: only the others.
 			for b != nil && b.seg != nil {
-				b = sb.tree.successor(b)
+				b = sb.free.successor(b)
 			}
 			if b == nil {
 				return nil, nil
@@ -619,7 +622,7 @@ func (p *PyTorch) gcPlan() []*ptBlock {
 	target := p.reserved - threshold
 	cands := p.scratch[:0]
 	for _, sb := range p.large.streams {
-		cands = sb.tree.appendIf(cands, func(b *ptBlock) bool { return !b.isSplit() && b.seg == nil })
+		cands = sb.free.appendIf(cands, func(b *ptBlock) bool { return !b.isSplit() && b.seg == nil })
 	}
 	p.scratch = cands
 	if len(cands) == 0 {
@@ -660,7 +663,7 @@ func (p *PyTorch) gcPlan() []*ptBlock {
 func (p *PyTorch) releaseAvailablePlan(pool *ptPool, stream, size uint64, gone []*ptBlock) (plan []*ptBlock, ok bool) {
 	sb := pool.blocks(stream, false)
 	if sb != nil {
-		if b := sb.tree.max(); b != nil {
+		if b := sb.free.max(); b != nil {
 			p.reach.split = max(p.reach.split, b.size)
 		}
 	}
@@ -676,9 +679,9 @@ func (p *PyTorch) releaseAvailablePlan(pool *ptPool, stream, size uint64, gone [
 		}
 		return false
 	}
-	b := sb.tree.lowerBound(key)
+	b := sb.free.lowerBound(key)
 	for b != nil && isGone(b) {
-		b = sb.tree.successor(b)
+		b = sb.free.successor(b)
 	}
 	if b != nil {
 		if b.seg != nil {
@@ -686,7 +689,7 @@ func (p *PyTorch) releaseAvailablePlan(pool *ptPool, stream, size uint64, gone [
 		}
 		return []*ptBlock{b}, true
 	}
-	over := sb.tree.appendIf(nil, func(b *ptBlock) bool { return b.size >= p.cfg.maxSplitSize && b.seg == nil && !isGone(b) })
+	over := sb.free.appendIf(nil, func(b *ptBlock) bool { return b.size >= p.cfg.maxSplitSize && b.seg == nil && !isGone(b) })
 	var freed uint64
 	for k := len(over) - 1; k >= 0 && freed < key; k-- {
 		freed += over[k].size
@@ -723,7 +726,7 @@ func (p *PyTorch) releasePools(pools ...*ptPool) error {
 	for _, pool := range pools {
 		list := p.scratch[:0]
 		for _, sb := range pool.streams {
-			list = sb.tree.appendIf(list, func(b *ptBlock) bool { return b.seg != nil || !b.isSplit() })
+			list = sb.free.appendIf(list, func(b *ptBlock) bool { return b.seg != nil || !b.isSplit() })
 		}
 		unmaps := p.unmaps[:0]
 		var err error
@@ -792,31 +795,9 @@ func (p *PyTorch) Free(addr, stream uint64) error {
 // its free neighbours and goes back to its pool.
 func (p *PyTorch) freeBlock(b *ptBlock) {
 	b.allocated = false
-	// A free neighbour's place in the tree becomes b's: one rekey rather
-	// than its removal and b's insertion.
-	var slot *ptBlock
-	var slotSize, slotAddr uint64
-	if prev := b.prev; prev != nil && !prev.allocated && !prev.unmapped {
-		slot, slotSize, slotAddr = prev, prev.size, prev.addr
-		p.freeBytes -= prev.size
-		p.join(b, prev)
-	} else {
-		p.tryMerge(b, prev)
-	}
-	if next := b.next; slot == nil && next != nil && !next.allocated && !next.unmapped {
-		slot, slotSize, slotAddr = next, next.size, next.addr
-		p.freeBytes -= next.size
-		p.join(b, next)
-	} else {
-		p.tryMerge(b, next)
-	}
-	if slot == nil {
-		p.insertFree(b)
-		return
-	}
-	b.gcBase = b.pool.gcCalls
-	b.pool.blocks(b.stream, false).tree.rekey(slotSize, slotAddr, ptItem{b.size, b.addr, b})
-	p.freeBytes += b.size
+	p.tryMerge(b, b.prev)
+	p.tryMerge(b, b.next)
+	p.insertFree(b)
 }
 
 // tryMerge is try_merge_blocks: src, a neighbour of dst, joins dst if it
@@ -866,7 +847,7 @@ func (p *PyTorch) EmptyCache() error {
 func (p *PyTorch) FreeSpace() (total, largest uint64) {
 	largestOf := func(pool *ptPool) {
 		for _, sb := range pool.streams {
-			if b := sb.tree.max(); b != nil && b.size > largest {
+			if b := sb.free.max(); b != nil && b.size > largest {
 				largest = b.size
 			}
 		}

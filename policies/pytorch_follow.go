@@ -111,7 +111,7 @@ func (p *PyTorch) retryReleases() bool {
 	}
 	for _, pool := range [...]*ptPool{&p.large, &p.small} {
 		for _, sb := range pool.streams {
-			if sb.tree.appendIf(nil, releasable) != nil {
+			if sb.free.appendIf(nil, releasable) != nil {
 				return true
 			}
 		}

@@ -113,7 +113,7 @@ func (p *PyTorch) RestoreBlock(size, stream uint64, id uint32) (Block, error) {
 	} else {
 		for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
 			for _, sb := range pl.streams {
-				for c := sb.tree.lowerBound(size); c != nil; c = sb.tree.successor(c) {
+				for c := sb.free.lowerBound(size); c != nil; c = sb.free.successor(c) {
 					if c.isSplit() || c.seg != nil {
 						continue
 					}

@@ -2,326 +2,163 @@ package policies
 
 import (
 	"fmt"
+	"math/bits"
 )
 
 // The pytorch policy's data structures: blocks by address, and free blocks
 // ordered by (size, address).
 
-// ptTree is a B-tree of free blocks ordered by (size, address). Nodes of
-// deleted levels are kept for reuse, so that a steady state allocates
-// nothing.
-type ptTree struct {
-	root  *ptNode
-	len   int
-	spare *ptNode // recycled nodes, linked through kids[0]
+// ptFree is the set of free blocks of one stream and pool, in (size,
+// address) order: segregated into bins by size, each bin's blocks a list
+// in that order through their binPrev and binNext, and a bitmap of the
+// bins that hold any. A bin spans a sixteenth of a power of two (sizes
+// below 16 bytes a bin each), so the bins are in size order too and a
+// real trace's free blocks (tens per stream and pool) mostly sit alone in
+// theirs: the first block not below a size is in that size's bin or is the
+// first of the next bin that holds any, found in the bitmap with a bit
+// scan; an insert walks its bin's list, a removal unlinks. The zero value
+// is an empty set.
+type ptFree struct {
+	heads   [ptBins]*ptBlock
+	used    [ptBins / 64]uint64 // bit i%64 of word i/64: bin i holds blocks
+	summary uint64              // bit w: used[w] is not 0
+	len     int
 }
 
-const (
-	ptDegree   = 16 // minimum degree: nodes hold ptDegree-1 .. 2*ptDegree-1 items
-	ptMaxItems = 2*ptDegree - 1
-)
+// ptBins is the number of bins: ptBin(math.MaxUint64) is 975.
+const ptBins = 1024
 
-type ptItem struct {
-	size, addr uint64
-	b          *ptBlock
+// ptBin returns the bin of blocks of size bytes: size itself below 16,
+// else 16 bins for each power of two, by the four bits after the leading
+// one.
+func ptBin(size uint64) int {
+	if size < 16 {
+		return int(size)
+	}
+	l := bits.Len64(size)
+	return (l-5)*16 + int(size>>(l-5))
 }
 
-type ptNode struct {
-	n     int
-	leaf  bool
-	items [ptMaxItems]ptItem
-	kids  [ptMaxItems + 1]*ptNode
+// keyLess reports whether (size, addr) is below (size2, addr2).
+func keyLess(size, addr, size2, addr2 uint64) bool {
+	return size < size2 || size == size2 && addr < addr2
 }
 
-// find returns the index of the first item of x not below (size, addr).
-// A linear scan: the trees are small (free blocks per stream and pool
-// number tens in real traces), and it beats a binary search there.
-func (x *ptNode) find(size, addr uint64) int {
-	items := x.items[:x.n]
-	for i := range items {
-		if it := &items[i]; it.size > size || it.size == size && it.addr >= addr {
-			return i
+// next returns the first bin from bin from on that holds blocks, -1 if
+// none does.
+func (t *ptFree) next(from int) int {
+	if from >= ptBins {
+		return -1
+	}
+	w := from >> 6
+	if m := t.used[w] & (^uint64(0) << (from & 63)); m != 0 {
+		return w<<6 | bits.TrailingZeros64(m)
+	}
+	s := t.summary & (^uint64(0) << (w + 1))
+	if s == 0 {
+		return -1
+	}
+	w = bits.TrailingZeros64(s)
+	return w<<6 | bits.TrailingZeros64(t.used[w])
+}
+
+// lowerBound returns the first block not below (size, 0), or nil.
+func (t *ptFree) lowerBound(size uint64) *ptBlock { return t.lowerBoundAt(size, 0) }
+
+// lowerBoundAt returns the first block not below (size, addr), or nil.
+func (t *ptFree) lowerBoundAt(size, addr uint64) *ptBlock {
+	i := ptBin(size)
+	for c := t.heads[i]; c != nil; c = c.binNext {
+		if !keyLess(c.size, c.addr, size, addr) {
+			return c
 		}
 	}
-	return len(items)
-}
-
-func (t *ptTree) newNode(leaf bool) *ptNode {
-	x := t.spare
-	if x == nil {
-		return &ptNode{leaf: leaf}
+	if j := t.next(i + 1); j >= 0 {
+		return t.heads[j]
 	}
-	t.spare = x.kids[0]
-	x.kids[0] = nil
-	x.leaf = leaf
-	return x
+	return nil
 }
 
-func (t *ptTree) recycle(x *ptNode) {
-	*x = ptNode{}
-	x.kids[0] = t.spare
-	t.spare = x
-}
-
-// lowerBound returns the block of the first item not below (size, 0), or
-// nil.
-func (t *ptTree) lowerBound(size uint64) *ptBlock { return t.lowerBoundAt(size, 0) }
-
-// lowerBoundAt returns the block of the first item not below (size, addr),
-// or nil.
-func (t *ptTree) lowerBoundAt(size, addr uint64) *ptBlock {
-	var b *ptBlock
-	for x := t.root; x != nil; {
-		i := x.find(size, addr)
-		if i < x.n {
-			b = x.items[i].b
-		}
-		if x.leaf {
-			break
-		}
-		x = x.kids[i]
+// successor returns the block after b, which is in t, or nil.
+func (t *ptFree) successor(b *ptBlock) *ptBlock {
+	if b.binNext != nil {
+		return b.binNext
 	}
-	return b
-}
-
-// successor returns the block of the item after b's, or nil.
-func (t *ptTree) successor(b *ptBlock) *ptBlock {
-	if b.addr == ^uint64(0) {
-		return t.lowerBoundAt(b.size+1, 0)
+	if j := t.next(int(b.bin) + 1); j >= 0 {
+		return t.heads[j]
 	}
-	return t.lowerBoundAt(b.size, b.addr+1)
+	return nil
 }
 
-// max returns the block of the last item, or nil.
-func (t *ptTree) max() *ptBlock {
-	x := t.root
-	if x == nil || t.len == 0 {
+// max returns the last block, or nil.
+func (t *ptFree) max() *ptBlock {
+	if t.summary == 0 {
 		return nil
 	}
-	for !x.leaf {
-		x = x.kids[x.n]
+	w := 63 - bits.LeadingZeros64(t.summary)
+	c := t.heads[w<<6|(63-bits.LeadingZeros64(t.used[w]))]
+	for c.binNext != nil {
+		c = c.binNext
 	}
-	return x.items[x.n-1].b
+	return c
 }
 
 // appendIf appends the blocks for which keep is true, in order.
-func (t *ptTree) appendIf(list []*ptBlock, keep func(*ptBlock) bool) []*ptBlock {
-	if t.len == 0 {
-		return list
-	}
-	var walk func(x *ptNode)
-	walk = func(x *ptNode) {
-		for i := 0; i < x.n; i++ {
-			if !x.leaf {
-				walk(x.kids[i])
-			}
-			if b := x.items[i].b; keep(b) {
-				list = append(list, b)
+func (t *ptFree) appendIf(list []*ptBlock, keep func(*ptBlock) bool) []*ptBlock {
+	for j := t.next(0); j >= 0; j = t.next(j + 1) {
+		for c := t.heads[j]; c != nil; c = c.binNext {
+			if keep(c) {
+				list = append(list, c)
 			}
 		}
-		if !x.leaf {
-			walk(x.kids[x.n])
-		}
 	}
-	walk(t.root)
 	return list
 }
 
-// insert adds it, whose key must not be in t.
-func (t *ptTree) insert(it ptItem) {
-	if t.root == nil {
-		t.root = t.newNode(true)
+// insert adds b, which must not be in t, under its size and address.
+func (t *ptFree) insert(b *ptBlock) {
+	i := ptBin(b.size)
+	b.bin = uint16(i)
+	var prev *ptBlock
+	c := t.heads[i]
+	for c != nil && keyLess(c.size, c.addr, b.size, b.addr) {
+		prev, c = c, c.binNext
 	}
-	if t.root.n == ptMaxItems {
-		r := t.newNode(false)
-		r.kids[0] = t.root
-		t.root = r
-		t.splitChild(r, 0)
+	b.binPrev, b.binNext = prev, c
+	if c != nil {
+		c.binPrev = b
 	}
-	x := t.root
-	for {
-		i := x.find(it.size, it.addr)
-		if x.leaf {
-			copy(x.items[i+1:x.n+1], x.items[i:x.n])
-			x.items[i] = it
-			x.n++
-			break
-		}
-		if x.kids[i].n == ptMaxItems {
-			t.splitChild(x, i)
-			if m := &x.items[i]; m.size < it.size || m.size == it.size && m.addr < it.addr {
-				i++
-			}
-		}
-		x = x.kids[i]
+	if prev != nil {
+		prev.binNext = b
+	} else {
+		t.heads[i] = b
+		t.used[i>>6] |= 1 << (i & 63)
+		t.summary |= 1 << (i >> 6)
 	}
 	t.len++
 }
 
-// rekey replaces the item with key (size, addr), which must be in t, by
-// it, whose key must not be: in a tree of one node (free blocks per stream
-// and pool number tens) by one shift of the items between the two keys,
-// rather than a delete and an insert that shift the items after each.
-func (t *ptTree) rekey(size, addr uint64, it ptItem) {
-	x := t.root
-	if !x.leaf {
-		t.delete(size, addr)
-		t.insert(it)
-		return
+// delete removes b, which must be in t.
+func (t *ptFree) delete(b *ptBlock) {
+	i := int(b.bin)
+	if next := b.binNext; next != nil {
+		next.binPrev = b.binPrev
 	}
-	i := x.find(size, addr)
-	if i == x.n || x.items[i].size != size || x.items[i].addr != addr {
-		panic(fmt.Sprintf("policies: pytorch free block tree: no block of %d bytes at %#x", size, addr))
-	}
-	// j is where it goes among the items with the old one still there.
-	if j := x.find(it.size, it.addr); j <= i {
-		copy(x.items[j+1:i+1], x.items[j:i])
-		x.items[j] = it
+	if prev := b.binPrev; prev != nil {
+		prev.binNext = b.binNext
 	} else {
-		copy(x.items[i:j-1], x.items[i+1:j])
-		x.items[j-1] = it
-	}
-}
-
-// splitChild splits the full child i of x around its median, which moves
-// up into x.
-func (t *ptTree) splitChild(x *ptNode, i int) {
-	y := x.kids[i]
-	z := t.newNode(y.leaf)
-	z.n = ptDegree - 1
-	copy(z.items[:ptDegree-1], y.items[ptDegree:])
-	if !y.leaf {
-		copy(z.kids[:ptDegree], y.kids[ptDegree:])
-		clear(y.kids[ptDegree:])
-	}
-	median := y.items[ptDegree-1]
-	clear(y.items[ptDegree-1:])
-	y.n = ptDegree - 1
-	copy(x.kids[i+2:x.n+2], x.kids[i+1:x.n+1])
-	x.kids[i+1] = z
-	copy(x.items[i+1:x.n+1], x.items[i:x.n])
-	x.items[i] = median
-	x.n++
-}
-
-// delete removes the item with key (size, addr), which must be in t. On
-// the way down every node entered has at least ptDegree items, so that the
-// removal never leaves a node short.
-func (t *ptTree) delete(size, addr uint64) {
-	x := t.root
-	for {
-		i := x.find(size, addr)
-		found := i < x.n && x.items[i].size == size && x.items[i].addr == addr
-		if x.leaf {
-			if !found {
-				panic(fmt.Sprintf("policies: pytorch free block tree: no block of %d bytes at %#x", size, addr))
-			}
-			copy(x.items[i:x.n-1], x.items[i+1:x.n])
-			x.n--
-			x.items[x.n] = ptItem{}
-			break
+		if t.heads[i] != b {
+			panic(fmt.Sprintf("policies: pytorch free blocks: the block of %d bytes at %#x is not in its bin %d", b.size, b.addr, i))
 		}
-		if found {
-			y, z := x.kids[i], x.kids[i+1]
-			switch {
-			case y.n >= ptDegree:
-				// Replace by the predecessor and delete that from y.
-				w := y
-				for !w.leaf {
-					w = w.kids[w.n]
-				}
-				x.items[i] = w.items[w.n-1]
-				size, addr = x.items[i].size, x.items[i].addr
-				x = y
-			case z.n >= ptDegree:
-				// Replace by the successor and delete that from z.
-				w := z
-				for !w.leaf {
-					w = w.kids[0]
-				}
-				x.items[i] = w.items[0]
-				size, addr = x.items[i].size, x.items[i].addr
-				x = z
-			default:
-				t.merge(x, i)
-				x = y
-			}
-			continue
-		}
-		c := x.kids[i]
-		if c.n == ptDegree-1 {
-			switch {
-			case i > 0 && x.kids[i-1].n >= ptDegree:
-				t.rotateRight(x, i-1)
-			case i < x.n && x.kids[i+1].n >= ptDegree:
-				t.rotateLeft(x, i)
-			case i < x.n:
-				t.merge(x, i)
-			default:
-				c = x.kids[i-1]
-				t.merge(x, i-1)
+		t.heads[i] = b.binNext
+		if b.binNext == nil {
+			if t.used[i>>6] &^= 1 << (i & 63); t.used[i>>6] == 0 {
+				t.summary &^= 1 << (i >> 6)
 			}
 		}
-		x = c
 	}
+	b.binPrev, b.binNext = nil, nil
 	t.len--
-	if r := t.root; r.n == 0 && !r.leaf {
-		t.root = r.kids[0]
-		t.recycle(r)
-	}
-}
-
-// rotateRight moves the last item of child i of x up into x and x's item
-// i down to the front of child i+1.
-func (t *ptTree) rotateRight(x *ptNode, i int) {
-	l, c := x.kids[i], x.kids[i+1]
-	copy(c.items[1:c.n+1], c.items[:c.n])
-	c.items[0] = x.items[i]
-	if !c.leaf {
-		copy(c.kids[1:c.n+2], c.kids[:c.n+1])
-		c.kids[0] = l.kids[l.n]
-		l.kids[l.n] = nil
-	}
-	c.n++
-	x.items[i] = l.items[l.n-1]
-	l.items[l.n-1] = ptItem{}
-	l.n--
-}
-
-// rotateLeft moves the first item of child i+1 of x up into x and x's item
-// i down to the end of child i.
-func (t *ptTree) rotateLeft(x *ptNode, i int) {
-	c, r := x.kids[i], x.kids[i+1]
-	c.items[c.n] = x.items[i]
-	if !c.leaf {
-		c.kids[c.n+1] = r.kids[0]
-	}
-	c.n++
-	x.items[i] = r.items[0]
-	copy(r.items[:r.n-1], r.items[1:r.n])
-	r.items[r.n-1] = ptItem{}
-	if !r.leaf {
-		copy(r.kids[:r.n], r.kids[1:r.n+1])
-		r.kids[r.n] = nil
-	}
-	r.n--
-}
-
-// merge joins child i+1 of x and x's item i onto the end of child i.
-func (t *ptTree) merge(x *ptNode, i int) {
-	y, z := x.kids[i], x.kids[i+1]
-	y.items[y.n] = x.items[i]
-	copy(y.items[y.n+1:], z.items[:z.n])
-	if !y.leaf {
-		copy(y.kids[y.n+1:], z.kids[:z.n+1])
-	}
-	y.n += z.n + 1
-	copy(x.items[i:x.n-1], x.items[i+1:x.n])
-	x.items[x.n-1] = ptItem{}
-	copy(x.kids[i+1:x.n], x.kids[i+2:x.n+1])
-	x.kids[x.n] = nil
-	x.n--
-	t.recycle(z)
 }
 
 // ptActive is the table of allocated blocks by address: open addressing

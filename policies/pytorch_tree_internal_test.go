@@ -7,64 +7,116 @@ import (
 	"testing"
 )
 
-// TestPtTree checks the free block tree against a sorted slice under
-// random inserts, deletes and rekeys, in trees of one node (up to 20
-// items) and of many levels (up to 400), and lowerBound after each.
-func TestPtTree(t *testing.T) {
-	for _, most := range []int{20, 400} {
-		rng := rand.New(rand.NewSource(int64(most)))
-		var tree ptTree
-		var model []ptItem
-		less := func(a, b ptItem) int {
+// TestPtFree checks the free blocks' bins against a sorted slice under
+// random inserts, deletes and rekeys (a delete and an insert), of sizes
+// that share bins and tie (multiples of 512 up to 32 KiB) and of sizes
+// across the range of bins (up to 2^64-1), with up to 20 and up to 400
+// blocks, and lowerBound, lowerBoundAt, successor, max and appendIf after
+// each.
+func TestPtFree(t *testing.T) {
+	for _, c := range []struct {
+		most int
+		wide bool
+	}{{20, false}, {400, false}, {20, true}, {400, true}} {
+		rng := rand.New(rand.NewSource(int64(c.most)))
+		size := func() uint64 {
+			if c.wide {
+				return rng.Uint64() >> rng.Intn(64)
+			}
+			return uint64(rng.Intn(64)) * 512
+		}
+		var set ptFree
+		var model []*ptBlock
+		less := func(a, b *ptBlock) int {
 			return cmp.Or(cmp.Compare(a.size, b.size), cmp.Compare(a.addr, b.addr))
 		}
-		fresh := func() ptItem {
+		fresh := func(b *ptBlock) *ptBlock {
 			for {
-				it := ptItem{size: uint64(rng.Intn(64)) * 512, addr: uint64(rng.Intn(1<<16)) * 512}
-				if _, found := slices.BinarySearchFunc(model, it, less); !found {
-					it.b = &ptBlock{size: it.size, addr: it.addr}
-					return it
+				b.size, b.addr = size(), uint64(rng.Intn(1<<16))*512
+				if _, found := slices.BinarySearchFunc(model, b, less); !found {
+					return b
 				}
 			}
+		}
+		lowerBound := func(size, addr uint64) *ptBlock {
+			i, _ := slices.BinarySearchFunc(model, &ptBlock{size: size, addr: addr}, less)
+			if i < len(model) {
+				return model[i]
+			}
+			return nil
 		}
 		for step := range 20000 {
 			switch op := rng.Intn(3); {
-			case len(model) == 0 || op == 0 && len(model) < most:
-				it := fresh()
-				tree.insert(it)
-				i, _ := slices.BinarySearchFunc(model, it, less)
-				model = slices.Insert(model, i, it)
+			case len(model) == 0 || op == 0 && len(model) < c.most:
+				b := fresh(&ptBlock{})
+				set.insert(b)
+				i, _ := slices.BinarySearchFunc(model, b, less)
+				model = slices.Insert(model, i, b)
 			case op == 1:
 				k := rng.Intn(len(model))
-				tree.delete(model[k].size, model[k].addr)
+				set.delete(model[k])
 				model = slices.Delete(model, k, k+1)
 			default:
 				k := rng.Intn(len(model))
-				old := model[k]
-				it := fresh()
-				tree.rekey(old.size, old.addr, it)
+				b := model[k]
+				set.delete(b)
 				model = slices.Delete(model, k, k+1)
-				i, _ := slices.BinarySearchFunc(model, it, less)
-				model = slices.Insert(model, i, it)
+				fresh(b)
+				set.insert(b)
+				i, _ := slices.BinarySearchFunc(model, b, less)
+				model = slices.Insert(model, i, b)
 			}
-			got := tree.appendIf(nil, func(*ptBlock) bool { return true })
-			if len(got) != len(model) || tree.len != len(model) {
-				t.Fatalf("most %d, step %d: %d items in the tree (len %d), want %d", most, step, len(got), tree.len, len(model))
+			got := set.appendIf(nil, func(*ptBlock) bool { return true })
+			if !slices.Equal(got, model) || set.len != len(model) {
+				t.Fatalf("%+v, step %d: %d blocks in order (len %d), want %d", c, step, len(got), set.len, len(model))
 			}
-			for k := range got {
-				if got[k] != model[k].b {
-					t.Fatalf("most %d, step %d: item %d is %d bytes at %#x, want %d at %#x", most, step, k, got[k].size, got[k].addr, model[k].size, model[k].addr)
+			for k, b := range model {
+				var want *ptBlock
+				if k+1 < len(model) {
+					want = model[k+1]
+				}
+				if got := set.successor(b); got != want {
+					t.Fatalf("%+v, step %d: successor of block %d is %v, want %v", c, step, k, got, want)
 				}
 			}
-			size := uint64(rng.Intn(66)) * 512
-			i, _ := slices.BinarySearchFunc(model, ptItem{size: size}, less)
+			s, a := size(), uint64(rng.Intn(1<<16))*512
+			if b, want := set.lowerBound(s), lowerBound(s, 0); b != want {
+				t.Fatalf("%+v, step %d: lowerBound(%d) = %v, want %v", c, step, s, b, want)
+			}
+			if b, want := set.lowerBoundAt(s, a), lowerBound(s, a); b != want {
+				t.Fatalf("%+v, step %d: lowerBoundAt(%d, %#x) = %v, want %v", c, step, s, a, b, want)
+			}
 			var want *ptBlock
-			if i < len(model) {
-				want = model[i].b
+			if len(model) > 0 {
+				want = model[len(model)-1]
 			}
-			if b := tree.lowerBound(size); b != want {
-				t.Fatalf("most %d, step %d: lowerBound(%d) = %v, want %v", most, step, size, b, want)
+			if b := set.max(); b != want {
+				t.Fatalf("%+v, step %d: max = %v, want %v", c, step, b, want)
 			}
+		}
+	}
+}
+
+// TestPtBin checks that the bins are in size order, 16 to each power of
+// two, and that the largest size's fits.
+func TestPtBin(t *testing.T) {
+	for _, c := range []struct {
+		size uint64
+		bin  int
+	}{{0, 0}, {15, 15}, {16, 16}, {31, 31}, {32, 32}, {33, 32}, {34, 33}, {63, 47}, {64, 48},
+		{512, 96}, {1 << 20, 16*16 + 16}, {1<<20 + 1<<16, 16*16 + 17}, {1<<21 - 1, 16*16 + 31}, {^uint64(0), 975}} {
+		if got := ptBin(c.size); got != c.bin {
+			t.Errorf("ptBin(%d) = %d, want %d", c.size, got, c.bin)
+		}
+	}
+	if ptBin(^uint64(0)) >= ptBins {
+		t.Errorf("ptBin(2^64-1) = %d, past the %d bins", ptBin(^uint64(0)), ptBins)
+	}
+	rng := rand.New(rand.NewSource(1))
+	for range 100000 {
+		a, b := rng.Uint64()>>rng.Intn(64), rng.Uint64()>>rng.Intn(64)
+		if a <= b && ptBin(a) > ptBin(b) {
+			t.Fatalf("ptBin(%d) = %d is after ptBin(%d) = %d", a, ptBin(a), b, ptBin(b))
 		}
 	}
 }
