@@ -245,8 +245,13 @@ type ptStreamBlocks struct {
 // is set, else nil if absent.
 func (pl *ptPool) blocks(stream uint64, create bool) *ptStreamBlocks {
 	if pl.last != nil && pl.last.stream == stream {
-		return pl.last
+		return pl.last // small enough to inline: the common case
 	}
+	return pl.lookup(stream, create)
+}
+
+// lookup is blocks past its last lookup.
+func (pl *ptPool) lookup(stream uint64, create bool) *ptStreamBlocks {
 	i := 0
 	for i < len(pl.streams) && pl.streams[i].stream < stream {
 		i++
@@ -803,9 +808,13 @@ func (p *PyTorch) freeBlock(b *ptBlock) {
 // tryMerge is try_merge_blocks: src, a neighbour of dst, joins dst if it
 // is free (or unmapped) as dst is.
 func (p *PyTorch) tryMerge(dst, src *ptBlock) {
-	if src == nil || src.allocated || src.unmapped != dst.unmapped {
-		return
+	if src != nil && !src.allocated && src.unmapped == dst.unmapped {
+		p.merge(dst, src) // the test small enough to inline
 	}
+}
+
+// merge is tryMerge where src joins dst.
+func (p *PyTorch) merge(dst, src *ptBlock) {
 	if src.unmapped {
 		src.pool.removeUnmapped(src)
 	} else {

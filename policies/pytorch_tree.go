@@ -63,13 +63,10 @@ func (t *ptFree) next(from int) int {
 }
 
 // lowerBound returns the first block not below (size, 0), or nil.
-func (t *ptFree) lowerBound(size uint64) *ptBlock { return t.lowerBoundAt(size, 0) }
-
-// lowerBoundAt returns the first block not below (size, addr), or nil.
-func (t *ptFree) lowerBoundAt(size, addr uint64) *ptBlock {
+func (t *ptFree) lowerBound(size uint64) *ptBlock {
 	i := ptBin(size)
 	for c := t.heads[i]; c != nil; c = c.binNext {
-		if !keyLess(c.size, c.addr, size, addr) {
+		if c.size >= size {
 			return c
 		}
 	}

@@ -11,7 +11,7 @@ import (
 // random inserts, deletes and rekeys (a delete and an insert), of sizes
 // that share bins and tie (multiples of 512 up to 32 KiB) and of sizes
 // across the range of bins (up to 2^64-1), with up to 20 and up to 400
-// blocks, and lowerBound, lowerBoundAt, successor, max and appendIf after
+// blocks, and lowerBound, successor, max and appendIf after
 // each.
 func TestPtFree(t *testing.T) {
 	for _, c := range []struct {
@@ -79,12 +79,9 @@ func TestPtFree(t *testing.T) {
 					t.Fatalf("%+v, step %d: successor of block %d is %v, want %v", c, step, k, got, want)
 				}
 			}
-			s, a := size(), uint64(rng.Intn(1<<16))*512
+			s := size()
 			if b, want := set.lowerBound(s), lowerBound(s, 0); b != want {
 				t.Fatalf("%+v, step %d: lowerBound(%d) = %v, want %v", c, step, s, b, want)
-			}
-			if b, want := set.lowerBoundAt(s, a), lowerBound(s, a); b != want {
-				t.Fatalf("%+v, step %d: lowerBoundAt(%d, %#x) = %v, want %v", c, step, s, a, b, want)
 			}
 			var want *ptBlock
 			if len(model) > 0 {
