@@ -210,8 +210,9 @@ type ptBlock struct {
 	prev, next *ptBlock
 	seg        *ptSegment // the expandable segment, nil for a cudaMalloc one
 	gcBase     int64      // pool.gcCalls when it became free (gc_count_base)
-	// While free: its neighbours in its bin of its pool's free blocks,
-	// and the bin.
+	// While free: the free blocks it is in (its pool's, of its stream),
+	// its neighbours in its bin there, and the bin.
+	set              *ptFree
 	binPrev, binNext *ptBlock
 	bin              uint16
 	allocated        bool // also while a late free is not taken back
@@ -295,7 +296,7 @@ func (p *PyTorch) insertFree(b *ptBlock) {
 
 // removeFree takes the free block b out of its pool.
 func (p *PyTorch) removeFree(b *ptBlock) {
-	b.pool.blocks(b.stream, false).free.delete(b)
+	b.set.delete(b)
 	p.freeBytes -= b.size
 }
 

@@ -115,7 +115,7 @@ func (t *ptFree) appendIf(list []*ptBlock, keep func(*ptBlock) bool) []*ptBlock 
 // insert adds b, which must not be in t, under its size and address.
 func (t *ptFree) insert(b *ptBlock) {
 	i := ptBin(b.size)
-	b.bin = uint16(i)
+	b.set, b.bin = t, uint16(i)
 	var prev *ptBlock
 	c := t.heads[i]
 	for c != nil && keyLess(c.size, c.addr, b.size, b.addr) {
@@ -137,6 +137,9 @@ func (t *ptFree) insert(b *ptBlock) {
 
 // delete removes b, which must be in t.
 func (t *ptFree) delete(b *ptBlock) {
+	if b.set != t {
+		panic(fmt.Sprintf("policies: pytorch free blocks: the block of %d bytes at %#x is not in this set", b.size, b.addr))
+	}
 	i := int(b.bin)
 	if next := b.binNext; next != nil {
 		next.binPrev = b.binPrev
@@ -154,7 +157,7 @@ func (t *ptFree) delete(b *ptBlock) {
 			}
 		}
 	}
-	b.binPrev, b.binNext = nil, nil
+	b.set, b.binPrev, b.binNext = nil, nil, nil
 	t.len--
 }
 
@@ -164,7 +167,7 @@ func (t *ptFree) delete(b *ptBlock) {
 // shifts back what follows it up to the next empty slot). For the pytorch
 // policy's per-malloc and per-free lookups it is faster than
 // trace.AddrMap, whose records sit apart from its index; it costs four to
-// eight slots of 16 bytes per allocated block, beside the block's own 88.
+// eight slots of 16 bytes per allocated block, beside the block's own 96.
 // The zero value is ready to use.
 type ptActive struct {
 	slots []ptActiveSlot
