@@ -100,6 +100,7 @@ type PyTorch struct {
 	// device if it is a Capacitor, 0 for none.
 	capacity uint64
 	cfg      pytorchConfig
+	roundup  bool // some roundup_power2_divisions above 1: roundSize's slow path
 
 	large, small ptPool
 	active       ptActive // allocated blocks by address
@@ -186,6 +187,9 @@ func NewPyTorch(dev Device, s Settings) (*PyTorch, error) {
 
 func newPyTorch(dev Device, cfg pytorchConfig) *PyTorch {
 	p := &PyTorch{dev: dev, cfg: cfg}
+	for _, d := range cfg.roundupDivisions {
+		p.roundup = p.roundup || d > 1
+	}
 	p.mapper, _ = dev.(Mapper)
 	if c, ok := dev.(Capacitor); ok {
 		p.capacity = c.Capacity()
@@ -305,6 +309,14 @@ func (p *PyTorch) roundSize(size uint64) uint64 {
 	if size < ptMinBlockSize {
 		return ptMinBlockSize
 	}
+	if p.roundup {
+		return p.roundSizeDivided(size)
+	}
+	return (size + ptMinBlockSize - 1) &^ (ptMinBlockSize - 1)
+}
+
+// roundSizeDivided is roundSize where roundup_power2_divisions is set.
+func (p *PyTorch) roundSizeDivided(size uint64) uint64 {
 	if d := p.roundupDivisions(size); d > 1 && size > ptMinBlockSize*d {
 		return roundupPower2Division(size, d)
 	}
@@ -412,7 +424,11 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 			return Block{}, err
 		}
 	}
-	b, err := p.findOrAllocate(pool, stream, rsize, segSize)
+	b := p.getFreeBlock(pool, stream, rsize)
+	var err error
+	if b == nil {
+		b, err = p.allocate(pool, stream, rsize, segSize)
+	}
 	if len(p.pending) > 0 {
 		// Deferred to a synchronization the malloc did not reach.
 		p.completePending()
@@ -459,13 +475,10 @@ func (p *PyTorch) split(b *ptBlock, size uint64) *ptBlock {
 	return front
 }
 
-// findOrAllocate is the search and allocation path of malloc: it returns
-// the block (out of the free blocks) of at least rsize bytes, nil and no
-// error for an OOM.
-func (p *PyTorch) findOrAllocate(pool *ptPool, stream, rsize, segSize uint64) (*ptBlock, error) {
-	if b := p.getFreeBlock(pool, stream, rsize); b != nil {
-		return b, nil
-	}
+// allocate is the allocation path of malloc where getFreeBlock found no
+// cached block: it returns a new block (out of the free blocks) of at
+// least rsize bytes, nil and no error for an OOM.
+func (p *PyTorch) allocate(pool *ptPool, stream, rsize, segSize uint64) (*ptBlock, error) {
 	if p.gcPoint() {
 		if err := p.releaseBlocks(p.gcPlan()); err != nil {
 			return nil, err
