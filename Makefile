@@ -30,7 +30,7 @@ demo: build
 # (and Python's sortedcontainers), it also times DynaPipe's Python port of
 # PyTorch's caching allocator on kv_decode's mallocs and frees beside our
 # replay of them (sim/testdata/dynapipe/loop.py): the loop-against-loop
-# ratio. BenchmarkTune (sim/tune) times replay tune's 180 candidates on
+# ratio, the median of 5 rounds of a pass of theirs and then ours. BenchmarkTune (sim/tune) times replay tune's 180 candidates on
 # kv_decode on one core: each replayed, and as tune runs by default.
 bench:
 	$(GO) test ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m

@@ -5,11 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -279,33 +279,51 @@ func BenchmarkReplayMallocFree(b *testing.B) {
 	benchReport("kv_decode-mallocfree 3replay pytorch", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=replay policy=pytorch seconds=%.4f events=%d", sec, len(evs)))
 	b.ReportMetric(float64(len(evs))/sec, "events/s")
 	dynaPipeOnce.Do(func() {
-		theirs := benchDynaPipe(b, bt.h, evs)
-		if theirs == 0 {
+		theirs := dynaPipeLoop(b, bt.h, evs)
+		if theirs == nil {
 			return
 		}
-		// Ours timed right after theirs, best of 3 as theirs is: this
-		// machine's speed drifts over minutes, so only figures taken side
-		// by side make a ratio.
-		ours := bestOf3(len(evs), func() {
+		loop := policyLoop(b, evs)
+		replay := func() {
 			if _, err := sim.Run(trace.NewSliceSource(bt.h, evs), sim.Config{Trace: bt.name, Policy: "pytorch"}); err != nil {
 				b.Fatal(err)
 			}
-		})
-		loop := policyLoop(b, evs)
-		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=%.0f policy_loop_ns_per_op=%.1f ratio=%.1f replay_ns_per_op=%.1f replay_ratio=%.1f", theirs, loop, theirs/loop, ours, theirs/ours))
+		}
+		// Rounds of one pass of theirs, then ours for a second or more
+		// (the loop, then the whole replay): this machine's speed drifts
+		// by a third within minutes, for Python and Go alike, so a ratio
+		// is of figures taken seconds apart, and the median of the
+		// rounds' is reported with the least and the most.
+		const rounds = 5
+		var ns, loopNs, replayNs, ratio, replayRatio []float64
+		for range rounds {
+			t := theirs()
+			l := timeLoop(len(evs), loop)
+			r := timeLoop(len(evs), replay)
+			ns, loopNs, replayNs = append(ns, t), append(loopNs, l), append(replayNs, r)
+			ratio, replayRatio = append(ratio, t/l), append(replayRatio, t/r)
+		}
+		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=%d ns_per_op=%.0f policy_loop_ns_per_op=%.1f ratio=%.1f ratio_min=%.1f ratio_max=%.1f replay_ns_per_op=%.1f replay_ratio=%.1f replay_ratio_min=%.1f replay_ratio_max=%.1f",
+			rounds, median(ns), median(loopNs), median(ratio), slices.Min(ratio), slices.Max(ratio), median(replayNs), median(replayRatio), slices.Min(replayRatio), slices.Max(replayRatio)))
 	})
 }
 
-// policyLoop times the loop that loop.py times, in Go: the pytorch
+// median returns the middle of xs, of odd length.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// policyLoop returns the loop that loop.py times, in Go: the pytorch
 // policy's Malloc and Free called straight on the same mallocs and frees
 // (a free given the block of its malloc by the malloc's index, as
-// loop.py gives DynaPipe's free its block), on a simulated device, best of
-// 3, in nanoseconds per op. The replay (sim.Run) does more per event than
-// either loop: the live table by address, the peaks, series and
-// fragmentation, the cost model's clock and the trace's checks. It fails
-// the benchmark if the loop's peak reserved bytes or device allocations
-// differ from the replay's.
-func policyLoop(b *testing.B, evs []trace.Event) float64 {
+// loop.py gives DynaPipe's free its block), on a simulated device, one
+// pass a call. The replay (sim.Run) does more per event than either loop:
+// the live table by address, the peaks, series and fragmentation, the
+// cost model's clock and the trace's checks. A pass fails the benchmark if
+// its peak reserved bytes or device allocations differ from the replay's.
+func policyLoop(b *testing.B, evs []trace.Event) func() {
 	type op struct {
 		size uint64
 		of   int // the malloc freed, -1 for a malloc
@@ -325,7 +343,7 @@ func policyLoop(b *testing.B, evs []trace.Event) float64 {
 		b.Fatal(err)
 	}
 	blocks := make([]policies.Block, len(ops))
-	return bestOf3(len(ops), func() {
+	return func() {
 		dev := sim.NewDevice(0)
 		p, err := policies.NewPyTorch(dev, nil)
 		if err != nil {
@@ -344,27 +362,28 @@ func policyLoop(b *testing.B, evs []trace.Event) float64 {
 		if dev.PeakReserved() != rs[0].PeakReserved || dev.Allocs() != rs[0].DeviceAllocs {
 			b.Fatalf("policy loop: peak reserved %d, %d device allocations; replay %d, %d", dev.PeakReserved(), dev.Allocs(), rs[0].PeakReserved, rs[0].DeviceAllocs)
 		}
-	})
+	}
 }
 
-// bestOf3 times loop, a pass over ops operations, as loop.py times
-// DynaPipe's: the best of 3 runs, in nanoseconds per op; each run repeats
-// the pass for at least a second (one pass of loop.py takes seconds, one
-// of ours tens of milliseconds, and this machine's speed drifts: a run as
-// long as theirs, not the luckiest few milliseconds).
-func bestOf3(ops int, loop func()) float64 {
-	best := math.Inf(1)
-	for range 3 {
-		runtime.GC() // no collection of what came before left to run during the loop
-		start := time.Now()
-		n := 0
-		for n == 0 || time.Since(start) < time.Second {
-			loop()
-			n++
-		}
-		best = min(best, float64(time.Since(start).Nanoseconds())/float64(n*ops))
+// timeLoop times loop, a pass over ops operations, in nanoseconds per
+// op: the pass repeated for at least a second (one pass of loop.py takes
+// seconds, one of ours tens of milliseconds: a run as long as theirs, not
+// the luckiest few milliseconds), after a collection, so that garbage of
+// what ran before is not collected during it.
+func timeLoop(ops int, loop func()) float64 {
+	runtime.GC()
+	start := time.Now()
+	n := 0
+	for n == 0 || time.Since(start) < time.Second {
+		loop()
+		n++
 	}
-	return best
+	return float64(time.Since(start).Nanoseconds()) / float64(n*ops)
+}
+
+// bestOf3 is the least of 3 timeLoops.
+func bestOf3(ops int, loop func()) float64 {
+	return min(timeLoop(ops, loop), timeLoop(ops, loop), timeLoop(ops, loop))
 }
 
 // mallocsAndFrees returns the malloc and free events of evs, in order:
@@ -388,34 +407,35 @@ func BenchmarkPolicyLoop(b *testing.B) {
 	b.ResetTimer()
 	var ns float64
 	for i := 0; i < b.N; i++ {
-		ns = policyLoop(b, evs)
+		ns = bestOf3(len(evs), policyLoop(b, evs))
 	}
 	benchReport("kv_decode-mallocfree 3policy-loop", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=policy-loop policy=pytorch ns_per_op=%.1f events=%d", ns, len(evs)))
 }
 
 var dynaPipeOnce sync.Once
 
-// benchDynaPipe times DynaPipe's Python port of PyTorch's caching
-// allocator (TorchCachingAllocatorSimulator in its
-// dynapipe/memory_opt/allocation_simulator.py) on the same mallocs and
-// frees, with testdata/dynapipe/loop.py, from the checkout that $DYNAPIPE
-// names, and returns its nanoseconds per op (the best of 3 runs), for
-// BenchmarkReplayMallocFree's loop-against-loop ratio (ours timed right
-// after, the best of 3 too):
+// dynaPipeLoop returns a function that times one pass of DynaPipe's
+// Python port of PyTorch's caching allocator (TorchCachingAllocatorSimulator
+// in its dynapipe/memory_opt/allocation_simulator.py) over the same
+// mallocs and frees, with testdata/dynapipe/loop.py, from the checkout
+// that $DYNAPIPE names, in nanoseconds per op, for
+// BenchmarkReplayMallocFree's loop-against-loop ratio:
 //
-//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe ns_per_op=N policy_loop_ns_per_op=M ratio=R replay_ns_per_op=P replay_ratio=Q
+//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=5 ns_per_op=N policy_loop_ns_per_op=M ratio=R ratio_min=R0 ratio_max=R1 replay_ns_per_op=P replay_ratio=Q replay_ratio_min=Q0 replay_ratio_max=Q1
 //
 // ratio is loop against loop: loop.py's against policyLoop's, the same
-// calls in Go; replay_ratio is loop.py's against the whole replay's.
+// calls in Go; replay_ratio is loop.py's against the whole replay's; each
+// the median of 5 rounds, a pass of theirs and then a second or more of
+// ours, with the least and the most.
 //
-// It fails the benchmark if the port's peak reserved bytes or device
-// mallocs differ from the pytorch policy's (they agree on kv_decode), and
-// says so in a BENCH line and returns 0 when $DYNAPIPE is not set.
-func benchDynaPipe(b *testing.B, h trace.Header, evs []trace.Event) float64 {
+// A pass fails the benchmark if the port's peak reserved bytes or device
+// mallocs differ from the pytorch policy's (they agree on kv_decode). It
+// says so in a BENCH line and returns nil when $DYNAPIPE is not set.
+func dynaPipeLoop(b *testing.B, h trace.Header, evs []trace.Event) func() float64 {
 	root := os.Getenv("DYNAPIPE")
 	if root == "" {
 		benchReport("kv_decode-mallocfree 4dynapipe", "BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe skipped=\"set DYNAPIPE to a checkout of github.com/awslabs/optimizing-multitask-training-through-dynamic-pipelines\"")
-		return 0
+		return nil
 	}
 	var ops strings.Builder
 	slot := map[uint64]int{}
@@ -434,26 +454,28 @@ func benchDynaPipe(b *testing.B, h trace.Header, evs []trace.Event) float64 {
 	if err := os.WriteFile(opsFile, []byte(ops.String()), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	out, err := exec.Command("python3", filepath.Join("testdata", "dynapipe", "loop.py"),
-		filepath.Join(root, "dynapipe", "memory_opt", "allocation_simulator.py"), opsFile).Output()
-	if err != nil {
-		b.Fatalf("DynaPipe loop: %v", err)
-	}
-	var got struct {
-		Ops           int     `json:"ops"`
-		NsPerOp       float64 `json:"ns_per_op"`
-		PeakReserved  uint64  `json:"peak_reserved"`
-		DeviceMallocs int64   `json:"device_mallocs"`
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		b.Fatalf("DynaPipe loop printed %q: %v", out, err)
-	}
 	rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "pytorch"})
 	if err != nil {
 		b.Fatal(err)
 	}
-	if got.Ops != len(evs) || got.PeakReserved != rs[0].PeakReserved || got.DeviceMallocs != rs[0].DeviceAllocs {
-		b.Fatalf("DynaPipe's port: %d ops, peak reserved %d, %d device mallocs; pytorch policy: %d, %d, %d", got.Ops, got.PeakReserved, got.DeviceMallocs, len(evs), rs[0].PeakReserved, rs[0].DeviceAllocs)
+	return func() float64 {
+		out, err := exec.Command("python3", filepath.Join("testdata", "dynapipe", "loop.py"),
+			filepath.Join(root, "dynapipe", "memory_opt", "allocation_simulator.py"), opsFile, "1").Output()
+		if err != nil {
+			b.Fatalf("DynaPipe loop: %v", err)
+		}
+		var got struct {
+			Ops           int     `json:"ops"`
+			NsPerOp       float64 `json:"ns_per_op"`
+			PeakReserved  uint64  `json:"peak_reserved"`
+			DeviceMallocs int64   `json:"device_mallocs"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil {
+			b.Fatalf("DynaPipe loop printed %q: %v", out, err)
+		}
+		if got.Ops != len(evs) || got.PeakReserved != rs[0].PeakReserved || got.DeviceMallocs != rs[0].DeviceAllocs {
+			b.Fatalf("DynaPipe's port: %d ops, peak reserved %d, %d device mallocs; pytorch policy: %d, %d, %d", got.Ops, got.PeakReserved, got.DeviceMallocs, len(evs), rs[0].PeakReserved, rs[0].DeviceAllocs)
+		}
+		return got.NsPerOp
 	}
-	return got.NsPerOp
 }
