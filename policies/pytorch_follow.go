@@ -43,6 +43,9 @@ func (p *PyTorch) Follow(ev trace.Event) {
 // synchronization), as a late free_completed. It returns an error if addr
 // is not an allocated block.
 func (p *PyTorch) FreeLate(addr, stream uint64) error {
+	if addr == 0 {
+		return nil // the null pointer of a 0-byte malloc, as in Free
+	}
 	if p.releasesSeen > 0 {
 		if err := p.settle(); err != nil {
 			return err

@@ -138,9 +138,12 @@ func (d *Device) recorded(op trace.Op, size uint64) (uint64, bool) {
 	return 0, false
 }
 
-// overlaps reports whether [addr, addr+size) meets a live segment or
-// reserved range.
+// overlaps reports whether [addr, addr+size) runs past the end of the
+// address space or meets a live segment or reserved range.
 func (d *Device) overlaps(addr, size uint64) bool {
+	if size > ^addr {
+		return true // past the end of the address space: no free place
+	}
 	meets := func(a, n uint64) bool { return addr < a+n && a < addr+size }
 	for a, n := range d.live.All() {
 		if meets(a, n) {

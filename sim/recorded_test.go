@@ -228,3 +228,52 @@ malloc addr=0x80000000 size=1GiB t=%d
 		})
 	}
 }
+
+// TestZeroByteFreeLate: a 0-byte malloc (PyTorch's null pointer) whose
+// free completes late is taken back like any other: nothing to free, and
+// the replay goes on (it failed with "free of 0x0: not an allocated
+// block").
+func TestZeroByteFreeLate(t *testing.T) {
+	const text = `malloc id=1 size=0
+free_requested id=1
+marker label=x
+free id=1
+malloc id=2 size=1000
+free id=2
+`
+	rs, err := sim.Run(recordingSource(t, text), sim.Config{Policy: "pytorch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs[0]; r.PeakReserved != 2<<20 || r.DeviceAllocs != 1 || r.OOMs != 0 {
+		t.Errorf("peak reserved %d, %d device allocs, %d OOMs; want %d, 1, 0", r.PeakReserved, r.DeviceAllocs, r.OOMs, 2<<20)
+	}
+}
+
+// TestRecordedSegmentPastTheEnd: a recorded segment whose range runs past
+// the end of the address space is no free place to follow, so the device
+// places on its own from there. Before, a second recorded segment at 0x100
+// was not seen to overlap the first, two free blocks had the same size and
+// address, and the replay failed with a nil pointer dereference.
+func TestRecordedSegmentPastTheEnd(t *testing.T) {
+	const text = `segment_alloc addr=0xffffffffffefff00 size=2097152
+malloc id=1 size=1048576
+malloc id=2 size=512
+malloc id=3 size=512
+malloc id=4 size=1047552
+segment_alloc addr=0x100 size=2097152
+malloc id=5 size=512
+malloc id=6 size=512
+free id=3
+free id=5
+free id=2
+malloc id=7 size=512
+`
+	rs, err := sim.Run(recordingSource(t, text), sim.Config{Policy: "pytorch", AsRecorded: true, Check: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := rs[0]; r.PeakReserved != 4<<20 || r.DeviceAllocs != 2 || r.OOMs != 0 {
+		t.Errorf("peak reserved %d, %d device allocs, %d OOMs; want %d, 2, 0", r.PeakReserved, r.DeviceAllocs, r.OOMs, 4<<20)
+	}
+}
