@@ -205,8 +205,9 @@ func (p *PyTorch) Name() string { return "pytorch" }
 
 // ptBlock is a block of a segment: allocated, free and then in its pool's
 // free blocks of its stream (a ptFree), or (in an expandable segment)
-// unmapped and then in its pool's unmapped list. The blocks of one segment form an address-ordered list
-// through prev and next; a segment that is one block has neither.
+// unmapped and then in its pool's unmapped list. The blocks of one segment
+// form an address-ordered list through prev and next; a segment that is
+// one block has neither.
 type ptBlock struct {
 	addr, size uint64
 	stream     uint64
