@@ -22,7 +22,6 @@ type ptFree struct {
 	heads   [ptBins]*ptBlock
 	used    [ptBins / 64]uint64 // bit i%64 of word i/64: bin i holds blocks
 	summary uint64              // bit w: used[w] is not 0
-	len     int
 }
 
 // ptBins is the number of bins: ptBin(math.MaxUint64) is 975.
@@ -132,7 +131,6 @@ func (t *ptFree) insert(b *ptBlock) {
 		t.used[i>>6] |= 1 << (i & 63)
 		t.summary |= 1 << (i >> 6)
 	}
-	t.len++
 }
 
 // delete removes b, which must be in t.
@@ -158,7 +156,6 @@ func (t *ptFree) delete(b *ptBlock) {
 		}
 	}
 	b.set, b.binPrev, b.binNext = nil, nil, nil
-	t.len--
 }
 
 // ptActive is the table of allocated blocks by address: open addressing

@@ -279,11 +279,12 @@ func BenchmarkReplayMallocFree(b *testing.B) {
 	benchReport("kv_decode-mallocfree 3replay pytorch", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=replay policy=pytorch seconds=%.4f events=%d", sec, len(evs)))
 	b.ReportMetric(float64(len(evs))/sec, "events/s")
 	dynaPipeOnce.Do(func() {
-		theirs := dynaPipeLoop(b, bt.h, evs)
+		want := pytorchReplay(b, bt.h, evs)
+		theirs := dynaPipeLoop(b, evs, want)
 		if theirs == nil {
 			return
 		}
-		loop := policyLoop(b, evs)
+		loop := policyLoop(b, evs, want)
 		replay := func() {
 			if _, err := sim.Run(trace.NewSliceSource(bt.h, evs), sim.Config{Trace: bt.name, Policy: "pytorch"}); err != nil {
 				b.Fatal(err)
@@ -322,8 +323,9 @@ func median(xs []float64) float64 {
 // pass a call. The replay (sim.Run) does more per event than either loop:
 // the live table by address, the peaks, series and fragmentation, the
 // cost model's clock and the trace's checks. A pass fails the benchmark if
-// its peak reserved bytes or device allocations differ from the replay's.
-func policyLoop(b *testing.B, evs []trace.Event) func() {
+// its peak reserved bytes or device allocations differ from want's, the
+// replay's (pytorchReplay).
+func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result) func() {
 	type op struct {
 		size uint64
 		of   int // the malloc freed, -1 for a malloc
@@ -337,10 +339,6 @@ func policyLoop(b *testing.B, evs []trace.Event) func() {
 		} else {
 			ops[k] = op{0, slot[ev.Addr]}
 		}
-	}
-	rs, err := sim.Run(trace.NewSliceSource(trace.Header{}, evs), sim.Config{Policy: "pytorch"})
-	if err != nil {
-		b.Fatal(err)
 	}
 	blocks := make([]policies.Block, len(ops))
 	return func() {
@@ -359,8 +357,8 @@ func policyLoop(b *testing.B, evs []trace.Event) func() {
 				b.Fatalf("op %d: %v", k, err)
 			}
 		}
-		if dev.PeakReserved() != rs[0].PeakReserved || dev.Allocs() != rs[0].DeviceAllocs {
-			b.Fatalf("policy loop: peak reserved %d, %d device allocations; replay %d, %d", dev.PeakReserved(), dev.Allocs(), rs[0].PeakReserved, rs[0].DeviceAllocs)
+		if dev.PeakReserved() != want.PeakReserved || dev.Allocs() != want.DeviceAllocs {
+			b.Fatalf("policy loop: peak reserved %d, %d device allocations; replay %d, %d", dev.PeakReserved(), dev.Allocs(), want.PeakReserved, want.DeviceAllocs)
 		}
 	}
 }
@@ -386,6 +384,16 @@ func bestOf3(ops int, loop func()) float64 {
 	return min(timeLoop(ops, loop), timeLoop(ops, loop), timeLoop(ops, loop))
 }
 
+// pytorchReplay replays evs with the pytorch policy, for the figures the
+// loops must reach.
+func pytorchReplay(b *testing.B, h trace.Header, evs []trace.Event) *sim.Result {
+	rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "pytorch"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return rs[0]
+}
+
 // mallocsAndFrees returns the malloc and free events of evs, in order:
 // what a port of the allocator replaying a list of calls loops over.
 func mallocsAndFrees(evs []trace.Event) []trace.Event {
@@ -404,10 +412,11 @@ func mallocsAndFrees(evs []trace.Event) []trace.Event {
 func BenchmarkPolicyLoop(b *testing.B) {
 	bt := kvDecodeTrace(b, kvDecodePath(b))
 	evs := mallocsAndFrees(bt.evs)
+	loop := policyLoop(b, evs, pytorchReplay(b, bt.h, evs))
 	b.ResetTimer()
 	var ns float64
 	for i := 0; i < b.N; i++ {
-		ns = bestOf3(len(evs), policyLoop(b, evs))
+		ns = bestOf3(len(evs), loop)
 	}
 	benchReport("kv_decode-mallocfree 3policy-loop", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=policy-loop policy=pytorch ns_per_op=%.1f events=%d", ns, len(evs)))
 }
@@ -431,7 +440,7 @@ var dynaPipeOnce sync.Once
 // A pass fails the benchmark if the port's peak reserved bytes or device
 // mallocs differ from the pytorch policy's (they agree on kv_decode). It
 // says so in a BENCH line and returns nil when $DYNAPIPE is not set.
-func dynaPipeLoop(b *testing.B, h trace.Header, evs []trace.Event) func() float64 {
+func dynaPipeLoop(b *testing.B, evs []trace.Event, want *sim.Result) func() float64 {
 	root := os.Getenv("DYNAPIPE")
 	if root == "" {
 		benchReport("kv_decode-mallocfree 4dynapipe", "BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe skipped=\"set DYNAPIPE to a checkout of github.com/awslabs/optimizing-multitask-training-through-dynamic-pipelines\"")
@@ -454,10 +463,6 @@ func dynaPipeLoop(b *testing.B, h trace.Header, evs []trace.Event) func() float6
 	if err := os.WriteFile(opsFile, []byte(ops.String()), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "pytorch"})
-	if err != nil {
-		b.Fatal(err)
-	}
 	return func() float64 {
 		out, err := exec.Command("python3", filepath.Join("testdata", "dynapipe", "loop.py"),
 			filepath.Join(root, "dynapipe", "memory_opt", "allocation_simulator.py"), opsFile, "1").Output()
@@ -473,8 +478,8 @@ func dynaPipeLoop(b *testing.B, h trace.Header, evs []trace.Event) func() float6
 		if err := json.Unmarshal(out, &got); err != nil {
 			b.Fatalf("DynaPipe loop printed %q: %v", out, err)
 		}
-		if got.Ops != len(evs) || got.PeakReserved != rs[0].PeakReserved || got.DeviceMallocs != rs[0].DeviceAllocs {
-			b.Fatalf("DynaPipe's port: %d ops, peak reserved %d, %d device mallocs; pytorch policy: %d, %d, %d", got.Ops, got.PeakReserved, got.DeviceMallocs, len(evs), rs[0].PeakReserved, rs[0].DeviceAllocs)
+		if got.Ops != len(evs) || got.PeakReserved != want.PeakReserved || got.DeviceMallocs != want.DeviceAllocs {
+			b.Fatalf("DynaPipe's port: %d ops, peak reserved %d, %d device mallocs; pytorch policy: %d, %d, %d", got.Ops, got.PeakReserved, got.DeviceMallocs, len(evs), want.PeakReserved, want.DeviceAllocs)
 		}
 		return got.NsPerOp
 	}

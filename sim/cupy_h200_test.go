@@ -29,12 +29,7 @@ import (
 func cupyRecording(t *testing.T, name string, streams bool) (trace.Header, []trace.Event, *sim.Measured) {
 	t.Helper()
 	path := filepath.Join("..", "testdata", "cupy", name+".jsonl")
-	f, err := tracefile.Open(path, tracefile.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	evs, err := trace.ReadAll(f)
+	h, evs, err := tracefile.ReadAll(path, tracefile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +37,6 @@ func cupyRecording(t *testing.T, name string, streams bool) (trace.Header, []tra
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := f.Header()
 	if !streams {
 		return h, evs, m
 	}

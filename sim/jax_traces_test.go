@@ -64,12 +64,7 @@ func TestJAXPlatformTraces(t *testing.T) {
 			if err := json.Unmarshal(raw, &rec); err != nil {
 				t.Fatal(err)
 			}
-			f, err := tracefile.Open(filepath.Join(dir, c.name+".platform.trace"), tracefile.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer f.Close()
-			evs, err := trace.ReadAll(f)
+			h, evs, err := tracefile.ReadAll(filepath.Join(dir, c.name+".platform.trace"), tracefile.Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -78,7 +73,7 @@ func TestJAXPlatformTraces(t *testing.T) {
 				growth = "true"
 			}
 			settings := policies.Settings{"allow_growth": growth, "memory_limit": "112583507968"}
-			rs, err := sim.Run(trace.NewSliceSource(f.Header(), evs), sim.Config{Policy: "bfc", Settings: settings})
+			rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "bfc", Settings: settings})
 			if err != nil {
 				t.Fatal(err)
 			}

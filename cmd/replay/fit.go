@@ -85,12 +85,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	}
 	var answers []*results.Fit
 	for _, path := range fs.Args() {
-		f, err := tracefile.Open(path, tracefile.Options{From: *from, Device: *device})
-		if err != nil {
-			return err
-		}
-		h, evs, err := fit.Load(f)
-		f.Close()
+		h, evs, err := tracefile.ReadAll(path, tracefile.Options{From: *from, Device: *device})
 		if err != nil {
 			return err
 		}

@@ -204,15 +204,9 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	jobRuns := map[string][]rankRun{}
 	var jobOrder []string
 	for _, path := range fs.Args() {
-		f, err := tracefile.Open(path, tracefile.Options{})
+		h, evs, err := tracefile.ReadAll(path, tracefile.Options{})
 		if err != nil {
 			return err
-		}
-		h := f.Header()
-		evs, err := trace.ReadAll(f)
-		f.Close()
-		if err != nil {
-			return tracefile.NameError(path, err)
 		}
 		cfg := base
 		cfg.Trace = path

@@ -27,16 +27,11 @@ import (
 // readH200 reads the recording testdata/h200/NAME whole.
 func readH200(t *testing.T, name string) (trace.Header, []trace.Event) {
 	t.Helper()
-	f, err := tracefile.Open(filepath.Join("testdata", "h200", name), tracefile.Options{})
+	h, evs, err := tracefile.ReadAll(filepath.Join("testdata", "h200", name), tracefile.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	evs, err := trace.ReadAll(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f.Header(), evs
+	return h, evs
 }
 
 // TestH200Recordings checks that every device allocation was recorded.

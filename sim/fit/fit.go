@@ -73,16 +73,6 @@ func ParseCards(list string) ([]results.Card, error) {
 	return cards, nil
 }
 
-// Load reads the whole of src into memory, for the many replays of a
-// search; it returns src's first error.
-func Load(src trace.Source) (trace.Header, []trace.Event, error) {
-	evs, err := trace.ReadAll(src)
-	if err != nil {
-		return trace.Header{}, nil, err
-	}
-	return src.Header(), evs, nil
-}
-
 // Trace searches each of cfgs (one policy each) on the trace h, evs, with
 // up to jobs searches at a time, for cards whose context holds context
 // bytes (Search), and returns the answers in the order of

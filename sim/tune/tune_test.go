@@ -250,14 +250,9 @@ func TestWithoutKey(t *testing.T) {
 // readTrace decodes the trace at path into memory, as replay tune does.
 func readTrace(tb testing.TB, path string) (trace.Header, []trace.Event) {
 	tb.Helper()
-	f, err := tracefile.Open(path, tracefile.Options{})
+	h, evs, err := tracefile.ReadAll(path, tracefile.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
-	defer f.Close()
-	evs, err := trace.ReadAll(f)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return f.Header(), evs
+	return h, evs
 }

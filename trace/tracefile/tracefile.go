@@ -85,6 +85,23 @@ func NameError(path string, err error) error {
 	return fmt.Errorf("%s: %w", path, err)
 }
 
+// ReadAll reads the whole trace at path into memory, for the many replays
+// of a search: its header and its events in order. It returns Open's error
+// as it is and an error reading the events as a *ReadError (which names
+// the file).
+func ReadAll(path string, opts Options) (trace.Header, []trace.Event, error) {
+	f, err := Open(path, opts)
+	if err != nil {
+		return trace.Header{}, nil, err
+	}
+	defer f.Close()
+	evs, err := trace.ReadAll(f)
+	if err != nil {
+		return trace.Header{}, nil, err
+	}
+	return f.Header(), evs, nil
+}
+
 // Close closes the underlying file.
 func (f *File) Close() error { return f.f.Close() }
 
