@@ -106,6 +106,8 @@ func (d *decoder) segment(v value) snapSegment {
 			if x, err := d.toStream(val); err == nil {
 				s.stream = x
 			}
+		case sFrames:
+			d.stackOf(val) // read, and its list let go
 		case sSegmentType:
 			s.small = val.k == vStr && val.n == sSmall
 		case sIsExpandable:
@@ -169,7 +171,9 @@ func (d *decoder) block(v value) snapBlock {
 		case sRequestedSize:
 			b.requested, _ = d.uintOf(val)
 		case sFrames:
-			b.stack, _ = d.stackOf(val)
+			if id, _ := d.stackOf(val); d.blockFrames {
+				b.stack = d.kept(id)
+			}
 		case sState:
 			switch {
 			case val.k != vStr:

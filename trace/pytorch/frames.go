@@ -87,28 +87,6 @@ func (d *decoder) framesDone() {
 	d.buildGen++
 }
 
-// mallocEntry reports whether the entry c being built is an alloc or an
-// oom (whose frames make its malloc's stack), from its action among its
-// keys set or on the stack above its mark; true when it has none yet.
-func (d *decoder) mallocEntry(c *container) bool {
-	is := func(v value) bool {
-		return v.k != vStr || v.n == sFirstAction || v.n == sFirstAction+3 // alloc, oom
-	}
-	for i := 0; i+1 < len(c.items); i += 2 {
-		if c.items[i].k == vStr && c.items[i].n == sAction {
-			return is(c.items[i+1])
-		}
-	}
-	if m := d.topMark(); m > 0 && d.container(d.stack[m-1]) == c {
-		for i := m; i+1 < len(d.stack); i += 2 {
-			if d.stack[i].k == vStr && d.stack[i].n == sAction {
-				return is(d.stack[i+1])
-			}
-		}
-	}
-	return true
-}
-
 // frameOf returns the frame id of v, an item of a frames list: a frame
 // dict being read, one the memo gives again, or a dict kept whole.
 func (d *decoder) frameOf(v value) (uint32, error) {
@@ -141,7 +119,7 @@ func (d *decoder) frameOf(v value) (uint32, error) {
 		if k.file != noString {
 			f.File = d.strs[k.file]
 		}
-		id = d.stacks.AddFrame(f)
+		id = d.seen.AddFrame(f)
 		d.frameIDs[k] = id
 	}
 	if v.k == vFrameBuild {
@@ -171,14 +149,15 @@ func (d *decoder) setFrameKey(k *frameKey, items []value) {
 	}
 }
 
-// stackOf returns the stack id of v, the frames of an entry or a block (0
-// for none, or when frames are not read), and lets its list go.
+// stackOf returns the id in d.seen of v, the frames of an entry or a
+// block (0 for none, or when frames are not read), and lets its list go;
+// kept maps it to the table the events name.
 func (d *decoder) stackOf(v value) (uint32, error) {
 	if v.k == vStack {
 		return uint32(v.n), nil
 	}
 	c := d.container(v)
-	if c == nil || c.kind != pyList || d.stacks == nil {
+	if c == nil || c.kind != pyList || d.seen == nil {
 		return 0, nil
 	}
 	fids := d.fids[:0]
@@ -200,7 +179,7 @@ func (d *decoder) stackOf(v value) (uint32, error) {
 		return 0, nil
 	}
 	d.fids = fids
-	id := d.stacks.Add(fids)
+	id := d.seen.Add(fids)
 	if c.role == roleFrames {
 		if c.memo > 0 && id < memoStack {
 			d.memo.put(c.memo-1, tagSkip|memoStack|id)
@@ -209,4 +188,23 @@ func (d *decoder) stackOf(v value) (uint32, error) {
 		d.release(v)
 	}
 	return id, nil
+}
+
+// kept returns the id in d.stacks, the table the events name, of stack id
+// of d.seen, adding it there the first time it is asked for: a stack that
+// only a free or a block not rebuilt names is read (its frames and list
+// may be met again through the memo) but not kept.
+func (d *decoder) kept(id uint32) uint32 {
+	if id == 0 || d.stacks == nil {
+		return 0
+	}
+	for int(id) >= len(d.toKept) {
+		d.toKept = append(d.toKept, 0)
+	}
+	if k := d.toKept[id]; k != 0 {
+		return k
+	}
+	k := d.stacks.AddFrames(d.seen.Frames(id))
+	d.toKept[id] = k
+	return k
 }

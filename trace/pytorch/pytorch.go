@@ -541,8 +541,8 @@ func convertEntry(d *decoder, f *entryFields, ev *trace.Event) error {
 		if err != nil {
 			return err
 		}
-		if op == trace.OpMalloc || op == trace.OpMallocFailed {
-			ev.Stack = stack
+		if d.entryFrames && (op == trace.OpMalloc || op == trace.OpMallocFailed) {
+			ev.Stack = d.kept(stack)
 		}
 	}
 	if f.timeUS.k != 0 && f.timeUS.k != vNone {

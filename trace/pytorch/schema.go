@@ -270,12 +270,12 @@ func (d *decoder) roleFor(c *container, pos int, key value, k pyKind) role {
 		}
 		return 0
 	case roleEntry:
-		if d.entryFrames && key.k == vStr && key.n == sFrames && k == pyList && d.mallocEntry(c) {
+		if d.seen != nil && key.k == vStr && key.n == sFrames && k == pyList {
 			return roleFrames
 		}
 		return 0
 	case roleBlock:
-		if d.blockFrames && key.k == vStr && key.n == sFrames && k == pyList {
+		if d.seen != nil && key.k == vStr && key.n == sFrames && k == pyList {
 			return roleFrames
 		}
 		return 0
@@ -287,6 +287,11 @@ func (d *decoder) roleFor(c *container, pos int, key value, k pyKind) role {
 	case roleSegment:
 		if key.k == vStr && key.n == sBlocks && k == pyList {
 			return roleBlocks
+		}
+		if d.seen != nil && key.k == vStr && key.n == sFrames && k == pyList {
+			// The segment's own (its cudaMalloc's), read only for the
+			// frames that later stacks refer to again.
+			return roleFrames
 		}
 		if key.k == vStr && key.n == sSegmentPoolID && k == pyTuple {
 			return roleKeep
@@ -397,17 +402,28 @@ func (d *decoder) setItems(at int64, op byte, target value, items []value) error
 		keep := true
 		switch c.role {
 		case roleEntry:
-			keep = key.k == vStr && (key.n < numEntryKeys || key.n == sFrames && val.k == vCont)
+			keep = key.k == vStr && (key.n < numEntryKeys || key.n == sFrames && isFrames(val))
 		case roleRoot:
 			keep = key.k == vStr && (key.n == sDeviceTraces || key.n == sSegments || key.n == sAllocatorSettings)
 		case roleSegment:
 			keep = key.k == vStr && (key.n == sAddress || key.n == sTotalSize || key.n == sStream || key.n == sSegmentType ||
-				key.n == sIsExpandable || key.n == sDevice || key.n == sBlocks || key.n == sSegmentPoolID)
+				key.n == sIsExpandable || key.n == sDevice || key.n == sBlocks || key.n == sSegmentPoolID ||
+				key.n == sFrames && isFrames(val))
 		case roleBlock:
-			keep = key.k == vStr && (key.n == sAddress || key.n == sSize || key.n == sRequestedSize || key.n == sState || key.n == sFrames && val.k == vCont)
+			keep = key.k == vStr && (key.n == sAddress || key.n == sSize || key.n == sRequestedSize || key.n == sState || key.n == sFrames && isFrames(val))
 		}
 		if !keep {
 			continue
+		}
+		if key.n == sFrames && val.k == vCont {
+			// Complete once set in its dict, and converted now, so that
+			// a later reference through the memo (the next entry's, in
+			// the same batch of entries) finds its stack.
+			id, err := d.stackOf(val)
+			if err != nil {
+				return d.fail(at, op, "%v", err)
+			}
+			val = value{k: vStack, n: int64(id)}
 		}
 		if c.role == roleEntry && d.hasKey(c, key) {
 			// Python never writes a key of a dict twice: two entries
@@ -443,3 +459,7 @@ func (d *decoder) setKey(c *container, key, val value) {
 	}
 	c.items = append(c.items, key, val)
 }
+
+// isFrames reports whether v may be the frames of an entry or a block: a
+// list being read, or one the memo gives again already read.
+func isFrames(v value) bool { return v.k == vCont || v.k == vStack }

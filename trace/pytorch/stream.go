@@ -80,13 +80,18 @@ type decoder struct {
 	fields1      entryFields   // the entry being converted
 	segments     []snapSegment // from roleSegments
 
-	// stacks, if not nil, takes the stack frames of the entries (with
-	// entryFrames) and of the final segments' blocks (with blockFrames),
-	// which are otherwise stepped over (frames.go); frameIDs holds the
-	// frame ids by the decoder's strings.
-	stacks                   *trace.Stacks
+	// seen, if not nil, takes the stack frames of every entry and block
+	// (a snapshot shares frame dicts and frames lists between them, and
+	// the pickle refers to them again through its memo, so every one is
+	// read); stacks keeps those that the events name (kept, frames.go):
+	// the mallocs' with entryFrames, the final segments' blocks' with
+	// blockFrames. frameIDs holds the frame ids in seen by the decoder's
+	// strings, toKept the id in stacks of each stack of seen (0 if none
+	// yet).
+	seen, stacks             *trace.Stacks
 	entryFrames, blockFrames bool
 	frameIDs                 map[frameKey]uint32
+	toKept                   []uint32
 	fids                     []uint32
 	// building holds the frame dicts being read (vFrameBuild values of
 	// generation buildGen), buildMemo 1 + the memo index of each, 0 if
@@ -102,6 +107,7 @@ func (d *decoder) readFrames(st *trace.Stacks, entries, blocks bool) {
 	d.stacks, d.entryFrames, d.blockFrames = st, entries, blocks
 	if d.frameIDs == nil {
 		d.frameIDs = map[frameKey]uint32{}
+		d.seen = trace.NewStacks()
 	}
 }
 
