@@ -6,9 +6,15 @@ allocator settings and caps, with the real allocator's figures beside each.
     python3 record.py --pools OUTDIR    (the private-pool recordings)
     python3 record.py --profiler OUTDIR (under torch.profiler too)
     python3 record.py --tuned OUTDIR    (the settings replay tune recommends)
+    python3 record.py --stacks OUTDIR   (every workload once more, as users record)
+    python3 record.py --ddp OUTDIR      (a two-rank DDP job, two processes on one GPU)
 
-For each run it writes OUTDIR/NAME.pickle.gz (torch.cuda.memory._dump_snapshot,
-gzip-compressed) and OUTDIR/NAME.stats.json (max_memory_reserved,
+Recording is as users record (the README's recipe): PyTorch's defaults,
+torch.cuda.memory._record_memory_history(max_entries=1_000_000), so with
+context and stacks "all"; with ALLOCSIM_NO_STACKS=1 in the environment as the
+recordings under testdata/pytorch/*.pickle.gz were made before (context=None,
+no frames). For each run it writes OUTDIR/NAME.pickle.gz
+(torch.cuda.memory._dump_snapshot, gzip-compressed) and OUTDIR/NAME.stats.json (max_memory_reserved,
 max_memory_allocated, torch.cuda.memory_stats(), the settings string as
 alloc_conf and the per-process cap as mem_cap_bytes), in the shape of the
 shared trace collection. Every run is a fresh process, so that
@@ -40,6 +46,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 
 MiB = 1 << 20
@@ -249,8 +256,30 @@ def pending_retry(torch, rng):
     return []
 
 
+def train(torch, rng, steps=4):
+    """A small decoder-only transformer (4 layers, d=512) trained with AdamW
+    under bf16 autocast for a few steps of random batch and sequence length:
+    the job of the README's recording recipe."""
+    nn = torch.nn
+    d, vocab = 512, 8192
+    layer = nn.TransformerEncoderLayer(d, 8, 4 * d, batch_first=True, norm_first=True)
+    model = nn.Sequential(nn.Embedding(vocab, d), nn.TransformerEncoder(layer, 4), nn.Linear(d, vocab)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(steps):
+        b, t = rng.choice((4, 6, 8)), rng.choice((256, 384, 512))
+        x = torch.randint(0, vocab, (b, t), device="cuda")
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.float().view(-1, vocab), x.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x, logits, loss
+    return []
+
+
 WORKLOADS = {"churn": churn, "mlp": mlp, "graph_step": graph_step, "serve_graphs": serve_graphs,
-             "compile_ro": compile_ro, "mempool": mempool, "pending_retry": pending_retry}
+             "compile_ro": compile_ro, "mempool": mempool, "pending_retry": pending_retry, "train": train}
 
 
 def child(workload, label, cap, outdir, seed):
@@ -262,7 +291,13 @@ def child(workload, label, cap, outdir, seed):
         frac = cap / total
         torch.cuda.set_per_process_memory_fraction(frac, 0)
         cap_bytes = int(frac * total)
-    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1 << 20)
+    if os.environ.get("ALLOCSIM_NO_STACKS"):
+        # The form of the recordings made before stop 30 (no frames).
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=1 << 20)
+    else:
+        # As users record (the README's recipe): PyTorch's defaults,
+        # context "all" and stacks "all" (Python and C++ frames).
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     rng = random.Random(seed)
     prof = None
     if os.environ.get("ALLOCSIM_PROFILE"):
@@ -282,11 +317,12 @@ def child(workload, label, cap, outdir, seed):
         with open(tmp, "rb") as fin, gzip.open(tmp + ".gz", "wb") as fout:
             fout.write(fin.read())
         os.remove(tmp)
-    snap = torch.cuda.memory._snapshot()
     path = os.path.join(outdir, label)
-    import pickle
-    with gzip.open(path + ".pickle.gz", "wb") as f:
-        pickle.dump(snap, f, protocol=4)
+    torch.cuda.memory._dump_snapshot(path + ".pickle")
+    with open(path + ".pickle", "rb") as fin, gzip.open(path + ".pickle.gz", "wb") as fout:
+        fout.write(fin.read())
+    os.remove(path + ".pickle")
+    snap = torch.cuda.memory._snapshot()
     stats = {
         "workload": workload,
         "label": label,
@@ -432,6 +468,80 @@ def tuned(outdir):
         spawn(outdir, workload, label, conf, cap)
 
 
+def stacks(outdir):
+    """Every workload recorded again as users record (PyTorch's defaults:
+    context and stacks "all"), the README's recipe on the train job among
+    them."""
+    os.makedirs(outdir, exist_ok=True)
+    spawn(outdir, "train", "readme_train")
+    base = spawn(outdir, "churn", "churn")
+    r = base["max_memory_reserved"] if base else 3 << 30
+    spawn(outdir, "churn", "churn_oom", "", odd_mib(0.45 * r))
+    spawn(outdir, "churn", "churn_mixed",
+          "max_split_size_mb:128, roundup_power2_divisions:[64:8,256:4,>:1], garbage_collection_threshold:0.7", odd_mib(0.8 * r))
+    spawn(outdir, "churn", "churn_expandable", "expandable_segments:True")
+    spawn(outdir, "mlp", "mlp")
+    spawn(outdir, "graph_step", "graph_step")
+    spawn(outdir, "serve_graphs", "serve_graphs")
+    spawn(outdir, "compile_ro", "compile_ro")
+    spawn(outdir, "mempool", "mempool")
+    spawn(outdir, "pending_retry", "pending_retry", "", odd_mib(1.5 * (1 << 30)))
+
+
+def ddp_rank(rank, world, outdir, initfile):
+    """One rank of a two-rank DistributedDataParallel job on one GPU (gloo:
+    NCCL refuses two ranks on one device), recorded as users record."""
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + initfile, rank=rank, world_size=world)
+    torch.cuda.set_device(0)
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+    rng = random.Random(100 + rank)
+    for _ in range(5):
+        x = torch.randn(rng.randint(256, 4096), 1024, device="cuda")
+        ddp(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del x
+    torch.cuda.synchronize()
+    dist.barrier()
+    label = "ddp_rank%d" % rank
+    path = os.path.join(outdir, label)
+    torch.cuda.memory._dump_snapshot(path + ".pickle")
+    with open(path + ".pickle", "rb") as fin, gzip.open(path + ".pickle.gz", "wb") as fout:
+        fout.write(fin.read())
+    os.remove(path + ".pickle")
+    stats = {"workload": "ddp", "label": label, "rank": rank, "world_size": world, "alloc_conf": "",
+             "torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(0),
+             "mem_cap_bytes": 0, "oom": "", "ooms_caught": 0,
+             "max_memory_reserved": torch.cuda.max_memory_reserved(),
+             "max_memory_allocated": torch.cuda.max_memory_allocated(),
+             "memory_reserved_end": torch.cuda.memory_reserved(),
+             "memory_allocated_end": torch.cuda.memory_allocated(),
+             "trace_entries": len(torch.cuda.memory._snapshot()["device_traces"][0]),
+             "memory_stats": dict(torch.cuda.memory_stats())}
+    with open(path + ".stats.json", "w") as f:
+        json.dump(stats, f, indent=1)
+    dist.destroy_process_group()
+
+
+def ddp(outdir):
+    """The two-rank job: each rank a process of its own on the one GPU."""
+    os.makedirs(outdir, exist_ok=True)
+    initfile = os.path.join(tempfile.mkdtemp(), "init")
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    procs = [subprocess.Popen([sys.executable, __file__, "--ddp-rank", str(r), "2", outdir, initfile], env=env)
+             for r in range(2)]
+    for p in procs:
+        if p.wait() != 0:
+            print("ddp rank failed with exit code", p.returncode, flush=True)
+
+
 def odd_mib(x):
     return (int(x) // (2 * MiB)) * 2 * MiB + MiB
 
@@ -440,6 +550,15 @@ def main():
     if sys.argv[1] == "--child":
         _, _, workload, label, cap, outdir, seed = sys.argv
         child(workload, label, int(cap), outdir, int(seed))
+        return
+    if sys.argv[1] == "--ddp-rank":
+        ddp_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+        return
+    if sys.argv[1] == "--ddp":
+        ddp(sys.argv[2])
+        return
+    if sys.argv[1] == "--stacks":
+        stacks(sys.argv[2])
         return
     if sys.argv[1] == "--probe":
         probe(sys.argv[2])
