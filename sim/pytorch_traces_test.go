@@ -46,6 +46,9 @@ var ptAcceptance = []struct {
 	{name: "pytorch_cases/growing_batch"},
 	{name: "pytorch_cases/split_frag_oom"},
 	{name: "pytorch_cases/token_lengths"},
+	// The README's recipe exactly as a user runs it: PyTorch's defaults,
+	// stacks on (frames shared through the pickle memo).
+	{name: "pytorch_stacks/readme_job"},
 	{name: "pytorch/churn"},
 	{name: "pytorch/churn_maxsplit"},
 	{name: "pytorch/churn_roundup"},
