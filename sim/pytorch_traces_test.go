@@ -65,6 +65,22 @@ var ptAcceptance = []struct {
 	{name: "pytorch/compile_ro"},
 	{name: "pytorch/mempool"},
 	{name: "pytorch/pending_retry"},
+	// Every kind again as users record (record.py --stacks: PyTorch's
+	// defaults, context and stacks "all"), the README recipe's train job
+	// first, and the two ranks of a DDP job on one GPU (record.py --ddp).
+	{name: "pytorch/stacks/readme_train"},
+	{name: "pytorch/stacks/churn"},
+	{name: "pytorch/stacks/churn_oom"},
+	{name: "pytorch/stacks/churn_mixed"},
+	{name: "pytorch/stacks/churn_expandable"},
+	{name: "pytorch/stacks/mlp"},
+	{name: "pytorch/stacks/graph_step"},
+	{name: "pytorch/stacks/serve_graphs"},
+	{name: "pytorch/stacks/compile_ro"},
+	{name: "pytorch/stacks/mempool"},
+	{name: "pytorch/stacks/pending_retry"},
+	{name: "pytorch/ddp/ddp_rank0"},
+	{name: "pytorch/ddp/ddp_rank1"},
 	// replay tune's recommendations run on the card (record.py --tuned),
 	// and the snapshots taken beside the torch.profiler recordings.
 	{name: "pytorch/tuned/tuned_mlp"},
