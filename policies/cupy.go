@@ -48,6 +48,14 @@ type CuPy struct {
 	list    []*cupyChunk
 	hint    uint64 // the recorded address of the next malloc (FollowTie)
 	hinted  bool
+
+	// Following a log (cupy_follow.go): following is set by the first
+	// device allocation shown, logAlloc until the malloc it was for;
+	// inferred counts the calls inferred, lastInferred says what the
+	// last was.
+	following, logAlloc bool
+	inferred            int64
+	lastInferred        string
 }
 
 // cupyUnit is CuPy's ALLOCATION_UNIT_SIZE in bytes.
@@ -75,13 +83,15 @@ var (
 	_ FreeSpacer  = (*CuPy)(nil)
 	_ Counter     = (*CuPy)(nil)
 	_ TieFollower = (*CuPy)(nil)
+	_ Follower    = (*CuPy)(nil)
+	_ Inferrer    = (*CuPy)(nil)
 )
 
 func init() {
 	register(Info{
 		Name:      "cupy",
 		Design:    "CuPy's memory pool, SingleDeviceMemoryPool of CuPy 14.2.0 (cupy/cuda/memory.pyx)",
-		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true, TieFollower: true},
+		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true, TieFollower: true, Follower: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewCuPy(dev, s) })
 }
 
@@ -132,7 +142,17 @@ func (p *CuPy) Malloc(size, stream uint64) (Block, error) {
 	}
 	n := ceilToMultiple(size, cupyUnit)
 	a := p.arenas.get(stream)
-	c := p.take(a, n)
+	var c *cupyChunk
+	fresh := false
+	if p.following {
+		var err error
+		if fresh, err = p.follow(a, n); err != nil {
+			return Block{}, err
+		}
+	}
+	if !fresh {
+		c = p.take(a, n)
+	}
 	if c == nil {
 		addr, err := p.alloc(n)
 		if err != nil {

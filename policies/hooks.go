@@ -28,3 +28,14 @@ type Marker interface {
 	// failure of the device (a segment the policy gives back is refused).
 	Mark(label string) error
 }
+
+// Inferrer is implemented by policies that, following a recording of
+// their allocator (Follower), infer calls of the program that the
+// recording does not show (CuPy's free_all_blocks(), which DebugPrintHook
+// does not log). The engine asks after each malloc and names the event in
+// the replay's warnings.
+type Inferrer interface {
+	// Inferred returns the number of calls inferred so far and a line
+	// saying what the last one was and from what.
+	Inferred() (n int64, last string)
+}

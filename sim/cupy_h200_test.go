@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/cupy"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -112,13 +113,17 @@ func TestCuPyRecordings(t *testing.T) {
 
 // TestCuPyOneStream replays churn and churn_limit as logged, every malloc
 // on stream 0: a malloc then finds free chunks that CuPy kept in the
-// other stream's arena, so the replay allocates fewer segments. Both part
-// from the recording at their 18th malloc (event 36, 353506 bytes on the
-// default stream), for which the real pool allocated a segment, its
-// default arena having no chunk that fits, while the one-stream replay
-// takes a chunk of the side stream's. churn's figures (48 device allocs,
-// 1114100224 bytes) are what the real pool measured on churn_single, the
-// same arrays all on one stream (recorded after this test predicted them).
+// other stream's arena. Both part from the recording at their 18th malloc
+// (event 36, 353506 bytes on the default stream), for which the real pool
+// allocated a segment, its default arena having no chunk that fits, while
+// the one-stream replay has a chunk of the side stream's, a whole free
+// segment: replayed as recorded, the policy infers an unlogged
+// free_all_blocks() there (or a malloc from another stream's arena, which
+// the log cannot tell apart: it says both, naming event 36), and the replay parts from the recording two mallocs later, at a
+// placement in the other arena that it cannot know (event 38). Replayed
+// plainly, churn's figures (48 device allocs, 1114100224 bytes) are what
+// the real pool measured on churn_single, the same arrays all on one
+// stream (recorded after this test predicted them).
 func TestCuPyOneStream(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
@@ -127,8 +132,8 @@ func TestCuPyOneStream(t *testing.T) {
 		peak       uint64
 		ooms       int64
 	}{
-		{"churn", "event 35: real allocator: segment_alloc of 353792 bytes at 0x7f02b7200000; simulation: no device call by event 36", 48, 1114100224, 0},
-		{"churn_limit", "event 35: real allocator: segment_alloc of 353792 bytes at 0x7fbcdf200000; simulation: no device call by event 36", 40, 554901504, 2},
+		{"churn", "event 38: real allocator: malloc of 272 bytes at 0x7f02d3e02200; simulation: placed at 0x7f02d3e00a00", 48, 1114100224, 0},
+		{"churn_limit", "event 38: real allocator: malloc of 272 bytes at 0x7fbcfbe02200; simulation: placed at 0x7fbcfbe00a00", 40, 554901504, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h, evs, m := cupyRecording(t, tc.name, false)
@@ -140,6 +145,10 @@ func TestCuPyOneStream(t *testing.T) {
 			if got := rep.Divergence.String(); rep.Divergence == nil || got != tc.divergence {
 				t.Errorf("divergence %v, want %s", rep.Divergence, tc.divergence)
 			}
+			const inferred = "event 36 (malloc of 353506 bytes): the log shows a device allocation where the pool held a free chunk that fits: free_all_blocks() inferred before it (2 free segments given back), which DebugPrintHook does not log (or the malloc came from another stream's arena, which it does not record either)"
+			if r := rep.Result; r.Inferred != 1 || r.FirstInferred != inferred {
+				t.Errorf("%d inferred, first %q; want 1, %q", r.Inferred, r.FirstInferred, inferred)
+			}
 			rs, err := sim.Run(trace.NewSliceSource(h, evs), cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -149,5 +158,78 @@ func TestCuPyOneStream(t *testing.T) {
 				t.Errorf("%d device allocs, peak reserved %d, %d OOMs", r.DeviceAllocs, r.PeakReserved, r.OOMs)
 			}
 		})
+	}
+}
+
+// cupyLog imports a DebugPrintHook log given as its lines.
+func cupyLog(t *testing.T, lines ...string) trace.Source {
+	t.Helper()
+	src, err := cupy.Import(strings.NewReader(strings.Join(lines, "\n")+"\n"), "hand.jsonl", cupy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// TestCuPyInferFreeAllBlocks: a log of a program that called
+// free_all_blocks() between two mallocs of 1000 bytes (a 1024-byte chunk
+// each), which DebugPrintHook does not log. The first malloc's segment at
+// A is whole and free when the second comes; the log shows the second
+// making a device allocation of its own at B. Replayed as recorded, the
+// pool gives A back before the second malloc (free_all_blocks inferred, at
+// event 4: segment_alloc A, malloc A, free A, segment_alloc B, malloc B),
+// so every device call and placement is the recorded one.
+func TestCuPyInferFreeAllBlocks(t *testing.T) {
+	src := cupyLog(t,
+		`{"hook":"alloc","device_id":0,"mem_size":1024,"mem_ptr":1048576}`,
+		`{"hook":"malloc","device_id":0,"size":1000,"mem_size":1024,"mem_ptr":1048576,"pmem_id":"0x1"}`,
+		`{"hook":"free","device_id":0,"mem_size":1024,"mem_ptr":1048576,"pmem_id":"0x1"}`,
+		`{"hook":"alloc","device_id":0,"mem_size":1024,"mem_ptr":2097152}`,
+		`{"hook":"malloc","device_id":0,"size":1000,"mem_size":1024,"mem_ptr":2097152,"pmem_id":"0x2"}`,
+		`{"hook":"free","device_id":0,"mem_size":1024,"mem_ptr":2097152,"pmem_id":"0x2"}`,
+	)
+	rep, err := sim.Fidelity(src, sim.Config{Trace: "hand", Policy: "cupy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Divergence != nil {
+		t.Fatalf("diverges at %v", rep.Divergence)
+	}
+	r := rep.Result
+	const want = "event 4 (malloc of 1000 bytes): the log shows a device allocation where the pool held a free chunk that fits: free_all_blocks() inferred before it (1 free segments given back), which DebugPrintHook does not log (or the malloc came from another stream's arena, which it does not record either)"
+	if r.Inferred != 1 || r.FirstInferred != want {
+		t.Errorf("%d inferred, first %q; want 1, %q", r.Inferred, r.FirstInferred, want)
+	}
+	// One segment of 1024 bytes at a time: the peak of reserved bytes is
+	// 1024, with 2 device allocations and 1 device free (the inferred one).
+	if rep.Calls != 2 || r.DeviceAllocs != 2 || r.DeviceFrees != 1 || r.PeakReserved != 1024 {
+		t.Errorf("%d recorded calls, %d device allocs, %d frees, peak reserved %d; want 2, 2, 1, 1024", rep.Calls, r.DeviceAllocs, r.DeviceFrees, r.PeakReserved)
+	}
+	if len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], "1 calls the recording does not show were inferred from it; first: event 4 ") {
+		t.Errorf("warnings %q", r.Warnings)
+	}
+}
+
+// TestCuPyInferUnexplained: a malloc that the log shows served from the
+// pool (no device allocation) while the simulated pool has no free chunk
+// that fits (the second malloc at A+1024, right after the first took the
+// whole 1024-byte segment at A) is noted, naming its event, and the
+// replay parts from the recording there.
+func TestCuPyInferUnexplained(t *testing.T) {
+	src := cupyLog(t,
+		`{"hook":"alloc","device_id":0,"mem_size":1024,"mem_ptr":1048576}`,
+		`{"hook":"malloc","device_id":0,"size":1000,"mem_size":1024,"mem_ptr":1048576,"pmem_id":"0x1"}`,
+		`{"hook":"malloc","device_id":0,"size":1000,"mem_size":1024,"mem_ptr":1049600,"pmem_id":"0x2"}`,
+	)
+	rep, err := sim.Fidelity(src, sim.Config{Trace: "hand", Policy: "cupy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Divergence == nil {
+		t.Fatal("no divergence")
+	}
+	const want = "event 2 (malloc of 1000 bytes): the log shows no device allocation where the pool held no free chunk that fits: the pool's state differs from the real one's here"
+	if r := rep.Result; r.Inferred != 1 || r.FirstInferred != want {
+		t.Errorf("%d inferred, first %q; want 1, %q", r.Inferred, r.FirstInferred, want)
 	}
 }

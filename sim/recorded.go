@@ -33,6 +33,8 @@ import (
 type recorded struct {
 	follower policies.Follower    // the policy, if it follows recordings
 	ties     policies.TieFollower // the policy, if it follows recorded ties and AsRecorded
+	inferrer policies.Inferrer    // the policy, if it infers unrecorded calls and AsRecorded
+	inferred int64                // the calls it had inferred after the last malloc
 	reqEvent int64                // event index of the last free_requested, -1 if none
 	reqAddr  uint64               // and its address
 	reqTime  int64                // and its time, ns
@@ -58,6 +60,21 @@ func (r *Replay) startRecorded() {
 	}
 	if r.cfg.AsRecorded {
 		r.rec.ties, _ = r.policy.(policies.TieFollower)
+		r.rec.inferrer, _ = r.policy.(policies.Inferrer)
+	}
+}
+
+// noteInferred puts in the result the calls the policy inferred at the
+// malloc of size bytes, event i: their count, and the first with its event.
+func (r *Replay) noteInferred(i int64, size uint64) {
+	n, last := r.rec.inferrer.Inferred()
+	if n == r.rec.inferred {
+		return
+	}
+	r.res.Inferred += n - r.rec.inferred
+	r.rec.inferred = n
+	if r.res.FirstInferred == "" {
+		r.res.FirstInferred = fmt.Sprintf("event %d (malloc of %d bytes): %s", i, size, last)
 	}
 }
 

@@ -420,6 +420,9 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	}
 	reserved, allocs := r.deviceState()
 	b, err := r.policyMalloc(ev)
+	if r.rec.inferrer != nil {
+		r.noteInferred(i, ev.Size)
+	}
 	r.fragmented(ev.Size, reserved, allocs, err != nil)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
@@ -579,6 +582,9 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	}
 	reserved, allocs := r.deviceState()
 	b, err := r.policyMalloc(ev)
+	if r.rec.inferrer != nil {
+		r.noteInferred(i, ev.Size)
+	}
 	r.fragmented(ev.Size, reserved, allocs, err != nil)
 	if err != nil {
 		if !errors.Is(err, policies.ErrOutOfMemory) {

@@ -111,6 +111,14 @@ type Result struct {
 	Anomalies    int64  `json:"anomalies"`
 	FirstAnomaly string `json:"first_anomaly,omitempty"`
 
+	// Inferred counts the calls of the program that the recording does
+	// not show and that the policy, replaying it as recorded, inferred
+	// from what it does show (policies.Inferrer: an unlogged CuPy
+	// free_all_blocks()); FirstInferred describes the first, with its
+	// event index.
+	Inferred      int64  `json:"inferred,omitempty"`
+	FirstInferred string `json:"first_inferred,omitempty"`
+
 	// Truncated is set for a trace whose history was cut (a snapshot that
 	// starts mid-run): its first ReconstructedEvents events rebuild the
 	// state before its first recorded event, and the peaks count from
@@ -211,6 +219,9 @@ func (r *Result) warnings() []string {
 	}
 	if r.Anomalies > 0 {
 		ws = append(ws, fmt.Sprintf("%d events could not be replayed as recorded; first: %s", r.Anomalies, r.FirstAnomaly))
+	}
+	if r.Inferred > 0 {
+		ws = append(ws, fmt.Sprintf("%d calls the recording does not show were inferred from it; first: %s", r.Inferred, r.FirstInferred))
 	}
 	if w := CapacityWarning(r); w != "" {
 		ws = append(ws, w)

@@ -124,6 +124,14 @@ Flags:
 			return tracefile.NameError(path, err)
 		}
 		name := filepath.Base(path)
+		// What the recording does not show, inferred or not, whatever
+		// the verdict: a figure that agrees may rest on it.
+		if r := rep.Result; r.Inferred > 0 {
+			fmt.Fprintf(stdout, "%s: warning: %d calls the recording does not show were inferred from it; first: %s\n", name, r.Inferred, r.FirstInferred)
+		}
+		if w := rep.Result.PoolWarning; w != "" {
+			fmt.Fprintf(stdout, "%s: warning: %s\n", name, w)
+		}
 		if d := rep.Divergence; d != nil {
 			diverged++
 			fmt.Fprintf(stdout, "%s: diverges at %v (policy %s)\n", name, d, pol)
