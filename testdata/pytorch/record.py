@@ -8,6 +8,7 @@ allocator settings and caps, with the real allocator's figures beside each.
     python3 record.py --tuned OUTDIR    (the settings replay tune recommends)
     python3 record.py --stacks OUTDIR   (every workload once more, as users record)
     python3 record.py --ddp OUTDIR      (a two-rank DDP job, two processes on one GPU)
+    python3 record.py --more-pools OUTDIR (compile_train, serve_prefill, mempools)
 
 Recording is as users record (the README's recipe): PyTorch's defaults,
 torch.cuda.memory._record_memory_history(max_entries=1_000_000), so with
@@ -278,8 +279,105 @@ def train(torch, rng, steps=4):
     return []
 
 
+def compile_train(torch, rng, steps=14):
+    """torch.compile(mode="reduce-overhead") of a training step (forward,
+    backward, AdamW) fed several batch sizes, so that cudagraph trees
+    record a graph per shape and replay them, and re-record when a shape
+    comes back after another."""
+    model = _step_mlp(torch)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def fwd(x):
+        return model(x).square().mean()
+
+    cf = torch.compile(fwd, mode="reduce-overhead", dynamic=False)
+    for _ in range(steps):
+        bs = rng.choice((64, 128, 256, 512))
+        loss = cf(torch.randn(bs, 1024, device="cuda"))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss
+    torch.cuda.synchronize()
+    return []
+
+
+def serve_prefill(torch, rng, steps=60):
+    """Serving with large eager prefills between decode graphs: one CUDA
+    graph per decode batch size captured into one shared pool, smallest
+    first, each replayed between prefills of 1..16k tokens whose
+    activations dwarf the decode's."""
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)).cuda().half()
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    side = torch.cuda.Stream()
+    with torch.no_grad():
+        for bs in (1, 2, 4, 8, 16, 32):
+            x = torch.randn(bs, 2048, device="cuda", dtype=torch.half)
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model(x)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = model(x)
+            graphs[bs] = (g, x, out)
+        kept = []
+        for _ in range(steps):
+            p = model(torch.randn(rng.randint(1, 16384), 2048, device="cuda", dtype=torch.half))
+            kept.append(p[:1].clone())
+            del p
+            if len(kept) > 8:
+                kept.pop(0)
+            bs = rng.choice(tuple(graphs))
+            g, x, out = graphs[bs]
+            x.copy_(torch.randn(bs, 2048, device="cuda", dtype=torch.half))
+            g.replay()
+            if rng.random() < 0.1:
+                torch.cuda.empty_cache()
+        del graphs[32]
+    torch.cuda.synchronize()
+    return []
+
+
+def mempools(torch, rng, rounds=8):
+    """Several MemPools alive at once, created, used and deleted in an
+    interleaved order, with default-pool tensors and empty_cache() calls
+    between (some while pools are alive, some after a pool is deleted)."""
+    MB = MiB
+    pools = []
+    keep = []
+    for r in range(rounds):
+        if len(pools) < 3 or rng.random() < 0.5:
+            pool = torch.cuda.MemPool()
+            with torch.cuda.use_mem_pool(pool):
+                ts = [torch.empty(rng.randint(1, 96 * MB), dtype=torch.uint8, device="cuda") for _ in range(rng.randint(4, 12))]
+            pools.append((pool, ts))
+        keep += [torch.empty(rng.randint(1, 48 * MB), dtype=torch.uint8, device="cuda") for _ in range(4)]
+        if len(keep) > 10:
+            del keep[:5]
+        pool, ts = pools[rng.randrange(len(pools))]
+        del ts[::2]
+        with torch.cuda.use_mem_pool(pool):
+            ts += [torch.empty(rng.randint(1, 128 * MB), dtype=torch.uint8, device="cuda") for _ in range(4)]
+        if rng.random() < 0.5:
+            torch.cuda.empty_cache()
+        if len(pools) > 2:
+            i = rng.randrange(len(pools))
+            pool, ts = pools.pop(i)
+            del ts[:]
+            del pool, ts
+            if rng.random() < 0.7:
+                torch.cuda.empty_cache()
+    del pools, keep
+    torch.cuda.empty_cache()
+    return []
+
+
 WORKLOADS = {"churn": churn, "mlp": mlp, "graph_step": graph_step, "serve_graphs": serve_graphs,
-             "compile_ro": compile_ro, "mempool": mempool, "pending_retry": pending_retry, "train": train}
+             "compile_ro": compile_ro, "mempool": mempool, "pending_retry": pending_retry, "train": train,
+             "compile_train": compile_train, "serve_prefill": serve_prefill, "mempools": mempools}
 
 
 def child(workload, label, cap, outdir, seed):
@@ -486,6 +584,18 @@ def stacks(outdir):
     spawn(outdir, "compile_ro", "compile_ro")
     spawn(outdir, "mempool", "mempool")
     spawn(outdir, "pending_retry", "pending_retry", "", odd_mib(1.5 * (1 << 30)))
+    more_pools(outdir)
+
+
+def more_pools(outdir):
+    """The private-pool kinds that a replay got wrong on recordings made
+    outside this script (issue 31): compile_train, serve_prefill and
+    mempools, two seeds each."""
+    os.makedirs(outdir, exist_ok=True)
+    for seed in (7, 8):
+        spawn(outdir, "compile_train", "compile_train_s%d" % seed, seed=seed)
+        spawn(outdir, "serve_prefill", "serve_prefill_s%d" % seed, seed=seed)
+        spawn(outdir, "mempools", "mempools_s%d" % seed, seed=seed)
 
 
 def ddp_rank(rank, world, outdir, initfile):
@@ -556,6 +666,9 @@ def main():
         return
     if sys.argv[1] == "--ddp":
         ddp(sys.argv[2])
+        return
+    if sys.argv[1] == "--more-pools":
+        more_pools(sys.argv[2])
         return
     if sys.argv[1] == "--stacks":
         stacks(sys.argv[2])
