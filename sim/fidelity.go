@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -212,24 +213,21 @@ type Measured struct {
 	Reserved    *uint64 `json:"max_memory_reserved"`  // bytes
 	Allocated   *uint64 `json:"max_memory_allocated"` // bytes
 	MemoryStats struct {
-		DeviceAllocs *int64 `json:"num_device_alloc"`
-		DeviceFrees  *int64 `json:"num_device_free"`
-		Retries      *int64 `json:"num_alloc_retries"`
-		OOMs         *int64 `json:"num_ooms"`
+		DeviceAllocs *int64 `json:"num_device_alloc"`  // cudaMalloc calls (or maps)
+		DeviceFrees  *int64 `json:"num_device_free"`   // cudaFree calls (or unmaps)
+		Retries      *int64 `json:"num_alloc_retries"` // mallocs retried after freeing the cache
+		OOMs         *int64 `json:"num_ooms"`          // mallocs that failed
 	} `json:"memory_stats"`
 	// Mallocs is the number of mallocs the allocator made, from JAXStats
 	// or a trace's header (RecordedMeasured).
 	Mallocs *int64 `json:"-"`
 	// JAXStats is JAX's memory_stats() of the device at the end of the
-	// job (XLA's BFC), as testdata/jax/record.py writes it in NAME.json:
-	// ReadMeasured takes its peak_bytes_in_use for Allocated,
-	// peak_pool_bytes for Reserved and num_allocs for Mallocs.
-	JAXStats *struct {
-		PeakInUse  *uint64 `json:"peak_bytes_in_use"` // bytes
-		PeakPool   *uint64 `json:"peak_pool_bytes"`   // bytes
-		NumAllocs  *int64  `json:"num_allocs"`
-		BytesLimit *uint64 `json:"bytes_limit"` // bytes
-	} `json:"stats"`
+	// job (XLA's BFC), as testdata/jax/record.py writes it in NAME.json
+	// under "stats"; ReadMeasured also takes it from under "memory_stats",
+	// the other shape such files have. ReadMeasured takes its
+	// peak_bytes_in_use for Allocated, peak_pool_bytes for Reserved and
+	// num_allocs for Mallocs.
+	JAXStats *JAXStats `json:"stats"`
 	// CuPy's pool, as testdata/cupy/record.py measures it: ReadMeasured
 	// takes them for Cap, Reserved, MemoryStats.DeviceAllocs and OOMs.
 	CuPyLimit        uint64  `json:"limit_bytes"`      // set_limit, bytes; 0 for none
@@ -237,6 +235,24 @@ type Measured struct {
 	CuPyDeviceAllocs *int64  `json:"device_allocs"`    // alloc hook calls
 	CuPyOOMs         *int64  `json:"ooms_caught"`      // OutOfMemoryError raised and caught
 }
+
+// JAXStats is JAX's Device.memory_stats() (XLA's BFC allocator) at the
+// end of a job: the figures of it that Measured uses, nil where absent.
+type JAXStats struct {
+	PeakInUse  *uint64 `json:"peak_bytes_in_use"` // the peak of the bytes in use, bytes
+	PeakPool   *uint64 `json:"peak_pool_bytes"`   // the peak of the pool's bytes, bytes
+	NumAllocs  *int64  `json:"num_allocs"`        // mallocs
+	BytesLimit *uint64 `json:"bytes_limit"`       // XLA's memory limit, bytes
+}
+
+// empty reports whether s holds none of the figures Measured uses.
+func (s *JAXStats) empty() bool {
+	return s.PeakInUse == nil && s.PeakPool == nil && s.NumAllocs == nil && s.BytesLimit == nil
+}
+
+// ErrNoFigures is the error of ReadMeasured for a file that holds none
+// of the figures CompareMeasured compares.
+var ErrNoFigures = errors.New("no figure to compare")
 
 // RecordedSettings returns the settings of policy that the measured
 // figures imply the job ran its allocator with, nil if none: for bfc,
@@ -256,15 +272,45 @@ func (m *Measured) RecordedSettings(policy string) policies.Settings {
 	}
 }
 
-// ReadMeasured reads the measured figures at path. Errors name the file.
+// ReadMeasured reads the measured figures at path: PyTorch's, JAX's
+// memory_stats() under "stats" or under "memory_stats" (Measured.JAXStats),
+// or CuPy's pool's. Errors name the file: a JSON error with its byte
+// offset, the key that holds JAX's figures under both "stats" and
+// "memory_stats" with two values, or ErrNoFigures (wrapped, saying what
+// the file lacks) for a file that holds no figure CompareMeasured
+// compares.
 func ReadMeasured(path string) (*Measured, error) {
 	raw, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	var m Measured
-	if err := json.Unmarshal(raw, &m); err != nil {
+	// JAX's memory_stats() under "memory_stats" shares the key with
+	// PyTorch's: its figures are read apart.
+	var other struct {
+		JAX JAXStats `json:"memory_stats"`
+	}
+	err = json.Unmarshal(raw, &m)
+	if err == nil {
+		err = json.Unmarshal(raw, &other)
+	}
+	if err != nil {
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &syn):
+			return nil, fmt.Errorf("%s: byte offset %d: %v", path, syn.Offset, err)
+		case errors.As(err, &typ):
+			return nil, fmt.Errorf("%s: byte offset %d: %v", path, typ.Offset, err)
+		}
 		return nil, fmt.Errorf("%s: %v", path, err)
+	}
+	if !other.JAX.empty() {
+		if m.JAXStats == nil {
+			m.JAXStats = &other.JAX
+		} else if err := mergeJAXStats(m.JAXStats, &other.JAX); err != nil {
+			return nil, fmt.Errorf("%s: %v", path, err)
+		}
 	}
 	if s := m.JAXStats; s != nil {
 		m.Allocated = cmp.Or(m.Allocated, s.PeakInUse)
@@ -277,7 +323,39 @@ func ReadMeasured(path string) (*Measured, error) {
 		m.MemoryStats.DeviceAllocs = cmp.Or(m.MemoryStats.DeviceAllocs, m.CuPyDeviceAllocs)
 		m.MemoryStats.OOMs = cmp.Or(m.MemoryStats.OOMs, m.CuPyOOMs)
 	}
+	if !m.hasFigures() {
+		return nil, fmt.Errorf("%s: %w: it has none of max_memory_reserved, max_memory_allocated, "+
+			"memory_stats' num_device_alloc, num_device_free, num_alloc_retries or num_ooms (PyTorch), "+
+			"peak_bytes_in_use, peak_pool_bytes or num_allocs under stats or memory_stats (JAX), "+
+			"peak_total_bytes or device_allocs (CuPy)", path, ErrNoFigures)
+	}
 	return &m, nil
+}
+
+// mergeJAXStats fills the figures s lacks (from under "stats") with
+// those of o (from under "memory_stats"); a figure both hold must agree
+// (the first that does not is the error).
+func mergeJAXStats(s, o *JAXStats) error {
+	return cmp.Or(mergeFigure("peak_bytes_in_use", &s.PeakInUse, o.PeakInUse),
+		mergeFigure("peak_pool_bytes", &s.PeakPool, o.PeakPool),
+		mergeFigure("num_allocs", &s.NumAllocs, o.NumAllocs),
+		mergeFigure("bytes_limit", &s.BytesLimit, o.BytesLimit))
+}
+
+// mergeFigure sets *a to b where *a is nil; both set, they must agree.
+func mergeFigure[T comparable](key string, a **T, b *T) error {
+	if *a != nil && b != nil && **a != *b {
+		return fmt.Errorf("stats.%s %v and memory_stats.%s %v differ", key, **a, key, *b)
+	}
+	*a = cmp.Or(*a, b)
+	return nil
+}
+
+// hasFigures reports whether m holds a figure CompareMeasured compares.
+func (m *Measured) hasFigures() bool {
+	ms := m.MemoryStats
+	return m.Reserved != nil || m.Allocated != nil || m.Mallocs != nil ||
+		ms.DeviceAllocs != nil || ms.DeviceFrees != nil || ms.Retries != nil || ms.OOMs != nil
 }
 
 // CompareMeasured returns, one line each, the figures of a replay as
