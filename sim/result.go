@@ -10,6 +10,10 @@ type Result struct {
 	Trace string `json:"trace"`
 	// Policy is the policy's registry name.
 	Policy string `json:"policy"`
+	// Rank is the trace's rank in the multi-GPU job it is a rank of (the
+	// job's record in a results file names its traces), nil for a trace
+	// of no job. It is in the JSON only where set (not in the CSV).
+	Rank *int `json:"rank,omitempty"`
 	// Settings are the policy settings the replay used, by key.
 	Settings map[string]string `json:"settings,omitempty"`
 	// Capacity is the simulated device's capacity, 0 if unlimited.

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // TestSimJob replays a job of two ranks made from two real one-GPU
@@ -130,5 +134,62 @@ func TestSimAllDevices(t *testing.T) {
 	}
 	if _, _, err := runCmd(t, "sim", "--device", "x", "t.trace"); err == nil || !strings.Contains(err.Error(), `--device "x": want a device index or all`) {
 		t.Errorf("--device x: %v", err)
+	}
+}
+
+// TestSimJobJSON: replay sim --json over a job's ranks (the job of
+// TestSimJob: mlp as rank 0, churn as rank 1, under 1 GiB a rank) gives
+// each rank's result its rank and lists the job after the results, with
+// the figures of its line in the table: rank 1 the largest (1073741824
+// bytes) and the first to run out of memory (event 310), rank 0 the
+// smallest (830472192), a spread of 0.2265625. A trace of no job has no
+// rank, and a file without a job no "jobs".
+func TestSimJobJSON(t *testing.T) {
+	dir := jobDir(t)
+	js := filepath.Join(dir, "job.json")
+	r0, r1 := filepath.Join(dir, "job.rank0.pickle.gz"), filepath.Join(dir, "job.rank1.pickle.gz")
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch", "--capacity", "1GiB", "--json", js, r1, r0, splitFragOOM); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := results.Open(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ranks := map[string]int{}
+	for rd.Scan() {
+		r := rd.Record().Sim
+		ranks[filepath.Base(r.Trace)] = -1
+		if r.Rank != nil {
+			ranks[filepath.Base(r.Trace)] = *r.Rank
+		}
+	}
+	if err := rd.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]int{"job.rank0.pickle.gz": 0, "job.rank1.pickle.gz": 1, filepath.Base(splitFragOOM): -1}; !reflect.DeepEqual(ranks, want) {
+		t.Errorf("ranks %v, want %v", ranks, want)
+	}
+	peak1 := uint64(1073741824)
+	want := []*results.Job{{Job: filepath.Join(dir, "job.rank*.pickle.gz"), Policy: "pytorch", Ranks: []int{0, 1}, Traces: []string{r0, r1},
+		MaxReserved: peak1, MaxReservedRank: 1, MinReserved: 830472192, MinReservedRank: 0, Spread: 0.2265625,
+		MaxFootprint: peak1, MaxFootprintRank: 1, OOMRanks: []int{1}, FirstOOMRank: 1, FirstOOMEvent: 310}}
+	got := rd.Jobs()
+	if len(got) == 1 {
+		want[0].FirstOOMTime = got[0].FirstOOMTime // churn's clock
+	}
+	if !reflect.DeepEqual(got, want) || want[0].FirstOOMTime == 0 {
+		raw, _ := json.Marshal(got)
+		t.Errorf("jobs %s, want one like %+v", raw, want[0])
+	}
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch", "--json", js, splitFragOOM); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), `"jobs"`) || strings.Contains(string(raw), `"rank"`) {
+		t.Errorf("a trace of no job: %s", raw)
 	}
 }

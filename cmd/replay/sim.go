@@ -186,6 +186,10 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if n := writeWarnings(stderr, results); n > 0 && *strict {
 		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
 	}
+	// The jobs among the traces: each rank's result says its rank, and
+	// the JSON lists the jobs after the results.
+	jobSums := job.Summarize(results)
+	job.MarkRanks(jobSums)
 	// The outputs are all written or none: the files are staged, the
 	// charts drawn, and the files committed only then.
 	var staged []*stagedOutput
@@ -198,7 +202,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		flag, path string
 		write      func(io.Writer) error
 	}{
-		{"json", *jsonOut, func(w io.Writer) error { return writeJSON(w, results) }},
+		{"json", *jsonOut, func(w io.Writer) error { return writeJobsJSON(w, results, jobSums) }},
 		{"csv", *csvOut, func(w io.Writer) error { return writeCSV(w, results) }},
 		{"sites-csv", *sitesCSV, func(w io.Writer) error { return writeSitesCSV(w, results) }},
 	} {
@@ -233,7 +237,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		writeTable(stdout, results, *wide)
 		writeSites(stdout, results)
 		writeSettingsUsed(stdout, results, settings)
-		writeJobs(stdout, job.Summarize(results))
+		writeJobs(stdout, jobSums)
 	}
 	return nil
 }
@@ -395,6 +399,16 @@ func parseSets(sets []string, names []string) (map[string]policies.Settings, err
 
 // writeJSON writes sim results as a results file of kind "sim".
 func writeJSON(w io.Writer, rs []*sim.Result) error { return results.WriteSim(w, rs) }
+
+// writeJobsJSON writes sim results and the jobs among them (job.Summary)
+// as a results file of kind "sim", the jobs listed after the results.
+func writeJobsJSON(w io.Writer, rs []*sim.Result, sums []*job.Summary) error {
+	jobs := make([]*results.Job, len(sums))
+	for i, s := range sums {
+		jobs[i] = s.Record()
+	}
+	return results.WriteSimJobs(w, rs, jobs)
+}
 
 // writeCSV writes sim results as CSV, with the columns of every command.
 func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, rs) }

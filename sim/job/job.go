@@ -93,34 +93,70 @@ func (s *Summary) Spread() float64 {
 func Summarize(rs []*sim.Result) []*Summary {
 	var out []*Summary
 	for _, g := range group(rs, func(r *sim.Result) (string, string) { return r.Trace, r.Policy }) {
-		s := &Summary{Job: g.job, Policy: g.policy, Ranks: g.ranks, Results: g.items, FirstOOMRank: -1, FirstOOMEvent: -1}
-		timed := false // some failing rank has a time
-		for i, r := range s.Results {
-			rank := s.Ranks[i]
-			if i == 0 || r.PeakReserved > s.MaxReserved {
-				s.MaxReserved, s.MaxReservedRank = r.PeakReserved, rank
-			}
-			if i == 0 || r.PeakReserved < s.MinReserved {
-				s.MinReserved, s.MinReservedRank = r.PeakReserved, rank
-			}
-			if i == 0 || r.PeakFootprint > s.MaxFootprint {
-				s.MaxFootprint, s.MaxFootprintRank = r.PeakFootprint, rank
-			}
-			if r.OOMs == 0 {
-				continue
-			}
-			s.OOMRanks = append(s.OOMRanks, rank)
-			timed = timed || r.FirstOOMTime != 0
-			if s.FirstOOMRank < 0 || r.FirstOOMTime < s.FirstOOMTime {
-				s.FirstOOMRank, s.FirstOOMEvent, s.FirstOOMTime = rank, r.FirstOOMEvent, r.FirstOOMTime
-			}
-		}
-		if !timed && len(s.OOMRanks) > 1 {
-			s.FirstOOMRank, s.FirstOOMEvent, s.FirstOOMTime = -1, -1, 0
-		}
-		out = append(out, s)
+		out = append(out, SummaryOf(g.job, g.policy, g.ranks, g.items))
 	}
 	return out
+}
+
+// SummaryOf sums up the results rs of a job's ranks under policy, as
+// Summarize does for each job it finds by the traces' names, for a job
+// whose ranks are known otherwise (replay fidelity's, given in order):
+// ranks ascending, rs the results of those ranks in the same order.
+func SummaryOf(job, policy string, ranks []int, rs []*sim.Result) *Summary {
+	s := &Summary{Job: job, Policy: policy, Ranks: ranks, Results: rs, FirstOOMRank: -1, FirstOOMEvent: -1}
+	timed := false // some failing rank has a time
+	for i, r := range s.Results {
+		rank := s.Ranks[i]
+		if i == 0 || r.PeakReserved > s.MaxReserved {
+			s.MaxReserved, s.MaxReservedRank = r.PeakReserved, rank
+		}
+		if i == 0 || r.PeakReserved < s.MinReserved {
+			s.MinReserved, s.MinReservedRank = r.PeakReserved, rank
+		}
+		if i == 0 || r.PeakFootprint > s.MaxFootprint {
+			s.MaxFootprint, s.MaxFootprintRank = r.PeakFootprint, rank
+		}
+		if r.OOMs == 0 {
+			continue
+		}
+		s.OOMRanks = append(s.OOMRanks, rank)
+		timed = timed || r.FirstOOMTime != 0
+		if s.FirstOOMRank < 0 || r.FirstOOMTime < s.FirstOOMTime {
+			s.FirstOOMRank, s.FirstOOMEvent, s.FirstOOMTime = rank, r.FirstOOMEvent, r.FirstOOMTime
+		}
+	}
+	if !timed && len(s.OOMRanks) > 1 {
+		s.FirstOOMRank, s.FirstOOMEvent, s.FirstOOMTime = -1, -1, 0
+	}
+	return s
+}
+
+// Record returns the job as a results file lists it (results.Job).
+func (s *Summary) Record() *results.Job {
+	j := &results.Job{
+		Job: s.Job, Policy: s.Policy, Ranks: s.Ranks, Traces: make([]string, len(s.Results)),
+		MaxReserved: s.MaxReserved, MaxReservedRank: s.MaxReservedRank,
+		MinReserved: s.MinReserved, MinReservedRank: s.MinReservedRank, Spread: s.Spread(),
+		MaxFootprint: s.MaxFootprint, MaxFootprintRank: s.MaxFootprintRank,
+		OOMRanks: s.OOMRanks, FirstOOMRank: s.FirstOOMRank, FirstOOMEvent: s.FirstOOMEvent, FirstOOMTime: s.FirstOOMTime,
+	}
+	if j.OOMRanks == nil {
+		j.OOMRanks = []int{}
+	}
+	for i, r := range s.Results {
+		j.Traces[i] = r.Trace
+	}
+	return j
+}
+
+// MarkRanks sets each result of the jobs to its rank (sim.Result.Rank).
+func MarkRanks(sums []*Summary) {
+	for _, s := range sums {
+		for i, r := range s.Results {
+			rank := s.Ranks[i]
+			r.Rank = &rank
+		}
+	}
 }
 
 // jobGroup is the items of one job and policy, by ascending rank.

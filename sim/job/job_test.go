@@ -1,9 +1,11 @@
 package job
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 func TestRank(t *testing.T) {
@@ -56,5 +58,40 @@ func TestSummarize(t *testing.T) {
 	sums = Summarize([]*sim.Result{r("c.rank0.t", "p", 1, 1, 1, 5, 0), r("c.rank1.t", "p", 1, 1, 1, 3, 0)})
 	if s := sums[0]; s.FirstOOMRank != -1 || len(s.OOMRanks) != 2 {
 		t.Errorf("untimed: first OOM rank %d, OOM ranks %v", s.FirstOOMRank, s.OOMRanks)
+	}
+}
+
+// TestRecord: a job's record in a results file (the jobs of TestSummarize,
+// worked by hand) and each result marked with its rank; a job without an
+// OOM lists no OOM rank and no first one.
+func TestRecord(t *testing.T) {
+	r := func(trace string, reserved, footprint uint64, ooms, event, time int64) *sim.Result {
+		return &sim.Result{Trace: trace, Policy: "p", PeakReserved: reserved, PeakFootprint: footprint, OOMs: ooms, FirstOOMEvent: event, FirstOOMTime: time}
+	}
+	rs := []*sim.Result{r("a.rank1.trace", 300, 310, 2, 50, 9000), r("a.rank0.trace", 200, 220, 1, 900, 4000), r("a.rank2.trace", 400, 330, 0, -1, 0), r("b.trace", 1, 1, 0, -1, 0)}
+	sums := Summarize(rs)
+	MarkRanks(sums)
+	got := *sums[0].Record()
+	want := results.Job{Job: "a.rank*.trace", Policy: "p", Ranks: []int{0, 1, 2}, Traces: []string{"a.rank0.trace", "a.rank1.trace", "a.rank2.trace"},
+		MaxReserved: 400, MaxReservedRank: 2, MinReserved: 200, MinReservedRank: 0, Spread: 0.5, MaxFootprint: 330, MaxFootprintRank: 2,
+		OOMRanks: []int{0, 1}, FirstOOMRank: 0, FirstOOMEvent: 900, FirstOOMTime: 4000}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("record\n%+v\nwant\n%+v", got, want)
+	}
+	for i, wantRank := range []int{1, 0, 2} {
+		if rs[i].Rank == nil || *rs[i].Rank != wantRank {
+			t.Errorf("%s: rank %v, want %d", rs[i].Trace, rs[i].Rank, wantRank)
+		}
+	}
+	if rs[3].Rank != nil {
+		t.Errorf("b.trace, of no job: rank %d, want none", *rs[3].Rank)
+	}
+	s := SummaryOf("dir", "q", []int{0, 1}, []*sim.Result{r("x", 8, 8, 0, -1, 0), r("y", 6, 6, 0, -1, 0)})
+	got = *s.Record()
+	want = results.Job{Job: "dir", Policy: "q", Ranks: []int{0, 1}, Traces: []string{"x", "y"},
+		MaxReserved: 8, MaxReservedRank: 0, MinReserved: 6, MinReservedRank: 1, Spread: 0.25, MaxFootprint: 8, MaxFootprintRank: 0,
+		OOMRanks: []int{}, FirstOOMRank: -1, FirstOOMEvent: -1}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("record\n%+v\nwant\n%+v", got, want)
 	}
 }

@@ -68,4 +68,4 @@ func NewDiff(a, b *sim.Result) *Diff {
 }
 
 // WriteDiff writes replay diff's records as a results file of kind "diff".
-func WriteDiff(w io.Writer, ds []*Diff) error { return write(w, KindDiff, ds) }
+func WriteDiff(w io.Writer, ds []*Diff) error { return write(w, KindDiff, ds, nil) }

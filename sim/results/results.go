@@ -2,11 +2,14 @@
 // reads: replay sim, replay gpu, replay fit, a sweep's and a merge's
 // results. A file is a JSON object
 //
-//	{"kind": "sim", "version": 1, "results": [...]}
+//	{"kind": "sim", "version": 2, "results": [...]}
 //
 // whose kind says what its records are: "sim" (sim.Result, also for replay
 // gpu --sim-only, sweep and merge), "gpu" (GPU), "fit" (Fit) or "diff"
-// (Diff). A Reader
+// (Diff). A file of kind "sim" of replay sim over the ranks of a
+// multi-GPU job has a "jobs" list after its results (Job; its ranks'
+// results have their "rank"): an addition of version 2 that readers of
+// version 2 without it skip, and that files without it lack. A Reader
 // reads a file's records one at a time and also reads the files written
 // before files said their kind, telling each record apart by its keys.
 //
@@ -90,6 +93,7 @@ var (
 	ErrUnknownKind        = errors.New("unknown kind of results")
 	ErrUnsupportedVersion = errors.New("unsupported results version")
 	ErrNoTraceOrPolicy    = errors.New("no trace or policy: not a result of replay sim, gpu, fit or sweep")
+	ErrNoJobOrPolicy      = errors.New("no job or policy: not a job of replay sim")
 	// ErrAfterResults is a file's "kind" or "version" after its "results"
 	// list (every writer puts them first), and ErrTrailingData anything
 	// after the file's object, such as a second file appended to it.
@@ -118,13 +122,20 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // WriteSim writes sim results as a results file of kind "sim", indented
 // by one space.
-func WriteSim(w io.Writer, rs []*sim.Result) error { return write(w, KindSim, rs) }
+func WriteSim(w io.Writer, rs []*sim.Result) error { return write(w, KindSim, rs, nil) }
+
+// WriteSimJobs writes sim results and the jobs of their ranks as a results
+// file of kind "sim", the jobs under "jobs" after the results; without
+// jobs it writes what WriteSim does.
+func WriteSimJobs(w io.Writer, rs []*sim.Result, jobs []*Job) error {
+	return write(w, KindSim, rs, jobs)
+}
 
 // WriteGPU writes replay gpu results as a results file of kind "gpu".
-func WriteGPU(w io.Writer, rs []*GPU) error { return write(w, KindGPU, rs) }
+func WriteGPU(w io.Writer, rs []*GPU) error { return write(w, KindGPU, rs, nil) }
 
 // WriteFit writes replay fit answers as a results file of kind "fit".
-func WriteFit(w io.Writer, rs []*Fit) error { return write(w, KindFit, rs) }
+func WriteFit(w io.Writer, rs []*Fit) error { return write(w, KindFit, rs, nil) }
 
 // WriteJSON writes v as JSON indented by one space and a newline, as
 // results files, a sweep's plan.json and replay stats --json are written.
@@ -134,7 +145,7 @@ func WriteJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func write[T any](w io.Writer, kind Kind, rs []T) error {
+func write[T any](w io.Writer, kind Kind, rs []T, jobs []*Job) error {
 	if rs == nil {
 		rs = []T{}
 	}
@@ -142,7 +153,8 @@ func write[T any](w io.Writer, kind Kind, rs []T) error {
 		Kind    string `json:"kind"`
 		Version int    `json:"version"`
 		Results []T    `json:"results"`
-	}{kind.String(), Version, rs})
+		Jobs    []*Job `json:"jobs,omitempty"`
+	}{kind.String(), Version, rs, jobs})
 }
 
 // Record is one result of a results file: Sim, GPU or Fit, as Kind says;
@@ -173,6 +185,7 @@ type Reader struct {
 	version int
 	rec     Record
 	n       int
+	jobs    []*Job
 	err     error
 	done    bool
 }
@@ -233,6 +246,34 @@ func (r *Reader) Kind() Kind { return r.kind }
 // Version returns the file's version, 0 for a file that says none.
 func (r *Reader) Version() int { return r.version }
 
+// Jobs returns the jobs the file lists under "jobs" (see Job), nil for a
+// file without them. A writer puts them after the results: they are all
+// read once Scan has returned false without an error.
+func (r *Reader) Jobs() []*Job { return r.jobs }
+
+// readJobs reads a "jobs" list; each job must name its job and policy.
+// Its errors are jobsError.
+func (r *Reader) readJobs() error {
+	var jobs []*Job
+	if err := r.dec.Decode(&jobs); err != nil {
+		return jobsError{err}
+	}
+	for k, j := range jobs {
+		if j == nil || j.Job == "" || j.Policy == "" {
+			return jobsError{fmt.Errorf("job %d: %w", k, ErrNoJobOrPolicy)}
+		}
+	}
+	r.jobs = append(r.jobs, jobs...)
+	return nil
+}
+
+// jobsError is an error in a file's "jobs" list, which is none of its
+// results'.
+type jobsError struct{ err error }
+
+func (e jobsError) Error() string { return "jobs: " + e.err.Error() }
+func (e jobsError) Unwrap() error { return e.err }
+
 func (r *Reader) header() error {
 	tok, err := r.dec.Token()
 	if err != nil {
@@ -273,6 +314,10 @@ func (r *Reader) header() error {
 				return ErrNoResults
 			}
 			return nil
+		case "jobs":
+			if err := r.readJobs(); err != nil {
+				return err
+			}
 		default:
 			var skip json.RawMessage
 			if err := r.dec.Decode(&skip); err != nil {
@@ -334,6 +379,12 @@ func (r *Reader) trailer() error {
 		if tok == "kind" || tok == "version" {
 			return ErrAfterResults
 		}
+		if tok == "jobs" {
+			if err := r.readJobs(); err != nil {
+				return err
+			}
+			continue
+		}
 		var skip json.RawMessage
 		if err := r.dec.Decode(&skip); err != nil {
 			return err
@@ -356,7 +407,11 @@ func (r *Reader) fail(err error) {
 		err = io.ErrUnexpectedEOF // the file ends inside its list
 	}
 	r.done = true
-	r.err = &Error{File: r.name, Result: r.n, Offset: r.dec.InputOffset(), Err: err}
+	result := r.n
+	if errors.As(err, new(jobsError)) {
+		result = -1 // the file's own key
+	}
+	r.err = &Error{File: r.name, Result: result, Offset: r.dec.InputOffset(), Err: err}
 }
 
 // Record returns the record Scan read; valid until the next Scan.
