@@ -79,6 +79,13 @@ var ptAcceptance = []struct {
 	{name: "pytorch/stacks/compile_ro"},
 	{name: "pytorch/stacks/mempool"},
 	{name: "pytorch/stacks/pending_retry"},
+	// record.py --more-pools: several MemPools alive at once, deleted
+	// interleaved (their segment frees' stacks name ~MemPool), and decode
+	// graphs in one shared pool between large eager prefills.
+	{name: "pytorch/stacks/mempools_s7"},
+	{name: "pytorch/stacks/mempools_s8"},
+	{name: "pytorch/stacks/serve_prefill_s7"},
+	{name: "pytorch/stacks/serve_prefill_s8"},
 	{name: "pytorch/ddp/ddp_rank0"},
 	{name: "pytorch/ddp/ddp_rank1"},
 	// replay tune's recommendations run on the card (record.py --tuned),

@@ -2,6 +2,7 @@ package pytorch
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -207,4 +208,31 @@ func (d *decoder) kept(id uint32) uint32 {
 	k := d.stacks.AddFrames(d.seen.Frames(id))
 	d.toKept[id] = k
 	return k
+}
+
+// memPoolFrame is in the stack of the segment frees that a MemPool's
+// deletion makes (its destructor releases the pool's cached segments):
+// PyTorch's C++ frames, recorded with stacks "all".
+const memPoolFrame = "MemPool::~MemPool"
+
+// byMemPool reports whether stack id of d.seen holds memPoolFrame.
+func (d *decoder) byMemPool(id uint32) bool {
+	if id == 0 || d.seen == nil {
+		return false
+	}
+	if v, ok := d.memPoolStack[id]; ok {
+		return v
+	}
+	v := false
+	for _, f := range d.seen.FrameIDs(id) {
+		if strings.Contains(d.seen.Frame(f).Name, memPoolFrame) {
+			v = true
+			break
+		}
+	}
+	if d.memPoolStack == nil {
+		d.memPoolStack = map[uint32]bool{}
+	}
+	d.memPoolStack[id] = v
+	return v
 }

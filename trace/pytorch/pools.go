@@ -52,8 +52,11 @@ import (
 //
 // A MemPool deleted before the dump, or a graph pool whose segments were
 // all freed, leaves no pool id at all. When a malloc shows such a pool
-// (poolwatch.go), the pools are found from the order in which their
-// segments were freed (decideUnnamed), each named in Metadata "pools" by
+// (poolwatch.go), or a segment free's stack does (a snapshot recorded
+// with stacks, PyTorch's default, names at::cuda::MemPool::~MemPool in
+// the C++ frames of the frees a MemPool's deletion makes), the pools are
+// found from those stacks and the order in which their segments were
+// freed (decideUnnamed), each named in Metadata "pools" by
 // the trace entry its release begins at ("1=unnamed1-released-at-entry-142");
 // when that finds none, or the final segments carry no segment_pool_id at
 // all (a snapshot of a PyTorch before 2.1, whose surviving pools it cannot
@@ -309,6 +312,7 @@ type segFree struct {
 	index              int64
 	unit               int
 	stream, size, addr uint64
+	memPool            bool // made by a MemPool's deletion (its stack says so)
 }
 
 // unitSeg is what restore detection keeps of a unit.
@@ -408,6 +412,11 @@ func (s *inferSink) entry(d *decoder, index int64, f *entryFields) error {
 		return err
 	}
 	s.observe(s.prefix+index, &s.ev)
+	if s.ev.Op == trace.OpSegmentFree && len(s.freeRuns) > 0 && d.byMemPool(d.entryStack) {
+		if r := s.freeRuns[len(s.freeRuns)-1]; len(r) > 0 && r[len(r)-1].index == s.prefix+index {
+			r[len(r)-1].memPool = true
+		}
+	}
 	return nil
 }
 
@@ -497,68 +506,87 @@ func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
 }
 
 // decideUnnamed labels the units of a snapshot whose final segments name
-// no private pool but whose mallocs show one (poolWatch): see the comment
-// at the top of the file. Each run of segment frees is cut into parts
-// where the order of release breaks: release_cached_blocks frees the
-// default pools' cached segments, large then small, each by (stream,
-// size, address), and a MemPool's deletion frees its own (emptyCache of
-// the pool), small then large, before the empty_cache that usually
-// follows. So a run that is one part, or a large part and a small one, is
-// a plain empty_cache's; in any other, parts are taken from the start as
-// private pools of their own (a small part with the large part after it,
-// or a part alone), each released right before the run and emptied
-// (trace.OpEmptyCache of the pool) right after its part, until what is
-// left is a plain empty_cache's. It returns nil when no run has a private
-// pool's part. A graph's pool freed whole (its segments come after the
-// default pools' in a run) is not told apart.
+// no private pool but whose mallocs or segment frees show one (poolWatch,
+// checker.memPool): see the comment at the top of the file. Each run of
+// segment frees is cut where its frees' stacks change between a MemPool's
+// deletion and anything else (where the snapshot records stacks), and
+// each piece into parts where the order of release breaks:
+// release_cached_blocks frees the default pools' cached segments, large
+// then small, each by (stream, size, address), and a MemPool's deletion
+// frees its own (emptyCache of the pool), small then large. The parts of
+// a piece made by MemPool deletions are private pools, each a small part
+// with the large part after it, or a part alone. In any other piece, a
+// piece that is one part, or a large part and a small one, is a plain
+// empty_cache's; else parts are taken from the start as private pools of
+// their own, until what is left is a plain empty_cache's. Each private
+// pool is released right before its piece and emptied
+// (trace.OpEmptyCache of the pool) right after its part. It returns nil
+// when no run has a private pool's part. A graph's pool freed whole (its
+// segments come after the default pools' in a run) is not told apart.
 func (s *inferSink) decideUnnamed() *poolPlan {
 	label := make([]uint32, s.units.next)
 	plan := &poolPlan{unitPool: label, failedPool: map[int64]uint32{}, release: map[int64][]uint32{}, restore: map[int64]bool{}, empty: map[int64][]uint32{}}
 	for _, run := range s.freeRuns {
-		// Sorted parts: one size class, ascending (stream, size, address).
-		type part struct {
-			from, to int
-			small    bool
-		}
-		var parts []part
-		for k, f := range run {
-			small := f.size == 2<<20
-			if n := len(parts); n > 0 && parts[n-1].small == small {
-				p := run[k-1]
-				if p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr) {
-					parts[n-1].to = k + 1
-					continue
-				}
+		for len(run) > 0 {
+			n := 1
+			for n < len(run) && run[n].memPool == run[0].memPool {
+				n++
 			}
-			parts = append(parts, part{k, k + 1, small})
-		}
-		// What a plain empty_cache frees: large, small, or both in
-		// that order.
-		global := func(ps []part) bool {
-			return len(ps) <= 1 || len(ps) == 2 && !ps[0].small && ps[1].small
-		}
-		k := 0
-		for !global(parts[k:]) {
-			from, to := parts[k].from, parts[k].to
-			if parts[k].small && !parts[k+1].small {
-				k++
-				to = parts[k].to
-			}
-			k++
-			plan.ids = append(plan.ids, [2]uint64{})
-			id := uint32(len(plan.ids))
-			for _, f := range run[from:to] {
-				label[f.unit] = id
-			}
-			at, end := run[0].index, run[to-1].index+1
-			plan.release[at] = append(plan.release[at], id)
-			plan.empty[end] = append(plan.empty[end], id)
+			s.decidePiece(plan, run[:n], run[0].memPool)
+			run = run[n:]
 		}
 	}
 	if len(plan.ids) == 0 {
 		return nil
 	}
 	return plan
+}
+
+// decidePiece labels the private pools of piece, a piece of a run of
+// segment frees, all made by MemPool deletions (memPool) or none.
+func (s *inferSink) decidePiece(plan *poolPlan, piece []segFree, memPool bool) {
+	// Sorted parts: one size class, ascending (stream, size, address).
+	type part struct {
+		from, to int
+		small    bool
+	}
+	var parts []part
+	for k, f := range piece {
+		small := f.size == 2<<20
+		if n := len(parts); n > 0 && parts[n-1].small == small {
+			p := piece[k-1]
+			if p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr) {
+				parts[n-1].to = k + 1
+				continue
+			}
+		}
+		parts = append(parts, part{k, k + 1, small})
+	}
+	// What a plain empty_cache frees: large, small, or both in that
+	// order; a MemPool's deletion frees nothing of the default pools.
+	global := func(ps []part) bool {
+		if memPool {
+			return len(ps) == 0
+		}
+		return len(ps) <= 1 || len(ps) == 2 && !ps[0].small && ps[1].small
+	}
+	k := 0
+	for !global(parts[k:]) {
+		from, to := parts[k].from, parts[k].to
+		if parts[k].small && k+1 < len(parts) && !parts[k+1].small {
+			k++
+			to = parts[k].to
+		}
+		k++
+		plan.ids = append(plan.ids, [2]uint64{})
+		id := uint32(len(plan.ids))
+		for _, f := range piece[from:to] {
+			plan.unitPool[f.unit] = id
+		}
+		at, end := piece[0].index, piece[to-1].index+1
+		plan.release[at] = append(plan.release[at], id)
+		plan.empty[end] = append(plan.empty[end], id)
+	}
 }
 
 // mallocOf returns the malloc of event index i.

@@ -208,14 +208,21 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["truncated"] = "true"
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
-	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw, stacks: stacks}
+	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw, stacks: stacks, final: d.segments}
 	ids, final, keyed, err := finalPools(d.segments, opts.Device)
 	if err != nil {
 		return nil, fmt.Errorf("%s: segments: %w", name, err)
 	}
-	unnamed := check.watch.found != "" && len(ids) == 0 && len(prefix) == 0 && plainSearch(h.Settings)
+	// A private pool no final segment names: shown by a malloc (under
+	// the default search, which poolWatch assumes), or by the stack of a
+	// segment free (a MemPool's deletion).
+	found := check.memPool
+	if found == "" && plainSearch(h.Settings) {
+		found = check.watch.found
+	}
+	unnamed := found != "" && len(ids) == 0 && len(prefix) == 0
 	if unnamed && !keyed {
-		h.Metadata["pool_warning"] = check.watch.found + " (its final segments carry no segment_pool_id, as before PyTorch 2.1: the pools are not looked for)"
+		h.Metadata["pool_warning"] = found + " (its final segments carry no segment_pool_id, as before PyTorch 2.1: the pools are not looked for)"
 		unnamed = false
 	}
 	if len(ids) > 0 || unnamed {
@@ -225,7 +232,7 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		}
 		switch {
 		case plan == nil:
-			h.Metadata["pool_warning"] = check.watch.found
+			h.Metadata["pool_warning"] = found
 		case unnamed:
 			h.Metadata["pools"] = unnamedNames(plan)
 			src.labels = newLabeler(plan)
@@ -277,6 +284,7 @@ func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids
 	d := newDecoder(pr, device, sink)
 	d.stopAtTraces = true
 	d.pickle = pr
+	d.readFrames(nil, false, false) // the segment frees' stacks (byMemPool)
 	if err := d.run(); err != nil {
 		return nil, decodeError(name, pr, d, err)
 	}
@@ -310,6 +318,9 @@ type checker struct {
 	hist  *history
 	watch *poolWatch
 	ev    trace.Event
+	// memPool is the first segment free made by a MemPool's deletion
+	// (its stack says so), "" if none.
+	memPool string
 }
 
 func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
@@ -321,6 +332,9 @@ func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
 		return fmt.Errorf("inconsistent snapshot at pickle byte %d: %w", d.in.offset(), err)
 	}
 	c.watch.observe(index, &c.ev)
+	if c.memPool == "" && (c.ev.Op == trace.OpSegmentFree || c.ev.Op == trace.OpSegmentUnmap) && d.byMemPool(d.entryStack) {
+		c.memPool = fmt.Sprintf("trace entry %d: a segment freed by the deletion of a MemPool (at::cuda::MemPool::~MemPool in its stack)", index)
+	}
 	return nil
 }
 
@@ -535,12 +549,14 @@ func convertEntry(d *decoder, f *entryFields, ev *trace.Event) error {
 	op := actionOps[a]
 	ev.Op = op
 	var err error
+	d.entryStack = 0
 	if f.frames.k != 0 {
 		// Taken first, so that the list is let go whatever follows.
 		stack, err := d.stackOf(f.frames)
 		if err != nil {
 			return err
 		}
+		d.entryStack = stack
 		if d.entryFrames && (op == trace.OpMalloc || op == trace.OpMallocFailed) {
 			ev.Stack = d.kept(stack)
 		}
@@ -607,6 +623,9 @@ type source struct {
 	// stacks holds the stacks of the mallocs' frames: the final blocks'
 	// from the first reading, the entries' as the second goes.
 	stacks *trace.Stacks
+
+	// final is the snapshot's final segments, for Slice.
+	final []snapSegment
 }
 
 var _ trace.StackSource = (*source)(nil)
