@@ -94,6 +94,11 @@ func defaultPytorchConfig() pytorchConfig {
 // used on other streams) is taken back at the next malloc, or at the
 // synchronization of its retry when that malloc retries (pytorch_follow.go).
 type PyTorch struct {
+	// restoreHint is the recorded address of the next malloc, for a
+	// checkpoint restore (FollowTie), while restoreHinted.
+	restoreHint   uint64
+	restoreHinted bool
+
 	dev    Device
 	mapper Mapper // dev as a Mapper, nil if it is none
 	// capacity is PyTorch's allowed_memory_maximum: the capacity of the
@@ -161,7 +166,7 @@ func init() {
 			{Key: ptKeyGCThreshold, Default: "off", Derived: true, Doc: "under a capacity, the oldest unused cached segments are freed before reserved bytes pass this fraction of it, in (0.0, 1.0)"},
 			{Key: ptKeyExpandableSegments, Default: "False", Doc: "True maps pages of one growing range per stream and pool on demand; it needs a device that is a Mapper"},
 		},
-		Abilities: Abilities{Releaser: true, Follower: true, FreeSpacer: true, Counter: true, Pooler: true, MapperSetting: ptKeyExpandableSegments},
+		Abilities: Abilities{Releaser: true, Follower: true, TieFollower: true, FreeSpacer: true, Counter: true, Pooler: true, MapperSetting: ptKeyExpandableSegments},
 	}, func(dev Device, s Settings) (Policy, error) { return NewPyTorch(dev, s) })
 	registerRecorded("pytorch", pytorchRecorded)
 }

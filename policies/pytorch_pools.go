@@ -94,7 +94,11 @@ func (p *PyTorch) ReleasePool(id uint32) error {
 // that one did not end its segment; else the first block of the smallest
 // of the pool's segments (small or large) whose memory is all free and
 // holds size bytes, the lowest address among equals. The rest of the
-// segment is split off whenever there is any. When there is no such
+// segment is split off whenever there is any. Replaying a recording as
+// recorded (FollowTie), a segment's first block is the one at the
+// recorded address when that segment's memory is all free and holds size
+// bytes: the checkpoint names its segments by address, which the trace
+// shows only there. When there is no such
 // block (a pool not yet malloced into, an expandable segment), it is
 // MallocPool. It returns the errors MallocPool does.
 func (p *PyTorch) RestoreBlock(size, stream uint64, id uint32) (Block, error) {
@@ -107,22 +111,17 @@ func (p *PyTorch) RestoreBlock(size, stream uint64, id uint32) (Block, error) {
 	if pp == nil || size == 0 || size%ptMinBlockSize != 0 {
 		return p.MallocPool(size, stream, id)
 	}
+	hinted := p.restoreHinted
+	p.restoreHinted = false
 	var b *ptBlock
 	if last := pp.restored; last != nil && last.allocated && last.next != nil && !last.next.allocated && !last.next.unmapped && last.next.size >= size {
 		b = last.next
 	} else {
-		for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
-			for _, sb := range pl.streams {
-				for c := sb.free.lowerBound(size); c != nil; c = sb.free.successor(c) {
-					if c.isSplit() || c.seg != nil {
-						continue
-					}
-					if b == nil || c.size < b.size || c.size == b.size && c.addr < b.addr {
-						b = c
-					}
-					break
-				}
-			}
+		if hinted {
+			b = pp.wholeFreeAt(p.restoreHint, size)
+		}
+		if b == nil {
+			b = pp.smallestWholeFree(size)
 		}
 	}
 	if b == nil {
@@ -192,4 +191,45 @@ func (p *PyTorch) releaseFreeable() error {
 	clear(p.freeable[len(kept):])
 	p.freeable = kept
 	return nil
+}
+
+// FollowTie gives the recorded address of the next malloc (TieFollower).
+// Only a checkpoint restore's first block of a segment follows it
+// (RestoreBlock); the searches of Malloc decide by their own rules.
+func (p *PyTorch) FollowTie(addr uint64) { p.restoreHint, p.restoreHinted = addr, true }
+
+// wholeFreeAt returns the free block at addr of pp that is a whole
+// segment (not split) of at least size bytes, nil if none.
+func (pp *ptPrivate) wholeFreeAt(addr, size uint64) *ptBlock {
+	for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
+		for _, sb := range pl.streams {
+			for c := sb.free.lowerBound(size); c != nil; c = sb.free.successor(c) {
+				if c.addr == addr && !c.isSplit() && c.seg == nil {
+					return c
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// smallestWholeFree returns the smallest free block of pp that is a whole
+// segment (not split) of at least size bytes, the lowest address among
+// equals; nil if none.
+func (pp *ptPrivate) smallestWholeFree(size uint64) *ptBlock {
+	var b *ptBlock
+	for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
+		for _, sb := range pl.streams {
+			for c := sb.free.lowerBound(size); c != nil; c = sb.free.successor(c) {
+				if c.isSplit() || c.seg != nil {
+					continue
+				}
+				if b == nil || c.size < b.size || c.size == b.size && c.addr < b.addr {
+					b = c
+				}
+				break
+			}
+		}
+	}
+	return b
 }

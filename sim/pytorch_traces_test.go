@@ -80,10 +80,14 @@ var ptAcceptance = []struct {
 	{name: "pytorch/stacks/mempool"},
 	{name: "pytorch/stacks/pending_retry"},
 	// record.py --more-pools: several MemPools alive at once, deleted
-	// interleaved (their segment frees' stacks name ~MemPool), and decode
+	// interleaved (their segment frees' stacks name ~MemPool),
+	// torch.compile(mode="reduce-overhead") training on several shapes
+	// (the stacks name the checkpoint restores' mallocs), and decode
 	// graphs in one shared pool between large eager prefills.
 	{name: "pytorch/stacks/mempools_s7"},
 	{name: "pytorch/stacks/mempools_s8"},
+	{name: "pytorch/stacks/compile_train_s7"},
+	{name: "pytorch/stacks/compile_train_s8"},
 	{name: "pytorch/stacks/serve_prefill_s7"},
 	{name: "pytorch/stacks/serve_prefill_s8"},
 	{name: "pytorch/ddp/ddp_rank0"},

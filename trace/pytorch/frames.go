@@ -215,24 +215,48 @@ func (d *decoder) kept(id uint32) uint32 {
 // PyTorch's C++ frames, recorded with stacks "all".
 const memPoolFrame = "MemPool::~MemPool"
 
+// restoreFrames are in the stack of the mallocs of a checkpoint restore
+// of torch.compile's cudagraph trees: the C++ frame (stacks "all") and the
+// Python one (stacks "python").
+var restoreFrames = []string{"setCheckpointPoolState", "apply_checkpoint_execution_state_in_allocator"}
+
 // byMemPool reports whether stack id of d.seen holds memPoolFrame.
 func (d *decoder) byMemPool(id uint32) bool {
+	return d.stackHolds(id, 1, memPoolFrame)
+}
+
+// restoreStack reports whether stack id of d.seen holds one of
+// restoreFrames.
+func (d *decoder) restoreStack(id uint32) bool {
+	return d.stackHolds(id, 2, restoreFrames...)
+}
+
+// stackHolds reports whether a frame of stack id of d.seen has one of
+// names in its function name; what is a cache key (one per set of names).
+func (d *decoder) stackHolds(id uint32, what uint8, names ...string) bool {
 	if id == 0 || d.seen == nil {
 		return false
 	}
-	if v, ok := d.memPoolStack[id]; ok {
+	key := stackQuery{id, what}
+	if v, ok := d.stackQueries[key]; ok {
 		return v
 	}
 	v := false
 	for _, f := range d.seen.FrameIDs(id) {
-		if strings.Contains(d.seen.Frame(f).Name, memPoolFrame) {
-			v = true
-			break
+		name := d.seen.Frame(f).Name
+		for _, n := range names {
+			v = v || strings.Contains(name, n)
 		}
 	}
-	if d.memPoolStack == nil {
-		d.memPoolStack = map[uint32]bool{}
+	if d.stackQueries == nil {
+		d.stackQueries = map[stackQuery]bool{}
 	}
-	d.memPoolStack[id] = v
+	d.stackQueries[key] = v
 	return v
+}
+
+// stackQuery is a question stackHolds answered about a stack.
+type stackQuery struct {
+	id   uint32
+	what uint8
 }

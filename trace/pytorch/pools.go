@@ -36,6 +36,9 @@ import (
 //   - A failed malloc (no address) between two mallocs of one private pool
 //     on its stream is of that pool.
 //   - torch.compile's cudagraph trees restore a pool's checkpointed state
+//     (in a snapshot recorded with stacks, the mallocs whose stacks hold
+//     setCheckpointPoolState or apply_checkpoint_execution_state_in_allocator
+//     are the restore's, and nothing else is; without stacks, this:)
 //     before they record a new graph (setCheckpointPoolState): every block
 //     of the pool is freed, then each checkpointed segment is allocated
 //     block by block, whole sizes from its start to its end, and the
@@ -289,6 +292,11 @@ type inferSink struct {
 	ev      trace.Event
 	units   *unitTracker
 	mallocs []mallocRec
+	// framed is set when a malloc's entry has a stack (a snapshot
+	// recorded with context); restoring then holds the event indexes of
+	// the mallocs whose stacks show a checkpoint restore.
+	framed    bool
+	restoring map[int64]bool
 	// releases: the first entry of the current run of segment frees and
 	// unmaps, and the run of each unit's first release.
 	runStart  int64
@@ -412,6 +420,15 @@ func (s *inferSink) entry(d *decoder, index int64, f *entryFields) error {
 		return err
 	}
 	s.observe(s.prefix+index, &s.ev)
+	if s.ev.Op == trace.OpMalloc && d.entryStack != 0 {
+		s.framed = true
+		if d.restoreStack(d.entryStack) {
+			if s.restoring == nil {
+				s.restoring = map[int64]bool{}
+			}
+			s.restoring[s.prefix+index] = true
+		}
+	}
 	if s.ev.Op == trace.OpSegmentFree && len(s.freeRuns) > 0 && d.byMemPool(d.entryStack) {
 		if r := s.freeRuns[len(s.freeRuns)-1]; len(r) > 0 && r[len(r)-1].index == s.prefix+index {
 			r[len(r)-1].memPool = true
@@ -479,13 +496,22 @@ func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
 			label[k] = 0
 		}
 	}
-	for _, run := range s.runs {
-		m := s.mallocOf(run[0])
-		if m.unit < 0 || label[m.unit] == 0 {
-			continue
+	if s.framed {
+		// The stacks say which mallocs a restore made.
+		for i := range s.restoring {
+			if m := s.mallocOf(i); m.unit >= 0 && label[m.unit] != 0 {
+				plan.restore[i] = true
+			}
 		}
-		for _, i := range run {
-			plan.restore[i] = true
+	} else {
+		for _, run := range s.runs {
+			m := s.mallocOf(run[0])
+			if m.unit < 0 || label[m.unit] == 0 {
+				continue
+			}
+			for _, i := range run {
+				plan.restore[i] = true
+			}
 		}
 	}
 	first := map[uint32]int64{}

@@ -94,9 +94,9 @@ type decoder struct {
 	toKept                   []uint32
 	fids                     []uint32
 	// entryStack is the stack in seen of the entry converted last, 0 if
-	// none; memPoolStack caches byMemPool by stack.
+	// none; stackQueries caches what stackHolds found.
 	entryStack   uint32
-	memPoolStack map[uint32]bool
+	stackQueries map[stackQuery]bool
 	// building holds the frame dicts being read (vFrameBuild values of
 	// generation buildGen), buildMemo 1 + the memo index of each, 0 if
 	// none.
