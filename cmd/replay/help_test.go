@@ -11,7 +11,7 @@ import (
 var updateHelp = flag.Bool("update-help", false, "rewrite testdata/help/*.golden from the commands' --help")
 
 // helpCommands are the commands whose --help the golden files hold.
-var helpCommands = []string{"sim", "gpu", "calibrate", "stats", "dump", "check", "sweep", "merge", "fit", "tune", "report", "fidelity", "diff", "policies"}
+var helpCommands = []string{"sim", "gpu", "calibrate", "stats", "dump", "check", "sweep", "merge", "fit", "tune", "report", "fidelity", "diff", "policies", "slice"}
 
 // TestHelpGolden: every command's --help (on stderr, exit 0) is the golden
 // file's text, with a synopsis ("usage: replay CMD") and its flags; run

@@ -10,6 +10,7 @@
 //	replay fit [--policy LIST|all] [--set ...] [--json FILE] TRACE...
 //	replay report -o report.html [--plots DIR] RESULTS.json...
 //	replay policies [--json]
+//	replay slice [--from TIME] [--to TIME] | [--events A:B] -o OUT.pickle SNAPSHOT
 package main
 
 import (
@@ -70,6 +71,8 @@ Commands:
          replay diff [--policy NAME] [--policy-b NAME] [--set-b NAME.key=value] [--json FILE] TRACE_A [TRACE_B]
   policies  list the policies: the design each follows, its abilities, its settings with defaults
          replay policies [--json]
+  slice  cut a time or entry range out of a PyTorch snapshot, as a snapshot PyTorch's memory_viz opens
+         replay slice [--from TIME] [--to TIME] | [--events A:B] [--device N] -o OUT.pickle[.gz] SNAPSHOT
 
 Run 'replay help COMMAND' (or 'replay COMMAND --help') for a command's flags, 'replay --version'
 for the version. A usage error exits 2, an interrupt 130, any other error 1.
@@ -119,6 +122,8 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return runReport(stdout, stderr, args[1:])
 	case "policies":
 		return runPolicies(stdout, stderr, args[1:])
+	case "slice":
+		return runSlice(stdout, stderr, args[1:])
 	case "help", "-h", "--help":
 		if len(args) > 1 && args[0] == "help" {
 			// help CMD is CMD --help.
