@@ -1026,6 +1026,12 @@ def run_program(prog, outdir, name):
     if "torch" in sys.modules:
         raise RuntimeError("torch was imported before the settings were set")
     try:
+        # This file's folder is first on sys.path when it runs as a
+        # script, and its name is PyTorch's own torchgen package's, which
+        # torch imports: take the folder off before the import.
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        sys.modules.pop("torchgen", None)
         import torch
     except ImportError as e:
         print("torchgen: cannot import torch: %s" % e, file=sys.stderr)
