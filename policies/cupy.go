@@ -54,6 +54,7 @@ type CuPy struct {
 	// inferred counts the calls inferred, lastInferred says what the
 	// last was.
 	following, logAlloc bool
+	logAddr, logSize    uint64 // the device allocation logged
 	inferred            int64
 	lastInferred        string
 }
@@ -174,6 +175,9 @@ func (p *CuPy) take(a *cupyArena, n uint64) *cupyChunk {
 	}
 	if p.hinted && p.hint != c.addr {
 		if h, ok := p.chunks.Get(p.hint); ok && h.free && h.arena == a && h.size == c.size {
+			c = h
+		} else if ok && p.following && h.free && h.arena == a && h.size >= n {
+			p.infer(fmt.Sprintf("the log shows the malloc served from the free chunk at %#x (%d bytes) where the pool's rule takes the one at %#x (%d bytes): that one was in another stream's arena, or given back by a free_all_blocks(); the log records neither", h.addr, h.size, c.addr, c.size))
 			c = h
 		}
 	}

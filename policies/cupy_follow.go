@@ -8,36 +8,37 @@ import (
 
 // Following a CuPy log (policies.Follower). DebugPrintHook logs each
 // device allocation of the pool ("alloc": trace.OpSegmentAlloc, right
-// before the malloc that made it) but none of its device frees: a
-// free_all_blocks() of the program (cupy.get_default_memory_pool()
-// .free_all_blocks(), or cupy.fft's plan cache and others calling it) is
-// not in the log, and neither is the stream of a malloc. What the log does
-// show is where the pool went to the device:
+// before the malloc that made it) and the address of each malloc, but
+// none of the pool's device frees: a free_all_blocks() of the program
+// (cupy.get_default_memory_pool().free_all_blocks()) is not in the log,
+// and neither is the stream of a malloc, whose arena CuPy searches alone.
+// So where the log parts from the pool's own rule, replaying it as
+// recorded follows the log and notes it (Inferred), naming the malloc:
 //
-//   - A malloc whose log shows a device allocation, while the simulated
-//     pool holds a free chunk that fits it, was preceded by a release the
-//     log does not show: free_all_blocks() is made before it (every
-//     segment that is one free chunk given back), noted as inferred. The
-//     log cannot tell this from a malloc on another stream whose arena
-//     lacked the chunk, and the note says so.
-//   - If a chunk still fits after that (a free part of a segment in use),
-//     the real pool looked in another arena: the malloc came from another
-//     stream, which the log does not record. The malloc takes a new
-//     segment, as the log shows, noted as inferred.
-//   - A malloc whose log shows no device allocation while the simulated
-//     pool has no free chunk that fits it cannot be explained; it is noted
-//     too (the simulation then allocates, and a fidelity check reports the
-//     divergence).
+//   - A malloc that the log shows making a device allocation takes a new
+//     segment, whether or not a free chunk fits it: the real pool had none
+//     in the malloc's arena (another stream's arena, or chunks given back
+//     by a free_all_blocks()). Where the new segment's recorded address
+//     lies in a segment the simulated pool holds free, that segment was
+//     given back before: a free_all_blocks() is made first (every segment
+//     that is one free chunk given back).
+//   - A malloc that the log shows served from a free chunk other than the
+//     one the rule takes (not one of equal size, which is a tie:
+//     TieFollower) takes the recorded chunk, when it is free and holds
+//     it: the rule's chunk was in another stream's arena, or given back.
+//   - A malloc that the log shows served from the pool while the
+//     simulated pool has no free chunk that fits cannot be followed: it is
+//     noted, and a fidelity check reports the divergence there.
 //
-// The release may have come earlier than the malloc that shows it (at any
-// point after the last malloc the released segments could have served):
-// segments that became free between the two are given back as well, which
-// a later malloc served from one of them in the log would show.
+// A free_all_blocks() is thus made only where an address shows it, and
+// later than the program called it: the segments it gave back count as
+// reserved in the meantime.
 
 // Follow notes a device allocation of the log: the next malloc made it.
 func (p *CuPy) Follow(ev trace.Event) {
 	if ev.Op == trace.OpSegmentAlloc {
 		p.following, p.logAlloc = true, true
+		p.logAddr, p.logSize = ev.Addr, ev.Size
 	}
 }
 
@@ -51,29 +52,47 @@ func (p *CuPy) Flush() error { return nil }
 // policy inferred so far, and what the last was (Inferrer).
 func (p *CuPy) Inferred() (int64, string) { return p.inferred, p.lastInferred }
 
-// follow decides, at a malloc of n bytes (rounded) on stream into arena a
-// while following a log, what the log's device allocation (or its
-// absence) implies; fresh reports that the malloc must take a new segment.
+// follow decides, at a malloc of n bytes (rounded) into arena a while
+// following a log, what the log's device allocation (or its absence)
+// implies; fresh reports that the malloc must take a new segment.
 func (p *CuPy) follow(a *cupyArena, n uint64) (fresh bool, err error) {
 	logAlloc := p.logAlloc
 	p.logAlloc = false
 	fits := a.free.largest() >= n
-	switch {
-	case logAlloc && fits:
+	if !logAlloc {
+		if !fits {
+			p.infer("the log shows the malloc served from the pool where the simulated pool holds no free chunk that fits: the pool's state differs from the real one's here")
+		}
+		return false, nil
+	}
+	if held := p.freeSegmentIn(p.logAddr, p.logSize); held != 0 {
 		before := p.segmentsFree()
 		if err := p.freeAll(); err != nil {
 			return false, err
 		}
-		if a.free.largest() < n {
-			p.infer(fmt.Sprintf("the log shows a device allocation where the pool held a free chunk that fits: free_all_blocks() inferred before it (%d free segments given back), which DebugPrintHook does not log (or the malloc came from another stream's arena, which it does not record either)", before))
-			return false, nil
-		}
-		p.infer(fmt.Sprintf("the log shows a device allocation where the pool held a free chunk that fits, in a segment in use: the malloc came from another stream's arena, which the log does not record (%d free segments given back first)", before))
-		return true, nil
-	case !logAlloc && !fits:
-		p.infer("the log shows no device allocation where the pool held no free chunk that fits: the pool's state differs from the real one's here")
+		p.infer(fmt.Sprintf("the device gave the malloc's new segment an address in the segment at %#x, which the pool held free: free_all_blocks() inferred before it (%d free segments given back), which DebugPrintHook does not log", held, before))
+		fits = a.free.largest() >= n
 	}
-	return false, nil
+	if fits {
+		p.infer("the log shows a device allocation where the pool held a free chunk that fits: the malloc came from another stream's arena, or the chunk was given back by a free_all_blocks(); the log records neither")
+	}
+	return true, nil
+}
+
+// freeSegmentIn returns the address of a segment that is one free chunk
+// and overlaps [addr, addr+size), 0 if none.
+func (p *CuPy) freeSegmentIn(addr, size uint64) uint64 {
+	for _, a := range p.arenas.order {
+		p.list = a.free.appendAll(p.list[:0])
+		for _, c := range p.list {
+			if c.prev == nil && c.next == nil && c.addr < addr+size && addr < c.addr+c.size {
+				clear(p.list)
+				return c.addr
+			}
+		}
+	}
+	clear(p.list)
+	return 0
 }
 
 // segmentsFree counts the segments that are one free chunk.
