@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin
 
-.PHONY: build test demo bench fuzz clean
+.PHONY: build test demo bench bigsnap fuzz clean
 
 build:
 	$(GO) build -o $(BIN)/record ./cmd/record
@@ -32,8 +32,19 @@ demo: build
 # replay of them (sim/testdata/dynapipe/loop.py): the loop-against-loop
 # ratio, the median of 5 rounds of a pass of theirs and then ours. BenchmarkTune (sim/tune) times replay tune's 180 candidates on
 # kv_decode on one core: each replayed, and as tune runs by default.
+# BenchmarkImportBig imports a large synthetic snapshot shaped as PyTorch
+# writes one recorded with stacks ($$ALLOCSIM_BIG_SNAPSHOT, or the ~1 GiB one
+# `make bigsnap` writes to $$TMPDIR/allocsim-big-snapshot.pickle; skipped
+# without either), and once, in processes of their own, the same import and
+# CPython's pickle.load of it, with their peak RSS.
 bench:
 	$(GO) test ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
+
+# bigsnap writes the big snapshot of BenchmarkImportBig (a minute, ~5 GB of
+# memory for python3; BIGSNAP_MB sets its size in MiB).
+BIGSNAP_MB ?= 1024
+bigsnap:
+	python3 trace/pytorch/testdata/bigsnap.py --mb $(BIGSNAP_MB)
 
 # fuzz runs each fuzz target for FUZZTIME (the seed corpora and the
 # crashers kept under testdata/fuzz run in every `make test`).
