@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 
 	"github.com/gpualloc/allocsim/trace"
@@ -103,7 +104,8 @@ type SnapshotWriter struct {
 // device_traces; lower devices get empty traces) on w. Nothing is
 // complete until Close.
 func NewSnapshotWriter(w io.Writer, device int) *SnapshotWriter {
-	s := &SnapshotWriter{p: pickler{w: bufio.NewWriterSize(w, 1<<16), memo: map[string]uint32{}}, device: max(device, 0)}
+	s := &SnapshotWriter{p: pickler{w: bufio.NewWriterSize(w, 1<<16), memo: map[string]uint32{},
+		frameMemo: map[trace.Frame]uint32{}, listMemo: map[listKey]listMemoized{}}, device: max(device, 0)}
 	p := &s.p
 	p.op(opProto, 4)
 	p.op(opEmptyDict)
@@ -332,29 +334,80 @@ const maxMemo = 1 << 16
 // maxMemoLen is the longest string a pickler memoizes.
 const maxMemoLen = 64
 
+// maxMemoFrames bounds the frame dicts a pickler memoizes, and the frames
+// of the frames lists it memoizes (it keeps a copy of each list); later
+// new ones are written in full each time.
+const maxMemoFrames = 1 << 20
+
 // pickler writes pickle opcodes of plain values to w, remembering the
 // first error. Short strings (dict keys, actions, states) are memoized on
 // first use and fetched from the memo afterwards, which keeps a trace of a
-// million entries to tens of bytes an entry.
+// million entries to tens of bytes an entry; so are frame dicts and frames
+// lists (frames).
 type pickler struct {
 	w    *bufio.Writer
 	memo map[string]uint32
-	err  error
-	buf  [16]byte
+	// frameMemo holds the memo index of each frame dict written, listMemo
+	// that of each frames list, by its first frame's address and length,
+	// with a copy of its frames; listFrames counts the frames copied.
+	frameMemo  map[trace.Frame]uint32
+	listMemo   map[listKey]listMemoized
+	listFrames int
+	next       uint32 // the next memo index
+	err        error
+	buf        [16]byte
 }
 
-// frames writes a list of frame dicts {"name", "filename", "line"}, each
-// dict in full as PyTorch writes them (its strings from the memo): a
-// reader that steps over some lists' frames (Import steps over a free's)
-// needs no dict of them later.
+type listKey struct {
+	first *trace.Frame
+	n     int
+}
+
+type listMemoized struct {
+	idx    uint32
+	frames []trace.Frame
+}
+
+// memoize memoizes the value just written and returns its memo index.
+func (p *pickler) memoize() uint32 {
+	p.op(opMemoize)
+	p.next++
+	return p.next - 1
+}
+
+// frames writes a list of frame dicts {"name", "filename", "line"} as
+// PyTorch's pickle of a snapshot recorded with stacks does: each frame
+// dict once, and again through the memo wherever a list holds it, and a
+// list written before (the same slice, with the same frames: as Add and
+// Close are given the one slice of a stack again) through the memo too.
+// An empty list is a new one each time.
 func (p *pickler) frames(fs []trace.Frame) {
-	p.op(opEmptyList)
 	if len(fs) == 0 {
+		p.op(opEmptyList)
 		return
+	}
+	key := listKey{&fs[0], len(fs)}
+	if m, ok := p.listMemo[key]; ok && slices.Equal(m.frames, fs) {
+		p.get(m.idx)
+		return
+	}
+	p.op(opEmptyList)
+	idx := p.memoize()
+	if p.listFrames+len(fs) <= maxMemoFrames {
+		p.listMemo[key] = listMemoized{idx, slices.Clone(fs)}
+		p.listFrames += len(fs)
 	}
 	p.op(opMark)
 	for _, f := range fs {
-		p.op(opEmptyDict, opMark)
+		if idx, ok := p.frameMemo[f]; ok {
+			p.get(idx)
+			continue
+		}
+		p.op(opEmptyDict)
+		if len(p.frameMemo) < maxMemoFrames {
+			p.frameMemo[f] = p.memoize()
+		}
+		p.op(opMark)
 		p.str("name")
 		p.str(f.Name)
 		p.str("filename")
@@ -407,8 +460,7 @@ func (p *pickler) str(s string) {
 		_, p.err = p.w.WriteString(s)
 	}
 	if len(s) <= maxMemoLen && len(p.memo) < maxMemo {
-		p.memo[s] = uint32(len(p.memo))
-		p.op(opMemoize)
+		p.memo[s] = p.memoize()
 	}
 }
 
