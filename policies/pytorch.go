@@ -94,6 +94,14 @@ func defaultPytorchConfig() pytorchConfig {
 // used on other streams) is taken back at the next malloc, or at the
 // synchronization of its retry when that malloc retries (pytorch_follow.go).
 type PyTorch struct {
+	// segSeen is set by a segment allocation or map of the recording
+	// (Follow), until the malloc it was for; inferred counts the mallocs
+	// that the recording served otherwise than the simulation, and
+	// lastInferred says what the last was (Inferred).
+	segSeen      bool
+	inferred     int64
+	lastInferred string
+
 	// restoreHint is the recorded address of the next malloc, for a
 	// checkpoint restore (FollowTie), while restoreHinted.
 	restoreHint   uint64
@@ -151,6 +159,7 @@ var (
 	_ FreeSpacer = (*PyTorch)(nil)
 	_ Counter    = (*PyTorch)(nil)
 	_ Follower   = (*PyTorch)(nil)
+	_ Inferrer   = (*PyTorch)(nil)
 	_ Pooler     = (*PyTorch)(nil)
 )
 
@@ -431,6 +440,12 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 		}
 	}
 	b := p.getFreeBlock(pool, stream, rsize)
+	if p.segSeen {
+		p.segSeen = false
+		if b != nil {
+			p.noteCached(b)
+		}
+	}
 	var err error
 	if b == nil {
 		b, err = p.allocate(pool, stream, rsize, segSize)

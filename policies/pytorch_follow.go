@@ -36,7 +36,22 @@ func (p *PyTorch) Follow(ev trace.Event) {
 	switch ev.Op {
 	case trace.OpSegmentFree, trace.OpSegmentUnmap:
 		p.releasesSeen++
+	case trace.OpSegmentAlloc, trace.OpSegmentMap:
+		p.segSeen = true
 	}
+}
+
+// Inferred returns the number of mallocs for which the recording shows a
+// new segment where the simulated pool had a cached block that fits, and
+// what the last was (Inferrer): the replay parts from the recording
+// there, and the note says what the snapshot does not show.
+func (p *PyTorch) Inferred() (int64, string) { return p.inferred, p.lastInferred }
+
+// noteCached notes a malloc that the recording served with a new segment
+// (or mapped pages) while the simulation found the cached block b.
+func (p *PyTorch) noteCached(b *ptBlock) {
+	p.inferred++
+	p.lastInferred = fmt.Sprintf("the recording shows a new segment for this malloc where the simulated pool had a cached block of %d bytes at %#x that fits: the malloc went to a private pool the snapshot does not tell apart (a CUDA graph capture's or a MemPool's, its segments freed before the dump), or the pools' states differ here", b.size, b.addr)
 }
 
 // FreeLate takes back the block at addr at the next malloc (or its retry's

@@ -84,6 +84,9 @@ type poolPlan struct {
 	release map[int64][]uint32
 	// restore holds the event indexes of the mallocs of restores.
 	restore map[int64]bool
+	// mixed is set when pools the final segments name come first in ids
+	// and MemPools deleted before the dump after them (addMemPools).
+	mixed bool
 	// empty lists, by entry index, the private pools whose cached
 	// memory was released by the segment frees right before it (after
 	// their release): a MemPool's deletion.
@@ -613,6 +616,48 @@ func (s *inferSink) decidePiece(plan *poolPlan, piece []segFree, memPool bool) {
 		plan.release[at] = append(plan.release[at], id)
 		plan.empty[end] = append(plan.empty[end], id)
 	}
+}
+
+// addMemPools labels, in plan (decide's, for pools the final segments
+// name), the units that MemPool deletions freed (their segment frees'
+// stacks say so) as pools of their own, numbered after the named ones,
+// each released and emptied as decideUnnamed does; it returns how many.
+func (s *inferSink) addMemPools(plan *poolPlan) int {
+	if plan.empty == nil {
+		plan.empty = map[int64][]uint32{}
+	}
+	n := len(plan.ids)
+	for _, run := range s.freeRuns {
+		for len(run) > 0 {
+			k := 1
+			for k < len(run) && run[k].memPool == run[0].memPool {
+				k++
+			}
+			if run[0].memPool {
+				s.decidePiece(plan, run[:k], true)
+			}
+			run = run[k:]
+		}
+	}
+	return len(plan.ids) - n
+}
+
+// mixedNames returns the "pools" metadata of a plan whose first named
+// pools are named by the final segments (ids) and the rest are MemPools
+// deleted before the dump: "1=(0,3) 2=unnamed2-released-at-entry-49".
+func mixedNames(plan *poolPlan, named int) string {
+	names := make([]string, len(plan.ids))
+	for k, id := range plan.ids[:named] {
+		names[k] = fmt.Sprintf("(%d,%d)", id[0], id[1])
+	}
+	for i, ps := range plan.release {
+		for _, p := range ps {
+			if int(p) > named {
+				names[p-1] = fmt.Sprintf("unnamed%d-released-at-entry-%d", p, i)
+			}
+		}
+	}
+	return trace.FormatPoolNames(names)
 }
 
 // mallocOf returns the malloc of event index i.

@@ -56,6 +56,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -236,6 +237,9 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		case unnamed:
 			h.Metadata["pools"] = unnamedNames(plan)
 			src.labels = newLabeler(plan)
+		case plan.mixed:
+			h.Metadata["pools"] = mixedNames(plan, len(ids))
+			src.labels = newLabeler(plan)
 		default:
 			h.Metadata["pools"] = poolNames(ids)
 			src.labels = newLabeler(plan)
@@ -309,7 +313,10 @@ func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids
 		}
 		return plan, nil
 	}
-	return sink.decide(ids, final), nil
+	plan := sink.decide(ids, final)
+	plan.ids = slices.Clone(ids)
+	plan.mixed = sink.addMemPools(plan) > 0
+	return plan, nil
 }
 
 // checker is the sink of Import's first reading: it converts each entry,
