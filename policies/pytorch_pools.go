@@ -198,13 +198,14 @@ func (p *PyTorch) releaseFreeable() error {
 // (RestoreBlock); the searches of Malloc decide by their own rules.
 func (p *PyTorch) FollowTie(addr uint64) { p.restoreHint, p.restoreHinted = addr, true }
 
-// wholeFreeAt returns the free block at addr of pp that is a whole
-// segment (not split) of at least size bytes, nil if none.
+// wholeFreeAt returns the free block at addr of pp of at least size
+// bytes that is a whole segment (not split), or a mapped block of an
+// expandable segment; nil if none.
 func (pp *ptPrivate) wholeFreeAt(addr, size uint64) *ptBlock {
 	for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
 		for _, sb := range pl.streams {
 			for c := sb.free.lowerBound(size); c != nil; c = sb.free.successor(c) {
-				if c.addr == addr && !c.isSplit() && c.seg == nil {
+				if c.addr == addr && !c.unmapped && (c.seg != nil || !c.isSplit()) {
 					return c
 				}
 			}
