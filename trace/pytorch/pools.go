@@ -451,6 +451,11 @@ func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
 	for unit, pool := range s.units.finalUnits() {
 		label[unit] = pool
 	}
+	for _, unit := range s.defaultLarge() {
+		if label[unit] == unknown {
+			label[unit] = 0
+		}
+	}
 	byStream := map[uint64][]int{} // indexes into s.mallocs
 	var streams []uint64
 	for k, m := range s.mallocs {
@@ -616,6 +621,37 @@ func (s *inferSink) decidePiece(plan *poolPlan, piece []segFree, memPool bool) {
 		plan.release[at] = append(plan.release[at], id)
 		plan.empty[end] = append(plan.empty[end], id)
 	}
+}
+
+// defaultLarge returns the units that a release shows to be of the
+// default large pool: release_cached_blocks frees the default pools'
+// cached segments, large then small, each by (stream, size, address),
+// before any private pool's, small then large; so in a run of segment
+// frees (not a MemPool's deletion) whose first part in that order is
+// large and the next small, the first part is the default large pool's.
+func (s *inferSink) defaultLarge() []int {
+	var units []int
+	for _, run := range s.freeRuns {
+		end := 0
+		for end < len(run) && !run[end].memPool {
+			end++
+		}
+		piece := run[:end]
+		first := 1 // the end of the first sorted part of one size class
+		for first < len(piece) {
+			p, f := piece[first-1], piece[first]
+			if (p.size == 2<<20) != (f.size == 2<<20) || !(p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr)) {
+				break
+			}
+			first++
+		}
+		if first < len(piece) && piece[0].size != 2<<20 && piece[first].size == 2<<20 {
+			for _, f := range piece[:first] {
+				units = append(units, f.unit)
+			}
+		}
+	}
+	return units
 }
 
 // addMemPools labels, in plan (decide's, for pools the final segments
