@@ -324,6 +324,18 @@ type segFree struct {
 	unit               int
 	stream, size, addr uint64
 	memPool            bool // made by a MemPool's deletion (its stack says so)
+	unmap              bool // an expandable segment's pages unmapped
+}
+
+// frees returns the segment frees of run, without its unmaps.
+func frees(run []segFree) []segFree {
+	out := run[:0:0]
+	for _, f := range run {
+		if !f.unmap {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // unitSeg is what restore detection keeps of a unit.
@@ -401,9 +413,9 @@ func (s *inferSink) observe(index int64, ev *trace.Event) {
 			s.inRun, s.runStart = true, index
 			s.freeRuns = append(s.freeRuns, nil)
 		}
-		if ev.Op == trace.OpSegmentFree && unit >= 0 {
+		if unit >= 0 {
 			r := &s.freeRuns[len(s.freeRuns)-1]
-			*r = append(*r, segFree{index: index, unit: unit, stream: ev.Stream, size: ev.Size, addr: ev.Addr})
+			*r = append(*r, segFree{index: index, unit: unit, stream: ev.Stream, size: ev.Size, addr: ev.Addr, unmap: ev.Op == trace.OpSegmentUnmap})
 		}
 		if _, ok := s.unitFreed[unit]; !ok && unit >= 0 {
 			s.unitFreed[unit] = s.runStart
@@ -432,7 +444,7 @@ func (s *inferSink) entry(d *decoder, index int64, f *entryFields) error {
 			s.restoring[s.prefix+index] = true
 		}
 	}
-	if s.ev.Op == trace.OpSegmentFree && len(s.freeRuns) > 0 && d.byMemPool(d.entryStack) {
+	if (s.ev.Op == trace.OpSegmentFree || s.ev.Op == trace.OpSegmentUnmap) && len(s.freeRuns) > 0 && d.byMemPool(d.entryStack) {
 		if r := s.freeRuns[len(s.freeRuns)-1]; len(r) > 0 && r[len(r)-1].index == s.prefix+index {
 			r[len(r)-1].memPool = true
 		}
@@ -561,6 +573,7 @@ func (s *inferSink) decideUnnamed() *poolPlan {
 	label := make([]uint32, s.units.next)
 	plan := &poolPlan{unitPool: label, failedPool: map[int64]uint32{}, release: map[int64][]uint32{}, restore: map[int64]bool{}, empty: map[int64][]uint32{}}
 	for _, run := range s.freeRuns {
+		run = frees(run)
 		for len(run) > 0 {
 			n := 1
 			for n < len(run) && run[n].memPool == run[0].memPool {
@@ -664,6 +677,7 @@ func (s *inferSink) addMemPools(plan *poolPlan) int {
 	}
 	n := len(plan.ids)
 	for _, run := range s.freeRuns {
+		run = frees(run)
 		for len(run) > 0 {
 			k := 1
 			for k < len(run) && run[k].memPool == run[0].memPool {
