@@ -56,6 +56,8 @@ var columns = []column{
 	{"build_error", func(r *sim.Result) string { return r.BuildError }},
 	{"anomalies", func(r *sim.Result) string { return i(r.Anomalies) }},
 	{"first_anomaly", func(r *sim.Result) string { return r.FirstAnomaly }},
+	{"inferred", func(r *sim.Result) string { return i(r.Inferred) }},
+	{"first_inferred", func(r *sim.Result) string { return r.FirstInferred }},
 	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
 	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
 	{"private_pools", func(r *sim.Result) string { return r.PrivatePools }},
