@@ -96,9 +96,9 @@ func (p *PyTorch) ReleasePool(id uint32) error {
 // holds size bytes, the lowest address among equals. The rest of the
 // segment is split off whenever there is any. Replaying a recording as
 // recorded (FollowTie), a segment's first block is the one at the
-// recorded address when that segment's memory is all free and holds size
-// bytes: the checkpoint names its segments by address, which the trace
-// shows only there. When there is no such
+// recorded address when it is free and holds size bytes (a segment all
+// free, or a mapped block of an expandable segment): the checkpoint names
+// its segments by address, which the trace shows only there. When there is no such
 // block (a pool not yet malloced into, an expandable segment), it is
 // MallocPool. It returns the errors MallocPool does.
 func (p *PyTorch) RestoreBlock(size, stream uint64, id uint32) (Block, error) {
