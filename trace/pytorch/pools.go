@@ -327,6 +327,12 @@ type segFree struct {
 	unmap              bool // an expandable segment's pages unmapped
 }
 
+// inReleaseOrder reports whether f comes after p in the order in which
+// release_blocks frees a pool's segments: by (stream, size, address).
+func inReleaseOrder(p, f segFree) bool {
+	return p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr)
+}
+
 // frees returns the segment frees of run, without its unmaps.
 func frees(run []segFree) []segFree {
 	out := run[:0:0]
@@ -601,8 +607,7 @@ func (s *inferSink) decidePiece(plan *poolPlan, piece []segFree, memPool bool) {
 	for k, f := range piece {
 		small := f.size == 2<<20
 		if n := len(parts); n > 0 && parts[n-1].small == small {
-			p := piece[k-1]
-			if p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr) {
+			if inReleaseOrder(piece[k-1], f) {
 				parts[n-1].to = k + 1
 				continue
 			}
@@ -653,7 +658,7 @@ func (s *inferSink) defaultLarge() []int {
 		first := 1 // the end of the first sorted part of one size class
 		for first < len(piece) {
 			p, f := piece[first-1], piece[first]
-			if (p.size == 2<<20) != (f.size == 2<<20) || !(p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr)) {
+			if (p.size == 2<<20) != (f.size == 2<<20) || !inReleaseOrder(p, f) {
 				break
 			}
 			first++
