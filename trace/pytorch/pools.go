@@ -490,33 +490,73 @@ func (s *inferSink) decide(ids [][2]uint64, final []finalRange) *poolPlan {
 		}
 		return label[m.unit]
 	}
-	for changed := true; changed; {
-		changed = false
-		for _, st := range streams {
-			ms := byStream[st]
-			last := -1 // the last malloc of ms with a label
-			for k, mi := range ms {
-				p := of(s.mallocs[mi])
-				if p == unknown {
-					continue
-				}
-				if last >= 0 && p != 0 && of(s.mallocs[ms[last]]) == p {
-					for _, mj := range ms[last+1 : k] {
-						m := s.mallocs[mj]
-						switch {
-						case m.failed:
-							failed[m.index] = p
-						case m.unit >= 0 && label[m.unit] == unknown:
-							label[m.unit] = p
-							changed = true
+	spread := func() {
+		for changed := true; changed; {
+			changed = false
+			for _, st := range streams {
+				ms := byStream[st]
+				last := -1 // the last malloc of ms with a label
+				for k, mi := range ms {
+					p := of(s.mallocs[mi])
+					if p == unknown {
+						continue
+					}
+					if last >= 0 && p != 0 && of(s.mallocs[ms[last]]) == p {
+						for _, mj := range ms[last+1 : k] {
+							m := s.mallocs[mj]
+							switch {
+							case m.failed:
+								failed[m.index] = p
+							case m.unit >= 0 && label[m.unit] == unknown:
+								label[m.unit] = p
+								changed = true
+							}
 						}
 					}
+					last = k
 				}
-				last = k
 			}
 		}
 	}
-	plan := &poolPlan{ids: ids, final: final, unitPool: label, failedPool: failed, release: map[int64][]uint32{}, restore: map[int64]bool{}}
+	spread()
+	// A unit that a release shows private (a large segment freed after a
+	// small one) and that nothing names: the pool of the last malloc of a
+	// named private pool on its stream before its own first malloc, else
+	// a pool of its own (a graph's, all of whose segments were freed).
+	added := 0
+	if late := s.privateLarge(); len(late) > 0 {
+		first := map[int]int{} // unit -> its first malloc, an index into s.mallocs
+		for k, m := range s.mallocs {
+			if _, ok := first[m.unit]; !ok && m.unit >= 0 {
+				first[m.unit] = k
+			}
+		}
+		for _, unit := range late {
+			k, ok := first[unit]
+			if !ok || label[unit] != unknown {
+				continue
+			}
+			ms := byStream[s.mallocs[k].stream]
+			at, _ := slices.BinarySearch(ms, k)
+			for j := at - 1; j >= 0 && label[unit] == unknown; j-- {
+				if p := of(s.mallocs[ms[j]]); p != unknown && p != 0 {
+					label[unit] = p
+				}
+			}
+			if label[unit] == unknown {
+				added++
+				label[unit] = uint32(len(ids) + added)
+			}
+		}
+		if added > 0 {
+			spread()
+		}
+	}
+	plan := &poolPlan{ids: slices.Clone(ids), final: final, unitPool: label, failedPool: failed, release: map[int64][]uint32{}, restore: map[int64]bool{}}
+	for range added {
+		plan.ids = append(plan.ids, [2]uint64{})
+	}
+	plan.mixed = added > 0
 	for k := range label {
 		if label[k] == unknown {
 			label[k] = 0
@@ -665,6 +705,29 @@ func (s *inferSink) defaultLarge() []int {
 		}
 		if first < len(piece) && piece[0].size != 2<<20 && piece[first].size == 2<<20 {
 			for _, f := range piece[:first] {
+				units = append(units, f.unit)
+			}
+		}
+	}
+	return units
+}
+
+// privateLarge returns the units that a release shows to be of a private
+// pool: in a run of segment frees (not a MemPool's deletion), a large
+// segment freed after a small one (release_cached_blocks frees the default
+// large pool's first, then the default small pool's, then each private
+// pool's, small then large).
+func (s *inferSink) privateLarge() []int {
+	var units []int
+	for _, run := range s.freeRuns {
+		small := false
+		for _, f := range frees(run) {
+			if f.memPool {
+				break
+			}
+			if f.size == 2<<20 {
+				small = true
+			} else if small {
 				units = append(units, f.unit)
 			}
 		}

@@ -56,7 +56,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -314,8 +313,7 @@ func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids
 		return plan, nil
 	}
 	plan := sink.decide(ids, final)
-	plan.ids = slices.Clone(ids)
-	plan.mixed = sink.addMemPools(plan) > 0
+	plan.mixed = sink.addMemPools(plan) > 0 || plan.mixed
 	return plan, nil
 }
 
