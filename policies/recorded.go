@@ -68,7 +68,10 @@ func Recorded(name string, h trace.Header, user Settings) (Settings, bool, error
 // Malloc: the policy takes the block there when it is one of its equally
 // good choices, and makes its own choice otherwise. The hint never changes
 // what a malloc gets (its size, a split, a device call), only which of
-// equal blocks.
+// equal blocks; except where a Follower, following its own allocator's
+// recording, takes the recorded block because the recording shows what
+// its rule cannot know (a checkpoint restore's segments, a CuPy stream's
+// arena), which it notes (Inferrer).
 type TieFollower interface {
 	// FollowTie gives the recorded address of the next Malloc; it holds
 	// for that Malloc only.

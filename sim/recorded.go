@@ -20,7 +20,9 @@ import (
 //     with them (Device.FollowRecording);
 //   - a policies.TieFollower is told the recorded address of each
 //     malloc before it, to choose that block among equal ones;
-//   - the recorded device calls are shown to a policies.Follower, which
+//   - the recorded device calls of its own allocator (the trace's source
+//     is the policy's: policies.SourcePolicy) are shown to a
+//     policies.Follower, which
 //     tells from them the releases it does not make itself (an explicit
 //     empty_cache), and frees that complete late (free_completed after
 //     other events than its free_requested: a block used on another
@@ -60,7 +62,9 @@ func (r *Replay) startRecorded() {
 	}
 	if r.cfg.AsRecorded {
 		r.rec.ties, _ = r.policy.(policies.TieFollower)
-		r.rec.inferrer, _ = r.policy.(policies.Inferrer)
+		if !r.cfg.foreign {
+			r.rec.inferrer, _ = r.policy.(policies.Inferrer)
+		}
 	}
 }
 
@@ -98,7 +102,7 @@ func (r *Replay) followed(ev *trace.Event) {
 	if r.dev != nil {
 		r.dev.Observe(*ev)
 	}
-	if r.rec.follower != nil {
+	if r.rec.follower != nil && !r.cfg.foreign {
 		r.rec.follower.Follow(*ev)
 	}
 }
@@ -167,5 +171,9 @@ func (c Config) withRecorded(h trace.Header) (Config, error) {
 	if ok {
 		c.Settings = s
 	}
+	// Another allocator's device calls tell the policy nothing of its
+	// own path: a Follower follows its own allocator's recordings only.
+	src, known := policies.SourcePolicy(h.Source)
+	c.foreign = !known || src != c.Policy
 	return c, nil
 }

@@ -48,6 +48,10 @@ type Config struct {
 	// trace's recorded settings, with Settings over them, and the device
 	// the recorded addresses.
 	AsRecorded bool
+	// foreign is set by withRecorded for a trace recorded under another
+	// allocator than the policy's (or under none): a Follower is then not
+	// shown its device calls.
+	foreign bool
 	// Check runs the invariant checker (see Checker) after each event: a
 	// violation stops the replay with a *CheckError. In tests it is on
 	// whatever Check says (see checkByDefault).
