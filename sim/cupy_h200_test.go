@@ -285,3 +285,27 @@ func TestCuPyInferUnexplained(t *testing.T) {
 		t.Errorf("%d inferred, first %q; want 1, %q", r.Inferred, r.FirstInferred, want)
 	}
 }
+
+// TestFollowOwnOnly: replayed as recorded (as replay sim does by
+// default), the cupy policy does not follow a PyTorch snapshot's device
+// calls (another allocator's): its figures on churn are what they were
+// before cupy followed its own logs, 2292261888 bytes peak reserved
+// (2186.1 MiB), as a plain replay's, with nothing inferred.
+func TestFollowOwnOnly(t *testing.T) {
+	h, evs, err := tracefile.ReadAll(filepath.Join("..", "testdata", "pytorch", "churn.pickle.gz"), tracefile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		asRecorded bool
+		peak       uint64
+	}{{false, 2292261888}, {true, 2292261888}} {
+		rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Trace: "churn", Policy: "cupy", AsRecorded: tc.asRecorded})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := rs[0]; r.Inferred != 0 || r.PeakReserved != tc.peak {
+			t.Errorf("as recorded %v: %d inferred (%s), peak reserved %d; want 0, %d", tc.asRecorded, r.Inferred, r.FirstInferred, r.PeakReserved, tc.peak)
+		}
+	}
+}
