@@ -62,7 +62,7 @@ func (r *Replay) startRecorded() {
 	}
 	if r.cfg.AsRecorded {
 		r.rec.ties, _ = r.policy.(policies.TieFollower)
-		if !r.cfg.foreign {
+		if !r.cfg.foreign && !r.cfg.noNotes {
 			r.rec.inferrer, _ = r.policy.(policies.Inferrer)
 		}
 	}
@@ -164,6 +164,9 @@ func (c Config) withRecorded(h trace.Header) (Config, error) {
 	if !c.AsRecorded {
 		return c, nil
 	}
+	// Under settings of the user's, the replay is not the recording's:
+	// where they part is no call the recording failed to show.
+	c.noNotes = len(c.Settings) > 0
 	s, ok, err := policies.Recorded(c.Policy, h, c.Settings)
 	if err != nil {
 		return c, fmt.Errorf("%s: %w", c.Trace, err)

@@ -52,6 +52,9 @@ type Config struct {
 	// allocator than the policy's (or under none): a Follower is then not
 	// shown its device calls.
 	foreign bool
+	// noNotes is set by withRecorded when the user's settings replace
+	// recorded ones: what a policies.Inferrer infers is not asked.
+	noNotes bool
 	// Check runs the invariant checker (see Checker) after each event: a
 	// violation stops the replay with a *CheckError. In tests it is on
 	// whatever Check says (see checkByDefault).
