@@ -224,9 +224,10 @@ func (r *Result) warnings() []string {
 	if r.Anomalies > 0 {
 		ws = append(ws, fmt.Sprintf("%d events could not be replayed as recorded; first: %s", r.Anomalies, r.FirstAnomaly))
 	}
-	if r.Inferred > 0 && r.SourceOOMsServed == 0 {
-		// (A replay that served the recording's failed mallocs parted
-		// from it for want of its capacity, which CapacityWarning says.)
+	if r.Inferred > 0 && r.SourceOOMsServed == 0 && r.OOMs == r.SourceOOMs {
+		// (A replay that served the recording's failed mallocs, or failed
+		// others, parted from it for its capacity: CapacityWarning, or the
+		// capacity asked for, says why.)
 		ws = append(ws, fmt.Sprintf("%d calls the recording does not show were inferred from it; first: %s", r.Inferred, r.FirstInferred))
 	}
 	if w := CapacityWarning(r); w != "" {
