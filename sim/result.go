@@ -228,7 +228,7 @@ func (r *Result) warnings() []string {
 		// (A replay that served the recording's failed mallocs, or failed
 		// others, parted from it for its capacity: CapacityWarning, or the
 		// capacity asked for, says why.)
-		ws = append(ws, fmt.Sprintf("%d calls the recording does not show were inferred from it; first: %s", r.Inferred, r.FirstInferred))
+		ws = append(ws, InferredWarning(r))
 	}
 	if w := CapacityWarning(r); w != "" {
 		ws = append(ws, w)
@@ -240,6 +240,15 @@ func (r *Result) warnings() []string {
 		ws = append(ws, r.PoolWarning)
 	}
 	return ws
+}
+
+// InferredWarning returns what the policy inferred of the calls the
+// recording does not show (Inferred), for a result with any; "" if none.
+func InferredWarning(r *Result) string {
+	if r == nil || r.Inferred == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d calls the recording does not show were inferred from it; first: %s", r.Inferred, r.FirstInferred)
 }
 
 // CapacityWarning returns, for a replay without a capacity of a recording

@@ -360,8 +360,8 @@ func (o fidelityRun) replay(w io.Writer, in *fidelityInput) error {
 	name := in.name
 	// What the recording does not show, inferred or not, whatever
 	// the verdict: a figure that agrees may rest on it.
-	if r := rep.Result; r.Inferred > 0 {
-		fmt.Fprintf(w, "%s: warning: %d calls the recording does not show were inferred from it; first: %s\n", name, r.Inferred, r.FirstInferred)
+	if iw := sim.InferredWarning(rep.Result); iw != "" {
+		fmt.Fprintf(w, "%s: warning: %s\n", name, iw)
 	}
 	if w2 := rep.Result.PoolWarning; w2 != "" {
 		fmt.Fprintf(w, "%s: warning: %s\n", name, w2)

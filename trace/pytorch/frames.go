@@ -199,8 +199,8 @@ func (d *decoder) kept(id uint32) uint32 {
 	if id == 0 || d.stacks == nil {
 		return 0
 	}
-	for int(id) >= len(d.toKept) {
-		d.toKept = append(d.toKept, 0)
+	if n := int(id) + 1 - len(d.toKept); n > 0 {
+		d.toKept = append(d.toKept, make([]uint32, n)...)
 	}
 	if k := d.toKept[id]; k != 0 {
 		return k
@@ -222,18 +222,18 @@ var restoreFrames = []string{"setCheckpointPoolState", "apply_checkpoint_executi
 
 // byMemPool reports whether stack id of d.seen holds memPoolFrame.
 func (d *decoder) byMemPool(id uint32) bool {
-	return d.stackHolds(id, 1, memPoolFrame)
+	return d.stackHolds(id, queryMemPool, memPoolFrame)
 }
 
 // restoreStack reports whether stack id of d.seen holds one of
 // restoreFrames.
 func (d *decoder) restoreStack(id uint32) bool {
-	return d.stackHolds(id, 2, restoreFrames...)
+	return d.stackHolds(id, queryRestore, restoreFrames...)
 }
 
 // stackHolds reports whether a frame of stack id of d.seen has one of
-// names in its function name; what is a cache key (one per set of names).
-func (d *decoder) stackHolds(id uint32, what uint8, names ...string) bool {
+// names in its function name; what names the question, for the cache.
+func (d *decoder) stackHolds(id uint32, what queryKind, names ...string) bool {
 	if id == 0 || d.seen == nil {
 		return false
 	}
@@ -258,5 +258,13 @@ func (d *decoder) stackHolds(id uint32, what uint8, names ...string) bool {
 // stackQuery is a question stackHolds answered about a stack.
 type stackQuery struct {
 	id   uint32
-	what uint8
+	what queryKind
 }
+
+// queryKind is what stackHolds is asked of a stack.
+type queryKind uint8
+
+const (
+	queryMemPool queryKind = iota + 1 // byMemPool
+	queryRestore                      // restoreStack
+)

@@ -333,6 +333,21 @@ func inReleaseOrder(p, f segFree) bool {
 	return p.stream < f.stream || p.stream == f.stream && (p.size < f.size || p.size == f.size && p.addr < f.addr)
 }
 
+// pieces cuts run where its frees' stacks change between a MemPool's
+// deletion and anything else.
+func pieces(run []segFree) [][]segFree {
+	var out [][]segFree
+	for len(run) > 0 {
+		n := 1
+		for n < len(run) && run[n].memPool == run[0].memPool {
+			n++
+		}
+		out = append(out, run[:n])
+		run = run[n:]
+	}
+	return out
+}
+
 // frees returns the segment frees of run, without its unmaps.
 func frees(run []segFree) []segFree {
 	out := run[:0:0]
@@ -620,13 +635,8 @@ func (s *inferSink) decideUnnamed() *poolPlan {
 	plan := &poolPlan{unitPool: label, failedPool: map[int64]uint32{}, release: map[int64][]uint32{}, restore: map[int64]bool{}, empty: map[int64][]uint32{}}
 	for _, run := range s.freeRuns {
 		run = frees(run)
-		for len(run) > 0 {
-			n := 1
-			for n < len(run) && run[n].memPool == run[0].memPool {
-				n++
-			}
-			s.decidePiece(plan, run[:n], run[0].memPool)
-			run = run[n:]
+		for _, piece := range pieces(run) {
+			s.decidePiece(plan, piece, piece[0].memPool)
 		}
 	}
 	if len(plan.ids) == 0 {
@@ -746,15 +756,10 @@ func (s *inferSink) addMemPools(plan *poolPlan) int {
 	n := len(plan.ids)
 	for _, run := range s.freeRuns {
 		run = frees(run)
-		for len(run) > 0 {
-			k := 1
-			for k < len(run) && run[k].memPool == run[0].memPool {
-				k++
+		for _, piece := range pieces(run) {
+			if piece[0].memPool {
+				s.decidePiece(plan, piece, true)
 			}
-			if run[0].memPool {
-				s.decidePiece(plan, run[:k], true)
-			}
-			run = run[k:]
 		}
 	}
 	return len(plan.ids) - n
