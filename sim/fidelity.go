@@ -72,80 +72,30 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	acts := &fidelityObserver{next: cfg.Observer}
-	cfg.Observer = acts
+	cfg.watch = true // whatever the policy and settings: the question asked
+	if cfg.Backend != nil {
+		return nil, fmt.Errorf("policy %s: fidelity needs the simulated device", cfg.Policy)
+	}
 	rep, err := NewReplay(cfg)
 	if err != nil {
 		return nil, err
 	}
 	rep.res.TraceSource = src.Header().Source
 	rep.SetPoolNames(src.Header())
-	var made []DeviceCall
-	// A source that does not record its device frees (CuPy's log) is
-	// held to its allocations only.
-	noFrees := src.Header().Unrecorded(trace.UnrecordedSegmentFrees)
-	rep.dev.OnCall(func(c DeviceCall) {
-		if !noFrees || c.Op != trace.OpSegmentFree {
-			made = append(made, c)
-		}
-	})
 	out := &FidelityReport{}
 	counter, _ := rep.policy.(policies.Counter) // its retries, asked once per event
-	var queue []recordedCall                    // recorded calls not yet made
-	head := 0
-	// match compares the calls made while replaying event i with the
-	// recorded ones; acting says whether the allocator acted on it, so that
-	// every call recorded before it must have been made.
-	noCalls := src.Header().Unrecorded(trace.UnrecordedSegments)
-	match := func(i int64, acting bool) *Divergence {
-		if noCalls {
-			made = made[:0]
-			return nil
-		}
-		for _, c := range made {
-			if head == len(queue) {
-				return &Divergence{Event: i, Real: "no device call", Sim: c.String()}
-			}
-			if r := queue[head]; r.call != c {
-				return &Divergence{Event: i, Real: fmt.Sprintf("%v (event %d)", r.call, r.event), Sim: c.String()}
-			}
-			head++
-		}
-		made = made[:0]
-		if acting && head < len(queue) && queue[head].event < i {
-			r := queue[head]
-			return &Divergence{Event: r.event, Real: r.call.String(), Sim: fmt.Sprintf("no device call by event %d", i)}
-		}
-		if head > 1024 && 2*head > len(queue) {
-			queue = append(queue[:0], queue[head:]...)
-			head = 0
-		}
-		return nil
-	}
-	for i := int64(0); out.Divergence == nil; i++ {
+	w := rep.watch
+	for i := int64(0); w.parted == nil; i++ {
 		ev, err := src.Next()
 		if err == io.EOF {
 			if err := rep.End(); err != nil {
 				return nil, err
-			}
-			if out.Divergence = match(i, true); out.Divergence == nil && head < len(queue) {
-				r := queue[head]
-				out.Divergence = &Divergence{Event: r.event, Real: r.call.String(), Sim: "no device call by the end of the trace"}
 			}
 			break
 		}
 		if err != nil {
 			return nil, err
 		}
-		acting := false
-		switch ev.Op {
-		case trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap:
-			queue = append(queue, recordedCall{DeviceCall{ev.Op, ev.Addr, ev.Size}, i})
-			out.Calls++
-		case trace.OpMalloc, trace.OpMallocFailed, trace.OpFree, trace.OpEmptyCache:
-			acting = true
-		}
-		acts.reset()
 		if err := rep.Step(i, ev); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
 		}
@@ -154,55 +104,12 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 				out.RetryEvents = append(out.RetryEvents, i)
 			}
 		}
-		if out.Divergence = match(i, acting); out.Divergence != nil {
-			break
-		}
-		if ev.Kind.OnDevice() {
-			switch ev.Op {
-			case trace.OpMalloc:
-				out.Mallocs++
-				switch {
-				case acts.oom:
-					out.Divergence = &Divergence{Event: i, Real: fmt.Sprintf("malloc of %d bytes at %#x", ev.Size, ev.Addr), Sim: "out of memory"}
-				case acts.placed && !noCalls && acts.addr != ev.Addr:
-					out.Divergence = &Divergence{Event: i, Real: fmt.Sprintf("malloc of %d bytes at %#x", ev.Size, ev.Addr),
-						Sim: fmt.Sprintf("placed at %#x", acts.addr)}
-				}
-			case trace.OpMallocFailed:
-				out.Mallocs++
-				if !acts.oom {
-					out.Divergence = &Divergence{Event: i, Real: fmt.Sprintf("out of memory for %d bytes", ev.Size),
-						Sim: fmt.Sprintf("placed it at %#x", acts.addr)}
-				}
-			}
-		}
 	}
+	out.Calls, out.Mallocs, out.Divergence = w.calls, w.mallocs, w.parted
 	out.Result = rep.Finish()
 	return out, nil
 }
 
-// fidelityObserver notes the placement or the OOM of the event being
-// replayed, and passes every action on to next.
-type fidelityObserver struct {
-	next   Observer
-	placed bool
-	addr   uint64
-	oom    bool
-}
-
-func (o *fidelityObserver) reset() { o.placed, o.addr, o.oom = false, 0, false }
-
-func (o *fidelityObserver) Observe(a Action) {
-	switch a.Kind {
-	case ActionAlloc:
-		o.placed, o.addr = true, a.Addr
-	case ActionOOM:
-		o.oom = true
-	}
-	if o.next != nil {
-		o.next.Observe(a)
-	}
-}
 
 // Measured is what the real allocator reported for a recording: a
 // NAME.stats.json beside a snapshot, in the shape of the shared trace

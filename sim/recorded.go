@@ -66,6 +66,9 @@ func (r *Replay) startRecorded() {
 			r.rec.inferrer, _ = r.policy.(policies.Inferrer)
 		}
 	}
+	if r.cfg.watch && r.dev != nil {
+		r.watch = newPartWatch(r.cfg.noCalls, r.cfg.noFrees, r.dev)
+	}
 }
 
 // noteInferred puts in the result the calls the policy inferred at the
@@ -126,11 +129,13 @@ func (r *Replay) freeBlock(i int64, ev *trace.Event, a liveAlloc) error {
 // the recording implies (a release at the very end). Run calls it; a
 // caller of Step calls it before Finish.
 func (r *Replay) End() error {
-	if r.rec.follower == nil {
-		return nil
+	if r.rec.follower != nil {
+		if err := r.rec.follower.Flush(); err != nil {
+			return fmt.Errorf("end of trace: %w", err)
+		}
 	}
-	if err := r.rec.follower.Flush(); err != nil {
-		return fmt.Errorf("end of trace: %w", err)
+	if r.watch != nil {
+		r.watch.finish()
 	}
 	return nil
 }
@@ -178,5 +183,7 @@ func (c Config) withRecorded(h trace.Header) (Config, error) {
 	// own path: a Follower follows its own allocator's recordings only.
 	src, known := policies.SourcePolicy(h.Source)
 	c.foreign = !known || src != c.Policy
+	c.watch = !c.foreign && !c.noNotes
+	c.noCalls, c.noFrees = h.Unrecorded(trace.UnrecordedSegments), h.Unrecorded(trace.UnrecordedSegmentFrees)
 	return c, nil
 }

@@ -277,3 +277,55 @@ malloc id=7 size=512
 		t.Errorf("peak reserved %d, %d device allocs, %d OOMs; want %d, 2, 0", r.PeakReserved, r.DeviceAllocs, r.OOMs, 4<<20)
 	}
 }
+
+// TestRunParting: a replay as recorded of its own allocator's recording
+// names the event where it parts from it, in the result and its warnings;
+// one under the user's settings, or not as recorded, is not watched.
+func TestRunParting(t *testing.T) {
+	// The second 1000-byte malloc is recorded at 0x7001000; the caching
+	// allocator puts it right after the first's 1024 bytes, at 0x7000400.
+	const tr = `header source=pytorch setting.PYTORCH_CUDA_ALLOC_CONF=""
+segment_alloc addr=0x7000000 size=2MiB
+malloc addr=0x7000000 size=1000
+malloc addr=0x7001000 size=1000
+`
+	run := func(text string, cfg sim.Config) *sim.Result {
+		t.Helper()
+		rs, err := sim.Run(recordingSource(t, text), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs[0]
+	}
+	r := run(tr, sim.Config{Policy: "pytorch", AsRecorded: true})
+	const want = "event 2: real allocator: malloc of 1000 bytes at 0x7001000; simulation: placed at 0x7000400"
+	if r.Parted != want {
+		t.Errorf("parted %q, want %q", r.Parted, want)
+	}
+	if len(r.Warnings) != 1 || !strings.HasPrefix(r.Warnings[0], "the simulation of pytorch parts from the recording at "+want+": the figures are the simulation's") {
+		t.Errorf("warnings %q", r.Warnings)
+	}
+	for name, cfg := range map[string]sim.Config{
+		"not as recorded":    {Policy: "pytorch"},
+		"the user's setting": {Policy: "pytorch", AsRecorded: true, Settings: policies.Settings{"max_split_size_mb": "64"}},
+		"another allocator":  {Policy: "cuda", AsRecorded: true},
+	} {
+		if r := run(tr, cfg); r.Parted != "" || len(r.Warnings) != 0 {
+			t.Errorf("%s: parted %q, warnings %q", name, r.Parted, r.Warnings)
+		}
+	}
+
+	// recording under 40 MiB: the 3 MiB malloc of event 3 fails, where
+	// the job had the cap it was recorded under (48 MiB). The warning says
+	// the capacity may be why; without one the replay is not watched for
+	// OOMs (CapacityWarning's business).
+	r = run(recording, sim.Config{Policy: "pytorch", AsRecorded: true, Capacity: 40 << 20})
+	const wantOOM = "event 2: real allocator: segment_alloc of 20971520 bytes at 0x3000000; simulation: no device call by event 3"
+	if r.Parted != wantOOM || len(r.Warnings) != 1 ||
+		!strings.HasSuffix(r.Warnings[0], wantOOM+": unless the capacity of 41943040 bytes is not the job's (which would explain an OOM where the job had none, or the reverse), the figures are the simulation's from there on, not the real allocator's") {
+		t.Errorf("under 40 MiB: parted %q, warnings %q", r.Parted, r.Warnings)
+	}
+	if r := run(recording, sim.Config{Policy: "pytorch", AsRecorded: true, Capacity: 48 << 20}); r.Parted != "" || len(r.Warnings) != 0 {
+		t.Errorf("under the job's 48 MiB: parted %q, warnings %q", r.Parted, r.Warnings)
+	}
+}

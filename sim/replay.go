@@ -55,6 +55,12 @@ type Config struct {
 	// noNotes is set by withRecorded when the user's settings replace
 	// recorded ones: what a policies.Inferrer infers is not asked.
 	noNotes bool
+	// watch is set by withRecorded when a replay as recorded is watched
+	// for where it parts from the recording (parting.go): its own
+	// allocator's recording, the recorded settings; noCalls and noFrees
+	// say what the recording lacks (trace.UnrecordedSegments,
+	// UnrecordedSegmentFrees).
+	watch, noCalls, noFrees bool
 	// Check runs the invariant checker (see Checker) after each event: a
 	// violation stops the replay with a *CheckError. In tests it is on
 	// whatever Check says (see checkByDefault).
@@ -176,6 +182,7 @@ type Replay struct {
 	series SeriesBuilder
 	obs    *observing // nil unless cfg.Observer
 	rec    recorded   // replaying as recorded (recorded.go)
+	watch  *partWatch // nil unless watched for parting (parting.go)
 	check  *Checker   // nil unless cfg.Check
 
 	// The trace's semantic problems (as trace.Validator finds them, with
@@ -306,6 +313,9 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 		r.back.SetTime(ev.Time)
 	}
 	r.obs.at(i, ev)
+	if r.watch != nil {
+		r.watch.begin(i, ev)
+	}
 	if r.check != nil {
 		r.check.Begin(i)
 	}
@@ -368,6 +378,9 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 		if err := r.check.Step(); err != nil {
 			return err
 		}
+	}
+	if r.watch != nil {
+		r.watch.end(i, ev)
 	}
 	if r.problem != nil {
 		if r.cfg.Strict {
@@ -449,6 +462,9 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	r.obs.tell(ActionAlloc, b, ev.Size)
+	if r.watch != nil {
+		r.watch.placed, r.watch.addr = true, b.Addr
+	}
 	return nil
 }
 
@@ -629,6 +645,9 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 		}
 	}
 	r.obs.tell(ActionAlloc, b, ev.Size)
+	if r.watch != nil {
+		r.watch.placed, r.watch.addr = true, b.Addr
+	}
 	r.obs.tell(ActionFreeRequested, b, ev.Size)
 	r.obs.tell(ActionFreeCompleted, b, ev.Size)
 	if err := r.policyFree(b.Addr, ev.Stream); err != nil {
@@ -729,6 +748,9 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 func (r *Replay) oom(i int64, size uint64) {
 	r.res.OOMs++
 	r.obs.tell(ActionOOM, policies.Block{}, size)
+	if r.watch != nil {
+		r.watch.oom = true
+	}
 	if r.res.FirstOOMEvent < 0 {
 		r.res.FirstOOMEvent = i
 		r.res.FirstOOMSize = size
@@ -837,6 +859,9 @@ func (r *Replay) Finish() *Result {
 		res.AllocRetries = c.Retries()
 	}
 	res.PrivatePools = unpooledPools(r.unpooled, r.poolNames)
+	if w := r.watch; w != nil && w.parted != nil {
+		res.Parted, res.PartedAtOOM = w.parted.String(), w.partedOOM
+	}
 	res.Warnings = res.warnings()
 	return &res
 }

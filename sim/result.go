@@ -123,6 +123,16 @@ type Result struct {
 	Inferred      int64  `json:"inferred,omitempty"`
 	FirstInferred string `json:"first_inferred,omitempty"`
 
+	// Parted is where a replay as recorded of its own allocator's
+	// recording first parted from it (a device call, a placement or an
+	// OOM other than the recorded: see Fidelity), with its event index and
+	// both sides in words; "" where it did not, or was not watched (a
+	// replay under the user's settings, of another allocator's recording,
+	// on a GPU). PartedAtOOM says the parting is at an OOM on one side
+	// and not on the other.
+	Parted      string `json:"parted,omitempty"`
+	PartedAtOOM bool   `json:"parted_at_oom,omitempty"`
+
 	// Truncated is set for a trace whose history was cut (a snapshot that
 	// starts mid-run): its first ReconstructedEvents events rebuild the
 	// state before its first recorded event, and the peaks count from
@@ -229,6 +239,9 @@ func (r *Result) warnings() []string {
 		// others, parted from it for its capacity: CapacityWarning, or the
 		// capacity asked for, says why.)
 		ws = append(ws, InferredWarning(r))
+	}
+	if w := PartedWarning(r); w != "" {
+		ws = append(ws, w)
 	}
 	if w := CapacityWarning(r); w != "" {
 		ws = append(ws, w)

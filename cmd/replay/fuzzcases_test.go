@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -206,5 +207,63 @@ func TestFuzzCases(t *testing.T) {
 					strings.Join(lines, "\n"), strings.Join(w, "\n"))
 			}
 		})
+	}
+}
+
+// TestFuzzCasesSimWarns holds `replay sim` to what fidelity finds on the
+// kept PyTorch cases, replayed under their job's cap as a user would
+// (--capacity): an open case (one the simulation parts from) warns that
+// it parts, at the event of fidelity's divergence; a case that replays
+// identical warns of no parting. No figure of a recording's own allocator
+// is then reported as the real allocator's without a word.
+func TestFuzzCasesSimWarns(t *testing.T) {
+	want := readFuzzExpected(t, filepath.Join(fuzzCasesDir, "expected.txt"))
+	var open int
+	for _, c := range fuzzCases(t) {
+		if c.kind != "torch" {
+			continue
+		}
+		if c.open {
+			open++
+		}
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			stats := strings.TrimSuffix(c.path, ".pickle.gz") + ".stats.json"
+			var fig struct {
+				Cap uint64 `json:"mem_cap_bytes"`
+			}
+			data, err := os.ReadFile(stats)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := json.Unmarshal(data, &fig); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"sim", "--policy", "pytorch", c.path}
+			if fig.Cap > 0 {
+				args = append(args, "--capacity", strconv.FormatUint(fig.Cap, 10))
+			}
+			_, stderr, err := runCmd(t, args...)
+			if err != nil {
+				t.Fatalf("sim: %v\n%s", err, stderr)
+			}
+			_, parted, ok := strings.Cut(stderr, "parts from the recording at event ")
+			if !c.open {
+				if ok {
+					t.Fatalf("a case fidelity calls identical warns of a parting:\n%s", stderr)
+				}
+				return
+			}
+			if !ok {
+				t.Fatalf("no warning of the parting fidelity finds (%q):\n%s", want[c.base], stderr)
+			}
+			event, _, _ := strings.Cut(parted, ":")
+			if len(want[c.base]) == 0 || !strings.Contains(want[c.base][0], " at event "+event+":") {
+				t.Fatalf("warns of a parting at event %s, fidelity diverges at %q", event, want[c.base])
+			}
+		})
+	}
+	if open == 0 {
+		t.Fatal("no open torch case: nothing shows the warning")
 	}
 }

@@ -58,6 +58,8 @@ var columns = []column{
 	{"first_anomaly", func(r *sim.Result) string { return r.FirstAnomaly }},
 	{"inferred", func(r *sim.Result) string { return i(r.Inferred) }},
 	{"first_inferred", func(r *sim.Result) string { return r.FirstInferred }},
+	{"parted", func(r *sim.Result) string { return r.Parted }},
+	{"parted_at_oom", func(r *sim.Result) string { return strconv.FormatBool(r.PartedAtOOM) }},
 	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
 	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
 	{"private_pools", func(r *sim.Result) string { return r.PrivatePools }},

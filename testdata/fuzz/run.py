@@ -35,6 +35,12 @@ NAME.xplane.pb, NAME.trace that exists). Each program is then
              programs of a kind all crash, the rest of that kind is
              skipped: no framework or no GPU)
 
+A failed program is then replayed as a user replays it, `REPLAY sim TRACE`
+(with --capacity set to the job's cap where its figures give one): it
+"says where" when the replay warns that the simulation parts from the
+recording, naming the event; else it is silently wrong ("silent" in the
+table), the figure that matters most.
+
 and a failure's signature is its first divergence with the numbers taken
 out ("diverges at event #: real allocator: malloc of # bytes at #; ..."),
 the first figure that differs, or the error. The driver prints a line per
@@ -289,6 +295,7 @@ class Program:
         self.gen_wall = 0.0
         self.gen_why = ""
         self.fid_rc = None
+        self.sim_says = None  # a failed program's replay sim warning of its parting, "" if none
         self.trace = None
         self.crash = []
         self.shrunk = None
@@ -306,7 +313,7 @@ class Program:
         r = {"kind": self.kind, "seed": self.seed, "name": self.name, "verdict": self.verdict,
              "first_line": self.first_line, "signature": self.signature,
              "gen_rc": self.gen_rc, "gen_wall_s": round(self.gen_wall, 2), "gen_killed": self.gen_why,
-             "fidelity_rc": self.fid_rc,
+             "fidelity_rc": self.fid_rc, "sim_says": self.sim_says,
              "trace": os.path.relpath(self.trace, os.path.dirname(self.dir)) if self.trace else None,
              "ops": len(ops) if isinstance(ops, list) else None,
              "trace_bytes": os.path.getsize(self.trace) if self.trace and os.path.exists(self.trace) else None}
@@ -356,7 +363,39 @@ def run_one(args, prog, gen, stop, deadline):
     v, first, sig, frc = fidelity(args.replay, prog.trace, os.path.join(prog.dir, prog.name + ".fidelity.txt"),
                                   args.fidelity_timeout, deadline=deadline, stop=stop)
     prog.verdict, prog.first_line, prog.signature, prog.fid_rc = v, first, sig, frc
+    if v == "failed":
+        prog.sim_says = sim_says(args.replay, prog.trace, args.fidelity_timeout)
     return prog
+
+
+def job_cap(trace):
+    """job_cap returns the memory cap in bytes the figures beside trace
+    give (PyTorch's mem_cap_bytes, CuPy's limit_bytes), 0 if none."""
+    for ext in (".pickle.gz", ".pickle", ".jsonl"):
+        if trace.endswith(ext):
+            try:
+                with open(trace[:-len(ext)] + ".stats.json") as f:
+                    st = json.load(f)
+            except (OSError, ValueError):
+                return 0
+            return int(st.get("mem_cap_bytes") or st.get("limit_bytes") or 0)
+    return 0
+
+
+def sim_says(replay, trace, timeout):
+    """sim_says runs `replay sim TRACE` as a user would (under the job's
+    cap) and returns its warning that the simulation parts from the
+    recording, "" when it gives none."""
+    cmd = [replay, "sim", trace]
+    cap = job_cap(trace)
+    if cap:
+        cmd += ["--capacity", str(cap)]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return next((l for l in p.stderr.splitlines() if "parts from the recording at event " in l), "")
 
 
 # --- shrinking -------------------------------------------------------------
@@ -669,16 +708,20 @@ def table(progs, kinds):
     for k in kinds:
         ps = [p for p in progs if p.kind == k]
         c = {v: sum(1 for p in ps if p.verdict == v) for v in ("identical", "warned", "failed", "crashed", "skipped")}
+        c["says_where"] = sum(1 for p in ps if p.verdict == "failed" and p.sim_says)
+        c["silent"] = c["failed"] - c["says_where"]
         ran = len(ps) - c["crashed"] - c["skipped"]
         c["programs"] = len(ps)
         c["pass_rate"] = round((c["identical"] + c["warned"]) / float(ran), 4) if ran else None
         rows[k] = c
-    lines = ["%-6s %9s %9s %7s %7s %8s %10s" % ("kind", "programs", "identical", "warned", "failed", "crashed", "pass rate")]
+    lines = ["%-6s %9s %9s %7s %7s %11s %7s %8s %10s" % ("kind", "programs", "identical", "warned", "failed",
+                                                         "says where", "silent", "crashed", "pass rate")]
     for k, c in rows.items():
         pr = "-" if c["pass_rate"] is None else "%.1f%%" % (100 * c["pass_rate"])
         extra = " (%d skipped)" % c["skipped"] if c["skipped"] else ""
-        lines.append("%-6s %9d %9d %7d %7d %8d %10s%s" % (k, c["programs"], c["identical"], c["warned"],
-                                                         c["failed"], c["crashed"], pr, extra))
+        lines.append("%-6s %9d %9d %7d %7d %11d %7d %8d %10s%s" % (k, c["programs"], c["identical"], c["warned"],
+                                                                 c["failed"], c["says_where"], c["silent"],
+                                                                 c["crashed"], pr, extra))
     return rows, "\n".join(lines)
 
 
