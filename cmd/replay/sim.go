@@ -343,7 +343,8 @@ func stageOutput(stdout io.Writer, path string, write func(io.Writer) error) (*s
 		return nil, err
 	}
 	bw := bufio.NewWriter(f)
-	if err := write(bw); err == nil {
+	err = write(bw)
+	if err == nil {
 		err = bw.Flush()
 	}
 	if err != nil {
