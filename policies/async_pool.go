@@ -206,7 +206,6 @@ func init() {
 			{Key: "reuse_follow_event_dependencies", Default: "true", Doc: "reuse memory across streams through event waits"},
 			{Key: "reuse_allow_internal_dependencies", Default: "true", Doc: "when the device refuses, reuse memory freed on another stream by waiting for it"},
 		},
-		Abilities: Abilities{Syncer: true, Releaser: true, FreeSpacer: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewAsyncPool(dev, s) })
 }
 

@@ -126,7 +126,6 @@ func init() {
 			{Key: "coalesce_regions", Default: "false", Doc: "a device segment that begins where a region ends extends it (BFC over a sub-allocator that coalesces: XLA's virtual-memory one)"},
 			{Key: "garbage_collection", Default: "true", Doc: "return wholly free regions to the device when a region cannot be added"},
 		},
-		Abilities: Abilities{FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewBFC(dev, s) })
 	registerRecorded("bfc", bfcRecorded)
 }

@@ -67,7 +67,6 @@ func init() {
 			{Key: "max_order", Default: "26", Doc: "a device chunk is 2^max_order bytes; min_order <= max_order <= 48"},
 			{Key: "release", Default: "false", Doc: "return a chunk to the device as soon as it is wholly free"},
 		},
-		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewBuddy(dev, s) })
 }
 

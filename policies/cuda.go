@@ -35,7 +35,6 @@ func init() {
 		Settings: []Setting{
 			{Key: "granularity", Default: "512", Doc: "requests are rounded up to a multiple of it, in bytes, from 1 B to 2 MiB"},
 		},
-		Abilities: Abilities{FreeSpacer: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewCUDA(dev, s) })
 }
 

@@ -92,7 +92,6 @@ func init() {
 	register(Info{
 		Name:      "cupy",
 		Design:    "CuPy's memory pool, SingleDeviceMemoryPool of CuPy 14.2.0 (cupy/cuda/memory.pyx)",
-		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true, TieFollower: true, Follower: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewCuPy(dev, s) })
 }
 

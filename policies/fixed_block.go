@@ -103,7 +103,6 @@ func init() {
 			{Key: "preallocate", Default: "false", Doc: "take one chunk from the device when the policy is built"},
 			{Key: "per_stream", Default: "false", Doc: "one free list per stream, as RMM"},
 		},
-		Abilities: Abilities{FreeSpacer: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewFixedBlock(dev, s) })
 }
 

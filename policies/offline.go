@@ -114,8 +114,6 @@ var (
 // policies.
 var offlineAlignmentSetting = Setting{Key: "alignment", Default: "256", Doc: "sizes, and so offsets, are rounded up to a multiple of it, in bytes: a power of two up to 2 MiB"}
 
-// offlineAbilities are the abilities of the clairvoyant policies.
-var offlineAbilities = Abilities{Planner: true, Releaser: true, FreeSpacer: true}
 
 func init() {
 	register(Info{
@@ -125,19 +123,16 @@ func init() {
 			offlineAlignmentSetting,
 			{Key: "nodes", Default: "200000", Doc: "the search's budget in nodes (0: the greedy orders only), at most 2^40"},
 		},
-		Abilities: offlineAbilities,
 	}, func(dev Device, s Settings) (Policy, error) { return NewOffline(dev, s) })
 	register(Info{
 		Name:      "greedy-by-size",
 		Design:    "clairvoyant greedy by size with best-fit offsets (Pisarchyk and Lee 2020; TensorFlow Lite's GreedyBySize)",
 		Settings:  []Setting{offlineAlignmentSetting},
-		Abilities: offlineAbilities,
 	}, func(dev Device, s Settings) (Policy, error) { return NewGreedyBySize(dev, s) })
 	register(Info{
 		Name:      "greedy-by-lifetime",
 		Design:    "clairvoyant greedy by lifetime with best-fit offsets, the longest-lived blocks at the bottom",
 		Settings:  []Setting{offlineAlignmentSetting},
-		Abilities: offlineAbilities,
 	}, func(dev Device, s Settings) (Policy, error) { return NewGreedyByLifetime(dev, s) })
 }
 

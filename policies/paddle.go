@@ -90,7 +90,6 @@ func init() {
 			{Key: "free_when_no_cache_hit", Default: "false", Doc: "give the pool's idle chunks back before every growth, without the pool's own retry (FLAGS_free_when_no_cache_hit)"},
 			{Key: "per_stream", Default: "true", Doc: "one pool per stream (FLAGS_use_stream_safe_cuda_allocator); false: one pool for all streams"},
 		},
-		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewPaddle(dev, s) })
 }
 

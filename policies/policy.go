@@ -7,6 +7,8 @@ package policies
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -179,13 +181,149 @@ type entry struct {
 // Names sorts them.
 var registry = map[string]entry{}
 
-// register adds a policy with its description; called from the policy
-// files' init functions.
-func register(info Info, f Factory) {
+// Register adds the policy info.Name, built by f, to the policies that
+// --policy names and that every command, table, chart and report knows:
+// the built-in policies register from their files' init functions, a
+// policy of another module from its own (see docs/write-a-policy.md). The
+// policy's Abilities are derived from its type (AbilitiesOf a policy that
+// f builds with no settings on a probe device), whatever info says, but
+// for MapperSetting. It panics, as database/sql.Register does, when the
+// name is taken, empty, "all" or holds a ':' or ',' (the names of schemes
+// and lists), or when f cannot build the policy with no settings: a
+// program's mistake, found at its start.
+func Register(info Info, f Factory) {
+	switch {
+	case info.Name == "" || info.Name == "all" || strings.ContainsAny(info.Name, ":, ="):
+		panic(fmt.Sprintf("policies: Register of a policy named %q", info.Name))
+	case f == nil:
+		panic("policies: Register of " + info.Name + " with no factory")
+	}
 	if _, dup := registry[info.Name]; dup {
 		panic("policies: duplicate policy " + info.Name)
 	}
+	p, err := f(&probeDevice{}, nil)
+	if err != nil {
+		panic(fmt.Sprintf("policies: Register of %s: it does not build with no settings: %v", info.Name, err))
+	}
+	ab := AbilitiesOf(p)
+	ab.MapperSetting = info.Abilities.MapperSetting
+	info.Abilities = ab
 	registry[info.Name] = entry{info: info, factory: f}
+}
+
+// register is Register, for the built-in policies' files.
+func register(info Info, f Factory) { Register(info, f) }
+
+// AbilitiesOf returns the optional interfaces p implements (MapperSetting,
+// a property of a setting, is left empty).
+func AbilitiesOf(p Policy) Abilities {
+	_, planner := p.(Planner)
+	_, hinter := p.(Hinter)
+	_, marker := p.(Marker)
+	_, syncer := p.(Syncer)
+	_, releaser := p.(Releaser)
+	_, follower := p.(Follower)
+	_, ties := p.(TieFollower)
+	_, spacer := p.(FreeSpacer)
+	_, counter := p.(Counter)
+	_, pooler := p.(Pooler)
+	return Abilities{Planner: planner, Hinter: hinter, Marker: marker, Syncer: syncer, Releaser: releaser,
+		Follower: follower, TieFollower: ties, FreeSpacer: spacer, Counter: counter, Pooler: pooler}
+}
+
+// probeDevice is the device Register builds a policy on to learn its
+// abilities: it hands out addresses and never refuses.
+type probeDevice struct{ next uint64 }
+
+func (d *probeDevice) Alloc(size uint64) (uint64, error) {
+	addr := d.next + 1<<40
+	d.next += (size + 1<<21 - 1) &^ (1<<21 - 1)
+	return addr, nil
+}
+
+func (d *probeDevice) Free(addr uint64) error { return nil }
+
+func (d *probeDevice) Reserve(size uint64) (uint64, error) { return d.Alloc(size) }
+func (d *probeDevice) Map(addr, size uint64) error         { return nil }
+func (d *probeDevice) Unmap(addr, size uint64) error       { return nil }
+func (d *probeDevice) Release(addr uint64) error           { return nil }
+
+// Scheme is a family of policies that are not built in but named by
+// --policy SCHEME:ARG, ARG saying where the policy is: exec:COMMAND (a
+// child process speaking a line protocol), plan:COMMAND (an offline
+// planner's offsets by file). Lookup and New take such names like any
+// other; Names does not list them.
+type Scheme struct {
+	// Name is the part before the ':'.
+	Name string
+	// Doc says in one line what ARG is and what the policy does.
+	Doc string
+	// Info returns the Info of the policy SCHEME:ARG (its Name the whole
+	// name), or an error saying what is wrong with ARG.
+	Info func(arg string) (Info, error)
+	// New builds the policy SCHEME:ARG on dev with settings s.
+	New func(arg string, dev Device, s Settings) (Policy, error)
+}
+
+// schemes maps scheme names to schemes.
+var schemes = map[string]Scheme{}
+
+// RegisterScheme adds scheme s; it panics when its name is taken or is a
+// policy's, as Register does.
+func RegisterScheme(s Scheme) {
+	if s.Name == "" || strings.ContainsAny(s.Name, ":, =") || s.Info == nil || s.New == nil {
+		panic(fmt.Sprintf("policies: RegisterScheme of %q: a name without ':', ',' or '=', an Info and a New needed", s.Name))
+	}
+	if _, dup := schemes[s.Name]; dup {
+		panic("policies: duplicate scheme " + s.Name)
+	}
+	schemes[s.Name] = s
+}
+
+// Schemes returns the registered schemes, sorted by name.
+func Schemes() []Scheme {
+	out := make([]Scheme, 0, len(schemes))
+	for _, n := range slices.Sorted(maps.Keys(schemes)) {
+		out = append(out, schemes[n])
+	}
+	return out
+}
+
+// schemeOf returns the scheme of a name SCHEME:ARG and its ARG.
+func schemeOf(name string) (Scheme, string, bool) {
+	sn, arg, ok := strings.Cut(name, ":")
+	if !ok {
+		return Scheme{}, "", false
+	}
+	s, ok := schemes[sn]
+	return s, arg, ok
+}
+
+// Known reports whether name is a registered policy or a name of a
+// registered scheme whose ARG it takes; the error says why not.
+func Known(name string) error {
+	if _, ok := registry[name]; ok {
+		return nil
+	}
+	if s, arg, ok := schemeOf(name); ok {
+		if _, err := s.Info(arg); err != nil {
+			return fmt.Errorf("policy %q: %w", name, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown policy %q (known: %s%s)", name, strings.Join(Names(), ", "), schemeList())
+}
+
+// schemeList lists the schemes as ", or SCHEME:ARG ..." for an error.
+func schemeList() string {
+	if len(schemes) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, s := range Schemes() {
+		parts = append(parts, s.Name+":...")
+	}
+	return "; or " + strings.Join(parts, ", ")
 }
 
 // Names returns the names of every registered policy, sorted.
@@ -198,12 +336,15 @@ func Names() []string {
 	return names
 }
 
-// New builds the policy called name on dev. It returns an error for an
-// unknown name or a bad setting.
+// New builds the policy called name on dev: a registered one, or one of a
+// registered scheme (SCHEME:ARG). It returns an error for an unknown name
+// or a bad setting.
 func New(name string, dev Device, s Settings) (Policy, error) {
-	e, ok := registry[name]
-	if !ok {
-		return nil, fmt.Errorf("unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
+	if e, ok := registry[name]; ok {
+		return e.factory(dev, s)
 	}
-	return e.factory(dev, s)
+	if sc, arg, ok := schemeOf(name); ok {
+		return sc.New(arg, dev, s)
+	}
+	return nil, Known(name)
 }

@@ -175,7 +175,7 @@ func init() {
 			{Key: ptKeyGCThreshold, Default: "off", Derived: true, Doc: "under a capacity, the oldest unused cached segments are freed before reserved bytes pass this fraction of it, in (0.0, 1.0)"},
 			{Key: ptKeyExpandableSegments, Default: "False", Doc: "True maps pages of one growing range per stream and pool on demand; it needs a device that is a Mapper"},
 		},
-		Abilities: Abilities{Releaser: true, Follower: true, TieFollower: true, FreeSpacer: true, Counter: true, Pooler: true, MapperSetting: ptKeyExpandableSegments},
+		Abilities: Abilities{MapperSetting: ptKeyExpandableSegments}, // the rest derived by Register
 	}, func(dev Device, s Settings) (Policy, error) { return NewPyTorch(dev, s) })
 	registerRecorded("pytorch", pytorchRecorded)
 }

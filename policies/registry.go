@@ -112,6 +112,12 @@ func (a Abilities) List() []string {
 func Lookup(name string) (Info, bool) {
 	e, ok := registry[name]
 	if !ok {
+		if sc, arg, ok := schemeOf(name); ok {
+			if in, err := sc.Info(arg); err == nil {
+				in.Name = name
+				return in.clone(), true
+			}
+		}
 		return Info{}, false
 	}
 	return e.info.clone(), true

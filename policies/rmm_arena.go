@@ -98,7 +98,6 @@ func init() {
 		Settings: []Setting{
 			{Key: "arena_size", Default: "half the capacity, at least 1 MiB; 0 without a capacity", Derived: true, Doc: "the bytes of the global arena, rounded down to 256 B, at least 1 MiB; 0 grows it on demand"},
 		},
-		Abilities: Abilities{FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewRMMArena(dev, s) })
 }
 

@@ -56,7 +56,6 @@ func init() {
 			{Key: "max_size_exponent", Default: "22", Doc: "the largest bin's blocks are 2^max_size_exponent bytes; min <= max <= 40"},
 			{Key: "blocks_per_chunk", Default: "128", Doc: "blocks in a bin's chunk, from 1 to 2^20"},
 		}, rmmPoolSettings...),
-		Abilities: Abilities{FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewRMMBinning(dev, s) })
 }
 

@@ -74,7 +74,6 @@ func init() {
 		Name:      "rmm-pool",
 		Design:    "RAPIDS RMM's pool_memory_resource over cudaMalloc (pool_memory_resource_impl.cpp)",
 		Settings:  rmmPoolSettings,
-		Abilities: Abilities{FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewRMMPool(dev, s) })
 }
 

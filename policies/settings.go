@@ -177,7 +177,13 @@ func ParseList(list string, known []string) ([]string, error) {
 			continue
 		}
 		if !slices.Contains(known, n) {
-			return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(known, ", "))
+			if _, _, scheme := schemeOf(n); scheme {
+				if err := Known(n); err != nil {
+					return nil, err
+				}
+			} else {
+				return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(known, ", "))
+			}
 		}
 		seen[n] = true
 		names = append(names, n)

@@ -74,7 +74,6 @@ func init() {
 			{Key: "slab_size", Default: "2MiB", Doc: "the bytes of a slab, at least the largest class"},
 			{Key: "release", Default: "false", Doc: "return a slab to the device as soon as it is empty"},
 		},
-		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewSlab(dev, s) })
 }
 

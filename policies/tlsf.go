@@ -105,7 +105,6 @@ func init() {
 			{Key: "class_rounding", Default: "true", Doc: "hand out the class-rounded size rather than the aligned request"},
 			{Key: "release", Default: "false", Doc: "return a segment to the device as soon as it is wholly free"},
 		},
-		Abilities: Abilities{Releaser: true, FreeSpacer: true, Counter: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewTLSF(dev, s) })
 }
 

@@ -105,7 +105,6 @@ func init() {
 			{Key: "alignment", Default: "256", Doc: "requests are rounded up to a multiple of it, in bytes: a power of two from 1 B to 2 MiB"},
 			{Key: "reset_marker", Default: "iteration", Doc: "the label prefix of the markers that reset the top; empty: markers never do"},
 		},
-		Abilities: Abilities{Hinter: true, Marker: true, FreeSpacer: true},
 	}, func(dev Device, s Settings) (Policy, error) { return NewWorkspace(dev, s) })
 }
 

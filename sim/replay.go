@@ -1010,10 +1010,6 @@ func RunSplit(jobs int, source func(g int) (src trace.Source, done func()), cfgs
 // replay, then calls End and Finish; Run does all of it. Errors are those
 // of NewReplay, of a Plan and of reading src.
 func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) {
-	src, cfgs, err := hint(src, cfgs)
-	if err != nil {
-		return nil, nil, err
-	}
 	reps := make([]*Replay, len(cfgs))
 	for k, c := range cfgs {
 		c, err := c.withCard(src.Header()).withRecorded(src.Header())
@@ -1028,6 +1024,10 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 		rep.res.TraceSource = src.Header().Source
 		rep.SetPoolNames(src.Header())
 		reps[k] = rep
+	}
+	src, err := hint(src, reps)
+	if err != nil {
+		return nil, nil, err
 	}
 	src, err = plan(src, reps)
 	if err != nil {
@@ -1048,19 +1048,22 @@ type Reopener interface {
 	Reopen() (trace.Source, error)
 }
 
-// hint gives the configs whose policy is a policies.Hinter the trace's peak
-// of live requested bytes, from a first pass over src: read again through
-// Reopener when src has it, else from the events held in memory. It returns
-// the source to replay from.
-func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
-	need := false
-	for _, c := range cfgs {
-		if c.PeakRequestedHint == 0 && isHinter(c.Policy) {
-			need = true
+// hint gives the replays whose policy is a policies.Hinter, and whose
+// config gave no PeakRequestedHint, the trace's peak of live requested
+// bytes, from a first pass over src: read again through Reopener when src
+// has it, else from the events held in memory. It returns the source to
+// replay from. Whether a policy is a Hinter is asked of the policy built,
+// as for every other ability, whether or not the registry knows it.
+func hint(src trace.Source, reps []*Replay) (trace.Source, error) {
+	var hinters []policies.Hinter
+	var need []*Replay
+	for _, rep := range reps {
+		if h, ok := rep.policy.(policies.Hinter); ok && rep.cfg.PeakRequestedHint == 0 {
+			hinters, need = append(hinters, h), append(need, rep)
 		}
 	}
-	if !need {
-		return src, cfgs, nil
+	if len(need) == 0 {
+		return src, nil
 	}
 	var evs []trace.Event
 	var peak peakLive
@@ -1077,7 +1080,7 @@ func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
 				break
 			}
 			if err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 			if !reopen {
 				evs = append(evs, ev)
@@ -1088,20 +1091,19 @@ func hint(src trace.Source, cfgs []Config) (trace.Source, []Config, error) {
 	if reopen {
 		again, err := ro.Reopen()
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		src = again
 	} else {
 		src = trace.NewSliceSource(src.Header(), evs).WithStacks(trace.StacksOf(src))
 	}
-	out := make([]Config, len(cfgs))
-	for k, c := range cfgs {
-		if c.PeakRequestedHint == 0 {
-			c.PeakRequestedHint = peak.peak
+	for k, rep := range need {
+		rep.cfg.PeakRequestedHint = peak.peak
+		if peak.peak > 0 {
+			hinters[k].Hint(peak.peak)
 		}
-		out[k] = c
 	}
-	return src, out, nil
+	return src, nil
 }
 
 // peakLive finds a trace's peak of live requested device bytes, as the
@@ -1178,12 +1180,6 @@ func splitGroups(cfgs []Config, jobs int) [][]int {
 		sort.Ints(g)
 	}
 	return groups
-}
-
-// isHinter reports whether the policy called name is a policies.Hinter.
-func isHinter(name string) bool {
-	in, ok := policies.Lookup(name)
-	return ok && in.Abilities.Hinter
 }
 
 // plan hands the whole trace to the policies that must see it before the
