@@ -13,18 +13,31 @@ import (
 	"github.com/gpualloc/allocsim/sim"
 )
 
-// TestPolicyLooks: every registered policy has its own look in
-// policyLooks, and no chart gives two series one look, neither every
-// policy at once nor 30 series (policies under several settings, unknown
-// names); a policy keeps its look whatever else the chart draws.
+// TestPolicyLooks: the looks policyLooks gives are all different, a
+// policy without one (a new one, another module's) gets one derived from
+// its name that is none of them, and no chart gives two series one look,
+// neither every policy at once nor 30 series (policies under several
+// settings, unknown names); a policy keeps its look whatever else the
+// chart draws.
 func TestPolicyLooks(t *testing.T) {
 	names := policies.Names()
 	if len(names) < 18 {
 		t.Fatalf("%d registered policies, want at least 18", len(names))
 	}
-	for _, n := range names {
-		if _, ok := policyLooks[n]; !ok {
-			t.Errorf("policy %q has no entry in policyLooks", n)
+	given := map[look]string{}
+	for n, l := range policyLooks {
+		if other, dup := given[l]; dup {
+			t.Errorf("%s and %s are given one look", n, other)
+		}
+		given[l] = n
+	}
+	for _, n := range []string{"segfit", "exec:python3 my_policy.py", "plan:minimalloc"} {
+		l := lookFor(n)
+		if other, ok := given[l]; ok || l.Thin {
+			t.Errorf("%s drawn %+v, the look given to %s (or thin)", n, l, other)
+		}
+		if lookFor(n) != l || chartLooks([]string{n})[0] != l {
+			t.Errorf("%s drawn %+v, then %+v", n, l, chartLooks([]string{n})[0])
 		}
 	}
 	distinct := func(what string, ls []look) {
@@ -55,8 +68,8 @@ func TestPolicyLooks(t *testing.T) {
 		t.Errorf("second pytorch drawn %+v, want pytorch's colour %v with another dash", ml[1], policyLooks["pytorch"].Color)
 	}
 	for i, n := range names {
-		if one := chartLooks([]string{n})[0]; one != all[i] || one != policyLooks[n] {
-			t.Errorf("%s alone drawn %+v, among all %+v, want %+v", n, one, all[i], policyLooks[n])
+		if one := chartLooks([]string{n})[0]; one != all[i] || one != lookFor(n) {
+			t.Errorf("%s alone drawn %+v, among all %+v, want %+v", n, one, all[i], lookFor(n))
 		}
 	}
 	// The near-duplicates of the old palette differ now.

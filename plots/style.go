@@ -2,6 +2,7 @@ package plots
 
 import (
 	"fmt"
+	"hash/fnv"
 	"image/color"
 	"maps"
 	"math"
@@ -73,12 +74,12 @@ func lookOf(k int) look {
 	return look{Color: okabeIto[k%len(okabeIto)], Dash: (k / len(okabeIto)) % len(dashPatterns), Thin: k >= n}
 }
 
-// policyLooks is the one place that says how each registered policy is
-// drawn, in every chart: its colour and pattern. Policies that are often
-// compared have their own colour, and no two share a look (TestPolicyLooks
-// holds every registered policy to an entry). A chart that draws a policy
-// twice (under two settings) or an unknown one gives it the first look not
-// yet taken in that chart (chartLooks).
+// policyLooks gives the built-in policies that are often compared their
+// look in every chart: colour and pattern, no two alike. Any other policy
+// (one registered by another module, an exec: or plan: policy) has a look
+// derived from its name (lookFor); a chart that draws a policy twice
+// (under two settings), or two policies of one look, gives the later the
+// first look not yet taken in that chart (chartLooks).
 var policyLooks = map[string]look{
 	// solid
 	"pytorch":    {Color: okabeIto[0], Dash: 0},
@@ -115,8 +116,8 @@ func chartLooks(names []string) []look {
 	taken := map[look]bool{}
 	var later []int
 	for i, n := range names {
-		l, ok := policyLooks[n]
-		if !ok || taken[l] {
+		l := lookFor(n)
+		if taken[l] {
 			later = append(later, i)
 			continue
 		}
@@ -125,7 +126,7 @@ func chartLooks(names []string) []look {
 	}
 	total := 2 * len(okabeIto) * len(dashPatterns)
 	for _, i := range later {
-		want, known := policyLooks[names[i]]
+		want, known := lookFor(names[i]), true
 		pick := -1
 		for k := range total {
 			l := lookOf(k)
@@ -147,6 +148,29 @@ func chartLooks(names []string) []look {
 		taken[out[i]] = true
 	}
 	return out
+}
+
+// lookFor returns the look of the policy called name: its policyLooks
+// entry, else one of the looks no entry has (the thin ones last), chosen
+// by a hash of the name, so that a policy keeps its look from chart to
+// chart and run to run.
+func lookFor(name string) look {
+	if l, ok := policyLooks[name]; ok {
+		return l
+	}
+	given := map[look]bool{}
+	for _, l := range policyLooks {
+		given[l] = true
+	}
+	var free []look
+	for k := range 2 * len(okabeIto) * len(dashPatterns) {
+		if l := lookOf(k); !given[l] && !l.Thin {
+			free = append(free, l)
+		}
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return free[h.Sum32()%uint32(len(free))]
 }
 
 // dashArray returns the look's dash pattern in points (on, off, ...),

@@ -90,8 +90,8 @@ var (
 
 func init() {
 	register(Info{
-		Name:      "cupy",
-		Design:    "CuPy's memory pool, SingleDeviceMemoryPool of CuPy 14.2.0 (cupy/cuda/memory.pyx)",
+		Name:   "cupy",
+		Design: "CuPy's memory pool, SingleDeviceMemoryPool of CuPy 14.2.0 (cupy/cuda/memory.pyx)",
 	}, func(dev Device, s Settings) (Policy, error) { return NewCuPy(dev, s) })
 }
 

@@ -49,17 +49,16 @@ var coalescingSettings = []Setting{
 	{Key: "release", Default: "false", Doc: "return a segment to the device as soon as it is wholly free"},
 }
 
-
 func init() {
 	register(Info{
-		Name:      "first-fit",
-		Design:    "coalescing free list over device segments, lowest address first (address-ordered first fit)",
-		Settings:  coalescingSettings,
+		Name:     "first-fit",
+		Design:   "coalescing free list over device segments, lowest address first (address-ordered first fit)",
+		Settings: coalescingSettings,
 	}, func(dev Device, s Settings) (Policy, error) { return NewFirstFit(dev, s) })
 	register(Info{
-		Name:      "best-fit",
-		Design:    "coalescing free list over device segments, smallest fit, lowest address among equal sizes",
-		Settings:  coalescingSettings,
+		Name:     "best-fit",
+		Design:   "coalescing free list over device segments, smallest fit, lowest address among equal sizes",
+		Settings: coalescingSettings,
 	}, func(dev Device, s Settings) (Policy, error) { return NewBestFit(dev, s) })
 }
 

@@ -114,7 +114,6 @@ var (
 // policies.
 var offlineAlignmentSetting = Setting{Key: "alignment", Default: "256", Doc: "sizes, and so offsets, are rounded up to a multiple of it, in bytes: a power of two up to 2 MiB"}
 
-
 func init() {
 	register(Info{
 		Name:   OfflineName,
@@ -125,14 +124,14 @@ func init() {
 		},
 	}, func(dev Device, s Settings) (Policy, error) { return NewOffline(dev, s) })
 	register(Info{
-		Name:      "greedy-by-size",
-		Design:    "clairvoyant greedy by size with best-fit offsets (Pisarchyk and Lee 2020; TensorFlow Lite's GreedyBySize)",
-		Settings:  []Setting{offlineAlignmentSetting},
+		Name:     "greedy-by-size",
+		Design:   "clairvoyant greedy by size with best-fit offsets (Pisarchyk and Lee 2020; TensorFlow Lite's GreedyBySize)",
+		Settings: []Setting{offlineAlignmentSetting},
 	}, func(dev Device, s Settings) (Policy, error) { return NewGreedyBySize(dev, s) })
 	register(Info{
-		Name:      "greedy-by-lifetime",
-		Design:    "clairvoyant greedy by lifetime with best-fit offsets, the longest-lived blocks at the bottom",
-		Settings:  []Setting{offlineAlignmentSetting},
+		Name:     "greedy-by-lifetime",
+		Design:   "clairvoyant greedy by lifetime with best-fit offsets, the longest-lived blocks at the bottom",
+		Settings: []Setting{offlineAlignmentSetting},
 	}, func(dev Device, s Settings) (Policy, error) { return NewGreedyByLifetime(dev, s) })
 }
 

@@ -71,9 +71,9 @@ var rmmPoolSettings = []Setting{
 
 func init() {
 	register(Info{
-		Name:      "rmm-pool",
-		Design:    "RAPIDS RMM's pool_memory_resource over cudaMalloc (pool_memory_resource_impl.cpp)",
-		Settings:  rmmPoolSettings,
+		Name:     "rmm-pool",
+		Design:   "RAPIDS RMM's pool_memory_resource over cudaMalloc (pool_memory_resource_impl.cpp)",
+		Settings: rmmPoolSettings,
 	}, func(dev Device, s Settings) (Policy, error) { return NewRMMPool(dev, s) })
 }
 
