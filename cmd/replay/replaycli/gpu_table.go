@@ -1,0 +1,102 @@
+package replaycli
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/gpualloc/allocsim/gpu"
+	"github.com/gpualloc/allocsim/sim"
+)
+
+// writeSimOnlyTable prints replay gpu --sim-only's table: per trace and
+// policy, the simulated reserved bytes, device calls and allocator time,
+// and the simulated latencies by call.
+func writeSimOnlyTable(w io.Writer, rs []*sim.Result, pace bool, model string) {
+	if pace {
+		fmt.Fprintf(w, "paced: the trace's idle times charged as wake-ups (cost model %s)\n", model)
+	} else {
+		fmt.Fprintf(w, "unpaced: calls back to back, no wake-ups (cost model %s)\n", model)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\tdevice allocs\tdevice frees\tretries\tOOMs\tsim alloc ms\tof it wake-ups\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%.3f\t\n", filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint),
+			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.SimAllocTimeNS), ms(r.SimWakeTimeNS))
+	}
+	tw.Flush()
+	for _, r := range rs {
+		fmt.Fprintf(w, "\n%s, %s: simulated latency by call\n", filepath.Base(r.Trace), r.Policy)
+		writeLatency(w, r.Latency)
+	}
+}
+
+func writeGPUTable(w io.Writer, results []*gpu.Result) {
+	if len(results) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "%s on %s\n", results[0].Runtime, results[0].Device)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\ttarget\trequested MiB\treserved MiB\tsim reserved MiB\tdevice allocs\tdevice frees\tretries\tOOMs\talloc ms\tsim alloc ms\tof it wake-ups\tsim/measured\tsync ms\twall ms\t")
+	for _, r := range results {
+		simRes, simMS, wakeMS, ratio := "-", "-", "-", "-"
+		if r.SimPolicy != "" {
+			simRes, simMS = mib(r.SimPeakReserved), strconv.FormatFloat(ms(r.SimAllocTimeNS), 'f', 3, 64)
+			wakeMS = strconv.FormatFloat(ms(r.SimWakeTimeNS), 'f', 3, 64)
+			if r.AllocTimeNS > 0 {
+				ratio = strconv.FormatFloat(float64(r.SimAllocTimeNS)/float64(r.AllocTimeNS), 'f', 3, 64)
+			}
+		}
+		target := r.Policy
+		if r.Paced {
+			target += " (paced)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%s\t%s\t%s\t%.3f\t%.1f\t\n",
+			filepath.Base(r.Trace), target, mib(r.PeakRequested), mib(r.PeakReserved), simRes,
+			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.AllocTimeNS), simMS, wakeMS, ratio, ms(r.SyncTimeNS), ms(r.ReplayWallNS))
+	}
+	tw.Flush()
+	for _, r := range results {
+		fmt.Fprintf(w, "\n%s, %s: measured latency by call\n", filepath.Base(r.Trace), r.Policy)
+		writeLatency(w, r.Latency)
+		d := r.Driver
+		fmt.Fprintf(w, "driver: cudaMemGetInfo free %s MiB at the start, %s MiB at least (%s MiB used), %s MiB at the end; limit %s MiB",
+			mib(d.FreeAtStart), mib(d.MinFree), mib(d.FreeAtStart-min(d.FreeAtStart, d.MinFree)), mib(d.FreeAtEnd), mib(r.MaxBytes))
+		if d.PoolReservedHigh > 0 || d.PoolUsedHigh > 0 {
+			fmt.Fprintf(w, "; pool reserved high %s MiB, used high %s MiB", mib(d.PoolReservedHigh), mib(d.PoolUsedHigh))
+		}
+		fmt.Fprintln(w)
+		if len(r.Runs) > 1 {
+			fmt.Fprintf(w, "%d runs, allocator ms:", len(r.Runs))
+			for _, run := range r.Runs {
+				fmt.Fprintf(w, " %.3f", ms(run.AllocTimeNS))
+			}
+			fmt.Fprintln(w, " (the median run is shown)")
+		}
+		if c := r.CLoop; c != nil {
+			fmt.Fprintf(w, "C loop of the same %d calls: %.3f ms plain (median; %.3f ms timing each call, %.3f ms in the calls); harness %.3f ms (median): %.0f ns per call over the plain loop (median of the runs, each against its own loop); outside the calls %.0f ns per call in the harness, %.0f in the timed loop\n",
+				c.Calls, ms(c.WallNS), ms(c.TimedWallNS), ms(c.CallsNS), ms(c.HarnessWallNS), c.OverheadPerCallNS, c.OutsideCallsPerCallNS, c.LoopOutsideCallsPerCallNS)
+		}
+		switch {
+		case r.Interrupted && r.Events == 0:
+			fmt.Fprintf(w, "interrupted before the first event was replayed (while the trace was read)\n")
+		case r.Interrupted:
+			fmt.Fprintf(w, "interrupted after %d events\n", r.Events)
+		}
+		if r.Anomalies > 0 {
+			fmt.Fprintf(w, "%d events could not be replayed as recorded; first: %s\n", r.Anomalies, r.FirstAnomaly)
+		}
+	}
+}
+
+func writeLatency(w io.Writer, rows []sim.LatencyRow) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "call\tsize\tcount\tmedian us\tp90 us\tp99 us\tmax us\ttotal ms\t")
+	us := func(ns int64) string { return strconv.FormatFloat(float64(ns)/1e3, 'f', 2, 64) }
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%.3f\t\n", r.Call, r.SizeClass, r.Count, us(r.MedianNS), us(r.P90NS), us(r.P99NS), us(r.MaxNS), ms(r.TotalNS))
+	}
+	tw.Flush()
+}

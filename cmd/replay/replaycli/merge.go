@@ -1,0 +1,78 @@
+package replaycli
+
+import (
+	"errors"
+	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
+	"io"
+	"path/filepath"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/sweep"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
+)
+
+const mergeUsage = `usage: replay merge [--partial] -o DIR INPUT...
+
+Joins the results of a sweep's shards (each shard's output directory, with
+its plan.json and cells/) or of sim results files (as replay sim --json,
+sweep and merge write) into DIR/results.json and DIR/results.csv, in plan
+order, each cell once. It fails when a shard or a cell of a plan is missing,
+unless --partial.
+
+Flags:
+`
+
+func runMerge(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("merge", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, mergeUsage)
+		fs.PrintDefaults()
+	}
+	outDir := fs.StringP("out", "o", "", "write results.json and results.csv into `DIR` (required)")
+	partial := fs.Bool("partial", false, "write what there is when shards or cells are missing")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return cli.UsageError{Err: err}
+	}
+	if *outDir == "" {
+		return cli.UsageError{Err: fmt.Errorf("merge: no output directory (-o DIR)")}
+	}
+	if fs.NArg() == 0 {
+		return cli.UsageError{Err: fmt.Errorf("merge: no input given")}
+	}
+	m := sweep.NewMerger(stderr)
+	for _, in := range fs.Args() {
+		if err := m.Add(in); err != nil {
+			return err
+		}
+	}
+	missing := m.Missing()
+	for _, line := range missing[:min(len(missing), 10)] {
+		fmt.Fprintf(stderr, "merge: %s\n", line)
+	}
+	if len(missing) > 10 {
+		fmt.Fprintf(stderr, "merge: ... and %d more\n", len(missing)-10)
+	}
+	if len(missing) > 0 && !*partial {
+		return fmt.Errorf("merge: the inputs are incomplete (%d missing); --partial writes what there is", len(missing))
+	}
+	rs := m.Results()
+	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.csv"), func(w io.Writer) error { return results.WriteCSV(w, rs) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "merge: %d results from %d inputs", len(rs), fs.NArg())
+	if m.Dups() > 0 {
+		fmt.Fprintf(stdout, " (%d duplicates dropped)", m.Dups())
+	}
+	fmt.Fprintf(stdout, " into %s\n", *outDir)
+	return nil
+}

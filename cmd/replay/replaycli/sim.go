@@ -1,0 +1,555 @@
+package replaycli
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpualloc/allocsim/plots"
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/job"
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/sites"
+	"github.com/gpualloc/allocsim/sim/sweep"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
+	"github.com/gpualloc/allocsim/trace/tracefile"
+)
+
+const simUsage = `usage: replay sim [--policy NAME[,NAME...]|all] [--capacity SIZE] [--set NAME.key=value]...
+                  [--json FILE] [--csv FILE] [--plots DIR [--plot-policy LIST]] [--viz DIR] [-j N] TRACE...
+
+Replays each trace against the policies on a simulated device and prints,
+per trace and policy, the peak requested, allocated and reserved bytes and
+the device footprint (MiB), reserved against requested and against offline,
+fragmentation (the free reserved memory that could not serve a request
+the policy grew for, at its worst) and the idle share at the peak (1 -
+allocated/reserved), device calls, simulated allocator time (ms, the H200
+cost model), retries and OOMs (the README defines each). A recording is replayed as recorded
+(its allocator settings, its addresses); --set overrides one setting. The
+capacity holds the reserved bytes (a per-process cap); without --capacity a
+trace that names its card (record run, an XSpace) is replayed on it, less
+the context. Warnings go to stderr and into the JSON.
+
+The per-rank traces of a multi-GPU job (names with "rank" and a number:
+job.rank0.trace, as record run names a launcher's processes, or
+rank0_memory_snapshot.pickle; a directory or a glob gives the traces in
+it) are each replayed on a device of their own,
+and a line per job and policy follows the table: the largest and smallest
+rank's peak reserved bytes and their spread, the largest footprint, the
+ranks that ran out of memory and the first of them in time (the job fails
+there).
+
+Flags:
+`
+
+func runSim(stdout, stderr io.Writer, args []string) error {
+	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, simUsage)
+		fs.PrintDefaults()
+	}
+	policyList := fs.String("policy", "all", "policies to replay, a comma-separated `LIST` of names, or all ("+strings.Join(policies.Names(), ", ")+")")
+	capacity := fs.String("capacity", "0", "device capacity `SIZE`: bytes or a size like 4000MiB, 24GiB (0 = unlimited; not given: the card a record run trace names, less its context)")
+	sets := fs.StringArray("set", nil, "a policy setting `NAME.key=value` (repeatable)")
+	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
+	csvOut := fs.String("csv", "", "write the results as CSV to `FILE` (- for stdout)")
+	plotDir := fs.String("plots", "", "write charts (PNG and SVG) into `DIR`")
+	plotList := fs.String("plot-policy", "", plotPolicyDoc)
+	vizOut := fs.String("viz", "", "write each replay's allocator history as a PyTorch memory snapshot `DIR`/TRACE.POLICY.pickle (for torch.cuda._memory_viz)")
+	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
+	device := fs.String("device", "0", "device `N` of a trace that holds several (a PyTorch snapshot's device, a torch.profiler trace's Device Id, a CuPy log's device_id, an XSpace's GPU_N_bfc), or all: every device of a multi-device PyTorch snapshot, each as a rank of a job (TRACE#rankN)")
+	check := fs.Bool("check", false, "check the placement invariants after each event (no overlapping blocks, every block in a live segment, reserved bytes, no block handed out twice); stop at the first violation")
+	wide := fs.Bool("wide", false, "print every column of the table (requested, allocated, retries, the first OOM...), not the compact one that fits 120 columns")
+	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "replay the policies in `N` groups at once, each group one pass over the trace (the results are the same; default: every core)")
+	fs.Lookup("jobs").DefValue = "0" // every core, said in the usage: not this machine's count in the help
+	strict := fs.Bool("strict", false, "stop at the trace's first semantic problem (free of an unknown address, double free, malloc of a live address, of 0 bytes or over 1 PiB, time going backwards) instead of counting it, and exit non-zero with nothing written on any warning")
+	costModel := fs.String("cost-model", "", "charge the device calls to the cost model in `FILE` (from replay calibrate) instead of the embedded H200 one")
+	sitesN := fs.Int("sites", 0, "after the table, the top `N` allocation sites of each policy at its peak of reserved bytes: live bytes and count, and their share of the unused reserved bytes (a second replay up to the peak; sites_at_peak in the JSON)")
+	siteDepth := fs.Int("site-depth", 1, "`N` frames of user code name a site (see --sites)")
+	sitesCSV := fs.String("sites-csv", "", "write the --sites rows as CSV to `FILE` (- for stdout)")
+	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return cli.UsageError{Err: err}
+	}
+	if fs.NArg() == 0 {
+		return cli.UsageError{Err: fmt.Errorf("sim: no trace given")}
+	}
+	allDevices, dev := *device == "all", 0
+	if !allDevices {
+		var err error
+		if dev, err = strconv.Atoi(*device); err != nil {
+			return cli.UsageError{Err: fmt.Errorf("--device %q: want a device index or all", *device)}
+		}
+	}
+	// A directory or a glob stands for the traces in it (a job's ranks).
+	inputs, notes, err := tracefile.Glob(fs.Args())
+	if err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintf(stderr, "sim: %s\n", n)
+	}
+	if err := checkOutputs(inputs, "json", *jsonOut, "csv", *csvOut, "sites-csv", *sitesCSV); err != nil {
+		return err
+	}
+	if *sitesN < 0 || *siteDepth < 1 || (*sitesCSV != "" || fs.Changed("site-depth")) && *sitesN == 0 {
+		return cli.UsageError{Err: fmt.Errorf("--sites %d --site-depth %d: want --sites of at least 1 (with --sites-csv or --site-depth) and a depth of at least 1", *sitesN, *siteDepth)}
+	}
+	capBytes, err := policies.ParseSize(*capacity)
+	if err != nil {
+		return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
+	}
+	if *jobs < 1 {
+		return cli.UsageError{Err: fmt.Errorf("-j %d: want at least 1", *jobs)}
+	}
+	names, err := policyNames(*policyList)
+	if err != nil {
+		return err
+	}
+	settings, err := parseSets(*sets, names)
+	if err != nil {
+		return err
+	}
+	shown, err := plotPolicies(*plotList, *plotDir, names)
+	if err != nil {
+		return err
+	}
+	var model *sim.CostModel
+	if *costModel != "" {
+		if model, err = sim.LoadCostModel(*costModel); err != nil {
+			return fmt.Errorf("--cost-model: %w", err)
+		}
+	}
+	var results []*sim.Result
+	vd := newVizDir(*vizOut)
+	for _, path := range inputs {
+		devs := []int{dev}
+		if allDevices {
+			n, err := deviceCount(path, *from)
+			if err != nil {
+				return err
+			}
+			devs = devs[:0]
+			for d := range n {
+				devs = append(devs, d)
+			}
+		}
+		for _, d := range devs {
+			// Each device of a multi-device snapshot is a rank of a job.
+			name := path
+			if len(devs) > 1 {
+				name = fmt.Sprintf("%s#rank%d", path, d)
+			}
+			cfgs := make([]sim.Config, len(names))
+			for k, n := range names {
+				cfgs[k] = sim.Config{Trace: name, Policy: n, Settings: settings[n], Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
+			}
+			vr, err := vd.start(name, cfgs)
+			if err != nil {
+				return err
+			}
+			j := *jobs
+			if *vizOut != "" {
+				j = 1 // one history recorder for the trace's policies
+			}
+			res, err := sweep.RunFileParallel(path, tracefile.Options{From: *from, Device: d}, j, cfgs...)
+			if err == nil {
+				err = tracefile.NameError(path, vr.finish())
+			} else {
+				vr.abort()
+			}
+			if err == nil && *sitesN > 0 {
+				err = addSites(path, tracefile.Options{From: *from, Device: d}, cfgs, res, sites.Options{Depth: *siteDepth, Top: *sitesN})
+			}
+			if err != nil {
+				return err
+			}
+			results = append(results, res...)
+		}
+	}
+	if n := writeWarnings(stderr, results); n > 0 && *strict {
+		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
+	}
+	// The jobs among the traces: each rank's result says its rank, and
+	// the JSON lists the jobs after the results.
+	jobSums := job.Summarize(results)
+	job.MarkRanks(jobSums)
+	// The outputs are all written or none: the files are staged, the
+	// charts drawn, and the files committed only then.
+	var staged []*stagedOutput
+	defer func() {
+		for _, o := range staged {
+			o.abort()
+		}
+	}()
+	for _, o := range []struct {
+		flag, path string
+		write      func(io.Writer) error
+	}{
+		{"json", *jsonOut, func(w io.Writer) error { return writeJobsJSON(w, results, jobSums) }},
+		{"csv", *csvOut, func(w io.Writer) error { return writeCSV(w, results) }},
+		{"sites-csv", *sitesCSV, func(w io.Writer) error { return writeSitesCSV(w, results) }},
+	} {
+		if o.path == "" {
+			continue
+		}
+		so, err := stageOutput(stdout, o.path, o.write)
+		if err != nil {
+			return fmt.Errorf("--%s: %w", o.flag, err)
+		}
+		staged = append(staged, so)
+	}
+	if *plotDir != "" {
+		flat := make([]sim.Result, len(results))
+		for i, r := range results {
+			flat[i] = *r
+		}
+		if written, err := plots.WriteAll(*plotDir, flat, plots.Options{Policies: shown}); err != nil {
+			for _, f := range written {
+				os.Remove(f)
+			}
+			return fmt.Errorf("--plots: %w", err)
+		}
+	}
+	for _, o := range staged {
+		if err := o.commit(); err != nil {
+			return err
+		}
+	}
+	// The table goes to stdout unless the JSON or CSV does.
+	if *jsonOut != "-" && *csvOut != "-" && *sitesCSV != "-" {
+		writeTable(stdout, results, *wide)
+		writeSites(stdout, results)
+		writeSettingsUsed(stdout, results, settings)
+		writeJobs(stdout, jobSums)
+	}
+	return nil
+}
+
+// deviceCount returns the number of devices the trace at path holds: a
+// PyTorch snapshot's device traces (its Metadata "devices"), 1 for the
+// other formats.
+func deviceCount(path, from string) (int, error) {
+	f, err := tracefile.Open(path, tracefile.Options{From: from})
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	if n, err := strconv.Atoi(f.Header().Metadata["devices"]); err == nil && n > 0 {
+		return n, nil
+	}
+	return 1, nil
+}
+
+// writeJobs prints, for each job among the traces (per-rank traces,
+// job.Rank) and each policy, the job's figures: the largest and smallest
+// rank's peak reserved bytes and their spread, the largest footprint, and
+// the ranks that ran out of memory, the first of them in time.
+func writeJobs(w io.Writer, sums []*job.Summary) {
+	if len(sums) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "job\tpolicy\tranks\tmax reserved MiB\t(rank)\tmin\t(rank)\tspread\tmax footprint MiB\t(rank)\tOOM ranks\tfirst OOM\t")
+	for _, s := range sums {
+		ooms, first := "-", "-"
+		if len(s.OOMRanks) > 0 {
+			ooms = joinInts(s.OOMRanks)
+			first = "order unknown"
+			if s.FirstOOMRank >= 0 {
+				first = fmt.Sprintf("rank %d, event %d", s.FirstOOMRank, s.FirstOOMEvent)
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%.1f%%\t%s\t%d\t%s\t%s\t\n", filepath.Base(s.Job), s.Policy, len(s.Ranks),
+			mib(s.MaxReserved), s.MaxReservedRank, mib(s.MinReserved), s.MinReservedRank, 100*s.Spread(),
+			mib(s.MaxFootprint), s.MaxFootprintRank, ooms, first)
+	}
+	tw.Flush()
+}
+
+func joinInts(xs []int) string {
+	parts := make([]string, len(xs))
+	for i, x := range xs {
+		parts[i] = strconv.Itoa(x)
+	}
+	return strings.Join(parts, ",")
+}
+
+// checkOutputs returns an error naming the flag when one of the output
+// files (pairs of flag name and path) is one of the inputs
+// (atomicfile.CheckOutput), before any work is done.
+func checkOutputs(inputs []string, flagPaths ...string) error {
+	seen := map[string]string{} // a cleaned output path, or "-", -> its flag
+	for i := 0; i+1 < len(flagPaths); i += 2 {
+		flag, path := flagPaths[i], flagPaths[i+1]
+		if err := atomicfile.CheckOutput(path, inputs); err != nil {
+			return fmt.Errorf("--%s: %w", flag, err)
+		}
+		if path == "" {
+			continue
+		}
+		if path == "-" {
+			if other, ok := seen["-"]; ok {
+				return cli.UsageError{Err: fmt.Errorf("--%s -: the --%s output goes to stdout already", flag, other)}
+			}
+			seen["-"] = flag
+			continue
+		}
+		if other, ok := seen[filepath.Clean(path)]; ok {
+			return cli.UsageError{Err: fmt.Errorf("--%s %s: also the --%s output", flag, path, other)}
+		}
+		seen[filepath.Clean(path)] = flag
+	}
+	return nil
+}
+
+// stagedOutput is an output written but not yet in place: a file's
+// temporary file, or stdout's bytes.
+type stagedOutput struct {
+	file   *atomicfile.File
+	buf    *bytes.Buffer
+	stdout io.Writer
+}
+
+// stageOutput writes an output to a temporary file next to path, or to a
+// buffer for stdout when path is "-", to be committed or aborted.
+func stageOutput(stdout io.Writer, path string, write func(io.Writer) error) (*stagedOutput, error) {
+	if path == "-" {
+		var b bytes.Buffer
+		if err := write(&b); err != nil {
+			return nil, err
+		}
+		return &stagedOutput{buf: &b, stdout: stdout}, nil
+	}
+	f, err := atomicfile.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	bw := bufio.NewWriter(f)
+	err = write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err != nil {
+		f.Abort()
+		return nil, err
+	}
+	return &stagedOutput{file: f}, nil
+}
+
+// commit puts a staged output in place (or writes it to stdout).
+func (o *stagedOutput) commit() error {
+	if o.buf != nil {
+		_, err := o.stdout.Write(o.buf.Bytes())
+		o.buf = nil
+		return err
+	}
+	return o.file.Commit()
+}
+
+// abort drops a staged output not committed.
+func (o *stagedOutput) abort() {
+	if o.file != nil {
+		o.file.Abort()
+	}
+}
+
+// writeOutput writes an output file atomically, or to stdout when path is
+// "-".
+func writeOutput(stdout io.Writer, path string, write func(io.Writer) error) error {
+	if path == "-" {
+		return write(stdout)
+	}
+	return atomicfile.WriteFile(path, write)
+}
+
+// policyNames expands a --policy value (policies.ParseList).
+func policyNames(list string) ([]string, error) {
+	names, err := policies.ParseList(list, policies.Names())
+	if err != nil {
+		return nil, cli.UsageError{Err: fmt.Errorf("--policy: %w", err)}
+	}
+	return names, nil
+}
+
+// parseSets turns --set values into settings by policy (policies.ParseSets).
+func parseSets(sets []string, names []string) (map[string]policies.Settings, error) {
+	out, err := policies.ParseSets(sets, policies.Names(), names)
+	if err != nil {
+		return nil, cli.UsageError{Err: fmt.Errorf("--set %w", err)}
+	}
+	return out, nil
+}
+
+// writeJSON writes sim results as a results file of kind "sim".
+func writeJSON(w io.Writer, rs []*sim.Result) error { return results.WriteSim(w, rs) }
+
+// writeJobsJSON writes sim results and the jobs among them (job.Summary)
+// as a results file of kind "sim", the jobs listed after the results.
+func writeJobsJSON(w io.Writer, rs []*sim.Result, sums []*job.Summary) error {
+	jobs := make([]*results.Job, len(sums))
+	for i, s := range sums {
+		jobs[i] = s.Record()
+	}
+	return results.WriteSimJobs(w, rs, jobs)
+}
+
+// writeCSV writes sim results as CSV, with the columns of every command.
+func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, rs) }
+
+// mib formats bytes as MiB with one decimal (plots.MiBText).
+func mib(b uint64) string { return plots.MiBText(b) }
+
+func writeTable(w io.Writer, results []*sim.Result, wide bool) {
+	if !wide {
+		writeCompactTable(w, results)
+		return
+	}
+	names := resultNames(results)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+	for _, r := range results {
+		ratio := "-"
+		if r.PeakRequested > 0 {
+			ratio = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakRequested), 'f', 3, 64)
+		}
+		vsOffline := "-"
+		if r.PeakOffline > 0 {
+			vsOffline = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakOffline), 'f', 3, 64)
+		}
+		first := "-"
+		if r.OOMs > 0 {
+			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
+		}
+		// GMLake's fragmentation: 1 - peak allocated / peak reserved.
+		frag := 0.0
+		if r.PeakReserved > 0 && r.PeakAllocated < r.PeakReserved {
+			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
+			names[r.Trace], r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
+			ratio, vsOffline, 100*r.PeakFragmentation, 100*r.IdleAtPeak, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
+	}
+	tw.Flush()
+	writeNotes(w, results)
+}
+
+// writeCompactTable prints the table that fits 120 columns: per trace and
+// policy the peak reserved bytes and footprint (MiB), reserved against
+// the peak requested and against offline, the peak fragmentation
+// (Result.PeakFragmentation) and the idle share at the peak reserved
+// bytes (1 - allocated/reserved), device calls (allocations and frees),
+// simulated allocator time (ms) and OOMs; --wide prints every column.
+func writeCompactTable(w io.Writer, results []*sim.Result) {
+	names := resultNames(results)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
+	ratio := func(a, b uint64) string {
+		if b == 0 {
+			return "-"
+		}
+		return strconv.FormatFloat(float64(a)/float64(b), 'f', 3, 64)
+	}
+	for _, r := range results {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t\n",
+			names[r.Trace], r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
+			100*r.PeakFragmentation, 100*r.IdleAtPeak, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
+	}
+	tw.Flush()
+	writeNotes(w, results)
+}
+
+// writeNotes prints what a table of results does not say: the bounds and
+// the capacity taken from the card (warnings go to stderr: writeWarnings).
+func writeNotes(w io.Writer, results []*sim.Result) {
+	// The trace's peak requested is the largest of its results' (a
+	// policy's counts the requests it failed too: the program held them).
+	lower, served := map[string]uint64{}, map[string]bool{}
+	for _, r := range results {
+		lower[r.Trace] = max(lower[r.Trace], r.PeakRequested)
+		served[r.Trace] = served[r.Trace] || r.OOMs == 0
+	}
+	bounds := map[string]bool{}
+	for _, r := range results {
+		if r.PeakOffline > 0 && !bounds[r.Trace] {
+			bounds[r.Trace] = true
+			how := "every malloc served"
+			if !served[r.Trace] {
+				how = "at least: every policy ran out of memory"
+			}
+			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column the requests it failed too; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", r.Trace, how, lower[r.Trace], r.PeakOffline)
+		}
+	}
+	carded := map[string]bool{}
+	for _, r := range results {
+		if r.CapacityFromCard && !carded[r.Trace] {
+			carded[r.Trace] = true
+			fmt.Fprintf(w, "%s: capacity %d bytes: the recorded card's %d bytes less its %d-byte context (--capacity overrides)\n", r.Trace, r.Capacity, r.Capacity+sim.ContextBytes, uint64(sim.ContextBytes))
+		}
+	}
+
+}
+
+// writeWarnings prints the results' warnings (sim.Result.Warnings) to w,
+// one line each: "TRACE: warning: TEXT" for one that every result of the
+// trace has, "TRACE: POLICY: warning: TEXT" for one of some policies only;
+// a warning several policies have but for their own names ("the P policy
+// keeps ...") is one line naming them all ("TRACE: P, Q: warning: the P,
+// Q policies keep ..."), at the first. It returns how many lines it
+// printed.
+func writeWarnings(w io.Writer, rs []*sim.Result) int {
+	// A warning's text with the policy's own name taken out.
+	generic := func(r *sim.Result, x string) string {
+		return strings.ReplaceAll(x, "the "+r.Policy+" policy ", "the \x00 policy ")
+	}
+	perTrace := map[string]int{}
+	has := map[[2]string][]string{} // the policies with the warning
+	for _, r := range rs {
+		perTrace[r.Trace]++
+		for _, x := range r.Warnings {
+			k := [2]string{r.Trace, generic(r, x)}
+			has[k] = append(has[k], r.Policy)
+		}
+	}
+	n := 0
+	done := map[[2]string]bool{}
+	for _, r := range rs {
+		for _, x := range r.Warnings {
+			k := [2]string{r.Trace, generic(r, x)}
+			if done[k] {
+				continue
+			}
+			done[k] = true
+			switch ps := has[k]; {
+			case len(ps) == perTrace[r.Trace] && k[1] == x:
+				fmt.Fprintf(w, "%s: warning: %s\n", r.Trace, x)
+			case len(ps) == 1:
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, r.Policy, x)
+			default:
+				list := strings.Join(ps, ", ")
+				text := strings.ReplaceAll(k[1], "the \x00 policy keeps ", "the "+list+" policies keep ")
+				text = strings.ReplaceAll(text, "the \x00 policy ", "the "+list+" policies ")
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, list, text)
+			}
+			n++
+		}
+	}
+	return n
+}

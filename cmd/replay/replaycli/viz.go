@@ -1,0 +1,101 @@
+package replaycli
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/viz"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
+)
+
+// vizDir is the directory of `replay sim --viz`: one PyTorch memory
+// snapshot per (trace, policy), DIR/NAME.POLICY.pickle, where NAME is the
+// trace's plots.TraceName (NAME-2, NAME-3, ... for traces that share one).
+// A nil *vizDir writes nothing.
+type vizDir struct {
+	dir  string
+	used map[string]bool
+	// written lists the files written, in order.
+	written []string
+}
+
+func newVizDir(dir string) *vizDir {
+	if dir == "" {
+		return nil
+	}
+	return &vizDir{dir: dir, used: map[string]bool{}}
+}
+
+// vizRun is the snapshots of one trace being written.
+type vizRun struct {
+	d     *vizDir
+	files []*atomicfile.File
+	recs  []*viz.Recorder
+	paths []string
+}
+
+// start opens a snapshot for each of cfgs, all of trace, and sets the
+// configs' Observers to their recorders.
+func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
+	if d == nil {
+		return nil, nil
+	}
+	base := results.TraceName(trace)
+	name := base
+	for n := 2; d.used[strings.ToLower(name)]; n++ {
+		name = base + "-" + strconv.Itoa(n)
+	}
+	d.used[strings.ToLower(name)] = true
+	v := &vizRun{d: d}
+	for k := range cfgs {
+		path := filepath.Join(d.dir, name+"."+cfgs[k].Policy+".pickle")
+		f, err := atomicfile.Create(path)
+		if err != nil {
+			v.abort()
+			return nil, fmt.Errorf("--viz: %w", err)
+		}
+		settings := map[string]string{"policy": cfgs[k].Policy, "trace": trace, "capacity_bytes": strconv.FormatUint(cfgs[k].Capacity, 10)}
+		for key, val := range cfgs[k].Settings {
+			settings[cfgs[k].Policy+"."+key] = val
+		}
+		rec := viz.NewRecorder(f, settings)
+		cfgs[k].Observer = rec
+		v.files = append(v.files, f)
+		v.recs = append(v.recs, rec)
+		v.paths = append(v.paths, path)
+	}
+	return v, nil
+}
+
+// finish completes the snapshots and moves them into place.
+func (v *vizRun) finish() error {
+	if v == nil {
+		return nil
+	}
+	for k, rec := range v.recs {
+		if err := rec.Close(); err != nil {
+			v.abort()
+			return fmt.Errorf("--viz: %s: %w", v.paths[k], err)
+		}
+		if err := v.files[k].Commit(); err != nil {
+			v.abort()
+			return fmt.Errorf("--viz: %w", err)
+		}
+		v.d.written = append(v.d.written, v.paths[k])
+	}
+	return nil
+}
+
+// abort removes the snapshots not yet in place.
+func (v *vizRun) abort() {
+	if v == nil {
+		return
+	}
+	for _, f := range v.files {
+		f.Abort()
+	}
+}
