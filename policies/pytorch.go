@@ -133,6 +133,7 @@ type PyTorch struct {
 	staged       []*ptBlock // late frees not taken back yet
 	pending      []*ptBlock // late frees taken back at the malloc's synchronization
 	releasesSeen int        // segment frees and unmaps the source made since the last call
+	explicitSeen bool       // one of them was labelled trace.ReleaseByEmptyCache
 
 	spare   *ptBlock   // recycled blocks, linked through next
 	scratch []*ptBlock // reused by release
@@ -881,7 +882,7 @@ func (p *PyTorch) join(dst, src *ptBlock) {
 // after taking back every late free. It returns the device's error for a
 // call that fails.
 func (p *PyTorch) EmptyCache() error {
-	p.releasesSeen = 0
+	p.releasesSeen, p.explicitSeen = 0, false
 	p.completeStaged()
 	return p.releaseCachedBlocks()
 }

@@ -28,7 +28,10 @@ import (
 // (and no garbage collection, and no freeing of oversize blocks), or any
 // other call after them, was preceded by one. Follow counts them; the next
 // call decides, and an explicit one is made before it (synchronizing
-// first, as empty_cache does).
+// first, as empty_cache does). Where the recording's stacks say so (a
+// release labelled trace.ReleaseByEmptyCache), it was one whatever the
+// malloc after it: one that would retry without it did not (the retries
+// counted are the real allocator's).
 
 // Follow counts the source's segment frees and unmaps; see the comment at
 // the top of pytorch_follow.go.
@@ -36,6 +39,9 @@ func (p *PyTorch) Follow(ev trace.Event) {
 	switch ev.Op {
 	case trace.OpSegmentFree, trace.OpSegmentUnmap:
 		p.releasesSeen++
+		if ev.Label == trace.ReleaseByEmptyCache {
+			p.explicitSeen = true
+		}
 	case trace.OpSegmentAlloc, trace.OpSegmentMap:
 		p.segSeen = true
 	}
@@ -93,6 +99,10 @@ func (p *PyTorch) settle() error {
 // segment of segSize) on stream in pool, where the staged late frees are
 // taken back and whether the releases seen were an explicit empty_cache.
 func (p *PyTorch) processEvents(pool *ptPool, stream, rsize, segSize uint64) error {
+	if p.explicitSeen {
+		p.explicitSeen = false
+		return p.EmptyCache() // the stacks say so
+	}
 	if p.findFreeBlock(pool, stream, rsize) == nil && p.wouldRetry(pool, stream, rsize, segSize) &&
 		(p.releasesSeen > 0 || !p.retryReleases()) {
 		// Taken back at the retry's synchronization, which also makes

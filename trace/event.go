@@ -184,7 +184,9 @@ type Event struct {
 	// Thread is the id of the host thread that issued the op, 0 if unknown.
 	Thread uint64
 	// Label is the text of a marker, or the call site of a malloc where
-	// the source recorded one (e.g. "cudaMalloc@libc10_cuda.so+0x2f4cb").
+	// the source recorded one (e.g. "cudaMalloc@libc10_cuda.so+0x2f4cb"),
+	// or, on a segment free or unmap, ReleaseByEmptyCache where the
+	// source's stack shows what made it.
 	Label string
 	// Stack is the call stack of a malloc (or failed malloc), an id in
 	// the source's Stacks (StackSource), 0 where none was recorded: a
@@ -267,6 +269,13 @@ func PoolNames(h Header) map[uint32]string {
 	}
 	return out
 }
+
+// ReleaseByEmptyCache is the Label of a segment free or unmap that the
+// recording's stack shows an explicit torch.cuda.empty_cache() made (its
+// C++ frames hold the caching allocator's emptyCache), not the retry of a
+// malloc whose device allocation was refused (a malloc in its frames): a
+// replay as recorded releases the cache there rather than at a retry.
+const ReleaseByEmptyCache = "empty_cache"
 
 // PoolLabel returns the name of pool id in names (PoolNames), or "pool
 // ID" where names has none.

@@ -220,6 +220,16 @@ const memPoolFrame = "MemPool::~MemPool"
 // Python one (stacks "python").
 var restoreFrames = []string{"setCheckpointPoolState", "apply_checkpoint_execution_state_in_allocator"}
 
+// emptyCacheFrame is in the stack of the segment frees that an explicit
+// torch.cuda.empty_cache() makes (stacks "all"); those of a malloc's retry
+// hold the allocator's malloc instead.
+const emptyCacheFrame = "CachingAllocator::emptyCache("
+
+// byEmptyCache reports whether stack id of d.seen holds emptyCacheFrame.
+func (d *decoder) byEmptyCache(id uint32) bool {
+	return d.stackHolds(id, queryEmptyCache, emptyCacheFrame)
+}
+
 // byMemPool reports whether stack id of d.seen holds memPoolFrame.
 func (d *decoder) byMemPool(id uint32) bool {
 	return d.stackHolds(id, queryMemPool, memPoolFrame)
@@ -265,6 +275,7 @@ type stackQuery struct {
 type queryKind uint8
 
 const (
-	queryMemPool queryKind = iota + 1 // byMemPool
-	queryRestore                      // restoreStack
+	queryMemPool    queryKind = iota + 1 // byMemPool
+	queryRestore                         // restoreStack
+	queryEmptyCache                      // byEmptyCache
 )

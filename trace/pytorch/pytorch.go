@@ -600,6 +600,10 @@ func convertEntry(d *decoder, f *entryFields, ev *trace.Event) error {
 	if ev.Addr, err = d.toUint64(f.addr, "addr"); err != nil {
 		return err
 	}
+	if (op == trace.OpSegmentFree || op == trace.OpSegmentUnmap) && d.byEmptyCache(d.entryStack) && !d.byMemPool(d.entryStack) {
+		// (A MemPool's deletion empties its own pool: pools.go.)
+		ev.Label = trace.ReleaseByEmptyCache
+	}
 	return nil
 }
 
