@@ -95,6 +95,21 @@ func (p *CuPy) freeSegmentIn(addr, size uint64) uint64 {
 	return 0
 }
 
+// Releasable appends the segments that are one free chunk to dst: what
+// free_all_blocks() would give back now (policies.Releasable).
+func (p *CuPy) Releasable(dst []Block) []Block {
+	for _, a := range p.arenas.order {
+		p.list = a.free.appendAll(p.list[:0])
+		for _, c := range p.list {
+			if c.prev == nil && c.next == nil {
+				dst = append(dst, Block{Addr: c.addr, Size: c.size})
+			}
+		}
+	}
+	clear(p.list)
+	return dst
+}
+
 // segmentsFree counts the segments that are one free chunk.
 func (p *CuPy) segmentsFree() int {
 	n := 0

@@ -39,3 +39,14 @@ type Inferrer interface {
 	// saying what the last one was and from what.
 	Inferred() (n int64, last string)
 }
+
+// Releasable is implemented by policies that follow recordings which do
+// not show the releases of their allocator (CuPy's log: no
+// free_all_blocks(), no device frees): where the recording cannot tell
+// whether a release was made, the engine asks what one would give back,
+// to bound the figures it reports.
+type Releasable interface {
+	// Releasable appends to dst the device segments that a release of
+	// every cached free segment would give back now, and returns it.
+	Releasable(dst []Block) []Block
+}

@@ -110,7 +110,6 @@ func Fidelity(src trace.Source, cfg Config) (*FidelityReport, error) {
 	return out, nil
 }
 
-
 // Measured is what the real allocator reported for a recording: a
 // NAME.stats.json beside a snapshot, in the shape of the shared trace
 // collection (torch.cuda.max_memory_reserved, max_memory_allocated,

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 
+	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
 )
 
@@ -165,4 +166,48 @@ func PartedWarning(r *Result) string {
 		hint = " (if the job ran under a memory cap, which a recording does not record, replay it with --capacity set to that cap)"
 	}
 	return fmt.Sprintf("the simulation of %s parts from the recording at %s: the figures are the simulation's from there on, not the real allocator's%s", r.Policy, r.Parted, hint)
+}
+
+// unshownWatch bounds the peak of reserved bytes of a replay of a
+// recording that does not show its allocator's releases (Result's
+// PeakUnshown): the segments that were wholly free at the peak, less those
+// the recording shows were still held after it (a later malloc placed in
+// one, with no recorded segment allocation for it since the peak).
+type unshownWatch struct {
+	policy policies.Releasable
+	segs   []policies.Block // wholly free at the peak, not shown held since
+	fresh  []policies.Block // segments the recording allocated since the peak
+}
+
+// atPeak is called when the reserved bytes reach a new peak.
+func (u *unshownWatch) atPeak() {
+	u.segs = u.policy.Releasable(u.segs[:0])
+	u.fresh = u.fresh[:0]
+}
+
+// malloc notes a malloc the recording placed at addr.
+func (u *unshownWatch) malloc(addr uint64) {
+	if len(u.segs) == 0 {
+		return
+	}
+	for _, f := range u.fresh {
+		if addr >= f.Addr && addr-f.Addr < f.Size {
+			return // in a segment allocated since: no sign of the old one
+		}
+	}
+	for k, s := range u.segs {
+		if addr >= s.Addr && addr-s.Addr < s.Size {
+			u.segs = append(u.segs[:k], u.segs[k+1:]...) // held after the peak
+			return
+		}
+	}
+}
+
+// bytes returns the bytes of the segments not shown held.
+func (u *unshownWatch) bytes() uint64 {
+	var n uint64
+	for _, s := range u.segs {
+		n += s.Size
+	}
+	return n
 }

@@ -68,6 +68,9 @@ func (r *Replay) startRecorded() {
 	}
 	if r.cfg.watch && r.dev != nil {
 		r.watch = newPartWatch(r.cfg.noCalls, r.cfg.noFrees, r.dev)
+		if rel, ok := r.policy.(policies.Releasable); ok && r.cfg.noFrees {
+			r.unshown = &unshownWatch{policy: rel}
+		}
 	}
 }
 

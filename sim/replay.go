@@ -183,7 +183,10 @@ type Replay struct {
 	obs    *observing // nil unless cfg.Observer
 	rec    recorded   // replaying as recorded (recorded.go)
 	watch  *partWatch // nil unless watched for parting (parting.go)
-	check  *Checker   // nil unless cfg.Check
+	// unshown bounds the peak, when watched on a recording that does not
+	// show its releases and the policy tells what one would release.
+	unshown *unshownWatch
+	check   *Checker // nil unless cfg.Check
 
 	// The trace's semantic problems (as trace.Validator finds them, with
 	// the replay's own table of live allocations): the one of the current
@@ -342,6 +345,9 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 		r.rec.requested(i, ev)
 	case trace.OpSegmentAlloc, trace.OpSegmentFree, trace.OpSegmentMap, trace.OpSegmentUnmap:
 		r.followed(ev)
+		if r.unshown != nil && ev.Op == trace.OpSegmentAlloc {
+			r.unshown.fresh = append(r.unshown.fresh, policies.Block{Addr: ev.Addr, Size: ev.Size})
+		}
 	case trace.OpMarker:
 		if m, ok := r.policy.(policies.Marker); ok {
 			if err := m.Mark(ev.Label); err != nil {
@@ -437,6 +443,9 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
 	if r.rec.ties != nil {
 		r.rec.ties.FollowTie(ev.Addr)
+	}
+	if r.unshown != nil {
+		r.unshown.malloc(ev.Addr)
 	}
 	reserved, allocs := r.deviceState()
 	b, err := r.policyMalloc(ev)
@@ -770,6 +779,9 @@ func (r *Replay) observe(i, t int64) {
 		reserved = r.back.Reserved()
 	}
 	r.series.Observe(&r.res, r.policy, i, t, r.requested.sat(), r.allocated, reserved)
+	if r.unshown != nil && r.res.PeakReservedEvent == i && reserved == r.res.PeakReserved {
+		r.unshown.atPeak()
+	}
 }
 
 // idle is the cached but idle share of reserved bytes: 1 -
@@ -859,6 +871,9 @@ func (r *Replay) Finish() *Result {
 		res.AllocRetries = c.Retries()
 	}
 	res.PrivatePools = unpooledPools(r.unpooled, r.poolNames)
+	if u := r.unshown; u != nil {
+		res.PeakUnshown = u.bytes()
+	}
 	if w := r.watch; w != nil && w.parted != nil {
 		res.Parted, res.PartedAtOOM = w.parted.String(), w.partedOOM
 	}

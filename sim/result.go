@@ -132,6 +132,13 @@ type Result struct {
 	// and not on the other.
 	Parted      string `json:"parted,omitempty"`
 	PartedAtOOM bool   `json:"parted_at_oom,omitempty"`
+	// PeakUnshown is, for a replay as recorded of a recording that does
+	// not show its allocator's releases (CuPy's log: no free_all_blocks()),
+	// the bytes of wholly free segments the policy held when the reserved
+	// bytes reached their peak (policies.Releasable): a release the log
+	// does not show could have given them back, and the real peak been
+	// that much lower. 0 when none, or not asked.
+	PeakUnshown uint64 `json:"peak_unshown_release_bytes,omitempty"`
 
 	// Truncated is set for a trace whose history was cut (a snapshot that
 	// starts mid-run): its first ReconstructedEvents events rebuild the
@@ -242,6 +249,9 @@ func (r *Result) warnings() []string {
 	}
 	if w := PartedWarning(r); w != "" {
 		ws = append(ws, w)
+	}
+	if r.PeakUnshown > 0 && r.Parted == "" {
+		ws = append(ws, fmt.Sprintf("the peak of %d reserved bytes (event %d) counts %d bytes of segments wholly free, which a release the recording does not show (CuPy's free_all_blocks()) would have given back: the real peak may be lower, down to %d bytes", r.PeakReserved, r.PeakReservedEvent, r.PeakUnshown, r.PeakReserved-r.PeakUnshown))
 	}
 	if w := CapacityWarning(r); w != "" {
 		ws = append(ws, w)

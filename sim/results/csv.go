@@ -60,6 +60,7 @@ var columns = []column{
 	{"first_inferred", func(r *sim.Result) string { return r.FirstInferred }},
 	{"parted", func(r *sim.Result) string { return r.Parted }},
 	{"parted_at_oom", func(r *sim.Result) string { return strconv.FormatBool(r.PartedAtOOM) }},
+	{"peak_unshown_release_bytes", func(r *sim.Result) string { return u(r.PeakUnshown) }},
 	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
 	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
 	{"private_pools", func(r *sim.Result) string { return r.PrivatePools }},
