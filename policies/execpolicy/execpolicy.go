@@ -360,7 +360,9 @@ func (p *Policy) Close() error {
 		return nil
 	}
 	if p.err != nil {
-		p.child.shutdown()
+		if p.child != nil {
+			p.child.shutdown()
+		}
 		return p.err
 	}
 	p.req = append(p.req[:0], "the end of the events (its standard input closed)"...)

@@ -37,6 +37,7 @@ class FirstFit(Policy):
         self.seg_of = {}  # free or live block address -> its segment's address
         self.live = {}  # live block address -> bytes
         self.segs = {}  # segment address -> bytes
+        self.order = []  # segment addresses, in the built-in's order
 
     def malloc(self, size, stream):
         if size == 0:
@@ -51,6 +52,7 @@ class FirstFit(Policy):
             if base is None:
                 return None
             self.segs[base] = seg
+            self.order.append(base)
             self._insert(base, seg, base)
             addr = self._take(n)
         self.live[addr] = n
@@ -94,13 +96,21 @@ class FirstFit(Policy):
         self._insert(addr, n, seg)
 
     def _release_free(self):
-        released = 0
-        for base, seg in list(self.segs.items()):
-            if self.size.get(base) == seg:
-                self.addrs.remove(base)
-                del self.size[base], self.seg_of[base], self.segs[base]
-                self.device_free(base)
-                released += 1
+        # In the built-in's order: a segment given back takes the place of
+        # the last one in the list (the cost model's latency quantiles
+        # depend on the order of the calls).
+        released, i = 0, 0
+        while i < len(self.order):
+            base = self.order[i]
+            if self.size.get(base) != self.segs[base]:
+                i += 1
+                continue
+            self.addrs.remove(base)
+            del self.size[base], self.seg_of[base], self.segs[base]
+            self.order[i] = self.order[-1]
+            self.order.pop()
+            self.device_free(base)
+            released += 1
         return released
 
     def empty_cache(self):
