@@ -893,6 +893,7 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer closeAll(reps) // on a failure; at the end, Close below says how it went
 	stepErr := func(rep *Replay, err error) error {
 		if rep.cfg.Strict && errors.As(err, new(*trace.ValidationError)) {
 			return err // the trace's problem, not the policy's
@@ -943,6 +944,11 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	}
 	for _, rep := range reps {
 		if err := rep.End(); err != nil {
+			return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
+		}
+	}
+	for _, rep := range reps {
+		if err := rep.Close(); err != nil {
 			return nil, fmt.Errorf("policy %s: %w", rep.policy.Name(), err)
 		}
 	}
@@ -1022,10 +1028,16 @@ func RunSplit(jobs int, source func(g int) (src trace.Source, done func()), cfgs
 // a policies.Planner's Plan (read into memory). It returns the replays, in
 // the order of cfgs, and the source to read the events from (src itself
 // when nothing had to read it). The caller steps every event through each
-// replay, then calls End and Finish; Run does all of it. Errors are those
-// of NewReplay, of a Plan and of reading src.
-func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) {
+// replay, then calls End, Finish and Close; Run does all of it. Errors are
+// those of NewReplay, of a Plan and of reading src; the replays built are
+// closed then.
+func Prepare(src trace.Source, cfgs ...Config) (_ []*Replay, _ trace.Source, err error) {
 	reps := make([]*Replay, len(cfgs))
+	defer func() {
+		if err != nil {
+			closeAll(reps)
+		}
+	}()
 	for k, c := range cfgs {
 		c, err := c.withCard(src.Header()).withRecorded(src.Header())
 		if err != nil {
@@ -1040,7 +1052,7 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 		rep.SetPoolNames(src.Header())
 		reps[k] = rep
 	}
-	src, err := hint(src, reps)
+	src, err = hint(src, reps)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -1054,6 +1066,28 @@ func Prepare(src trace.Source, cfgs ...Config) ([]*Replay, trace.Source, error) 
 		}
 	}
 	return reps, src, nil
+}
+
+// Close releases what the replay's policy holds outside the replay, when
+// it is an io.Closer (an exec: policy's child process), and returns its
+// error; it may be called more than once. Run closes every replay it
+// built, at the end or at a failure; a caller of Prepare closes them after
+// Finish.
+func (r *Replay) Close() error {
+	if c, ok := r.policy.(io.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// closeAll closes reps (nil ones skipped), their errors dropped: after a
+// failure, which is the error to report.
+func closeAll(reps []*Replay) {
+	for _, rep := range reps {
+		if rep != nil {
+			rep.Close()
+		}
+	}
 }
 
 // Reopener is implemented by sources that can start over from their first

@@ -1,0 +1,278 @@
+"""Write an allocsim allocator policy in Python.
+
+allocsim replays a GPU job's allocation trace against a policy named with
+``--policy exec:COMMAND``: COMMAND runs as a child process and speaks the
+line protocol of docs/exec-protocol.md on its standard input and output.
+This module is that protocol's Python side, with no dependency beyond the
+standard library. Subclass Policy, then call run::
+
+    from allocsim_policy import Policy, run
+
+    class Bump(Policy):
+        def malloc(self, size, stream):
+            ...                       # place size bytes; self.device_alloc(n) for memory
+            return addr               # or (addr, block_size), or None for out of memory
+        def free(self, addr, stream):
+            ...
+
+    if __name__ == "__main__":
+        run(Bump())
+
+and replay with ``replay sim --policy exec:'python3 bump.py' TRACE``.
+
+The shape is that of DynaPipe's AllocatorSimulator (malloc and free), with
+the device underneath given by the engine: ``device_alloc(size)`` returns the
+address of a new device segment of size bytes, or None when the device
+refuses it (its capacity: ``replay sim --capacity``), and
+``device_free(addr)`` gives a segment back. The engine counts these calls,
+the reserved bytes and their cost as for any built-in policy, and checks
+that every block lies inside a segment the policy holds and overlaps no
+live block.
+
+Optional hooks, sent only to a policy that defines them: ``stream_sync(stream)``,
+``device_sync()``, ``event_record(event, stream)``,
+``stream_wait_event(stream, event)``, ``event_sync(event)`` (defining any
+of the five asks for all of them), ``marker(label)`` and ``empty_cache()``.
+
+Frees, synchronizations and markers are not answered, so that the engine
+sends them without waiting: while handling them a policy may give memory
+back (device_free) but not ask for it (device_alloc), unless it sets
+``ack = True``, which makes the engine wait for every event (slower, and
+each device call is then counted at its own event). Only standard output
+is the protocol's: print diagnostics to standard error, which the engine
+passes on to the user's (its last line is quoted in the engine's errors).
+"""
+
+import sys
+import traceback
+
+PROTOCOL_VERSION = 1
+
+__all__ = ["Policy", "OutOfMemory", "ProtocolError", "run", "PROTOCOL_VERSION"]
+
+_SYNC_HOOKS = ("stream_sync", "device_sync", "event_record", "stream_wait_event", "event_sync")
+
+
+class OutOfMemory(Exception):
+    """Raised by malloc (or returned None) when the policy cannot place it."""
+
+
+class ProtocolError(Exception):
+    """A misuse of the protocol, or a line from the engine that breaks it."""
+
+
+class Policy:
+    """A policy: subclass it and define malloc and free.
+
+    name is the name the policy gives in its handshake (one word); the
+    class name when None. ack = True asks the engine to wait for every
+    event (see the module doc).
+    """
+
+    name = None
+    ack = False
+
+    # The optional hooks: a subclass that defines one is sent its events.
+    stream_sync = None
+    device_sync = None
+    event_record = None
+    stream_wait_event = None
+    event_sync = None
+    marker = None
+    empty_cache = None
+
+    _engine = None
+
+    def malloc(self, size, stream):
+        """Place a malloc of size bytes on stream.
+
+        Return the block's address (the block is then size bytes), a tuple
+        (address, block_size) with block_size >= size (the bytes set aside
+        after rounding), or None (or raise OutOfMemory) when it cannot be
+        placed. Every block must lie inside a device segment the policy
+        holds and overlap no live block.
+        """
+        raise NotImplementedError
+
+    def free(self, addr, stream):
+        """Take back the block at addr, returned by malloc; freed on stream."""
+        raise NotImplementedError
+
+    def device_alloc(self, size):
+        """Ask the engine for a device segment of size bytes.
+
+        Returns its address, or None when the device refuses (out of
+        memory). Only while handling a malloc or empty_cache, or any event
+        when ack is set.
+        """
+        if self._engine is None:
+            raise ProtocolError("device_alloc outside run()")
+        return self._engine.device_alloc(size)
+
+    def device_free(self, addr):
+        """Give the device segment at addr back to the engine's device."""
+        if self._engine is None:
+            raise ProtocolError("device_free outside run()")
+        self._engine.device_free(addr)
+
+    def hooks(self):
+        """The hooks named in the handshake, from the methods defined."""
+        out = []
+        if any(getattr(self, h) is not None for h in _SYNC_HOOKS):
+            out.append("sync")
+        if self.marker is not None:
+            out.append("marker")
+        if self.empty_cache is not None:
+            out.append("empty_cache")
+        if self.ack:
+            out.append("ack")
+        return out
+
+
+def _unescape(label):
+    if "\\" not in label:
+        return label
+    out, i = [], 0
+    while i < len(label):
+        c = label[i]
+        if c == "\\" and i + 1 < len(label):
+            i += 1
+            c = {"n": "\n", "r": "\r"}.get(label[i], label[i])
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+class _Engine:
+    """The engine's end of the pipes, as the policy sees it."""
+
+    def __init__(self, inp, out):
+        self.readline = inp.readline
+        self.out = out
+        self.held = []  # lines written at the next answer
+        self.answering = False  # handling an event the engine waits for
+        self.event = b""  # the event being handled, for errors
+
+    def device_alloc(self, size):
+        if not self.answering:
+            raise ProtocolError(
+                "device_alloc while handling %r, which the engine does not wait for: "
+                "only malloc and empty_cache may ask for device memory, unless the policy sets ack = True"
+                % self.event.decode(errors="replace"))
+        size = int(size)
+        if size <= 0:
+            raise ProtocolError("device_alloc of %d bytes" % size)
+        self.held.append(b"device_alloc %d\n" % size)
+        self.flush()
+        line = self.readline()
+        if line.startswith(b"ok "):
+            return int(line[3:])
+        if line.startswith(b"oom"):
+            return None
+        raise ProtocolError("want the answer to device_alloc (ok ADDR or oom), got %r" % line)
+
+    def device_free(self, addr):
+        self.held.append(b"device_free %d\n" % addr)
+
+    def flush(self):
+        if self.held:
+            self.out.write(b"".join(self.held))
+            self.held.clear()
+        self.out.flush()
+
+    def answer(self, line):
+        self.held.append(line)
+        self.flush()
+
+
+def run(policy, inp=None, out=None):
+    """Serve the engine: the handshake, then every event until the end.
+
+    inp and out are binary files, the process's standard input and output
+    by default. An exception other than OutOfMemory in the policy is
+    reported to the engine as an error line (its traceback on standard
+    error) and ends the process with status 1.
+    """
+    inp = inp if inp is not None else sys.stdin.buffer
+    out = out if out is not None else sys.stdout.buffer
+    eng = _Engine(inp, out)
+    policy._engine = eng
+    name = policy.name or type(policy).__name__
+    if not name or any(c.isspace() for c in name):
+        raise ValueError("policy name %r: want one word" % name)
+    eng.answer(("allocsim-policy %d %s %s\n" % (PROTOCOL_VERSION, name, " ".join(policy.hooks()))).encode())
+    try:
+        _serve(policy, eng)
+    except Exception as e:  # reported to the engine, which stops the replay
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+        msg = "%s: %s" % (type(e).__name__, e)
+        if eng.event:
+            msg = "%s: %s" % (eng.event.decode(errors="replace"), msg)
+        eng.held.append(("error %s\n" % " ".join(msg.split())).encode())
+        try:
+            eng.flush()
+        except OSError:
+            pass
+        sys.exit(1)
+    eng.flush()
+
+
+def _serve(policy, eng):
+    readline = eng.readline
+    ack = bool(policy.ack)
+    malloc, free = policy.malloc, policy.free
+    eng.answering = ack
+    while True:
+        line = readline()
+        if not line:
+            return
+        eng.event = line.rstrip(b"\r\n")
+        parts = line.split()
+        op = parts[0]
+        if op == b"malloc":
+            size = int(parts[1])
+            eng.answering = True
+            try:
+                r = malloc(size, int(parts[2]))
+            except OutOfMemory as e:
+                eng.answering = ack
+                eng.answer(b"oom %s\n" % " ".join(str(e).split()).encode())
+                continue
+            eng.answering = ack
+            if r is None:
+                eng.answer(b"oom\n")
+            elif isinstance(r, tuple):
+                eng.answer(b"ok %d %d\n" % (r[0], r[1]))
+            else:
+                eng.answer(b"ok %d %d\n" % (r, size))
+            continue
+        if op == b"free":
+            free(int(parts[1]), int(parts[2]))
+        elif op == b"stream_sync":
+            if policy.stream_sync is not None:
+                policy.stream_sync(int(parts[1]))
+        elif op == b"device_sync":
+            if policy.device_sync is not None:
+                policy.device_sync()
+        elif op == b"event_record":
+            if policy.event_record is not None:
+                policy.event_record(int(parts[1]), int(parts[2]))
+        elif op == b"stream_wait_event":
+            if policy.stream_wait_event is not None:
+                policy.stream_wait_event(int(parts[1]), int(parts[2]))
+        elif op == b"event_sync":
+            if policy.event_sync is not None:
+                policy.event_sync(int(parts[1]))
+        elif op == b"marker":
+            policy.marker(_unescape(line[7:].rstrip(b"\r\n").decode()))
+        elif op == b"empty_cache":
+            eng.answering = True
+            policy.empty_cache()
+            eng.answering = ack
+            eng.answer(b"ok\n")
+            continue
+        else:
+            raise ProtocolError("unknown event %r" % eng.event.decode(errors="replace"))
+        if ack:
+            eng.answer(b"ok\n")
