@@ -14,13 +14,14 @@ where it overlaps no buffer already placed whose lifetime meets its own.
 
 --order best tries several greedy orders (size, lifetime, area, and the
 most loaded moment of a buffer's lifetime) each with first fit and with best
-fit (the smallest gap that holds it), then improves the best by a search
+fit (the smallest gap that holds it), then bisects for lower plans with a search
 after MiniMalloc (Moffitt, ASPLOS 2023): buffers placed in order of offset,
 each at the top of the placed buffers its lifetime meets, with a node budget
-(--nodes, default 20000); it writes the lowest plan found.
+(--nodes, default 5000, per bound tried); it writes the lowest plan found.
 """
 
 import argparse
+import bisect
 import csv
 import sys
 
@@ -99,55 +100,86 @@ def greedy_orders(bufs):
 
 
 def search(bufs, conf, bound, nodes):
-    """MiniMalloc's canonical search for a plan under bound: at each step,
-    among the buffers not placed, those that can go lowest (at the top of
-    their placed conflicts) are tried in turn; returns offsets or None."""
+    """MiniMalloc's canonical search for a plan whose peak is at most bound:
+    buffers placed in order of offset, each at its floor (the top of the
+    placed buffers its lifetime meets), among those whose floor is the
+    lowest; pruned where the buffers left at some moment cannot stack
+    within the bound above the lowest floor among them (section floors),
+    and where the state left (the buffers not placed, with their floors)
+    failed before. Returns the offsets, or None when there is no such plan
+    or the node budget ran out."""
     n = len(bufs)
+    lo = [b[1] for b in bufs]
+    up = [b[2] for b in bufs]
+    sz = [b[3] for b in bufs]
+    times = sorted(set(lo))
+    secs = [(bisect.bisect_left(times, lo[k]), bisect.bisect_left(times, up[k])) for k in range(n)]
+    members = [[] for _ in times]
+    left_bytes = [0] * len(times)
+    for k in range(n):
+        for s in range(*secs[k]):
+            members[s].append(k)
+            left_bytes[s] += sz[k]
+    floor = [0] * n
     offs = [None] * n
+    left = set(range(n))
+    failed = set()
     budget = [nodes]
-    # The problem's moments: each buffer's start; a buffer is live there when
-    # its lifetime holds it. Prune: at any moment, the bytes of unplaced
-    # buffers live there must fit above the lowest free height there... kept
-    # simple: placed buffers' tops plus unplaced sizes within the bound.
-    def floor(k):
-        return max((offs[j] + bufs[j][3] for j in conf[k] if offs[j] is not None), default=0)
 
-    def rec(left, minoff):
+    def sections_fit(ks):
+        seen = set()
+        for k in ks:
+            for s in range(*secs[k]):
+                if s in seen or left_bytes[s] == 0:
+                    continue
+                seen.add(s)
+                f = min(floor[j] for j in members[s] if offs[j] is None)
+                if f + left_bytes[s] > bound:
+                    return False
+        return True
+
+    def rec():
         if not left:
             return True
         budget[0] -= 1
         if budget[0] < 0:
             return False
-        cands = []
-        for k in left:
-            f = floor(k)
-            if f + bufs[k][3] > bound:
-                return False
-            cands.append((f, k))
-        low = min(c[0] for c in cands)
-        # Canonical: offsets never decrease along the placement.
-        low = max(low, minoff)
-        # Section pruning: buffers left that are live with a given buffer
-        # must stack within the bound above their floors (a cheap check on
-        # each left buffer's conflicts).
-        for f, k in cands:
-            need = bufs[k][3] + sum(bufs[j][3] for j in conf[k] if offs[j] is None and bufs[j][1] <= bufs[k][1] < bufs[j][2])
-            if max(f, low) + need > bound:
-                return False
-        tried = sorted((c for c in cands if c[0] <= low), key=lambda c: (-bufs[c[1]][3], -(bufs[c[1]][2] - bufs[c[1]][1]), c[1]))
-        for f, k in tried:
+        state = tuple(sorted((k, floor[k]) for k in left))
+        if state in failed:
+            return False
+        low = min(floor[k] for k in left)
+        cands = sorted((k for k in left if floor[k] == low),
+                       key=lambda k: (-max(left_bytes[s] for s in range(*secs[k])), -sz[k], lo[k] - up[k], k))
+        for k in cands:
             offs[k] = low
-            if rec([j for j in left if j != k], low):
+            left.discard(k)
+            for s in range(*secs[k]):
+                left_bytes[s] -= sz[k]
+            top = low + sz[k]
+            raised = []
+            ok = top <= bound
+            if ok:
+                for j in conf[k]:
+                    if offs[j] is None and floor[j] < top:
+                        raised.append((j, floor[j]))
+                        floor[j] = top
+                        ok = ok and top + sz[j] <= bound
+                ok = ok and sections_fit([k] + [j for j, _ in raised])
+            if ok and rec():
                 return True
+            for j, f in raised:
+                floor[j] = f
+            for s in range(*secs[k]):
+                left_bytes[s] += sz[k]
             offs[k] = None
+            left.add(k)
             if budget[0] < 0:
                 return False
+        failed.add(state)
         return False
 
     sys.setrecursionlimit(max(1000, 4 * n + 100))
-    if rec(list(range(n)), 0):
-        return offs
-    return None
+    return offs if rec() else None
 
 
 def lower_bound(bufs):
@@ -162,7 +194,7 @@ def lower_bound(bufs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--order", choices=["size", "best"], default="size")
-    ap.add_argument("--nodes", type=int, default=20000)
+    ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("input")
     ap.add_argument("output")
     a = ap.parse_args()
@@ -177,12 +209,15 @@ def main():
                 o, p = place(bufs, conf, order, best_fit)
                 if peak is None or p < peak:
                     offs, peak = o, p
-        # Search for lower plans, down in steps, while the budget holds.
-        while peak > lb and a.nodes > 0:
-            target = peak - 1
+        # Search for lower plans: bisection of the bound between the lower
+        # bound (the peak of live bytes) and the best plan's peak.
+        lo_bound = lb
+        while lo_bound < peak and a.nodes > 0:
+            target = (lo_bound + peak) // 2
             o = search(bufs, conf, target, a.nodes)
             if o is None:
-                break
+                lo_bound = target + 1
+                continue
             offs = o
             peak = max(o[k] + bufs[k][3] for k in range(len(bufs)))
     with open(a.output, "w", newline="") as f:
