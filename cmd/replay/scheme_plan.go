@@ -1,0 +1,4 @@
+package main
+
+// The plan: scheme of policies (--policy plan:COMMAND).
+import _ "github.com/gpualloc/allocsim/policies/planpolicy"
