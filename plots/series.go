@@ -65,7 +65,6 @@ func setTitle(p *plot.Plot, prefix, trace string) {
 var (
 	reservedWidth   = vg.Points(2)
 	allocatedWidth  = vg.Points(1)
-	allocatedDashes = []vg.Length{vg.Points(3), vg.Points(2)}
 	footprintWidth  = vg.Points(1)
 	footprintDashes = []vg.Length{vg.Points(1), vg.Points(1.5)}
 	requestedStyle  = draw.LineStyle{
