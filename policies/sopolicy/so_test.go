@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/policies/policytest"
 	"github.com/gpualloc/allocsim/policies/sopolicy"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
@@ -385,4 +386,10 @@ func TestParseArg(t *testing.T) {
 	if _, err := sopolicy.ParseArg(":a:b"); err == nil {
 		t.Error("ParseArg(\":a:b\"): no error")
 	}
+}
+
+// TestConformance holds so: of the caching allocator to the conformance
+// kit (policytest): random traces under the invariant checker.
+func TestConformance(t *testing.T) {
+	policytest.Run(t, "so:"+lib(t, "cudart13"), &policytest.Options{Rounds: 1})
 }
