@@ -103,9 +103,9 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("run: %w", err)
 	}
 	for _, w := range res.Traces {
-		fmt.Fprintf(stderr, "record: %s: %d events (pid %d: %s)\n", w.Path, w.Events, w.Pid, w.Command)
+		fmt.Fprintf(stderr, "record: %s: %d events (pid %d: %s)\n", cli.Safe(w.Path), w.Events, w.Pid, cli.Safe(w.Command))
 		if w.Dropped > 0 {
-			fmt.Fprintf(stderr, "record: %s: %d calls were not recorded (no space for the raw trace)\n", w.Path, w.Dropped)
+			fmt.Fprintf(stderr, "record: %s: %d calls were not recorded (no space for the raw trace)\n", cli.Safe(w.Path), w.Dropped)
 		}
 	}
 	for _, pid := range res.Running {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"text/tabwriter"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/sites"
 	"github.com/gpualloc/allocsim/trace/tracefile"
@@ -40,7 +41,7 @@ func writeSites(w io.Writer, rs []*sim.Result) {
 		if s == nil {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s, %s: memory at the peak (event %d, %s MiB reserved) by site\n", names[r.Trace], r.Policy, s.Event, mib(s.Reserved))
+		fmt.Fprintf(w, "\n%s, %s: memory at the peak (event %d, %s MiB reserved) by site\n", names[r.Trace], cli.Safe(r.Policy), s.Event, mib(s.Reserved))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintf(tw, "live MiB\tcount\tunused MiB\tshare\t\tsite\n")
 		for _, row := range s.Sites {
@@ -48,7 +49,7 @@ func writeSites(w io.Writer, rs []*sim.Result) {
 			if s.Reserved > 0 {
 				share = 100 * float64(row.LiveBytes+row.UnusedBytes) / float64(s.Reserved)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f%%\t\t%s\n", mib(row.LiveBytes), row.Count, mib(row.UnusedBytes), share, row.Site)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f%%\t\t%s\n", mib(row.LiveBytes), row.Count, mib(row.UnusedBytes), share, cli.Safe(row.Site))
 		}
 		tw.Flush()
 	}

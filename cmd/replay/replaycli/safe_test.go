@@ -1,0 +1,87 @@
+package replaycli
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// hostileName is a trace file name that sets the terminal's title when
+// printed raw (issue 36, item 5).
+const hostileName = "x\x1b]0;pwned\x07.txt"
+
+// hostileTrace is a text-form trace whose device name holds a newline
+// that would start a row of its own, whose frame turns the terminal red,
+// and which frees an unknown address (a warning naming the trace).
+const hostileTrace = `header source=text device="H200\nforged row" device_memory=1GiB
+stack id=1 frame="a.py:1:\x1b[31mevil\x1b[0m"
+malloc id=1 size=1MiB stack=1
+free addr=0x99
+free id=1
+`
+
+func writeHostile(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), hostileName)
+	if err := os.WriteFile(path, []byte(hostileTrace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// noControls fails t when out holds a control character other than a
+// newline.
+func noControls(t *testing.T, what, out string) {
+	t.Helper()
+	for i, r := range out {
+		if r != '\n' && (r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f) {
+			t.Errorf("%s: control character %q at byte %d: %q", what, r, i, out)
+			return
+		}
+	}
+}
+
+// The names a trace brings (its file name, its device name, its frames)
+// reach the terminal escaped: no escape sequence, no forged row.
+func TestTerminalEscapesStats(t *testing.T) {
+	path := writeHostile(t)
+	out, errOut, err := runCmd(t, "stats", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noControls(t, "stdout", out)
+	noControls(t, "stderr", errOut)
+	lines := strings.Split(out, "\n")
+	wantFirst := filepath.Dir(path) + `/x\x1b]0;pwned\a.txt: text trace, 3 events over 2 ns`
+	if lines[0] != wantFirst {
+		t.Errorf("first line %q, want %q", lines[0], wantFirst)
+	}
+	if !strings.Contains(out, "\n"+`card: H200\nforged row, 1.0 GiB (1073741824 bytes)`+"\n") {
+		t.Errorf("no escaped card line in\n%s", out)
+	}
+	for _, l := range lines {
+		if strings.HasPrefix(l, "forged row") {
+			t.Errorf("forged line %q", l)
+		}
+	}
+}
+
+func TestTerminalEscapesSim(t *testing.T) {
+	path := writeHostile(t)
+	out, errOut, err := runCmd(t, "sim", "--policy", "pytorch", "--sites", "3", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noControls(t, "stdout", out)
+	noControls(t, "stderr", errOut)
+	if !strings.Contains(out, `x\x1b]0;pwned\a.txt  pytorch`) {
+		t.Errorf("no escaped table row in\n%s", out)
+	}
+	if !strings.Contains(out, `a.py:1:\x1b[31mevil\x1b[0m`+"\n") {
+		t.Errorf("no escaped site in\n%s", out)
+	}
+	if !strings.Contains(errOut, `/x\x1b]0;pwned\a.txt: warning: `) {
+		t.Errorf("no escaped warning in\n%s", errOut)
+	}
+}
