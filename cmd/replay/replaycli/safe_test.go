@@ -1,6 +1,7 @@
 package replaycli
 
 import (
+	"encoding/csv"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,5 +84,26 @@ func TestTerminalEscapesSim(t *testing.T) {
 	}
 	if !strings.Contains(errOut, `/x\x1b]0;pwned\a.txt: warning: `) {
 		t.Errorf("no escaped warning in\n%s", errOut)
+	}
+}
+
+// A frame that a spreadsheet would run as a formula is quoted in
+// --sites-csv (issue 36, item 5).
+func TestSitesCSVFormula(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.txt")
+	text := "header source=text\nstack id=1 frame=\"=cmd:1:x\"\nmalloc id=1 size=1MiB stack=1\nfree id=1\n"
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runCmd(t, "sim", "--policy", "pytorch", "--sites", "1", "--sites-csv", "-", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[1][7] != "'=cmd:1:x" {
+		t.Errorf("rows %q, want the site '=cmd:1:x", rows)
 	}
 }

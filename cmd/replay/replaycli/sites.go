@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/sites"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -59,7 +60,8 @@ func writeSites(w io.Writer, rs []*sim.Result) {
 // site), the site's rank from 1 in the order of the table.
 var sitesColumns = []string{"trace", "policy", "peak_event", "peak_time_ns", "peak_reserved_bytes", "depth", "site_rank", "site", "live_bytes", "count", "unused_bytes"}
 
-// writeSitesCSV writes the sites of rs as CSV (sitesColumns).
+// writeSitesCSV writes the sites of rs as CSV (sitesColumns), the text
+// cells through results.CSVText.
 func writeSitesCSV(w io.Writer, rs []*sim.Result) error {
 	cw := csv.NewWriter(w)
 	cw.Write(sitesColumns)
@@ -70,8 +72,8 @@ func writeSitesCSV(w io.Writer, rs []*sim.Result) error {
 			continue
 		}
 		for k, row := range s.Sites {
-			cw.Write([]string{r.Trace, r.Policy, strconv.FormatInt(s.Event, 10), strconv.FormatInt(s.Time, 10), u(s.Reserved),
-				strconv.Itoa(s.Depth), strconv.Itoa(k + 1), row.Site, u(row.LiveBytes), strconv.FormatInt(row.Count, 10), u(row.UnusedBytes)})
+			cw.Write([]string{results.CSVText(r.Trace), results.CSVText(r.Policy), strconv.FormatInt(s.Event, 10), strconv.FormatInt(s.Time, 10), u(s.Reserved),
+				strconv.Itoa(s.Depth), strconv.Itoa(k + 1), results.CSVText(row.Site), u(row.LiveBytes), strconv.FormatInt(row.Count, 10), u(row.UnusedBytes)})
 		}
 	}
 	cw.Flush()
