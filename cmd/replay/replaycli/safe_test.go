@@ -1,6 +1,7 @@
 package replaycli
 
 import (
+	"bytes"
 	"encoding/csv"
 	"os"
 	"path/filepath"
@@ -105,5 +106,37 @@ func TestSitesCSVFormula(t *testing.T) {
 	}
 	if len(rows) != 2 || rows[1][7] != "'=cmd:1:x" {
 		t.Errorf("rows %q, want the site '=cmd:1:x", rows)
+	}
+}
+
+// A frame with invalid UTF-8 gives a --viz snapshot whose strings are all
+// UTF-8 (Python loads it), and one warning says so (issue 36, item 5).
+func TestVizInvalidUTF8(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "t.txt")
+	text := "header source=text\nstack id=1 frame=\"a\\xff.py:1:f\\xfe\"\nmalloc id=1 size=1MiB stack=1\nmalloc id=2 size=1MiB stack=1\nfree id=1\nfree id=2\n"
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	viz := filepath.Join(dir, "viz")
+	_, errOut, err := runCmd(t, "sim", "--policy", "pytorch,cuda", "--viz", viz, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "sim: --viz: warning: 4 strings of the traces (frame or file names, settings) not valid UTF-8: written with U+FFFD in place of the bad bytes, as Python reads only UTF-8\n"
+	if errOut != want {
+		t.Errorf("stderr %q, want %q", errOut, want)
+	}
+	for _, name := range []string{"t.pytorch.pickle", "t.cuda.pickle"} {
+		data, err := os.ReadFile(filepath.Join(viz, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Contains(data, []byte("\x07a\uFFFD.py")) || !bytes.Contains(data, []byte("\x04f\uFFFD")) {
+			t.Errorf("%s: no strings a\uFFFD.py and f\uFFFD", name)
+		}
+		if bytes.Contains(data, []byte("a\xff.py")) || bytes.Contains(data, []byte("f\xfe")) {
+			t.Errorf("%s: the bad bytes are still there", name)
+		}
 	}
 }

@@ -183,6 +183,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			results = append(results, res...)
 		}
 	}
+	if w := vd.warning(); w != "" {
+		fmt.Fprintf(stderr, "sim: %s\n", w)
+	}
 	if n := writeWarnings(stderr, results); n > 0 && *strict {
 		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
 	}
