@@ -130,6 +130,20 @@ var charts = []struct {
 	{"calls", func(rs []sim.Result, _ Options) (Drawer, error) { return Calls(rs) }},
 }
 
+// FileSuffixes returns the endings of the names of the files WriteAll
+// writes for a trace, NAME-memory.png and the others: "-memory.png",
+// "-memory.svg", ... A file whose name ends with one, in the directory
+// WriteAll is given, may be written over.
+func FileSuffixes() []string {
+	var out []string
+	for _, ch := range charts {
+		for _, format := range Formats {
+			out = append(out, "-"+ch.suffix+"."+format)
+		}
+	}
+	return out
+}
+
 // WriteAll groups results by trace, in order of first appearance and
 // keeping the order of the policies, and writes into dir, for each trace
 // NAME (TraceName of its path; NAME-2, NAME-3 ... where two traces share a

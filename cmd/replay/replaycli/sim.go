@@ -126,6 +126,18 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The charts and snapshots go into directories, under names made of
+	// the traces' and the policies': no input may be one of them.
+	if err := checkDirOutput(inputs, "plots", *plotDir, plots.FileSuffixes()); err != nil {
+		return err
+	}
+	vizSuffixes := make([]string, len(names))
+	for k, n := range names {
+		vizSuffixes[k] = "." + n + ".pickle"
+	}
+	if err := checkDirOutput(inputs, "viz", *vizOut, vizSuffixes); err != nil {
+		return err
+	}
 	shown, err := plotPolicies(*plotList, *plotDir, names)
 	if err != nil {
 		return err
@@ -319,6 +331,39 @@ func checkOutputs(inputs []string, flagPaths ...string) error {
 			return cli.UsageError{Err: fmt.Errorf("--%s %s: also the --%s output", flag, path, other)}
 		}
 		seen[filepath.Clean(path)] = flag
+	}
+	return nil
+}
+
+// checkDirOutput returns an error naming the flag when dir, a directory
+// an option writes files into, is one of the inputs, or holds an input
+// whose name ends with one of suffixes (the endings of the names of the
+// files it writes there, compared without regard to case, as on a file
+// system that ignores it): an input that a file written there could
+// replace. It is called before any work is done; "" (no directory) and a
+// directory that does not exist yet hold no input.
+func checkDirOutput(inputs []string, flag, dir string, suffixes []string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := atomicfile.CheckOutput(dir, inputs); err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	di, err := os.Stat(dir)
+	if err != nil || !di.IsDir() {
+		return nil
+	}
+	for _, in := range inputs {
+		pi, err := os.Stat(filepath.Dir(in))
+		if err != nil || !os.SameFile(di, pi) {
+			continue
+		}
+		base := strings.ToLower(filepath.Base(in))
+		for _, s := range suffixes {
+			if strings.HasSuffix(base, strings.ToLower(s)) {
+				return fmt.Errorf("--%s %s: its file %s %w", flag, dir, filepath.Base(in), atomicfile.ErrInput)
+			}
+		}
 	}
 	return nil
 }
