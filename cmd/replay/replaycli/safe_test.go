@@ -140,3 +140,24 @@ func TestVizInvalidUTF8(t *testing.T) {
 		}
 	}
 }
+
+// replay check and fit print the trace's name escaped too.
+func TestTerminalEscapesCheckFit(t *testing.T) {
+	path := writeHostile(t)
+	out, errOut, _ := runCmd(t, "check", path)
+	noControls(t, "check stdout", out)
+	noControls(t, "check stderr", errOut)
+	want := filepath.Dir(path) + `/x\x1b]0;pwned\a.txt: event 1: free of unknown address 0x99` + "\n"
+	if !strings.HasPrefix(out, want) {
+		t.Errorf("check: %q, want it to start with %q", out, want)
+	}
+	out, errOut, err := runCmd(t, "fit", "--policy", "pytorch", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noControls(t, "fit stdout", out)
+	noControls(t, "fit stderr", errOut)
+	if !strings.Contains(out, `x\x1b]0;pwned\a.txt  pytorch`) {
+		t.Errorf("fit: no escaped row in\n%s", out)
+	}
+}
