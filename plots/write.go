@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
+	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
@@ -45,7 +47,7 @@ func renderSize(w io.Writer, p Drawer, format string, width, height vg.Length) e
 		return err
 	case "svg":
 		c := vgsvg.New(width, height)
-		p.Draw(draw.New(c))
+		p.Draw(draw.New(xmlCanvas{c}))
 		var buf bytes.Buffer
 		if _, err := c.WriteTo(&buf); err != nil {
 			return err
@@ -60,6 +62,51 @@ func renderSize(w io.Writer, p Drawer, format string, width, height vg.Length) e
 	default:
 		return fmt.Errorf("plots: unknown format %q (want png or svg)", format)
 	}
+}
+
+// xmlCanvas is an SVG canvas whose text is XMLText: a trace's or a
+// policy's name with a character XML 1.0 forbids (ESC, NUL) or invalid
+// UTF-8 leaves the file well-formed.
+type xmlCanvas struct{ *vgsvg.Canvas }
+
+// FillString draws XMLText(text).
+func (c xmlCanvas) FillString(f font.Face, pt vg.Point, text string) {
+	c.Canvas.FillString(f, pt, XMLText(text))
+}
+
+// XMLText returns text as a chart may hold it in XML 1.0: each control
+// character (C0, tab and newline included, DEL, C1) and each non-character
+// XML forbids as a Go escape (\x1b, \a, \u0085, \ufffe), each byte of invalid
+// UTF-8 as U+FFFD; other text unchanged.
+func XMLText(text string) string {
+	ok := func(r rune) bool {
+		return r >= 0x20 && r < 0x7f || r > 0x9f && r != 0xfffe && r != 0xffff && r != utf8.RuneError
+	}
+	clean := true
+	for _, r := range text {
+		if !ok(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return text
+	}
+	var b strings.Builder
+	for i := 0; i < len(text); {
+		r, n := utf8.DecodeRuneInString(text[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			b.WriteRune(utf8.RuneError)
+		case ok(r) || r == utf8.RuneError:
+			b.WriteString(text[i : i+n])
+		default:
+			q := strconv.QuoteRuneToASCII(r)
+			b.WriteString(q[1 : len(q)-1])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // Options say how WriteAll draws its charts.
@@ -81,6 +128,20 @@ var charts = []struct {
 	{"fragmentation", func(rs []sim.Result, o Options) (Drawer, error) { return FragmentationOf(rs, o.Policies) }},
 	{"peaks", func(rs []sim.Result, _ Options) (Drawer, error) { return Peaks(rs) }},
 	{"calls", func(rs []sim.Result, _ Options) (Drawer, error) { return Calls(rs) }},
+}
+
+// FileSuffixes returns the endings of the names of the files WriteAll
+// writes for a trace, NAME-memory.png and the others: "-memory.png",
+// "-memory.svg", ... A file whose name ends with one, in the directory
+// WriteAll is given, may be written over.
+func FileSuffixes() []string {
+	var out []string
+	for _, ch := range charts {
+		for _, format := range Formats {
+			out = append(out, "-"+ch.suffix+"."+format)
+		}
+	}
+	return out
 }
 
 // WriteAll groups results by trace, in order of first appearance and

@@ -26,7 +26,7 @@ func main() {
 		atomicfile.RemoveOnInterrupt()
 	}
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "record: %v\n", err)
+		fmt.Fprintf(os.Stderr, "record: %s\n", cli.Safe(err.Error()))
 		// record run passes the program's exit status through; a usage
 		// error exits 2.
 		var ec interface{ ExitCode() int }
@@ -129,7 +129,7 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 		if err != nil {
 			return fmt.Errorf("import: writing to stdout: %w", err)
 		}
-		fmt.Fprintf(stderr, "record: %d events from %s (%s) to stdout\n", n, in, src.Format)
+		fmt.Fprintf(stderr, "record: %d events from %s (%s) to stdout\n", n, cli.Safe(in), src.Format)
 		return nil
 	}
 	if err := atomicfile.CheckOutput(*out, []string{in}); err != nil {
@@ -139,6 +139,6 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s: %d events from %s (%s)\n", *out, n, in, format)
+	fmt.Fprintf(stdout, "%s: %d events from %s (%s)\n", cli.Safe(*out), n, cli.Safe(in), format)
 	return nil
 }

@@ -6,12 +6,14 @@ import (
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 
 	"github.com/spf13/pflag"
 
 	"github.com/gpualloc/allocsim/gpu"
 	"github.com/gpualloc/allocsim/gpu/interpose"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 // card asks the CUDA runtime (the one at path, or the first of
@@ -84,6 +86,16 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	if *out == "" {
 		*out = filepath.Base(prog) + ".trace"
 	}
+	// The trace goes to a file: not the program, not a directory, checked
+	// before the program runs.
+	if st, err := os.Stat(*out); err == nil && st.IsDir() {
+		return fmt.Errorf("run: -o %s: a directory; want a file", *out)
+	}
+	if path, err := exec.LookPath(prog); err == nil {
+		if err := atomicfile.CheckOutput(*out, []string{path}); err != nil {
+			return fmt.Errorf("run: -o: %w", err)
+		}
+	}
 	if *lib == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -103,9 +115,9 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("run: %w", err)
 	}
 	for _, w := range res.Traces {
-		fmt.Fprintf(stderr, "record: %s: %d events (pid %d: %s)\n", w.Path, w.Events, w.Pid, w.Command)
+		fmt.Fprintf(stderr, "record: %s: %d events (pid %d: %s)\n", cli.Safe(w.Path), w.Events, w.Pid, cli.Safe(w.Command))
 		if w.Dropped > 0 {
-			fmt.Fprintf(stderr, "record: %s: %d calls were not recorded (no space for the raw trace)\n", w.Path, w.Dropped)
+			fmt.Fprintf(stderr, "record: %s: %d calls were not recorded (no space for the raw trace)\n", cli.Safe(w.Path), w.Dropped)
 		}
 	}
 	for _, pid := range res.Running {

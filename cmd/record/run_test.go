@@ -251,3 +251,30 @@ func TestSynthUsageErrors(t *testing.T) {
 		t.Errorf("%s written by a refused command", out)
 	}
 }
+
+// record run refuses, before the program runs, an -o that is the program
+// itself or an existing directory (issue 36, item 4).
+func TestRunOutputRefused(t *testing.T) {
+	dir := t.TempDir()
+	prog := filepath.Join(dir, "prog")
+	marker := filepath.Join(dir, "ran")
+	script := []byte("#!/bin/sh\ntouch " + marker + "\n")
+	if err := os.WriteFile(prog, script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ out, want string }{
+		{prog, "run: -o: " + prog + " is also an input: refusing to write over it"},
+		{dir, "run: -o " + dir + ": a directory; want a file"},
+	} {
+		_, _, err := runCmd(t, "run", "-o", tc.out, "--", prog)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("-o %s: err = %v, want %s", tc.out, err, tc.want)
+		}
+		if _, err := os.Stat(marker); err == nil {
+			t.Errorf("-o %s: the program ran", tc.out)
+		}
+		if got, _ := os.ReadFile(prog); !bytes.Equal(got, script) {
+			t.Errorf("-o %s: the program changed: %q", tc.out, got)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
@@ -25,11 +26,11 @@ func f(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
 // key=value pairs sorted by key and joined by ";"); the lists (latency,
 // series) are left out.
 var columns = []column{
-	{"trace", func(r *sim.Result) string { return r.Trace }},
-	{"policy", func(r *sim.Result) string { return r.Policy }},
-	{"settings", func(r *sim.Result) string { return policies.Settings(r.Settings).Join(";") }},
+	{"trace", func(r *sim.Result) string { return CSVText(r.Trace) }},
+	{"policy", func(r *sim.Result) string { return CSVText(r.Policy) }},
+	{"settings", func(r *sim.Result) string { return CSVText(policies.Settings(r.Settings).Join(";")) }},
 	{"capacity_bytes", func(r *sim.Result) string { return u(r.Capacity) }},
-	{"trace_source", func(r *sim.Result) string { return r.TraceSource }},
+	{"trace_source", func(r *sim.Result) string { return CSVText(r.TraceSource) }},
 	{"capacity_from_card", func(r *sim.Result) string { return strconv.FormatBool(r.CapacityFromCard) }},
 	{"events", func(r *sim.Result) string { return i(r.Events) }},
 	{"mallocs", func(r *sim.Result) string { return i(r.Mallocs) }},
@@ -53,18 +54,18 @@ var columns = []column{
 	{"first_oom_time_ns", func(r *sim.Result) string { return strconv.FormatInt(r.FirstOOMTime, 10) }},
 	{"source_ooms", func(r *sim.Result) string { return i(r.SourceOOMs) }},
 	{"source_ooms_served", func(r *sim.Result) string { return i(r.SourceOOMsServed) }},
-	{"build_error", func(r *sim.Result) string { return r.BuildError }},
+	{"build_error", func(r *sim.Result) string { return CSVText(r.BuildError) }},
 	{"anomalies", func(r *sim.Result) string { return i(r.Anomalies) }},
-	{"first_anomaly", func(r *sim.Result) string { return r.FirstAnomaly }},
+	{"first_anomaly", func(r *sim.Result) string { return CSVText(r.FirstAnomaly) }},
 	{"inferred", func(r *sim.Result) string { return i(r.Inferred) }},
-	{"first_inferred", func(r *sim.Result) string { return r.FirstInferred }},
-	{"parted", func(r *sim.Result) string { return r.Parted }},
+	{"first_inferred", func(r *sim.Result) string { return CSVText(r.FirstInferred) }},
+	{"parted", func(r *sim.Result) string { return CSVText(r.Parted) }},
 	{"parted_at_oom", func(r *sim.Result) string { return strconv.FormatBool(r.PartedAtOOM) }},
 	{"peak_unshown_release_bytes", func(r *sim.Result) string { return u(r.PeakUnshown) }},
 	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
 	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
-	{"private_pools", func(r *sim.Result) string { return r.PrivatePools }},
-	{"pool_warning", func(r *sim.Result) string { return r.PoolWarning }},
+	{"private_pools", func(r *sim.Result) string { return CSVText(r.PrivatePools) }},
+	{"pool_warning", func(r *sim.Result) string { return CSVText(r.PoolWarning) }},
 	{"peak_pinned_bytes", func(r *sim.Result) string { return u(r.PeakPinned) }},
 	{"peak_managed_bytes", func(r *sim.Result) string { return u(r.PeakManaged) }},
 	{"direct_mallocs", func(r *sim.Result) string { return strconv.FormatInt(r.DirectMallocs, 10) }},
@@ -87,7 +88,10 @@ func Columns() []string {
 // replay gpu --sim-only, sweep and merge: Columns, then a column "set:KEY"
 // per setting key it was given (empty where a result lacks the key), so
 // that grid values are columns of their own. Each row is flushed as it is
-// written, so that a sweep's file grows as cells finish.
+// written, so that a sweep's file grows as cells finish. The text cells
+// (trace, policy, settings, the warnings and anomalies, the setting
+// values) are written through CSVText, so that none is a formula to a
+// spreadsheet.
 type CSVWriter struct {
 	w    *csv.Writer
 	keys []string
@@ -121,7 +125,7 @@ func (c *CSVWriter) row(r *sim.Result) []string {
 		row = append(row, col.value(r))
 	}
 	for _, k := range c.keys {
-		row = append(row, r.Settings[k])
+		row = append(row, CSVText(r.Settings[k]))
 	}
 	return row
 }
@@ -232,6 +236,23 @@ func gpuColumnNames() []string {
 		names[k] = c.name
 	}
 	return names
+}
+
+// CSVText returns the cell a spreadsheet reads as the text s: s with a
+// single quote ' before it when it starts with =, +, -, @, a tab or a
+// carriage return, which a spreadsheet would take for a formula (OWASP's
+// rule against CSV injection), unless s is a number ("-1", "+2.5e3"),
+// which stays a number. Every CSV of results and of sites goes through
+// it for its text cells; the CSV a tool reads back as data (a MiniMalloc
+// problem, a cost model) does not.
+func CSVText(s string) string {
+	if s == "" || !strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+		return s
+	}
+	if _, err := strconv.ParseFloat(s, 64); err == nil {
+		return s
+	}
+	return "'" + s
 }
 
 // unknownIf returns v, or "" (unknown) when unknown is set: a version 1

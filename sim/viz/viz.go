@@ -310,6 +310,17 @@ func (r *Recorder) Entries() int64 {
 	return r.w.Entries()
 }
 
+// Replaced returns the number of strings of the snapshot (frames,
+// settings) that were not valid UTF-8 and were written with U+FFFD in
+// their place (pytorch.SnapshotWriter.Replaced), so that Python can load
+// it.
+func (r *Recorder) Replaced() int {
+	if r.w == nil {
+		return 0
+	}
+	return r.w.Replaced()
+}
+
 // Close writes the final segments and ends the snapshot. It returns the
 // first error of Observe, and an error when a live block lies outside
 // every live segment or overlaps another; it does not close the

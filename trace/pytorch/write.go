@@ -9,6 +9,8 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/gpualloc/allocsim/trace"
 )
@@ -117,6 +119,12 @@ func NewSnapshotWriter(w io.Writer, device int) *SnapshotWriter {
 	p.op(opEmptyList) // this device's entries; appended to the outer list at Close
 	return s
 }
+
+// Replaced returns the number of strings written so far (frame names and
+// file names, settings) that were not valid UTF-8: each was written with
+// U+FFFD in place of each run of bad bytes, as Python's unpickler takes
+// only UTF-8. A caller says so to its user once.
+func (s *SnapshotWriter) Replaced() int { return s.p.replaced }
 
 // validActions are the trace entry actions memory_viz knows.
 var validActions = map[string]bool{
@@ -354,6 +362,7 @@ type pickler struct {
 	listMemo   map[listKey]listMemoized
 	listFrames int
 	next       uint32 // the next memo index
+	replaced   int    // the strings written with U+FFFD for invalid UTF-8 (str)
 	err        error
 	buf        [16]byte
 }
@@ -444,7 +453,14 @@ func (p *pickler) bytes(b []byte) {
 	_, p.err = p.w.Write(b)
 }
 
+// str writes s as a Python str. A string that is not UTF-8 (Python's
+// unpickler refuses it, and with it the whole snapshot) is written with
+// U+FFFD in place of each run of bad bytes, and counted in replaced.
 func (p *pickler) str(s string) {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+		p.replaced++
+	}
 	if idx, ok := p.memo[s]; ok {
 		p.get(idx)
 		return

@@ -81,8 +81,9 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 		return 0, 0, err
 	}
 	defer f.Close()
+	shown := cli.Safe(path) // the name as printed
 	if n := truncatedNote(f.Header()); n != "" {
-		fmt.Fprintf(w, "%s: %s\n", path, n)
+		fmt.Fprintf(w, "%s: %s\n", shown, cli.Safe(n))
 	}
 	v := trace.NewValidator()
 	s := trace.NewStats()
@@ -90,7 +91,7 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 		if verr := v.Check(i, ev); verr != nil {
 			problems++
 			if limit <= 0 || problems <= limit {
-				fmt.Fprintf(w, "%s: %v\n", path, verr)
+				fmt.Fprintf(w, "%s: %s\n", shown, cli.Safe(verr.Error()))
 			}
 		}
 		s.Add(ev)
@@ -99,7 +100,7 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 		return 0, 0, err
 	}
 	if limit > 0 && problems > limit {
-		fmt.Fprintf(w, "%s: ... %d more problems\n", path, problems-limit)
+		fmt.Fprintf(w, "%s: ... %d more problems\n", shown, problems-limit)
 	}
 	live := s.Live()
 	what, more := "live at the end", "more live at the end"
@@ -108,28 +109,28 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 	}
 	for k, a := range live {
 		if limit > 0 && k == limit {
-			fmt.Fprintf(w, "%s: ... %d %s\n", path, len(live)-limit, more)
+			fmt.Fprintf(w, "%s: ... %d %s\n", shown, len(live)-limit, more)
 			break
 		}
-		fmt.Fprintf(w, "%s: %s: %#x, %d bytes (%s) on stream %#x, malloc at event %d (t=%d ns, thread %d)", path, what, a.Addr, a.Size, a.Kind, a.Stream, a.Event, a.Time, a.Thread)
+		fmt.Fprintf(w, "%s: %s: %#x, %d bytes (%s) on stream %#x, malloc at event %d (t=%d ns, thread %d)", shown, what, a.Addr, a.Size, a.Kind, a.Stream, a.Event, a.Time, a.Thread)
 		if a.Label != "" {
-			fmt.Fprintf(w, ", call site %s", a.Label)
+			fmt.Fprintf(w, ", call site %s", cli.Safe(a.Label))
 		}
 		fmt.Fprintln(w)
 	}
 	n, b := s.LiveBytes()
 	switch {
 	case problems == 0 && n == 0:
-		fmt.Fprintf(w, "%s: ok: %d events, no problems, nothing live at the end\n", path, s.Events)
+		fmt.Fprintf(w, "%s: ok: %d events, no problems, nothing live at the end\n", shown, s.Events)
 	case f.Header().JobEnded():
-		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end of the job: leaks\n", path, s.Events, count(problems, "problem"), n, humanBytes(b))
+		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end of the job: leaks\n", shown, s.Events, count(problems, "problem"), n, humanBytes(b))
 		return problems, n, nil
 	default:
 		why := "the trace was taken while the job ran"
 		if sig := f.Header().Metadata["signal"]; sig != "" && f.Header().Source == "record" {
 			why = "a signal ended the program: " + sig
 		}
-		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end (%s)\n", path, s.Events, count(problems, "problem"), n, humanBytes(b), why)
+		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end (%s)\n", shown, s.Events, count(problems, "problem"), n, humanBytes(b), cli.Safe(why))
 	}
 	return problems, 0, nil
 }

@@ -131,7 +131,7 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 
 // writeDiffTable prints the runs and their figures side by side.
 func writeDiffTable(w io.Writer, d *results.Diff) {
-	fmt.Fprintf(w, "A: %s\nB: %s\n", plots.RunName(&d.A), plots.RunName(&d.B))
+	fmt.Fprintf(w, "A: %s\nB: %s\n", cli.Safe(plots.RunName(&d.A)), cli.Safe(plots.RunName(&d.B)))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "figure\tA\tB\tB - A\tB / A\t")
 	for _, f := range d.Figures {

@@ -100,7 +100,7 @@ Flags:
 		return err
 	}
 	for _, n := range notes {
-		fmt.Fprintf(stderr, "fidelity: %s\n", n)
+		fmt.Fprintf(stderr, "fidelity: %s\n", cli.Safe(n))
 	}
 	// The figures beside every trace are read before any replay: a file
 	// that cannot be compared stops the command with nothing printed.
@@ -357,20 +357,20 @@ func (o fidelityRun) replay(w io.Writer, in *fidelityInput) error {
 		return tracefile.NameError(path, err)
 	}
 	in.policy, in.result = pol, rep.Result
-	name := in.name
+	name, pol := cli.Safe(in.name), cli.Safe(pol) // as printed
 	// What the recording does not show, inferred or not, whatever
 	// the verdict: a figure that agrees may rest on it.
 	if iw := sim.InferredWarning(rep.Result); iw != "" {
-		fmt.Fprintf(w, "%s: warning: %s\n", name, iw)
+		fmt.Fprintf(w, "%s: warning: %s\n", name, cli.Safe(iw))
 	}
 	if w2 := rep.Result.PoolWarning; w2 != "" {
-		fmt.Fprintf(w, "%s: warning: %s\n", name, w2)
+		fmt.Fprintf(w, "%s: warning: %s\n", name, cli.Safe(w2))
 	}
 	if d := rep.Divergence; d != nil {
 		in.differs, in.stopped = true, true
-		fmt.Fprintf(w, "%s: diverges at %v (policy %s)\n", name, d, pol)
+		fmt.Fprintf(w, "%s: diverges at %s (policy %s)\n", name, cli.Safe(d.String()), pol)
 		if hint := sim.CapacityWarning(rep.Result); hint != "" {
-			fmt.Fprintf(w, "%s: %s\n", name, hint)
+			fmt.Fprintf(w, "%s: %s\n", name, cli.Safe(hint))
 		}
 		return nil
 	}
@@ -383,7 +383,7 @@ func (o fidelityRun) replay(w io.Writer, in *fidelityInput) error {
 			}
 			fmt.Fprintf(w, "%s: %sfigures differ from the real allocator's (%s; policy %s):\n", name, same, figures, pol)
 			for _, d := range diffs {
-				fmt.Fprintf(w, "%s:   %s\n", name, d)
+				fmt.Fprintf(w, "%s:   %s\n", name, cli.Safe(d))
 			}
 			return nil
 		}
@@ -392,7 +392,7 @@ func (o fidelityRun) replay(w io.Writer, in *fidelityInput) error {
 		// The real allocator replays its own recording whole: events
 		// that cannot be replayed are a damaged or foreign recording.
 		in.differs = true
-		fmt.Fprintf(w, "%s: %d event(s) could not be replayed as recorded (first: %s): not a whole recording of the allocator (policy %s)\n", name, a, rep.Result.FirstAnomaly, pol)
+		fmt.Fprintf(w, "%s: %d event(s) could not be replayed as recorded (first: %s): not a whole recording of the allocator (policy %s)\n", name, a, cli.Safe(rep.Result.FirstAnomaly), pol)
 		return nil
 	}
 	if measured == nil {
@@ -400,11 +400,11 @@ func (o fidelityRun) replay(w io.Writer, in *fidelityInput) error {
 	}
 	if noCalls {
 		fmt.Fprintf(w, "%s: figures agree (%d mallocs, no device call recorded; %s; policy %s, settings %s)\n",
-			name, rep.Mallocs, against, pol, settingsText(rep.Result.Settings))
+			name, rep.Mallocs, against, pol, cli.Safe(settingsText(rep.Result.Settings)))
 		return nil
 	}
 	fmt.Fprintf(w, "%s: identical (%d device calls, %d mallocs; %s; policy %s, settings %s)\n",
-		name, rep.Calls, rep.Mallocs, against, pol, settingsText(rep.Result.Settings))
+		name, rep.Calls, rep.Mallocs, against, pol, cli.Safe(settingsText(rep.Result.Settings)))
 	return nil
 }
 
@@ -432,7 +432,7 @@ func writeFidelityJob(w io.Writer, j *fidelityJob) {
 	}
 	s := job.SummaryOf(j.name, strings.Join(pols, ","), ranks, rs)
 	fmt.Fprintf(w, "job %s (%d ranks, policy %s): largest peak reserved %d bytes (rank %d), smallest %d bytes (rank %d), spread %.1f%%",
-		s.Job, len(s.Ranks), s.Policy, s.MaxReserved, s.MaxReservedRank, s.MinReserved, s.MinReservedRank, 100*s.Spread())
+		cli.Safe(s.Job), len(s.Ranks), cli.Safe(s.Policy), s.MaxReserved, s.MaxReservedRank, s.MinReserved, s.MinReservedRank, 100*s.Spread())
 	switch {
 	case len(s.OOMRanks) == 0:
 		fmt.Fprint(w, "; no rank ran out of memory")

@@ -104,7 +104,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		for _, w := range a.Warnings {
 			if k := [2]string{a.Trace, w}; !warned[k] {
 				warned[k] = true
-				fmt.Fprintf(stderr, "%s: warning: %s\n", a.Trace, w)
+				fmt.Fprintf(stderr, "%s: warning: %s\n", cli.Safe(a.Trace), cli.Safe(w))
 			}
 		}
 	}
@@ -131,7 +131,7 @@ func writeFitJobs(w io.Writer, sums []*job.FitSummary) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "job\tpolicy\tranks\tmin capacity MiB\t(rank)\tmin card MiB\t(rank)\t"
 	for _, c := range sums[0].Cards {
-		head += c.Name + "\t"
+		head += cli.Safe(c.Name) + "\t"
 	}
 	fmt.Fprintln(tw, head)
 	for _, s := range sums {
@@ -140,7 +140,7 @@ func writeFitJobs(w io.Writer, sums []*job.FitSummary) {
 			capText, capRank = mib(s.MinCapacity), strconv.Itoa(s.MinCapacityRank)
 			card, cardRank = mib(s.MinCard), strconv.Itoa(s.MinCardRank)
 		}
-		line := fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t", filepath.Base(s.Job), s.Policy, len(s.Ranks), capText, capRank, card, cardRank)
+		line := fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t", cli.Safe(filepath.Base(s.Job)), cli.Safe(s.Policy), len(s.Ranks), capText, capRank, card, cardRank)
 		fmt.Fprintln(tw, line+cardCells(s.Cards))
 	}
 	tw.Flush()
@@ -150,7 +150,7 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "trace\tpolicy\tlower bound MiB\tmin capacity MiB\tmin capacity bytes\tover bound\tmin card MiB\t"
 	for _, c := range cards {
-		head += c.Name + "\t"
+		head += cli.Safe(c.Name) + "\t"
 	}
 	fmt.Fprintln(tw, head+"replays\t")
 	for _, r := range answers {
@@ -164,7 +164,7 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 				minCap += " *"
 			}
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t", filepath.Base(r.Trace), r.Policy, mib(r.LowerBound), minCap, bytes, over, card)
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), mib(r.LowerBound), minCap, bytes, over, card)
 		line += cardCells(r.Cards)
 		fmt.Fprintln(tw, line+strconv.Itoa(r.Replays)+"\t")
 	}
@@ -176,10 +176,10 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 				caps = append(caps, mib(p.Capacity)+" MiB")
 			}
 			fmt.Fprintf(w, "* %s: %s: not monotone in capacity: runs out of memory at %s although %s MiB fits\n",
-				filepath.Base(r.Trace), r.Policy, strings.Join(caps, ", "), mib(r.MinCapacity))
+				cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), strings.Join(caps, ", "), mib(r.MinCapacity))
 		}
 		if !r.Fits {
-			fmt.Fprintf(w, "%s: %s: runs out of memory at every capacity tried, unlimited included\n", filepath.Base(r.Trace), r.Policy)
+			fmt.Fprintf(w, "%s: %s: runs out of memory at every capacity tried, unlimited included\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy))
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"text/tabwriter"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/gpu"
 	"github.com/gpualloc/allocsim/sim"
 )
@@ -23,12 +24,12 @@ func writeSimOnlyTable(w io.Writer, rs []*sim.Result, pace bool, model string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\tdevice allocs\tdevice frees\tretries\tOOMs\tsim alloc ms\tof it wake-ups\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%.3f\t\n", filepath.Base(r.Trace), r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%.3f\t\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint),
 			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.SimAllocTimeNS), ms(r.SimWakeTimeNS))
 	}
 	tw.Flush()
 	for _, r := range rs {
-		fmt.Fprintf(w, "\n%s, %s: simulated latency by call\n", filepath.Base(r.Trace), r.Policy)
+		fmt.Fprintf(w, "\n%s, %s: simulated latency by call\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy))
 		writeLatency(w, r.Latency)
 	}
 }
@@ -37,7 +38,7 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 	if len(results) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "%s on %s\n", results[0].Runtime, results[0].Device)
+	fmt.Fprintf(w, "%s on %s\n", cli.Safe(results[0].Runtime), cli.Safe(results[0].Device))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\ttarget\trequested MiB\treserved MiB\tsim reserved MiB\tdevice allocs\tdevice frees\tretries\tOOMs\talloc ms\tsim alloc ms\tof it wake-ups\tsim/measured\tsync ms\twall ms\t")
 	for _, r := range results {
@@ -54,12 +55,12 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 			target += " (paced)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%s\t%s\t%s\t%.3f\t%.1f\t\n",
-			filepath.Base(r.Trace), target, mib(r.PeakRequested), mib(r.PeakReserved), simRes,
+			cli.Safe(filepath.Base(r.Trace)), cli.Safe(target), mib(r.PeakRequested), mib(r.PeakReserved), simRes,
 			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.AllocTimeNS), simMS, wakeMS, ratio, ms(r.SyncTimeNS), ms(r.ReplayWallNS))
 	}
 	tw.Flush()
 	for _, r := range results {
-		fmt.Fprintf(w, "\n%s, %s: measured latency by call\n", filepath.Base(r.Trace), r.Policy)
+		fmt.Fprintf(w, "\n%s, %s: measured latency by call\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy))
 		writeLatency(w, r.Latency)
 		d := r.Driver
 		fmt.Fprintf(w, "driver: cudaMemGetInfo free %s MiB at the start, %s MiB at least (%s MiB used), %s MiB at the end; limit %s MiB",
@@ -86,7 +87,7 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 			fmt.Fprintf(w, "interrupted after %d events\n", r.Events)
 		}
 		if r.Anomalies > 0 {
-			fmt.Fprintf(w, "%d events could not be replayed as recorded; first: %s\n", r.Anomalies, r.FirstAnomaly)
+			fmt.Fprintf(w, "%d events could not be replayed as recorded; first: %s\n", r.Anomalies, cli.Safe(r.FirstAnomaly))
 		}
 	}
 }

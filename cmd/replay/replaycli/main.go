@@ -31,7 +31,7 @@ func Main() {
 		atomicfile.RemoveOnInterrupt()
 	}
 	if err := Run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "replay: %v\n", err)
+		fmt.Fprintf(os.Stderr, "replay: %s\n", cli.Safe(err.Error()))
 		var ec interface{ ExitCode() int }
 		if errors.As(err, &ec) {
 			os.Exit(ec.ExitCode())

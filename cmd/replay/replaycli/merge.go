@@ -54,7 +54,7 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 	}
 	missing := m.Missing()
 	for _, line := range missing[:min(len(missing), 10)] {
-		fmt.Fprintf(stderr, "merge: %s\n", line)
+		fmt.Fprintf(stderr, "merge: %s\n", cli.Safe(line))
 	}
 	if len(missing) > 10 {
 		fmt.Fprintf(stderr, "merge: ... and %d more\n", len(missing)-10)

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
+
 	"github.com/gpualloc/allocsim/sim"
 )
 
@@ -40,7 +42,7 @@ func traceNames(paths []string) map[string]string {
 				break
 			}
 		}
-		out[p] = tail(parts, n)
+		out[p] = cli.Safe(tail(parts, n))
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 )
@@ -32,6 +33,6 @@ func writeSettingsUsed(w io.Writer, results []*sim.Result, user map[string]polic
 			}
 			parts[i] = fmt.Sprintf("%s=%s (%s)", k, r.Settings[k], from)
 		}
-		fmt.Fprintf(w, "%s: %s settings: %s\n", filepath.Base(r.Trace), r.Policy, strings.Join(parts, ", "))
+		fmt.Fprintf(w, "%s: %s settings: %s\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), cli.Safe(strings.Join(parts, ", ")))
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 
 	"github.com/spf13/pflag"
@@ -79,6 +80,25 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 			return cli.UsageError{Err: fmt.Errorf("--plot-policy: no result of policy %q in the inputs", n)}
 		}
 	}
+	// The charts' files are known before anything is written: none may
+	// be an input.
+	var charts []plots.ReportChart
+	if *plotDir != "" {
+		var err error
+		if charts, err = rep.Charts(); err != nil {
+			return err
+		}
+		if err := atomicfile.CheckOutput(*plotDir, fs.Args()); err != nil {
+			return fmt.Errorf("--plots: %w", err)
+		}
+		for _, c := range charts {
+			for _, format := range plots.Formats {
+				if err := atomicfile.CheckOutput(filepath.Join(*plotDir, c.ID+"."+format), fs.Args()); err != nil {
+					return fmt.Errorf("--plots: %w", err)
+				}
+			}
+		}
+	}
 	var size int64
 	say := stdout
 	if *out == "-" {
@@ -100,10 +120,6 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	}
 	fmt.Fprintf(say, "report: %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), *out, float64(size)/1e6)
 	if *plotDir != "" {
-		charts, err := rep.Charts()
-		if err != nil {
-			return err
-		}
 		written, err := plots.WriteReportCharts(*plotDir, charts)
 		if err != nil {
 			return fmt.Errorf("--plots: %w", err)

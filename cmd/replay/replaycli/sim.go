@@ -103,7 +103,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	for _, n := range notes {
-		fmt.Fprintf(stderr, "sim: %s\n", n)
+		fmt.Fprintf(stderr, "sim: %s\n", cli.Safe(n))
 	}
 	if err := checkOutputs(inputs, "json", *jsonOut, "csv", *csvOut, "sites-csv", *sitesCSV); err != nil {
 		return err
@@ -124,6 +124,18 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	}
 	settings, err := parseSets(*sets, names)
 	if err != nil {
+		return err
+	}
+	// The charts and snapshots go into directories, under names made of
+	// the traces' and the policies': no input may be one of them.
+	if err := checkDirOutput(inputs, "plots", *plotDir, plots.FileSuffixes()); err != nil {
+		return err
+	}
+	vizSuffixes := make([]string, len(names))
+	for k, n := range names {
+		vizSuffixes[k] = "." + n + ".pickle"
+	}
+	if err := checkDirOutput(inputs, "viz", *vizOut, vizSuffixes); err != nil {
 		return err
 	}
 	shown, err := plotPolicies(*plotList, *plotDir, names)
@@ -182,6 +194,9 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			}
 			results = append(results, res...)
 		}
+	}
+	if w := vd.warning(); w != "" {
+		fmt.Fprintf(stderr, "sim: %s\n", w)
 	}
 	if n := writeWarnings(stderr, results); n > 0 && *strict {
 		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
@@ -277,7 +292,7 @@ func writeJobs(w io.Writer, sums []*job.Summary) {
 				first = fmt.Sprintf("rank %d, event %d", s.FirstOOMRank, s.FirstOOMEvent)
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%.1f%%\t%s\t%d\t%s\t%s\t\n", filepath.Base(s.Job), s.Policy, len(s.Ranks),
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%.1f%%\t%s\t%d\t%s\t%s\t\n", cli.Safe(filepath.Base(s.Job)), cli.Safe(s.Policy), len(s.Ranks),
 			mib(s.MaxReserved), s.MaxReservedRank, mib(s.MinReserved), s.MinReservedRank, 100*s.Spread(),
 			mib(s.MaxFootprint), s.MaxFootprintRank, ooms, first)
 	}
@@ -316,6 +331,39 @@ func checkOutputs(inputs []string, flagPaths ...string) error {
 			return cli.UsageError{Err: fmt.Errorf("--%s %s: also the --%s output", flag, path, other)}
 		}
 		seen[filepath.Clean(path)] = flag
+	}
+	return nil
+}
+
+// checkDirOutput returns an error naming the flag when dir, a directory
+// an option writes files into, is one of the inputs, or holds an input
+// whose name ends with one of suffixes (the endings of the names of the
+// files it writes there, compared without regard to case, as on a file
+// system that ignores it): an input that a file written there could
+// replace. It is called before any work is done; "" (no directory) and a
+// directory that does not exist yet hold no input.
+func checkDirOutput(inputs []string, flag, dir string, suffixes []string) error {
+	if dir == "" {
+		return nil
+	}
+	if err := atomicfile.CheckOutput(dir, inputs); err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	di, err := os.Stat(dir)
+	if err != nil || !di.IsDir() {
+		return nil
+	}
+	for _, in := range inputs {
+		pi, err := os.Stat(filepath.Dir(in))
+		if err != nil || !os.SameFile(di, pi) {
+			continue
+		}
+		base := strings.ToLower(filepath.Base(in))
+		for _, s := range suffixes {
+			if strings.HasSuffix(base, strings.ToLower(s)) {
+				return fmt.Errorf("--%s %s: its file %s %w", flag, dir, filepath.Base(in), atomicfile.ErrInput)
+			}
+		}
 	}
 	return nil
 }
@@ -444,7 +492,7 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
-			names[r.Trace], r.Policy, mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
+			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
 			ratio, vsOffline, 100*r.PeakFragmentation, 100*r.IdleAtPeak, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
@@ -469,7 +517,7 @@ func writeCompactTable(w io.Writer, results []*sim.Result) {
 	}
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t\n",
-			names[r.Trace], r.Policy, mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
+			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
 			100*r.PeakFragmentation, 100*r.IdleAtPeak, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
 	}
 	tw.Flush()
@@ -494,14 +542,14 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 			if !served[r.Trace] {
 				how = "at least: every policy ran out of memory"
 			}
-			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column the requests it failed too; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", r.Trace, how, lower[r.Trace], r.PeakOffline)
+			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column the requests it failed too; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", cli.Safe(r.Trace), how, lower[r.Trace], r.PeakOffline)
 		}
 	}
 	carded := map[string]bool{}
 	for _, r := range results {
 		if r.CapacityFromCard && !carded[r.Trace] {
 			carded[r.Trace] = true
-			fmt.Fprintf(w, "%s: capacity %d bytes: the recorded card's %d bytes less its %d-byte context (--capacity overrides)\n", r.Trace, r.Capacity, r.Capacity+sim.ContextBytes, uint64(sim.ContextBytes))
+			fmt.Fprintf(w, "%s: capacity %d bytes: the recorded card's %d bytes less its %d-byte context (--capacity overrides)\n", cli.Safe(r.Trace), r.Capacity, r.Capacity+sim.ContextBytes, uint64(sim.ContextBytes))
 		}
 	}
 
@@ -539,14 +587,14 @@ func writeWarnings(w io.Writer, rs []*sim.Result) int {
 			done[k] = true
 			switch ps := has[k]; {
 			case len(ps) == perTrace[r.Trace] && k[1] == x:
-				fmt.Fprintf(w, "%s: warning: %s\n", r.Trace, x)
+				fmt.Fprintf(w, "%s: warning: %s\n", cli.Safe(r.Trace), cli.Safe(x))
 			case len(ps) == 1:
-				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, r.Policy, x)
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", cli.Safe(r.Trace), cli.Safe(r.Policy), cli.Safe(x))
 			default:
 				list := strings.Join(ps, ", ")
 				text := strings.ReplaceAll(k[1], "the \x00 policy keeps ", "the "+list+" policies keep ")
 				text = strings.ReplaceAll(text, "the \x00 policy ", "the "+list+" policies ")
-				fmt.Fprintf(w, "%s: %s: warning: %s\n", r.Trace, list, text)
+				fmt.Fprintf(w, "%s: %s: warning: %s\n", cli.Safe(r.Trace), cli.Safe(list), cli.Safe(text))
 			}
 			n++
 		}

@@ -7,7 +7,9 @@ import (
 	"strconv"
 	"text/tabwriter"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/sites"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -40,7 +42,7 @@ func writeSites(w io.Writer, rs []*sim.Result) {
 		if s == nil {
 			continue
 		}
-		fmt.Fprintf(w, "\n%s, %s: memory at the peak (event %d, %s MiB reserved) by site\n", names[r.Trace], r.Policy, s.Event, mib(s.Reserved))
+		fmt.Fprintf(w, "\n%s, %s: memory at the peak (event %d, %s MiB reserved) by site\n", names[r.Trace], cli.Safe(r.Policy), s.Event, mib(s.Reserved))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintf(tw, "live MiB\tcount\tunused MiB\tshare\t\tsite\n")
 		for _, row := range s.Sites {
@@ -48,7 +50,7 @@ func writeSites(w io.Writer, rs []*sim.Result) {
 			if s.Reserved > 0 {
 				share = 100 * float64(row.LiveBytes+row.UnusedBytes) / float64(s.Reserved)
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f%%\t\t%s\n", mib(row.LiveBytes), row.Count, mib(row.UnusedBytes), share, row.Site)
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f%%\t\t%s\n", mib(row.LiveBytes), row.Count, mib(row.UnusedBytes), share, cli.Safe(row.Site))
 		}
 		tw.Flush()
 	}
@@ -58,7 +60,8 @@ func writeSites(w io.Writer, rs []*sim.Result) {
 // site), the site's rank from 1 in the order of the table.
 var sitesColumns = []string{"trace", "policy", "peak_event", "peak_time_ns", "peak_reserved_bytes", "depth", "site_rank", "site", "live_bytes", "count", "unused_bytes"}
 
-// writeSitesCSV writes the sites of rs as CSV (sitesColumns).
+// writeSitesCSV writes the sites of rs as CSV (sitesColumns), the text
+// cells through results.CSVText.
 func writeSitesCSV(w io.Writer, rs []*sim.Result) error {
 	cw := csv.NewWriter(w)
 	cw.Write(sitesColumns)
@@ -69,8 +72,8 @@ func writeSitesCSV(w io.Writer, rs []*sim.Result) error {
 			continue
 		}
 		for k, row := range s.Sites {
-			cw.Write([]string{r.Trace, r.Policy, strconv.FormatInt(s.Event, 10), strconv.FormatInt(s.Time, 10), u(s.Reserved),
-				strconv.Itoa(s.Depth), strconv.Itoa(k + 1), row.Site, u(row.LiveBytes), strconv.FormatInt(row.Count, 10), u(row.UnusedBytes)})
+			cw.Write([]string{results.CSVText(r.Trace), results.CSVText(r.Policy), strconv.FormatInt(s.Event, 10), strconv.FormatInt(s.Time, 10), u(s.Reserved),
+				strconv.Itoa(s.Depth), strconv.Itoa(k + 1), results.CSVText(row.Site), u(row.LiveBytes), strconv.FormatInt(row.Count, 10), u(row.UnusedBytes)})
 		}
 	}
 	cw.Flush()

@@ -122,7 +122,7 @@ func runSlice(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	for _, warn := range res.Warnings {
-		fmt.Fprintf(stderr, "%s: warning: %s\n", path, warn)
+		fmt.Fprintf(stderr, "%s: warning: %s\n", cli.Safe(path), cli.Safe(warn))
 	}
 	fmt.Fprintf(stdout, "wrote %s: entries %d to %d of %d (time_us %d to %d, %s), %d segments of %d bytes, %d bytes allocated at the end\n",
 		*out, res.First, res.End-1, res.Entries, res.FirstUS, res.LastUS, time.Duration(res.LastUS-res.FirstUS)*time.Microsecond,

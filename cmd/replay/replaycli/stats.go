@@ -184,24 +184,24 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 		times = func(n uint64) string { return fmt.Sprintf("%d steps", n) }
 	}
 	if h.Unrecorded(trace.UnrecordedTimes) {
-		fmt.Fprintf(w, "%s: %s trace, %d events\n", path, h.Source, s.Events)
+		fmt.Fprintf(w, "%s: %s trace, %d events\n", cli.Safe(path), cli.Safe(h.Source), s.Events)
 	} else {
-		fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", path, h.Source, s.Events, times(uint64(max(s.LastTime-s.FirstTime, 0))))
+		fmt.Fprintf(w, "%s: %s trace, %d events over %s\n", cli.Safe(path), cli.Safe(h.Source), s.Events, times(uint64(max(s.LastTime-s.FirstTime, 0))))
 	}
 	if n := unrecordedNote(h); n != "" {
 		fmt.Fprintln(w, n)
 	}
 	if c := h.Metadata["device_calls"]; c != "" {
-		fmt.Fprintf(w, "device calls: %s\n", c)
+		fmt.Fprintf(w, "device calls: %s\n", cli.Safe(c))
 	}
-	if n := truncatedNote(h); n != "" {
+	if n := cli.Safe(truncatedNote(h)); n != "" {
 		fmt.Fprintln(w, n)
 	}
 	switch {
 	case h.DeviceMemory != 0:
-		fmt.Fprintf(w, "card: %s, %s (%d bytes)\n", cmp.Or(h.Device, "unnamed"), humanBytes(h.DeviceMemory), h.DeviceMemory)
+		fmt.Fprintf(w, "card: %s, %s (%d bytes)\n", cli.Safe(cmp.Or(h.Device, "unnamed")), humanBytes(h.DeviceMemory), h.DeviceMemory)
 	case h.Device != "":
-		fmt.Fprintf(w, "card: %s\n", h.Device)
+		fmt.Fprintf(w, "card: %s\n", cli.Safe(h.Device))
 	}
 	var calls []string
 	for k, v := range h.Metadata {
@@ -215,7 +215,7 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 	}
 	if len(calls) > 0 {
 		slices.Sort(calls)
-		fmt.Fprintf(w, "recorded calls: %s\n", strings.Join(calls, ", "))
+		fmt.Fprintf(w, "recorded calls: %s\n", cli.Safe(strings.Join(calls, ", ")))
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ops:")
@@ -239,7 +239,7 @@ func writeStats(w io.Writer, path string, h trace.Header, s *trace.Stats, top in
 		for _, id := range ids {
 			parts = append(parts, fmt.Sprintf("%s %d", trace.PoolLabel(names, id), s.PoolMallocs[id]))
 		}
-		fmt.Fprintf(w, "mallocs into private pools: %s\n", strings.Join(parts, ", "))
+		fmt.Fprintf(w, "mallocs into private pools: %s\n", cli.Safe(strings.Join(parts, ", ")))
 	}
 	if s.PeakLiveEvent >= 0 {
 		fmt.Fprintf(w, "peak live requested device bytes: %s (%d) at event %d\n", humanBytes(s.PeakLive), s.PeakLive, s.PeakLiveEvent)

@@ -95,7 +95,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("--traces: %w", err)
 	}
 	for _, s := range skipped {
-		fmt.Fprintf(stderr, "sweep: %s\n", s)
+		fmt.Fprintf(stderr, "sweep: %s\n", cli.Safe(s))
 	}
 	if len(traces) == 0 {
 		return cli.UsageError{Err: fmt.Errorf("sweep: no trace given (--traces GLOB)")}
@@ -164,7 +164,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	writeSweepWarnings(stderr, s.Results())
 	if len(failed) > 0 {
 		for _, f := range failed[:min(len(failed), 5)] {
-			fmt.Fprintf(stderr, "sweep: cell %d: %v\n", f.Index, f.Err)
+			fmt.Fprintf(stderr, "sweep: cell %d: %s\n", f.Index, cli.Safe(f.Err.Error()))
 		}
 		return fmt.Errorf("sweep: %d of %d cells failed (first: %v); a rerun retries them", len(failed), len(plan.Cells), failed[0].Err)
 	}
@@ -226,7 +226,7 @@ func (p *lineProgress) jobDone(j sweep.Job) {
 	if j.Err != nil {
 		status = "failed: " + j.Err.Error()
 	}
-	fmt.Fprintf(p.w, "sweep: %d/%d %s: %s\n", p.done, p.total, filepath.Base(j.Trace), status)
+	fmt.Fprintf(p.w, "sweep: %d/%d %s: %s\n", p.done, p.total, cli.Safe(filepath.Base(j.Trace)), cli.Safe(status))
 }
 
 func (p *lineProgress) finish() {}
@@ -234,7 +234,7 @@ func (p *lineProgress) finish() {}
 type barProgress struct{ bar *progressbar.ProgressBar }
 
 func (p *barProgress) jobDone(j sweep.Job) {
-	p.bar.Describe("sweep " + filepath.Base(j.Trace))
+	p.bar.Describe("sweep " + cli.Safe(filepath.Base(j.Trace)))
 	p.bar.Add(len(j.Cells))
 }
 
@@ -256,7 +256,7 @@ func writeSweepWarnings(w io.Writer, rs []*sim.Result) {
 		}
 	}
 	for _, k := range order {
-		fmt.Fprintf(w, "%s: warning (%d cells): %s\n", k.trace, cells[k], k.text)
+		fmt.Fprintf(w, "%s: warning (%d cells): %s\n", cli.Safe(k.trace), cells[k], cli.Safe(k.text))
 	}
 }
 

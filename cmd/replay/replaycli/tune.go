@@ -229,7 +229,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			all = append(all, c.Result)
 		}
 		if shardN > 1 {
-			fmt.Fprintf(stdout, "%s: shard %d/%d: %d of %d settings tried; rank every shard's with replay tune --from-results\n", path, shardI, shardN, len(cs), len(confs))
+			fmt.Fprintf(stdout, "%s: shard %d/%d: %d of %d settings tried; rank every shard's with replay tune --from-results\n", cli.Safe(path), shardI, shardN, len(cs), len(confs))
 			continue
 		}
 		if name, rank, ok := job.Rank(path); ok {
@@ -265,7 +265,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		tune.Rank(cs)
 		best := cs[0].Result
 		fmt.Fprintf(stdout, "job %s (%d ranks): recommended for every rank: PYTORCH_CUDA_ALLOC_CONF=%q: predicted peak reserved of its largest rank %d bytes, %d OOMs over the ranks, %d device calls (recorded: %d bytes, %d OOMs, %d)\n",
-			filepath.Base(name), len(runs), cs[0].Conf, best.PeakReserved, best.OOMs, tune.Calls(best), rec[0].Result.PeakReserved, rec[0].Result.OOMs, tune.Calls(rec[0].Result))
+			cli.Safe(filepath.Base(name)), len(runs), cs[0].Conf, best.PeakReserved, best.OOMs, tune.Calls(best), rec[0].Result.PeakReserved, rec[0].Result.OOMs, tune.Calls(rec[0].Result))
 	}
 	if *jsonOut != "" {
 		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {
@@ -288,15 +288,15 @@ func writeTune(w io.Writer, path, recConf string, recorded *sim.Result, cs []tun
 		}
 		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d\t%.1f\t%d\t%s\n", rank, conf, mib(r.PeakReserved), tune.Calls(r), float64(r.SimAllocTimeNS)/1e6, r.OOMs, mark)
 	}
-	row("recorded", recConf, recorded, false)
+	row("recorded", cli.Safe(recConf), recorded, false)
 	for k := range cs[:min(top, len(cs))] {
 		row(fmt.Sprint(k+1), tune.Describe(cs[k].Conf), cs[k].Result, cs[k].Front)
 	}
 	tw.Flush()
 	best := cs[0]
 	fmt.Fprintf(w, "%s: %d settings tried; recommended: PYTORCH_CUDA_ALLOC_CONF=%q: predicted peak reserved %d bytes, %d device allocations (cudaMalloc or page maps), %d OOMs (recorded %s: %d bytes, %d, %d OOMs)\n",
-		path, len(cs), best.Conf, best.Result.PeakReserved, best.Result.DeviceAllocs, best.Result.OOMs,
-		recConf, recorded.PeakReserved, recorded.DeviceAllocs, recorded.OOMs)
+		cli.Safe(path), len(cs), best.Conf, best.Result.PeakReserved, best.Result.DeviceAllocs, best.Result.OOMs,
+		cli.Safe(recConf), recorded.PeakReserved, recorded.DeviceAllocs, recorded.OOMs)
 }
 
 // recordedConf is the setting string the trace was recorded with, as its

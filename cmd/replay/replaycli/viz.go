@@ -19,8 +19,10 @@ import (
 type vizDir struct {
 	dir  string
 	used map[string]bool
-	// written lists the files written, in order.
-	written []string
+	// written lists the files written, in order; replaced counts their
+	// strings that were not UTF-8 (viz.Recorder.Replaced).
+	written  []string
+	replaced int
 }
 
 func newVizDir(dir string) *vizDir {
@@ -86,8 +88,18 @@ func (v *vizRun) finish() error {
 			return fmt.Errorf("--viz: %w", err)
 		}
 		v.d.written = append(v.d.written, v.paths[k])
+		v.d.replaced += rec.Replaced()
 	}
 	return nil
+}
+
+// warning returns the line that says the snapshots hold U+FFFD for
+// strings of the traces that were not UTF-8, or "" when none was.
+func (d *vizDir) warning() string {
+	if d == nil || d.replaced == 0 {
+		return ""
+	}
+	return fmt.Sprintf("--viz: warning: %s of the traces (frame or file names, settings) not valid UTF-8: written with U+FFFD in place of the bad bytes, as Python reads only UTF-8", count(d.replaced, "string"))
 }
 
 // abort removes the snapshots not yet in place.
