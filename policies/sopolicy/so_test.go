@@ -2,6 +2,7 @@ package sopolicy_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -392,4 +393,42 @@ func TestParseArg(t *testing.T) {
 // kit (policytest): random traces under the invariant checker.
 func TestConformance(t *testing.T) {
 	policytest.Run(t, "so:"+lib(t, "cudart13"), &policytest.Options{Rounds: 1})
+}
+
+// TestH200Job replays the requests PyTorch made of caching.c inside a real
+// training job on an H200 (testdata/h200: the library's own log of them)
+// through so: on caching.c built here: the device calls and the peak are
+// those the library made inside PyTorch, as it measured them
+// (mlp_stats.json: 23 cudaMalloc, 0 cudaFree, 373293056 bytes at the
+// peak). (The addresses differ: the simulated device hands out its own.)
+func TestH200Job(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "h200", "mlp_stats.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var real struct {
+		Mallocs int64  `json:"cudaMalloc"`
+		Frees   int64  `json:"cudaFree"`
+		Peak    uint64 `json:"peak_reserved"`
+	}
+	if err := json.Unmarshal(raw, &real); err != nil {
+		t.Fatal(err)
+	}
+	if real.Mallocs == 0 || real.Peak == 0 {
+		t.Fatalf("mlp_stats.json holds no figures: %s", raw)
+	}
+	text, err := os.ReadFile(filepath.Join("testdata", "h200", "mlp_requests.trace"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, evs := parse(t, string(text))
+	rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "so:" + lib(t, "bare")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs[0]
+	if r.DeviceAllocs != real.Mallocs || r.DeviceFrees != real.Frees || r.PeakReserved != real.Peak || r.Mallocs != 138 || r.OOMs != 0 {
+		t.Errorf("so: %d cudaMalloc, %d cudaFree, peak %d, %d mallocs, %d OOMs; inside PyTorch %d, %d, %d, 138, 0",
+			r.DeviceAllocs, r.DeviceFrees, r.PeakReserved, r.Mallocs, r.OOMs, real.Mallocs, real.Frees, real.Peak)
+	}
 }
