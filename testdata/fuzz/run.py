@@ -37,8 +37,9 @@ NAME.xplane.pb, NAME.trace that exists). Each program is then
 
 A failed program is then replayed as a user replays it, `REPLAY sim TRACE`
 (with --capacity set to the job's cap where its figures give one): it
-"says where" when the replay warns that the simulation parts from the
-recording, naming the event; else it is silently wrong ("silent" in the
+"says where" when the replay warns, naming the event, that the simulation
+parts from the recording or that its peak may be lower by what a release
+the log does not show would give back; else it is silently wrong ("silent" in the
 table), the figure that matters most.
 
 and a failure's signature is its first divergence with the numbers taken
@@ -384,8 +385,9 @@ def job_cap(trace):
 
 def sim_says(replay, trace, timeout):
     """sim_says runs `replay sim TRACE` as a user would (under the job's
-    cap) and returns its warning that the simulation parts from the
-    recording, "" when it gives none."""
+    cap) and returns its warning, naming the event, that the simulation
+    parts from the recording, or that its peak may be lower than reported
+    (a release the log does not show), "" when it gives neither."""
     cmd = [replay, "sim", trace]
     cap = job_cap(trace)
     if cap:
@@ -395,7 +397,8 @@ def sim_says(replay, trace, timeout):
                            stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    return next((l for l in p.stderr.splitlines() if "parts from the recording at event " in l), "")
+    return next((l for l in p.stderr.splitlines() if "parts from the recording at event " in l or
+                 ("reserved bytes (event " in l and "wholly free" in l)), "")
 
 
 # --- shrinking -------------------------------------------------------------
