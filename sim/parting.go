@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
@@ -182,12 +184,21 @@ type unshownWatch struct {
 // atPeak is called when the reserved bytes reach a new peak.
 func (u *unshownWatch) atPeak() {
 	u.segs = u.policy.Releasable(u.segs[:0])
+	slices.SortFunc(u.segs, func(a, b policies.Block) int { return cmp.Compare(a.Addr, b.Addr) })
 	u.fresh = u.fresh[:0]
 }
 
-// malloc notes a malloc the recording placed at addr.
+// malloc notes a malloc the recording placed at addr: a binary search of
+// the segments (disjoint, by address), and only on a hit a look at the
+// segments allocated since the peak.
 func (u *unshownWatch) malloc(addr uint64) {
-	if len(u.segs) == 0 {
+	k, _ := slices.BinarySearchFunc(u.segs, addr, func(s policies.Block, a uint64) int { return cmp.Compare(s.Addr, a) })
+	if k < len(u.segs) && u.segs[k].Addr == addr {
+		// k is the segment starting at addr
+	} else if k > 0 {
+		k-- // the segment starting before addr, if it holds it
+	}
+	if k >= len(u.segs) || addr < u.segs[k].Addr || addr-u.segs[k].Addr >= u.segs[k].Size {
 		return
 	}
 	for _, f := range u.fresh {
@@ -195,12 +206,7 @@ func (u *unshownWatch) malloc(addr uint64) {
 			return // in a segment allocated since: no sign of the old one
 		}
 	}
-	for k, s := range u.segs {
-		if addr >= s.Addr && addr-s.Addr < s.Size {
-			u.segs = append(u.segs[:k], u.segs[k+1:]...) // held after the peak
-			return
-		}
-	}
+	u.segs = slices.Delete(u.segs, k, k+1) // held after the peak
 }
 
 // bytes returns the bytes of the segments not shown held.
