@@ -43,6 +43,7 @@ type Runner struct {
 	csvFile    *os.File
 	csvBuf     *bufio.Writer
 	csvErr     error
+	lock       *os.File // the directory's lock, held from Prepare to Close
 }
 
 // CellError is the error of a cell that failed, by its index in the plan.
@@ -82,13 +83,21 @@ func (s *Runner) logf(format string, args ...any) {
 	}
 }
 
-// Prepare creates the directory, checks and writes plan.json, loads the
+// Prepare creates the directory, takes it for this run (a lock that Close
+// or the process's end lets go), checks and writes plan.json, loads the
 // cells already done and starts results.csv with them. It returns an
-// error for a directory that holds another shard of a sweep, or one that
-// cannot be written.
+// error for a directory another sweep is running in now, one that holds
+// another shard of a sweep, or one that cannot be written.
 func (s *Runner) Prepare() error {
 	if err := os.MkdirAll(filepath.Join(s.Dir, "cells"), 0o755); err != nil {
 		return err
+	}
+	if s.lock == nil {
+		lock, err := lockDir(s.Dir)
+		if err != nil {
+			return err
+		}
+		s.lock = lock
 	}
 	planPath := filepath.Join(s.Dir, "plan.json")
 	if data, err := os.ReadFile(planPath); err == nil {
@@ -136,6 +145,17 @@ func (s *Runner) Prepare() error {
 		}
 	}
 	return s.csvBuf.Flush()
+}
+
+// Close lets the directory go (Prepare's lock); a Runner not prepared
+// has nothing to let go.
+func (s *Runner) Close() error {
+	if s.lock == nil {
+		return nil
+	}
+	err := s.lock.Close()
+	s.lock = nil
+	return err
 }
 
 // settingKeys returns the setting keys of the plan's cells, sorted.

@@ -140,6 +140,7 @@ func TestRunCSVError(t *testing.T) {
 	if err != nil || len(rs) != 2 {
 		t.Errorf("results.json: %d results, %v", len(rs), err)
 	}
+	r.Close()
 	// A rerun finds both cells done.
 	again := &Runner{Dir: dir, Plan: NewPlan(cells, 0, 1), Workers: 1}
 	if err := again.Prepare(); err != nil || again.DoneBefore() != 2 {
@@ -177,6 +178,9 @@ func TestReplacedTrace(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := r.Run(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Close(); err != nil {
 			t.Fatal(err)
 		}
 		return r
@@ -321,4 +325,38 @@ func TestRunFileParallel(t *testing.T) {
 	if _, err := RunFileParallel(bad, tracefile.Options{}, 2, sim.Config{Policy: "cuda"}, sim.Config{Policy: "best-fit"}); err == nil || !strings.Contains(err.Error(), "bad.txt") {
 		t.Errorf("bad trace: %v", err)
 	}
+}
+
+// TestLockedDirectory: while a sweep runs in a directory, another sweep
+// there is refused, naming the lock; once the first has let go (Close, or
+// its process's end), the directory can be swept again.
+func TestLockedDirectory(t *testing.T) {
+	cells, err := Spec{Traces: []string{tokenLengths}, Capacities: []uint64{0}, Policies: []string{"cuda"}}.Cells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := Spec{Traces: []string{tokenLengths}, Capacities: []uint64{0}, Policies: []string{"best-fit"}}.Cells()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	first := &Runner{Dir: dir, Plan: NewPlan(cells, 0, 1), Workers: 1}
+	if err := first.Prepare(); err != nil {
+		t.Fatal(err)
+	}
+	second := &Runner{Dir: dir, Plan: NewPlan(other, 0, 1), Workers: 1}
+	err = second.Prepare()
+	if err == nil || !strings.Contains(err.Error(), "in use by another sweep running now") || !strings.Contains(err.Error(), filepath.Join(dir, ".lock")) {
+		t.Fatalf("a second sweep in the directory: %v", err)
+	}
+	if err := first.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Prepare(); err != nil {
+		t.Fatalf("after the first let go: %v", err)
+	}
+	second.Close()
 }

@@ -139,6 +139,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		return fmt.Sprintf("%d of the %d cells kept in %s; run the same sweep again to resume (results.json is written when all are done)", len(cells), len(plan.Cells), filepath.Join(dir, "cells"))
 	})
 	start := time.Now()
+	defer s.Close()
 	if err := s.Prepare(); err != nil {
 		return err
 	}
