@@ -271,12 +271,19 @@ func (pl *ptPool) blocks(stream uint64, create bool) *ptStreamBlocks {
 	return pl.lookup(stream, create)
 }
 
-// lookup is blocks past its last lookup.
+// lookup is blocks past its last lookup: a binary search of the streams
+// (a scan made mallocs on N streams cost N^2).
 func (pl *ptPool) lookup(stream uint64, create bool) *ptStreamBlocks {
-	i := 0
-	for i < len(pl.streams) && pl.streams[i].stream < stream {
-		i++
+	lo, hi := 0, len(pl.streams)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if pl.streams[m].stream < stream {
+			lo = m + 1
+		} else {
+			hi = m
+		}
 	}
+	i := lo
 	if i < len(pl.streams) && pl.streams[i].stream == stream {
 		pl.last = pl.streams[i]
 		return pl.last
