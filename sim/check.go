@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/gpualloc/allocsim/internal/ordmap"
 	"github.com/gpualloc/allocsim/policies"
 )
 
@@ -73,11 +74,11 @@ type Checker struct {
 	policy policies.Policy
 
 	event    int64
-	blocks   ordMap[liveBlock] // live blocks by address
-	segments ordMap[uint64]    // live segments: address -> size in bytes
-	reserved uint64            // bytes in segments
-	live     uint64            // bytes in live blocks
-	mapped   map[uint64]bool   // segments that are runs of mapped pages (check_map.go)
+	blocks   ordmap.Map[liveBlock] // live blocks by address
+	segments ordmap.Map[uint64]    // live segments: address -> size in bytes
+	reserved uint64                // bytes in segments
+	live     uint64                // bytes in live blocks
+	mapped   map[uint64]bool       // segments that are runs of mapped pages (check_map.go)
 	err      *CheckError
 }
 
@@ -91,7 +92,7 @@ type liveBlock struct {
 // the policy the device returned by Wrap, so that the Checker sees the
 // segments, and then the policy itself with SetPolicy.
 func NewChecker(dev *Device) *Checker {
-	return &Checker{dev: dev, blocks: newOrdMap[liveBlock](), segments: newOrdMap[uint64]()}
+	return &Checker{dev: dev, blocks: ordmap.New[liveBlock](), segments: ordmap.New[uint64]()}
 }
 
 // Wrap returns a Device for the policy: the checker's device, whose
@@ -127,7 +128,7 @@ func (c *Checker) Malloc(b policies.Block, size uint64) error {
 	if c.err != nil {
 		return c.err
 	}
-	if a, lb, ok := c.blocks.floor(b.Addr); ok && a+lb.size > b.Addr {
+	if a, lb, ok := c.blocks.Floor(b.Addr); ok && a+lb.size > b.Addr {
 		o := policies.Block{Addr: a, Size: lb.size}
 		if a == b.Addr {
 			c.fail(b, o, "block %s handed out twice: block %s at the same address is live since event %d", fmtBlock(b), fmtBlock(o), lb.event)
@@ -136,12 +137,12 @@ func (c *Checker) Malloc(b policies.Block, size uint64) error {
 		}
 		return c.err
 	}
-	if a, lb, ok := c.blocks.ceil(b.Addr); ok && a < b.Addr+b.Size {
+	if a, lb, ok := c.blocks.Ceil(b.Addr); ok && a < b.Addr+b.Size {
 		o := policies.Block{Addr: a, Size: lb.size}
 		c.fail(b, o, "block %s overlaps block %s, live since event %d", fmtBlock(b), fmtBlock(o), lb.event)
 		return c.err
 	}
-	s, n, ok := c.segments.floor(b.Addr)
+	s, n, ok := c.segments.Floor(b.Addr)
 	if !ok || b.Addr+b.Size > s+n {
 		seg := policies.Block{Addr: s, Size: n}
 		if !ok || b.Addr >= s+n {
@@ -151,7 +152,7 @@ func (c *Checker) Malloc(b policies.Block, size uint64) error {
 		}
 		return c.err
 	}
-	c.blocks.put(b.Addr, liveBlock{size: b.Size, event: c.event})
+	c.blocks.Put(b.Addr, liveBlock{size: b.Size, event: c.event})
 	c.live += b.Size
 	return nil
 }
@@ -166,14 +167,14 @@ func (c *Checker) Free(b policies.Block) error {
 	if b.Size == 0 {
 		return nil
 	}
-	lb, ok := c.blocks.get(b.Addr)
+	lb, ok := c.blocks.Get(b.Addr)
 	if !ok || lb.size != b.Size {
 		// The engine frees only blocks it was handed: the checker lost
 		// track, which is a bug of the checker or the engine.
 		c.fail(b, policies.Block{}, "free of block %s, which the checker does not hold live", fmtBlock(b))
 		return c.err
 	}
-	c.blocks.delete(b.Addr)
+	c.blocks.Delete(b.Addr)
 	c.live -= b.Size
 	return nil
 }
@@ -185,7 +186,7 @@ func (c *Checker) Step() error {
 		return c.err
 	}
 	if got := c.dev.Reserved(); got != c.reserved {
-		c.fail(policies.Block{}, policies.Block{}, "device reserved bytes %d != %d, the sum of the %d live segments", got, c.reserved, c.segments.len())
+		c.fail(policies.Block{}, policies.Block{}, "device reserved bytes %d != %d, the sum of the %d live segments", got, c.reserved, c.segments.Len())
 		return c.err
 	}
 	if fs, ok := c.policy.(policies.FreeSpacer); ok {
@@ -216,13 +217,13 @@ func (c *Checker) fail(b, o policies.Block, format string, args ...any) {
 // segmentAlloc records a segment allocated on the device.
 func (c *Checker) segmentAlloc(addr, size uint64) {
 	seg := policies.Block{Addr: addr, Size: size}
-	if s, n, ok := c.segments.floor(addr); ok && s+n > addr {
+	if s, n, ok := c.segments.Floor(addr); ok && s+n > addr {
 		c.fail(seg, policies.Block{Addr: s, Size: n}, "device segment %s overlaps live segment %s", fmtBlock(seg), fmtBlock(policies.Block{Addr: s, Size: n}))
 	}
-	if s, n, ok := c.segments.ceil(addr); ok && s < addr+size {
+	if s, n, ok := c.segments.Ceil(addr); ok && s < addr+size {
 		c.fail(seg, policies.Block{Addr: s, Size: n}, "device segment %s overlaps live segment %s", fmtBlock(seg), fmtBlock(policies.Block{Addr: s, Size: n}))
 	}
-	c.segments.put(addr, size)
+	c.segments.Put(addr, size)
 	c.reserved += size
 }
 
@@ -230,11 +231,11 @@ func (c *Checker) segmentAlloc(addr, size uint64) {
 // in it.
 func (c *Checker) segmentFree(addr, size uint64) {
 	seg := policies.Block{Addr: addr, Size: size}
-	if a, lb, ok := c.blocks.ceil(addr); ok && a < addr+size {
+	if a, lb, ok := c.blocks.Ceil(addr); ok && a < addr+size {
 		o := policies.Block{Addr: a, Size: lb.size}
 		c.fail(seg, o, "device segment %s freed while block %s in it is live (since event %d)", fmtBlock(seg), fmtBlock(o), lb.event)
 	}
-	c.segments.delete(addr)
+	c.segments.Delete(addr)
 	c.reserved -= size
 }
 
@@ -269,139 +270,4 @@ func (d *checkedDevice) Free(addr uint64) error {
 // fmtBlock formats a block as its half-open address range and size.
 func fmtBlock(b policies.Block) string {
 	return fmt.Sprintf("[%#x, %#x) (%d bytes)", b.Addr, b.Addr+b.Size, b.Size)
-}
-
-// ordMap is an ordered map from uint64 keys: a treap with floor and ceiling
-// queries, for the checker's live blocks and segments.
-type ordMap[V any] struct {
-	root *ordNode[V]
-	n    int
-	rng  uint64
-}
-
-type ordNode[V any] struct {
-	key         uint64
-	val         V
-	prio        uint64
-	left, right *ordNode[V]
-}
-
-func newOrdMap[V any]() ordMap[V] { return ordMap[V]{rng: 0x9e3779b97f4a7c15} }
-
-func (m *ordMap[V]) len() int { return m.n }
-
-func (m *ordMap[V]) get(k uint64) (V, bool) {
-	for x := m.root; x != nil; {
-		switch {
-		case k < x.key:
-			x = x.left
-		case k > x.key:
-			x = x.right
-		default:
-			return x.val, true
-		}
-	}
-	var zero V
-	return zero, false
-}
-
-// floor returns the entry with the largest key <= k.
-func (m *ordMap[V]) floor(k uint64) (uint64, V, bool) {
-	var best *ordNode[V]
-	for x := m.root; x != nil; {
-		if x.key <= k {
-			best, x = x, x.right
-		} else {
-			x = x.left
-		}
-	}
-	if best == nil {
-		var zero V
-		return 0, zero, false
-	}
-	return best.key, best.val, true
-}
-
-// ceil returns the entry with the smallest key >= k.
-func (m *ordMap[V]) ceil(k uint64) (uint64, V, bool) {
-	var best *ordNode[V]
-	for x := m.root; x != nil; {
-		if x.key >= k {
-			best, x = x, x.left
-		} else {
-			x = x.right
-		}
-	}
-	if best == nil {
-		var zero V
-		return 0, zero, false
-	}
-	return best.key, best.val, true
-}
-
-// put sets the value of key k.
-func (m *ordMap[V]) put(k uint64, v V) {
-	m.rng ^= m.rng << 13
-	m.rng ^= m.rng >> 7
-	m.rng ^= m.rng << 17
-	m.root = m.insert(m.root, k, v, m.rng)
-}
-
-func (m *ordMap[V]) insert(x *ordNode[V], k uint64, v V, prio uint64) *ordNode[V] {
-	if x == nil {
-		m.n++
-		return &ordNode[V]{key: k, val: v, prio: prio}
-	}
-	switch {
-	case k < x.key:
-		x.left = m.insert(x.left, k, v, prio)
-		if x.left.prio > x.prio {
-			l := x.left
-			x.left, l.right = l.right, x
-			return l
-		}
-	case k > x.key:
-		x.right = m.insert(x.right, k, v, prio)
-		if x.right.prio > x.prio {
-			r := x.right
-			x.right, r.left = r.left, x
-			return r
-		}
-	default:
-		x.val = v
-	}
-	return x
-}
-
-// delete removes key k if present.
-func (m *ordMap[V]) delete(k uint64) {
-	p := &m.root
-	for *p != nil && (*p).key != k {
-		if k < (*p).key {
-			p = &(*p).left
-		} else {
-			p = &(*p).right
-		}
-	}
-	if *p == nil {
-		return
-	}
-	*p = merge((*p).left, (*p).right)
-	m.n--
-}
-
-// merge joins two treaps whose keys are ordered (all of a before all of b).
-func merge[V any](a, b *ordNode[V]) *ordNode[V] {
-	switch {
-	case a == nil:
-		return b
-	case b == nil:
-		return a
-	case a.prio > b.prio:
-		a.right = merge(a.right, b)
-		return a
-	default:
-		b.left = merge(a, b.left)
-		return b
-	}
 }

@@ -32,15 +32,15 @@ func (c *Checker) mapRange(addr, size uint64) {
 		c.mapped = map[uint64]bool{}
 	}
 	c.segmentAlloc(addr, size)
-	if s, n, ok := c.segments.floor(addr - 1); ok && addr > 0 && c.mapped[s] && s+n == addr {
-		c.segments.delete(addr)
-		c.segments.put(s, n+size)
+	if s, n, ok := c.segments.Floor(addr - 1); ok && addr > 0 && c.mapped[s] && s+n == addr {
+		c.segments.Delete(addr)
+		c.segments.Put(s, n+size)
 		addr, size = s, n+size
 	}
-	if s, n, ok := c.segments.ceil(addr + size); ok && s == addr+size && c.mapped[s] {
+	if s, n, ok := c.segments.Ceil(addr + size); ok && s == addr+size && c.mapped[s] {
 		delete(c.mapped, s)
-		c.segments.put(addr, size+n)
-		c.segments.delete(s)
+		c.segments.Put(addr, size+n)
+		c.segments.Delete(s)
 	}
 	c.mapped[addr] = true
 }
@@ -49,23 +49,23 @@ func (c *Checker) mapRange(addr, size uint64) {
 // run, which no live block may meet.
 func (c *Checker) unmapRange(addr, size uint64) {
 	r := policies.Block{Addr: addr, Size: size}
-	s, n, ok := c.segments.floor(addr)
+	s, n, ok := c.segments.Floor(addr)
 	if !ok || !c.mapped[s] || s+n < addr+size {
 		c.fail(r, policies.Block{}, "pages %s unmapped outside a mapped range", fmtBlock(r))
 		return
 	}
-	if a, lb, ok := c.blocks.floor(addr + size - 1); ok && a+lb.size > addr {
+	if a, lb, ok := c.blocks.Floor(addr + size - 1); ok && a+lb.size > addr {
 		o := policies.Block{Addr: a, Size: lb.size}
 		c.fail(r, o, "pages %s unmapped while block %s in them is live (since event %d)", fmtBlock(r), fmtBlock(o), lb.event)
 	}
-	c.segments.delete(s)
+	c.segments.Delete(s)
 	delete(c.mapped, s)
 	if s < addr {
-		c.segments.put(s, addr-s)
+		c.segments.Put(s, addr-s)
 		c.mapped[s] = true
 	}
 	if end := addr + size; end < s+n {
-		c.segments.put(end, s+n-end)
+		c.segments.Put(end, s+n-end)
 		c.mapped[end] = true
 	}
 	c.reserved -= size

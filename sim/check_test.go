@@ -248,7 +248,7 @@ func TestCheckerInReplay(t *testing.T) {
 				}
 				// Runs of mapped pages are segments to the checker, none
 				// to the device.
-				if segs := rep.check.segments.len() - len(rep.check.mapped); rep.check.reserved != rep.dev.Reserved() || segs != rep.dev.live.Len() {
+				if segs := rep.check.segments.Len() - len(rep.check.mapped); rep.check.reserved != rep.dev.Reserved() || segs != rep.dev.live.Len() {
 					t.Errorf("checker holds %d bytes in %d segments, device %d in %d",
 						rep.check.reserved, segs, rep.dev.Reserved(), rep.dev.live.Len())
 				}
@@ -268,45 +268,5 @@ func TestCheckByDefault(t *testing.T) {
 	t.Setenv("ALLOCSIM_CHECK", "1")
 	if !checkByDefault() {
 		t.Error("ALLOCSIM_CHECK=1 leaves the checker off")
-	}
-}
-
-// TestOrdMap checks the checker's ordered map against a sorted slice.
-func TestOrdMap(t *testing.T) {
-	m := newOrdMap[int]()
-	ref := map[uint64]int{}
-	x := uint64(12345)
-	for i := range 5000 {
-		x = x*6364136223846793005 + 1442695040888963407
-		k := (x >> 33) % 1000
-		if x>>63 == 0 {
-			m.put(k, i)
-			ref[k] = i
-		} else {
-			m.delete(k)
-			delete(ref, k)
-		}
-		q := (x >> 20) % 1000
-		var fk, ck uint64
-		fok, cok := false, false
-		for rk := range ref {
-			if rk <= q && (!fok || rk > fk) {
-				fk, fok = rk, true
-			}
-			if rk >= q && (!cok || rk < ck) {
-				ck, cok = rk, true
-			}
-		}
-		gk, gv, gok := m.floor(q)
-		if gok != fok || (fok && (gk != fk || gv != ref[fk])) {
-			t.Fatalf("op %d: floor(%d) = %d %d %v, want %d %v", i, q, gk, gv, gok, fk, fok)
-		}
-		gk, _, gok = m.ceil(q)
-		if gok != cok || (cok && gk != ck) {
-			t.Fatalf("op %d: ceil(%d) = %d %v, want %d %v", i, q, gk, gok, ck, cok)
-		}
-		if m.len() != len(ref) {
-			t.Fatalf("op %d: len %d, want %d", i, m.len(), len(ref))
-		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpualloc/allocsim/internal/ordmap"
 	"github.com/gpualloc/allocsim/policies"
 )
 
@@ -125,11 +126,11 @@ type Policy struct {
 	hooks           Hooks
 	childName       string // the name in the handshake
 
-	line   int    // lines of the child's output read so far
-	req    []byte // the request being answered, for errors
-	num    []byte // scratch for numbers
-	blocks ordMap // live blocks the child handed out: address -> bytes
-	segs   ordMap // segments the child holds: address -> bytes
+	line   int                // lines of the child's output read so far
+	req    []byte             // the request being answered, for errors
+	num    []byte             // scratch for numbers
+	blocks ordmap.Map[uint64] // live blocks the child handed out: address -> bytes
+	segs   ordmap.Map[uint64] // segments the child holds: address -> bytes
 }
 
 var (
@@ -156,7 +157,7 @@ func New(command string, dev policies.Device, opts Options) (*Policy, error) {
 	return &Policy{
 		name: Scheme + ":" + command, command: command, argv: argv, dev: dev,
 		timeout: opts.Timeout, stderr: opts.Stderr,
-		blocks: newOrdMap(), segs: newOrdMap(),
+		blocks: ordmap.New[uint64](), segs: ordmap.New[uint64](),
 	}, nil
 }
 
@@ -257,18 +258,18 @@ func (p *Policy) block(line, rest []byte, size uint64) (policies.Block, error) {
 	if b.Addr+b.Size < b.Addr {
 		return policies.Block{}, p.fail(line, ErrPlacement, fmt.Sprintf("block %s wraps around the address space", fmtBlock(b)))
 	}
-	if s, n, ok := p.segs.floor(b.Addr); !ok || b.Addr >= s+n {
+	if s, n, ok := p.segs.Floor(b.Addr); !ok || b.Addr >= s+n {
 		return policies.Block{}, p.fail(line, ErrPlacement, fmt.Sprintf("block %s is not inside a device segment it got (device_alloc)", fmtBlock(b)))
 	} else if b.Addr+b.Size > s+n {
 		return policies.Block{}, p.fail(line, ErrPlacement, fmt.Sprintf("block %s runs past the end of its device segment %s", fmtBlock(b), fmtBlock(policies.Block{Addr: s, Size: n})))
 	}
-	if a, n, ok := p.blocks.floor(b.Addr); ok && a+n > b.Addr {
+	if a, n, ok := p.blocks.Floor(b.Addr); ok && a+n > b.Addr {
 		return policies.Block{}, p.fail(line, ErrPlacement, fmt.Sprintf("block %s overlaps block %s, handed out before and not freed", fmtBlock(b), fmtBlock(policies.Block{Addr: a, Size: n})))
 	}
-	if a, n, ok := p.blocks.ceil(b.Addr); ok && a < b.Addr+b.Size {
+	if a, n, ok := p.blocks.Ceil(b.Addr); ok && a < b.Addr+b.Size {
 		return policies.Block{}, p.fail(line, ErrPlacement, fmt.Sprintf("block %s overlaps block %s, handed out before and not freed", fmtBlock(b), fmtBlock(policies.Block{Addr: a, Size: n})))
 	}
-	p.blocks.put(b.Addr, b.Size)
+	p.blocks.Put(b.Addr, b.Size)
 	return b, nil
 }
 
@@ -279,7 +280,7 @@ func (p *Policy) Free(addr, stream uint64) error {
 	if err := p.ready(); err != nil {
 		return err
 	}
-	p.blocks.delete(addr) // absent for a block of 0 bytes
+	p.blocks.Delete(addr) // absent for a block of 0 bytes
 	p.request2("free", addr, stream)
 	return p.send()
 }
@@ -482,7 +483,7 @@ func (p *Policy) deviceAlloc(line, rest []byte) error {
 	case err != nil:
 		return p.fail(line, ErrDevice, "the device failed: "+err.Error())
 	default:
-		p.segs.put(addr, size)
+		p.segs.Put(addr, size)
 		p.in.WriteString("ok ")
 		p.in.Write(strconv.AppendUint(p.num[:0], addr, 10))
 	}
@@ -499,17 +500,17 @@ func (p *Policy) deviceFree(line, rest []byte) error {
 	if !ok {
 		return p.fail(line, ErrProtocol, "want device_free ADDR")
 	}
-	size, ok := p.segs.get(addr)
+	size, ok := p.segs.Get(addr)
 	if !ok {
 		return p.fail(line, ErrPlacement, fmt.Sprintf("device_free of %#x, which is not a segment it holds", addr))
 	}
-	if a, n, ok := p.blocks.ceil(addr); ok && a < addr+size {
+	if a, n, ok := p.blocks.Ceil(addr); ok && a < addr+size {
 		return p.fail(line, ErrPlacement, fmt.Sprintf("device_free of segment %s with block %s live in it", fmtBlock(policies.Block{Addr: addr, Size: size}), fmtBlock(policies.Block{Addr: a, Size: n})))
 	}
 	if err := p.dev.Free(addr); err != nil {
 		return p.fail(line, ErrDevice, "the device failed: "+err.Error())
 	}
-	p.segs.delete(addr)
+	p.segs.Delete(addr)
 	return nil
 }
 
