@@ -23,6 +23,7 @@
 package sopolicy
 
 import (
+	"cmp"
 	"debug/elf"
 	"errors"
 	"fmt"
@@ -336,7 +337,7 @@ func (p *Policy) deviceMalloc(size uint64, call string) (uint64, int) {
 		return 0, codeUnknown
 	}
 	i, _ := slices.BinarySearchFunc(p.segs, addr, func(s segment, a uint64) int {
-		return compare(s.addr, a)
+		return cmp.Compare(s.addr, a)
 	})
 	p.segs = slices.Insert(p.segs, i, segment{addr, size})
 	return addr, codeSuccess
@@ -345,7 +346,7 @@ func (p *Policy) deviceMalloc(size uint64, call string) (uint64, int) {
 // deviceFree serves the library's cudaFree of addr.
 func (p *Policy) deviceFree(addr uint64, call string) int {
 	i, found := slices.BinarySearchFunc(p.segs, addr, func(s segment, a uint64) int {
-		return compare(s.addr, a)
+		return cmp.Compare(s.addr, a)
 	})
 	if !found {
 		p.calls.failed = p.fail(ErrLibrary, "%s(%#x): not a segment it got from cudaMalloc", call, addr)
@@ -377,14 +378,4 @@ func (p *Policy) memInfo() (free, total uint64) {
 		return free, total
 	}
 	return unlimited, unlimited
-}
-
-func compare(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
