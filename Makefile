@@ -4,9 +4,14 @@ BIN := bin
 
 .PHONY: build test demo bench bigsnap fuzz clean
 
+# The commit and the build date go into --version (cmd/internal/cli) even
+# where the go command stamps no VCS information.
+COMMIT := $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
+LDFLAGS := -X github.com/gpualloc/allocsim/cmd/internal/cli.commit=$(COMMIT) -X github.com/gpualloc/allocsim/cmd/internal/cli.buildDate=$(shell date -u +%Y-%m-%dT%H:%M:%SZ)
+
 build:
-	$(GO) build -o $(BIN)/record ./cmd/record
-	$(GO) build -o $(BIN)/replay ./cmd/replay
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/record ./cmd/record
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/replay ./cmd/replay
 	$(CC) -O2 -shared -fPIC -o $(BIN)/librecord-interpose.so gpu/interpose/preload/interpose.c -ldl -lpthread
 
 # test runs every test; the real-trace tests use ../shared/traces when it

@@ -311,7 +311,7 @@ func Known(name string) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("unknown policy %q (known: %s%s)", name, strings.Join(Names(), ", "), schemeList())
+	return fmt.Errorf("unknown policy %q (%sknown: %s%s)", name, didYouMean(name, Names()), strings.Join(Names(), ", "), schemeList())
 }
 
 // schemeList lists the schemes as ", or SCHEME:ARG ..." for an error.

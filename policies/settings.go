@@ -3,6 +3,7 @@ package policies
 import (
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/internal/spell"
 	"slices"
 	"sort"
 	"strconv"
@@ -44,7 +45,7 @@ func (s Settings) Check(policy string, known ...string) error {
 			if len(known) == 0 {
 				return fmt.Errorf("policy %s: unknown setting %q (it has no settings)", policy, k)
 			}
-			return fmt.Errorf("policy %s: unknown setting %q (known: %s)", policy, k, strings.Join(known, ", "))
+			return fmt.Errorf("policy %s: unknown setting %q (%sknown: %s)", policy, k, didYouMean(k, known), strings.Join(known, ", "))
 		}
 	}
 	return nil
@@ -134,6 +135,23 @@ func ParseSize(s string) (uint64, error) {
 	return uint64(v), nil
 }
 
+// ParseCapacity parses a device capacity in bytes as ParseSize does, but
+// refuses a plain number other than 0 under 1 MiB without a unit ("24": most
+// likely 24 GiB meant, and a replay under 24 bytes runs out of memory at
+// every malloc); such a capacity is written with its unit ("24B", "24GiB").
+// 0 (no capacity) is taken as it is.
+func ParseCapacity(s string) (uint64, error) {
+	b, err := ParseSize(s)
+	if err != nil {
+		return 0, err
+	}
+	t := strings.TrimSpace(s)
+	if bare, zero := strings.TrimLeft(t, "0123456789.") == "", strings.Trim(t, "0.") == ""; bare && !zero && b < 1<<20 {
+		return 0, fmt.Errorf("%q is less than 1 MiB in bytes: give a unit (%sGiB, %sMiB), or %sB for bytes", s, t, t, t)
+	}
+	return b, nil
+}
+
 // SplitList splits a comma-separated list of values, keeping commas inside
 // brackets ("[64:8,256:4]", as in roundup_power2_divisions) and dropping
 // empty items; each item is trimmed of spaces.
@@ -182,7 +200,7 @@ func ParseList(list string, known []string) ([]string, error) {
 					return nil, err
 				}
 			} else {
-				return nil, fmt.Errorf("unknown policy %q (known: %s)", n, strings.Join(known, ", "))
+				return nil, fmt.Errorf("unknown policy %q (%sknown: %s)", n, didYouMean(n, known), strings.Join(known, ", "))
 			}
 		}
 		seen[n] = true
@@ -208,7 +226,7 @@ func ParseSets(sets []string, known, names []string) (map[string]Settings, error
 		case !ok || !ok2 || name == "" || key == "":
 			return nil, fmt.Errorf("%q: want NAME.key=value", s)
 		case !slices.Contains(known, name):
-			return nil, fmt.Errorf("%q: unknown policy %q", s, name)
+			return nil, fmt.Errorf("%q: unknown policy %q (%sknown: %s)", s, name, didYouMean(name, known), strings.Join(known, ", "))
 		case !slices.Contains(names, name):
 			return nil, fmt.Errorf("%q: policy %s is not among those replayed (--policy)", s, name)
 		}
@@ -260,3 +278,12 @@ func (d *scratchDevice) Release(addr uint64) error           { return nil }
 // CardMemory makes it a card (CardMemorier) for the policies that size
 // themselves by one: the real replay's card or capacity says how large.
 func (d *scratchDevice) CardMemory() uint64 { return 1 << 40 }
+
+// didYouMean returns "did you mean "NAME"? " for the name of known nearest
+// to name in spelling (spell.Suggest), "" if none is near.
+func didYouMean(name string, known []string) string {
+	if s := spell.Suggest(name, known); s != "" {
+		return fmt.Sprintf("did you mean %q? ", s)
+	}
+	return ""
+}

@@ -81,7 +81,7 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 		return nil
 	}
 	fmt.Fprint(stderr, usage)
-	return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
+	return cli.UsageError{Err: cli.UnknownError("command", args[0], []string{"import", "run", "synth", "help", "version"})}
 }
 
 const importUsage = `usage: record import [--from FORMAT] [--device N] -o OUT|- INPUT
@@ -98,17 +98,14 @@ func runImport(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("import", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, importUsage)
+		fmt.Fprint(fs.Output(), importUsage)
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "input `FORMAT`: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	out := fs.StringP("output", "o", "", "write the native trace to `OUT` (- for stdout)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if *out == "" {
 		return fmt.Errorf("import: -o OUT is required")

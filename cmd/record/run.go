@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -70,14 +69,11 @@ func runRun(stdout, stderr io.Writer, args []string) error {
 	cudart := fs.String("cudart", "", "the CUDA runtime library to forward runtime calls to when the program's own is not visible (`PATH`)")
 	lib := fs.String("interposer", "", "the interposer library (`PATH`; default "+interpose.LibraryName+" next to the record binary)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, runUsage)
+		fmt.Fprint(fs.Output(), runUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return fmt.Errorf("run: no program given (record run [-o OUT] -- PROGRAM [ARGS...])")

@@ -180,13 +180,13 @@ func TestImportToStdout(t *testing.T) {
 	}
 }
 
-// TestRecordHelp: every record command's --help has a synopsis, and no
+// TestRecordHelp: every record command's --help, on stdout, has a synopsis, and no
 // flag shows a bare "string" for its value.
 func TestRecordHelp(t *testing.T) {
 	for _, cmd := range []string{"import", "run", "synth"} {
-		_, stderr, err := runCmd(t, cmd, "--help")
-		if err != nil || !strings.HasPrefix(stderr, "usage: record "+cmd) || strings.Contains(stderr, " string ") {
-			t.Errorf("record %s --help: %v\n%s", cmd, err, stderr)
+		stdout, stderr, err := runCmd(t, cmd, "--help")
+		if err != nil || stderr != "" || !strings.HasPrefix(stdout, "usage: record "+cmd) || strings.Contains(stdout, " string ") {
+			t.Errorf("record %s --help: %v\n%s%s", cmd, err, stdout, stderr)
 		}
 	}
 }

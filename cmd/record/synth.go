@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -57,14 +56,11 @@ func runSynth(stdout, stderr io.Writer, args []string) error {
 		vals[n] = fs.String(n, "", "a parameter of "+strings.Join(owners[n], ", ")+" (see --list): `"+kinds[n]+"`")
 	}
 	fs.Usage = func() {
-		fmt.Fprint(stderr, synthUsage)
+		fmt.Fprint(fs.Output(), synthUsage)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if *list {
 		listWorkloads(stdout)

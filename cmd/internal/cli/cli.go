@@ -21,13 +21,25 @@ func (e UsageError) Unwrap() error { return e.Err }
 // ExitCode returns 2.
 func (e UsageError) ExitCode() int { return 2 }
 
+// commit and buildDate are set by the Makefile's build (-ldflags -X), so
+// that --version names the commit even where the go command stamps no
+// VCS information (a build from a tree copied without .git, or with
+// -buildvcs=false).
+var commit, buildDate string
+
 // Version returns the line --version prints for the command name: the
 // module's version (or the commit it was built from, "+dirty" for a
-// modified tree) and the versions of the native trace format and of the
-// results files.
+// modified tree: the Makefile's stamp, else the go command's), the build
+// date where the Makefile stamped it, and the versions of the native
+// trace format and of the results files.
 func Version(name string) string {
 	v := "(unknown)"
-	if bi, ok := debug.ReadBuildInfo(); ok {
+	if commit != "" {
+		v = commit
+		if buildDate != "" {
+			v += ", built " + buildDate
+		}
+	} else if bi, ok := debug.ReadBuildInfo(); ok {
 		v = bi.Main.Version
 		var rev, dirty string
 		for _, s := range bi.Settings {

@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -36,7 +35,7 @@ Flags:
 func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("calibrate", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, calibrateUsage); fs.PrintDefaults() }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), calibrateUsage); fs.PrintDefaults() }
 	out := fs.StringP("output", "o", "", "write the cost model to `FILE` (default: stdout)")
 	cudart := fs.String("cudart", "", "`PATH` of the CUDA runtime library")
 	maxSize := fs.String("max-size", "4GiB", "largest `SIZE` measured")
@@ -46,11 +45,8 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 	wakeReps := fs.Int("wake-reps", 7, "`N` calls timed at each idle time for the wake-up curves")
 	workloads := fs.StringArray("workload", nil, "a `TRACE` replayed for the sub-allocation costs (repeatable; default: the synthetic workloads train, inference, kvcache and service)")
 	quiet := fs.Bool("quiet", false, "no progress lines")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("calibrate: unexpected arguments %q", fs.Args())

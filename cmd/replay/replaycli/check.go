@@ -1,7 +1,6 @@
 package replaycli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -34,17 +33,14 @@ func runCheck(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("check", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, checkUsage)
+		fmt.Fprint(fs.Output(), checkUsage)
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	limit := fs.Int("limit", 20, "list at most `N` problems and N allocations live at the end per trace (0: all)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("check: no trace given")}

@@ -39,7 +39,7 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("diff", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, diffUsage)
+		fmt.Fprint(fs.Output(), diffUsage)
 		fs.PrintDefaults()
 	}
 	policyA := fs.String("policy", "pytorch", "the policy `NAME` of A (and of B without --policy-b)")
@@ -50,11 +50,8 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 	jsonOut := fs.String("json", "", "write both results and the deltas as JSON to `FILE` (- for stdout)")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() < 1 || fs.NArg() > 2 {
 		return cli.UsageError{Err: fmt.Errorf("diff: %d traces given, want 1 or 2", fs.NArg())}
@@ -71,7 +68,7 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 			return cli.UsageError{Err: fmt.Errorf("diff: unknown policy %q (replay policies lists them)", p)}
 		}
 	}
-	capBytes, err := policies.ParseSize(*capacity)
+	capBytes, err := policies.ParseCapacity(*capacity)
 	if err != nil {
 		return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
 	}

@@ -1,7 +1,6 @@
 package replaycli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -26,16 +25,13 @@ func runDump(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("dump", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, dumpUsage)
+		fmt.Fprint(fs.Output(), dumpUsage)
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "`FORMAT` of the trace: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() != 1 {
 		fs.Usage()

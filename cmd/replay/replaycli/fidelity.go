@@ -3,7 +3,6 @@ package replaycli
 import (
 	"bytes"
 	"cmp"
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -38,7 +37,7 @@ func runFidelity(stdout, stderr io.Writer, args []string) error {
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	sets := fs.StringArray("set", nil, "a setting `NAME.key=value` over the recorded ones (repeatable): what the trace does not record, such as a torch.profiler trace's pytorch.expandable_segments=True")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, `usage: replay fidelity [--policy NAME] [--capacity SIZE] [--set NAME.key=value] [--from FORMAT] [--device N] TRACE|DIR|GLOB...
+		fmt.Fprint(fs.Output(), `usage: replay fidelity [--policy NAME] [--capacity SIZE] [--set NAME.key=value] [--from FORMAT] [--device N] TRACE|DIR|GLOB...
 
 Replays each trace as recorded and compares the simulated device calls and
 placements with the recorded ones, event by event, and, where the real
@@ -70,11 +69,8 @@ Flags:
 `)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("fidelity: no trace given")}
@@ -89,7 +85,7 @@ Flags:
 	}
 	var capBytes uint64
 	if *capacity != "" {
-		c, err := policies.ParseSize(*capacity)
+		c, err := policies.ParseCapacity(*capacity)
 		if err != nil {
 			return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
 		}

@@ -1,7 +1,6 @@
 package replaycli
 
 import (
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -42,7 +41,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("fit", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, fitUsage)
+		fmt.Fprint(fs.Output(), fitUsage)
 		fs.PrintDefaults()
 	}
 	policyList := fs.String("policy", "all", "policies, a comma-separated `LIST` of names, or all ("+strings.Join(policies.Names(), ", ")+")")
@@ -55,11 +54,8 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set overrides them) and at its recorded addresses")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("fit: no trace given")}

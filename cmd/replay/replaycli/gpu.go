@@ -1,7 +1,6 @@
 package replaycli
 
 import (
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -34,7 +33,7 @@ Flags:
 func runGPU(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("gpu", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, gpuUsage); fs.PrintDefaults() }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), gpuUsage); fs.PrintDefaults() }
 	policyList := fs.String("policy", gpu.TargetCUDA, "targets, a comma-separated `LIST`, or all: "+strings.Join(gpu.Targets(), ", "))
 	sets := fs.StringArray("set", nil, "a setting `NAME.key=value` (repeatable), e.g. cuda-async.release_threshold=max, cuda-async.pool=default")
 	cudart := fs.String("cudart", "", "`PATH` of the CUDA runtime library (default: the first of "+strings.Join(gpu.DefaultLibraries, ", ")+")")
@@ -57,11 +56,8 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	table := fs.Bool("table", false, "print the table also when writing --json or --csv")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("gpu: no trace given")}

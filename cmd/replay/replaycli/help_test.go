@@ -13,16 +13,19 @@ var updateHelp = flag.Bool("update-help", false, "rewrite testdata/help/*.golden
 // helpCommands are the commands whose --help the golden files hold.
 var helpCommands = []string{"sim", "gpu", "calibrate", "stats", "dump", "check", "sweep", "merge", "fit", "tune", "report", "fidelity", "diff", "policies", "slice"}
 
-// TestHelpGolden: every command's --help (on stderr, exit 0) is the golden
+// TestHelpGolden: every command's --help (on stdout, as the top-level
+// help, so that `replay sim --help | grep capacity` finds it; exit 0,
+// nothing on stderr) is the golden
 // file's text, with a synopsis ("usage: replay CMD") and its flags; run
 // with -update-help after a deliberate change and read the diff.
 func TestHelpGolden(t *testing.T) {
 	for _, cmd := range helpCommands {
-		_, stderr, err := runCmd(t, cmd, "--help")
-		if err != nil {
-			t.Errorf("%s --help: %v", cmd, err)
+		stdout, stderr, err := runCmd(t, cmd, "--help")
+		if err != nil || stderr != "" {
+			t.Errorf("%s --help: %v, stderr %q", cmd, err, stderr)
 			continue
 		}
+		stderr = stdout
 		if !strings.HasPrefix(stderr, "usage: replay "+cmd) || !strings.Contains(stderr, "\nFlags:\n") {
 			t.Errorf("%s --help has no synopsis or no flags:\n%s", cmd, stderr)
 		}

@@ -173,5 +173,8 @@ func dispatch(stdout, stderr io.Writer, args []string) error {
 		return nil
 	}
 	fmt.Fprint(stderr, usage)
-	return cli.UsageError{Err: fmt.Errorf("unknown command %q", args[0])}
+	return cli.UsageError{Err: cli.UnknownError("command", args[0], commands)}
 }
+
+// commands are the commands dispatch knows, for "did you mean".
+var commands = []string{"sim", "fidelity", "diff", "stats", "dump", "check", "gpu", "calibrate", "sweep", "merge", "fit", "tune", "report", "policies", "slice", "help", "version"}

@@ -183,7 +183,7 @@ func TestSimStrictAndCostModel(t *testing.T) {
 	os.WriteFile(model, []byte("api,size_bytes,n,first_us,median_us,p90_us,min_us\n"+
 		"cudaMalloc,512,1,1,1,1,1\ncudaFree,512,1,1,1,1,1\ncudaMalloc_suballoc,512,1,1,1,1,1\ncudaFree_suballoc,512,1,1,1,1,1\n"), 0o644)
 	js := filepath.Join(dir, "r.json")
-	if _, _, err := runCmd(t, "sim", "--policy", "cuda", "--capacity", "8192", "--cost-model", model, "--json", js, "../../../sim/testdata/engine.txt"); err != nil {
+	if _, _, err := runCmd(t, "sim", "--policy", "cuda", "--capacity", "8192B", "--cost-model", model, "--json", js, "../../../sim/testdata/engine.txt"); err != nil {
 		t.Fatal(err)
 	}
 	if r := readResults(t, js)[0]; r.SimAllocTimeNS != 7000 || r.Anomalies != 1 {
@@ -213,7 +213,9 @@ func TestUsageExitAndVersion(t *testing.T) {
 		{"sim", "--policy", "pytorch", "--set", "pytorch.conf=garbage::", mlp},
 		// Two outputs on stdout, one after the other, would read as neither.
 		{"sim", "--policy", "cuda", "--json", "-", "--csv", "-", mlp},
-		{"sim", "--policy", "cuda", "--site-depth", "2", mlp}} {
+		{"sim", "--policy", "cuda", "--site-depth", "2", mlp},
+		{"sim", "--policy", "cuda", "--capacity", "24", mlp}, // 24 bytes: 24 GiB meant
+		{"sweep", "--traces", mlp, "--capacity", "0,512", "-o", t.TempDir()}} {
 		if _, _, err := runCmd(t, args...); err == nil || code(err) != 2 {
 			t.Errorf("%v: %v (exit %d), want a usage error, exit 2", args, err, code(err))
 		}
@@ -225,8 +227,20 @@ func TestUsageExitAndVersion(t *testing.T) {
 	if err != nil || !strings.HasPrefix(out, "replay (allocsim) ") || !strings.Contains(out, "; trace format version 3; results version 2\n") {
 		t.Errorf("--version: %v %q", err, out)
 	}
-	_, stderr, err := runCmd(t, "help", "fit")
-	if err != nil || !strings.HasPrefix(stderr, "usage: replay fit ") {
-		t.Errorf("help fit: %v\n%s", err, stderr)
+	out, _, err = runCmd(t, "help", "fit")
+	if err != nil || !strings.HasPrefix(out, "usage: replay fit ") {
+		t.Errorf("help fit: %v\n%s", err, out)
+	}
+	if _, _, err := runCmd(t, "fidelty", "x"); err == nil || code(err) != 2 || !strings.Contains(err.Error(), `unknown command "fidelty" (did you mean "fidelity"?)`) {
+		t.Errorf("a mistyped command: %v", err)
+	}
+	if _, _, err := runCmd(t, "sim", "--polcy", "cuda", mlp); err == nil || code(err) != 2 || !strings.Contains(err.Error(), "unknown flag: --polcy (did you mean --policy?)") {
+		t.Errorf("a mistyped flag: %v", err)
+	}
+	if _, _, err := runCmd(t, "sim", "--policy", "bestfit", mlp); err == nil || !strings.Contains(err.Error(), `unknown policy "bestfit" (did you mean "best-fit"?`) {
+		t.Errorf("a mistyped policy: %v", err)
+	}
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch", "--set", "pytorch.max_split_size=64", mlp); err == nil || !strings.Contains(err.Error(), `unknown setting "max_split_size" (did you mean "max_split_size_mb"?`) {
+		t.Errorf("a mistyped setting: %v", err)
 	}
 }

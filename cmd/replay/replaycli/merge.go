@@ -1,7 +1,6 @@
 package replaycli
 
 import (
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -29,16 +28,13 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("merge", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, mergeUsage)
+		fmt.Fprint(fs.Output(), mergeUsage)
 		fs.PrintDefaults()
 	}
 	outDir := fs.StringP("out", "o", "", "write results.json and results.csv into `DIR` (required)")
 	partial := fs.Bool("partial", false, "write what there is when shards or cells are missing")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if *outDir == "" {
 		return cli.UsageError{Err: fmt.Errorf("merge: no output directory (-o DIR)")}

@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -29,15 +28,12 @@ func runPolicies(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("policies", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, policiesUsage)
+		fmt.Fprint(fs.Output(), policiesUsage)
 		fs.PrintDefaults()
 	}
 	jsonOut := fs.Bool("json", false, "print JSON instead of a table")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("policies: takes no arguments, got %q", fs.Arg(0))

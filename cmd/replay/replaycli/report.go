@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -39,18 +38,15 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("report", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, reportUsage)
+		fmt.Fprint(fs.Output(), reportUsage)
 		fs.PrintDefaults()
 	}
 	out := fs.StringP("out", "o", "", "write the page to `FILE` (required; - for stdout)")
 	plotDir := fs.String("plots", "", "also write every chart as PNG and SVG into `DIR`")
 	plotList := fs.String("plot-policy", "", "the policies the memory and fragmentation charts draw, a comma-separated `LIST` (default: the recorded allocator, the 3 lowest peaks reserved without OOM, cuda as the baseline)")
 	title := fs.String("title", "", "the page's `TITLE`")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if *out == "" {
 		return cli.UsageError{Err: fmt.Errorf("report: no output file (-o report.html)")}

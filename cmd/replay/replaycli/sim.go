@@ -3,7 +3,6 @@ package replaycli
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -58,7 +57,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("sim", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, simUsage)
+		fmt.Fprint(fs.Output(), simUsage)
 		fs.PrintDefaults()
 	}
 	policyList := fs.String("policy", "all", "policies to replay, a comma-separated `LIST` of names, or all ("+strings.Join(policies.Names(), ", ")+")")
@@ -81,11 +80,8 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	siteDepth := fs.Int("site-depth", 1, "`N` frames of user code name a site (see --sites)")
 	sitesCSV := fs.String("sites-csv", "", "write the --sites rows as CSV to `FILE` (- for stdout)")
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded: with the allocator settings it records (--set overrides them) and at its recorded addresses")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("sim: no trace given")}
@@ -111,7 +107,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	if *sitesN < 0 || *siteDepth < 1 || (*sitesCSV != "" || fs.Changed("site-depth")) && *sitesN == 0 {
 		return cli.UsageError{Err: fmt.Errorf("--sites %d --site-depth %d: want --sites of at least 1 (with --sites-csv or --site-depth) and a depth of at least 1", *sitesN, *siteDepth)}
 	}
-	capBytes, err := policies.ParseSize(*capacity)
+	capBytes, err := policies.ParseCapacity(*capacity)
 	if err != nil {
 		return cli.UsageError{Err: fmt.Errorf("--capacity: %v", err)}
 	}

@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"compress/gzip"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -46,7 +45,7 @@ func runSlice(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("slice", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, sliceUsage)
+		fmt.Fprint(fs.Output(), sliceUsage)
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "", "keep the entries from `TIME` on (default: the first)")
@@ -54,11 +53,8 @@ func runSlice(stdout, stderr io.Writer, args []string) error {
 	events := fs.String("events", "", "keep the entries `A:B` by index instead, A to B-1")
 	device := fs.Int("device", 0, "device `N` of the snapshot (its device_traces index)")
 	out := fs.StringP("out", "o", "", "write the slice to `FILE` (required; .gz: gzip-compressed)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() != 1 {
 		return cli.UsageError{Err: fmt.Errorf("slice: want one snapshot, got %d", fs.NArg())}

@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -33,18 +32,15 @@ func runStats(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("stats", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, statsUsage)
+		fmt.Fprint(fs.Output(), statsUsage)
 		fs.PrintDefaults()
 	}
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	jsonOut := fs.Bool("json", false, "print JSON instead of tables")
 	top := fs.Int("top", 10, "list at most `N` streams and threads")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("stats: no trace given")}

@@ -48,7 +48,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("sweep", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, sweepUsage)
+		fmt.Fprint(fs.Output(), sweepUsage)
 		fs.PrintDefaults()
 	}
 	traceGlobs := fs.StringArray("traces", nil, "traces to replay, `GLOB`: a file, a glob (** matches any number of directories) or a directory (every trace file in it); repeatable")
@@ -64,11 +64,8 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set and --grid override them) and at its recorded addresses")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if *outDir == "" {
 		return cli.UsageError{Err: fmt.Errorf("sweep: no output directory (-o DIR)")}
@@ -115,7 +112,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		spec.Axes = append(spec.Axes, ax)
 	}
 	for _, c := range policies.SplitList(*capacity) {
-		b, err := policies.ParseSize(c)
+		b, err := policies.ParseCapacity(c)
 		if err != nil {
 			return cli.UsageError{Err: fmt.Errorf("--capacity %q: %v", c, err)}
 		}

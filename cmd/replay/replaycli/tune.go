@@ -1,7 +1,6 @@
 package replaycli
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -73,7 +72,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	fs := pflag.NewFlagSet("tune", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprint(stderr, tuneUsage)
+		fmt.Fprint(fs.Output(), tuneUsage)
 		fs.PrintDefaults()
 	}
 	capacity := fs.String("capacity", "", "hold the reserved bytes to `SIZE` (a per-process cap)")
@@ -86,11 +85,8 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	shard := fs.String("shard", "", "replay only shard `i/n` of the setting strings (0 <= i < n) into the --json FILE with .shard-i-of-n before its extension; auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX")
 	fromResults := fs.Bool("from-results", false, "the arguments are the --json files of tune --shard runs: rank their candidates together")
 	replayAll := fs.Bool("replay-all", false, "replay every setting, also those that differ from one replayed only where its replay shows they cannot act (see above)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
-		return cli.UsageError{Err: err}
+	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
@@ -128,7 +124,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	base := sim.Config{Policy: "pytorch", AsRecorded: true, CardCapacity: *capacity == "" && *card == ""}
 	switch {
 	case *capacity != "":
-		b, err := policies.ParseSize(*capacity)
+		b, err := policies.ParseCapacity(*capacity)
 		if err != nil {
 			return cli.UsageError{Err: fmt.Errorf("--capacity %q: %v", *capacity, err)}
 		}
