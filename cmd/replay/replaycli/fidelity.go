@@ -333,7 +333,11 @@ func (o fidelityRun) replay(w io.Writer, in *fidelityInput) error {
 	}
 	pol := o.policy
 	if pol == "" {
-		pol, _ = policies.SourcePolicy(f.Header().Source)
+		var known bool
+		if pol, known = policies.SourcePolicy(f.Header().Source); !known {
+			f.Close()
+			return fmt.Errorf("%s: no real allocator recorded: a %s trace holds no allocator's decisions to compare with (fidelity holds a simulation to a recording of PyTorch's, CuPy's or XLA's allocator; --policy NAME compares a policy with the device calls the trace does hold)", path, cli.Safe(f.Header().Source))
+		}
 	}
 	run := o.settings[pol]
 	if measured != nil {

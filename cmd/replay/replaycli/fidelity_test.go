@@ -2,6 +2,7 @@ package replaycli
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -241,5 +242,19 @@ func TestFidelityAnomalies(t *testing.T) {
 	const want = "unknown_free.jsonl: 1 event(s) could not be replayed as recorded (first: event 10: free of unknown address 0x3b9aca00): not a whole recording of the allocator (policy cupy)\n"
 	if err == nil || out != want {
 		t.Errorf("fidelity: %v, output %q, want %q", err, out, want)
+	}
+}
+
+// TestFidelityNoRecordedAllocator: a MiniMalloc problem or a text trace
+// records no allocator's decisions; fidelity says so (it said "diverges at
+// event 0: real allocator: no device call") and fails, as nothing was
+// compared.
+func TestFidelityNoRecordedAllocator(t *testing.T) {
+	for _, path := range []string{"../../../testdata/plan/tiny.problem.csv", "../../../testdata/plan/tiny.trace"} {
+		out, _, err := runCmd(t, "fidelity", path)
+		var ec interface{ ExitCode() int }
+		if err == nil || errors.As(err, &ec) || out != "" || !strings.Contains(err.Error(), path+": no real allocator recorded: a ") {
+			t.Errorf("fidelity %s: %v output %q; want the error \"no real allocator recorded\" (exit 1)", path, err, out)
+		}
 	}
 }
