@@ -99,6 +99,9 @@ var (
 	// after the file's object, such as a second file appended to it.
 	ErrAfterResults = errors.New(`"kind" and "version" must come before the "results" list`)
 	ErrTrailingData = errors.New("data after the end of the results file")
+	// ErrNotResults is a file that is not JSON from its first byte: a
+	// trace given where results are wanted, most often.
+	ErrNotResults = errors.New("not a results file (the JSON replay sim, gpu, fit or sweep write); a trace? replay sim --json FILE TRACE writes its results")
 )
 
 // Error is an error reading a results file: the file's name, the index of
@@ -195,13 +198,17 @@ type Reader struct {
 // their kind has Kind 0, and the kind of each of its records is told by
 // its keys (a "min_capacity_bytes" key for a fit answer, a "runtime" key
 // for a replay gpu result, else a sim result), as reports did. Errors are
-// *Error, wrapping a JSON error, ErrNoResults, ErrUnknownKind or
-// ErrUnsupportedVersion.
+// *Error, wrapping a JSON error, ErrNotResults, ErrNoResults,
+// ErrUnknownKind or ErrUnsupportedVersion.
 func NewReader(r io.Reader, name string) (*Reader, error) {
 	rd := &Reader{name: name, dec: json.NewDecoder(r)}
 	if err := rd.header(); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
+		}
+		var syn *json.SyntaxError
+		if errors.As(err, &syn) && syn.Offset <= 1 {
+			err = ErrNotResults
 		}
 		return nil, &Error{File: name, Result: -1, Offset: rd.dec.InputOffset(), Err: err}
 	}

@@ -123,6 +123,8 @@ func TestErrors(t *testing.T) {
 		{"no trace", `{"kind": "sim", "version": 1, "results": [{"trace": "t", "policy": "bfc"}, {"policy": "bfc"}]}`, ErrNoTraceOrPolicy, `in.json: result 1, byte offset 92: no trace or policy`},
 		{"bad field", `{"results": [{"trace": "t", "policy": 3}]}`, nil, `in.json: result 0, byte offset 40: json: cannot unmarshal number`},
 		{"empty", ``, nil, `in.json: byte offset 0: unexpected EOF`},
+		{"a trace", "\x1f\x8b\x08\x00", ErrNotResults, `in.json: byte offset 0: not a results file (the JSON replay sim, gpu, fit or sweep write); a trace? replay sim --json FILE TRACE writes its results`},
+		{"text", "malloc id=1 size=4096", ErrNotResults, `in.json: byte offset 0: not a results file`},
 		{"truncated", `{"kind": "sim", "results": [{"trace": "t", "policy": "bfc"}`, nil, `in.json: result 1, byte offset 59: unexpected EOF`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
