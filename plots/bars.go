@@ -2,6 +2,7 @@ package plots
 
 import (
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 	"image/color"
 	"math"
 	"strings"
@@ -12,7 +13,6 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // bar is one bar of a barSet, in data coordinates: centred on X, Width wide,
@@ -349,23 +349,23 @@ func nominalPolicies(p *plot.Plot, labels []string, width, legendW vg.Length) {
 // often) in place of its excess, and the legend says so: it served less
 // than the trace asked, so its low peak is no sign of a good policy.
 // Where a policy's peak footprint (the card's memory its segments take as
-// the driver takes them, sim.Result.PeakFootprint) is above its peak
+// the driver takes them, results.Result.PeakFootprint) is above its peak
 // reserved bytes, a solid black tick across the reserved bar marks it.
 // Every bar is labelled; labels turn upright where they would not fit
 // side by side, and long names with settings are keyed in the legend
 // (chartLabels). Bytes are in MiB or GiB (ChooseUnit of the largest
 // value). It returns ErrNoResults for no results and an error if the
 // results come from more than one trace.
-func Peaks(results []sim.Result) (*plot.Plot, error) {
-	trace, err := traceOf(results)
+func Peaks(runs []results.Result) (*plot.Plot, error) {
+	trace, err := traceOf(runs)
 	if err != nil {
 		return nil, err
 	}
-	labels, key := chartLabels(results)
-	looks := resultLooks(results)
+	labels, key := chartLabels(runs)
+	looks := resultLooks(runs)
 	var top, bound uint64
 	ticks, anyOOM := false, false
-	for _, r := range results {
+	for _, r := range runs {
 		top = max(top, r.PeakReserved, r.PeakAllocated, r.PeakRequested, r.PeakFootprint)
 		ticks = ticks || r.PeakFootprint > r.PeakReserved
 		anyOOM = anyOOM || failed(r)
@@ -378,7 +378,7 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 	p.Y.Label.Text = "peak memory (" + u.Name + ")"
 	bars := newBarSet(0)
 	const w = 0.36
-	for i, r := range results {
+	for i, r := range runs {
 		reserved := bar{X: float64(i) + w/2, Width: w, Value: u.Of(r.PeakReserved), Label: peakLabel(r, u, top), OOM: failed(r)}
 		if r.PeakFootprint > r.PeakReserved {
 			reserved.LabelAt = u.Of(r.PeakFootprint)
@@ -407,7 +407,7 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 	leg.add("labels: peak reserved,")
 	leg.add("% over the lower bound")
 	leg.addKey(key)
-	bars.fitLabels(slotWidth(len(results), Width, leg.width()))
+	bars.fitLabels(slotWidth(len(runs), Width, leg.width()))
 	p.Add(bars)
 
 	// The trace's lower bound is the largest peak requested of its
@@ -415,7 +415,7 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 	// failed mallocs would have held after): one line across every bar.
 	p.Add(hline{Y: u.Of(bound), Style: boundStyle})
 
-	for i, r := range results {
+	for i, r := range runs {
 		if r.PeakFootprint > r.PeakReserved {
 			p.Add(segment{X0: float64(i), X1: float64(i) + w, Y: u.Of(r.PeakFootprint), Style: footprintStyle})
 		}
@@ -431,12 +431,12 @@ func Peaks(results []sim.Result) (*plot.Plot, error) {
 // failed reports whether r's replay ran out of memory (or its policy
 // could not be built, so that every malloc was one): its peaks are those
 // of the part it served, not comparable with a run that served all.
-func failed(r sim.Result) bool { return r.OOMs > 0 || r.BuildError != "" }
+func failed(r results.Result) bool { return r.OOMs > 0 || r.BuildError != "" }
 
 // peakLabel returns the label of r's peak reserved bar in unit u, for
 // values up to top bytes: the value, then its excess over the lower bound
 // ("+27%"), or, for a run that ran out of memory, "OOM" and how often.
-func peakLabel(r sim.Result, u Unit, top uint64) string {
+func peakLabel(r results.Result, u Unit, top uint64) string {
 	label := "0"
 	if r.PeakReserved > 0 {
 		label = fmt.Sprintf("%.*f", valueDecimals(u.Of(top)), u.Of(r.PeakReserved))
@@ -496,16 +496,16 @@ const logRatio = 100
 // counts span a factor of 100 or more, linear otherwise. It returns
 // ErrNoResults for no results and an error if the results come from more
 // than one trace.
-func Calls(results []sim.Result) (*plot.Plot, error) {
-	trace, err := traceOf(results)
+func Calls(runs []results.Result) (*plot.Plot, error) {
+	trace, err := traceOf(runs)
 	if err != nil {
 		return nil, err
 	}
-	labels, key := chartLabels(results)
-	looks := resultLooks(results)
-	counts := make([]float64, len(results))
+	labels, key := chartLabels(runs)
+	looks := resultLooks(runs)
+	counts := make([]float64, len(runs))
 	hi, lo := 0.0, inf
-	for i, r := range results {
+	for i, r := range runs {
 		counts[i] = float64(max(r.DeviceAllocs, 0)) + float64(max(r.DeviceFrees, 0))
 		hi = math.Max(hi, counts[i])
 		if counts[i] > 0 {
@@ -535,7 +535,7 @@ func Calls(results []sim.Result) (*plot.Plot, error) {
 		p.Y.Label.Text += ", log scale"
 	}
 	anyOOM := false
-	for i, r := range results {
+	for i, r := range runs {
 		b := bar{X: float64(i), Width: 0.6, Value: value(counts[i]), Label: formatExact(counts[i]), OOM: failed(r)}
 		b.setLook(looks[i])
 		bars.Bars = append(bars.Bars, b)
@@ -549,7 +549,7 @@ func Calls(results []sim.Result) (*plot.Plot, error) {
 	if len(leg.entries) > 0 {
 		p.Add(leg)
 	}
-	bars.fitLabels(slotWidth(len(results), Width, leg.width()))
+	bars.fitLabels(slotWidth(len(runs), Width, leg.width()))
 	p.Add(bars, bars.labels())
 	nominalPolicies(p, labels, Width, leg.width())
 	switch {

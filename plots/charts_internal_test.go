@@ -1,6 +1,7 @@
 package plots
 
 import (
+	"github.com/gpualloc/allocsim/sim/results"
 	"math"
 	"slices"
 	"strings"
@@ -10,7 +11,6 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // TestPolicyLooks: the looks policyLooks gives are all different, a
@@ -82,12 +82,12 @@ func TestPolicyLooks(t *testing.T) {
 }
 
 // shownResult is a result of policy with peak reserved MiB and ooms.
-func shownResult(policy string, reservedMiB uint64, ooms int64) sim.Result {
-	return sim.Result{Trace: "t.pickle.gz", TraceSource: "pytorch", Policy: policy, PeakReserved: reservedMiB << 20, OOMs: ooms, FirstOOMEvent: -1}
+func shownResult(policy string, reservedMiB uint64, ooms int64) results.Result {
+	return results.Result{Trace: "t.pickle.gz", TraceSource: "pytorch", Policy: policy, PeakReserved: reservedMiB << 20, OOMs: ooms, FirstOOMEvent: -1}
 }
 
 func TestShownPolicies(t *testing.T) {
-	rs := []sim.Result{
+	rs := []results.Result{
 		shownResult("async-pool", 640, 0), // 0
 		shownResult("best-fit", 500, 2),   // 1: lowest, but ran out of memory
 		shownResult("bfc", 1024, 0),       // 2
@@ -130,7 +130,7 @@ func TestShownPolicies(t *testing.T) {
 	check("synth", got, []want{{0, "lowest peak"}, {3, "2nd lowest peak"}, {2, "3rd lowest peak"}})
 
 	// A CuPy log's recorded allocator is cupy.
-	cupy := []sim.Result{shownResult("pytorch", 10, 0), shownResult("cupy", 20, 0)}
+	cupy := []results.Result{shownResult("pytorch", 10, 0), shownResult("cupy", 20, 0)}
 	cupy[0].TraceSource, cupy[1].TraceSource = "cupy", "cupy"
 	got, _ = ShownPolicies(cupy, nil)
 	check("cupy", got, []want{{1, "recorded"}, {0, "lowest peak"}})
@@ -148,7 +148,7 @@ func TestShownPolicies(t *testing.T) {
 // TestPeakLabel: an OOM bar says OOM and how often in place of its excess
 // over the lower bound.
 func TestPeakLabel(t *testing.T) {
-	r := sim.Result{PeakReserved: 2000 << 20, PeakRequested: 4089446400, OOMs: 16}
+	r := results.Result{PeakReserved: 2000 << 20, PeakRequested: 4089446400, OOMs: 16}
 	if got := peakLabel(r, GiB, 4<<30); got != "1.95\nOOM ×16" {
 		t.Errorf("OOM label %q, want %q", got, "1.95\nOOM ×16")
 	}
@@ -160,7 +160,7 @@ func TestPeakLabel(t *testing.T) {
 }
 
 func TestChartLabels(t *testing.T) {
-	rs := []sim.Result{
+	rs := []results.Result{
 		{Policy: "pytorch", Settings: map[string]string{"roundup_power2_divisions": "8", "garbage_collection_threshold": "0.6"}},
 		{Policy: "pytorch", Settings: map[string]string{"roundup_power2_divisions": "4"}},
 		{Policy: "pytorch", Settings: map[string]string{"x": "1"}},

@@ -1,5 +1,5 @@
 // Package plots draws the results of replaying one trace against several
-// allocator policies (sim.Result values) as charts for design reviews:
+// allocator policies (results.Result values) as charts for design reviews:
 // memory over the trace, fragmentation over the trace, peak memory per
 // policy against the lower bound, and device calls per policy.
 //

@@ -3,6 +3,8 @@ package plots_test
 import (
 	"flag"
 	"fmt"
+	"github.com/gpualloc/allocsim/policies"
+	"github.com/gpualloc/allocsim/sim/results"
 	"log"
 	"math"
 	"os"
@@ -12,7 +14,6 @@ import (
 	"gonum.org/v1/plot"
 
 	"github.com/gpualloc/allocsim/plots"
-	"github.com/gpualloc/allocsim/sim"
 )
 
 var (
@@ -26,6 +27,12 @@ var outDir string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// The charts leave planners out of the lowest peaks, as the replay
+	// command tells them (plots.IsPlanner).
+	plots.IsPlanner = func(name string) bool {
+		info, ok := policies.Lookup(name)
+		return ok && info.Abilities.Planner
+	}
 	dir, err := os.MkdirTemp("", "plots-example-")
 	if err != nil {
 		log.Fatal(err)
@@ -66,7 +73,7 @@ const gib = 1 << 30
 // three policies: 12 steps whose activations grow and are freed, over 2.2
 // GiB of weights and optimizer state; the caching policy keeps what it
 // reserved, best_fit releases some, expandable stays close to allocated.
-func trainingResults() []sim.Result {
+func trainingResults() []results.Result {
 	const (
 		events = 26620
 		points = 240
@@ -82,9 +89,9 @@ func trainingResults() []sim.Result {
 		{"best_fit", 0.07, 0.6, 410, 290},
 		{"expandable", 0.015, 1.0, 3100, 2870},
 	}
-	var results []sim.Result
+	var runs []results.Result
 	for _, pol := range pols {
-		r := sim.Result{
+		r := results.Result{
 			Trace:         "runs/train_gpt.pickle.gz",
 			Policy:        pol.name,
 			Events:        events,
@@ -114,7 +121,7 @@ func trainingResults() []sim.Result {
 				held -= (held - want) * pol.release
 			}
 			reserved := math.Max(held, allocated)
-			r.Series = append(r.Series, sim.Point{
+			r.Series = append(r.Series, results.Point{
 				Event:         ev,
 				Time:          ev * 1000,
 				Requested:     uint64(requested),
@@ -126,13 +133,13 @@ func trainingResults() []sim.Result {
 			r.PeakAllocated = max(r.PeakAllocated, uint64(allocated))
 			r.PeakReserved = max(r.PeakReserved, uint64(reserved))
 		}
-		results = append(results, r)
+		runs = append(runs, r)
 	}
 	// The lower bound is the trace's: the same for every policy.
-	for i := range results {
-		results[i].PeakRequested = results[0].PeakRequested
+	for i := range runs {
+		runs[i].PeakRequested = runs[0].PeakRequested
 	}
-	return results
+	return runs
 }
 
 // fragmentation returns 1 - allocated/reserved, 0 when nothing is reserved.

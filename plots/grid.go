@@ -2,6 +2,7 @@ package plots
 
 import (
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 	"image/color"
 	"math"
 
@@ -12,7 +13,6 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // Drawer is a chart Render can draw: a *plot.Plot, or a Grid.
@@ -150,27 +150,27 @@ func newPanel(title string) *plot.Plot {
 // panel's title) and the device capacity where MemoryOf draws it. Tick
 // labels are on the outer panels only. It returns ErrNoResults for no
 // results and an error if the results come from more than one trace.
-func MemoryGrid(results []sim.Result) (*Grid, error) {
-	trace, err := traceOf(results)
+func MemoryGrid(runs []results.Result) (*Grid, error) {
+	trace, err := traceOf(runs)
 	if err != nil {
 		return nil, err
 	}
-	labels, _ := chartLabels(results)
-	looks := resultLooks(results)
-	ax := chooseX(results)
-	req := requestedSeries(results)
-	top, capacity, u := memoryScale(results)
+	labels, _ := chartLabels(runs)
+	looks := resultLooks(runs)
+	ax := chooseX(runs)
+	req := requestedSeries(runs)
+	top, capacity, u := memoryScale(runs)
 	name := baseName(trace)
 	if name == "" {
 		name = "(unnamed trace)"
 	}
-	g := &Grid{Title: "memory over the trace, every policy: " + name, Cols: gridCols(len(results))}
+	g := &Grid{Title: "memory over the trace, every policy: " + name, Cols: gridCols(len(runs))}
 	var reqXYs plotter.XYs
 	if req >= 0 {
-		reqXYs = seriesXYs(ax, results[req].Series, func(pt sim.Point) float64 { return u.Of(pt.Requested) })
+		reqXYs = seriesXYs(ax, runs[req].Series, func(pt results.Point) float64 { return u.Of(pt.Requested) })
 	}
 	anyOOM := false
-	for i, r := range results {
+	for i, r := range runs {
 		title := labels[i]
 		if failed(r) {
 			title += " — OOM"
@@ -191,10 +191,10 @@ func MemoryGrid(results []sim.Result) (*Grid, error) {
 		}
 		allocated := looks[i].line(vg.Points(0.75))
 		allocated.Color = tint(looks[i].Color, 0.35)
-		if err := addSteps(p, seriesXYs(ax, r.Series, func(pt sim.Point) float64 { return u.Of(pt.Allocated) }), allocated); err != nil {
+		if err := addSteps(p, seriesXYs(ax, r.Series, func(pt results.Point) float64 { return u.Of(pt.Allocated) }), allocated); err != nil {
 			return nil, err
 		}
-		if err := addSteps(p, seriesXYs(ax, r.Series, func(pt sim.Point) float64 { return u.Of(pt.Reserved) }), looks[i].line(vg.Points(1.5))); err != nil {
+		if err := addSteps(p, seriesXYs(ax, r.Series, func(pt results.Point) float64 { return u.Of(pt.Reserved) }), looks[i].line(vg.Points(1.5))); err != nil {
 			return nil, err
 		}
 		if pt, ok := oomPoint(r); ok {
@@ -209,7 +209,7 @@ func MemoryGrid(results []sim.Result) (*Grid, error) {
 		if len(r.Series) == 0 {
 			p.Add(newNote("no series"))
 		}
-		xRange(p, ax, results)
+		xRange(p, ax, runs)
 		valueRange(p, math.Max(u.Of(top), minBytesTop), formatFixed)
 		col := i % g.Cols
 		if col != 0 {
@@ -220,7 +220,7 @@ func MemoryGrid(results []sim.Result) (*Grid, error) {
 		}
 		// Only the bottom panel of each column (in the last row, or the
 		// row above where the last row is short) has X labels.
-		if i+g.Cols < len(results) {
+		if i+g.Cols < len(runs) {
 			p.X.Tick.Marker = blankTicks{p.X.Tick.Marker}
 			p.X.Label.Text = ""
 		}

@@ -2,6 +2,7 @@ package plots
 
 import (
 	"errors"
+	"github.com/gpualloc/allocsim/sim/results"
 	"io"
 	"os"
 	"path/filepath"
@@ -9,7 +10,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpualloc/allocsim/sim"
 )
 
 func TestWriteAtomic(t *testing.T) {
@@ -102,7 +102,7 @@ func TestFormatExact(t *testing.T) {
 
 func TestPolicyLabels(t *testing.T) {
 	long := strings.Repeat("x", 40)
-	rs := []sim.Result{
+	rs := []results.Result{
 		{Policy: "best_fit", Settings: map[string]string{"round": "512"}},
 		{Policy: "best_fit", Settings: map[string]string{"round": "4096"}},
 		{Policy: "caching"},
@@ -131,23 +131,23 @@ func TestPolicyLabels(t *testing.T) {
 // forward and span some time; events for MiniMalloc's logical steps,
 // times that go back, or none.
 func TestChooseX(t *testing.T) {
-	pts := func(times ...int64) []sim.Point {
-		var s []sim.Point
+	pts := func(times ...int64) []results.Point {
+		var s []results.Point
 		for i, tm := range times {
-			s = append(s, sim.Point{Event: int64(10 * i), Time: tm})
+			s = append(s, results.Point{Event: int64(10 * i), Time: tm})
 		}
 		return s
 	}
 	for _, tc := range []struct {
 		name   string
-		rs     []sim.Result
+		rs     []results.Result
 		byTime bool
 		x      float64 // of the second point of the first result
 	}{
-		{"times", []sim.Result{{Series: pts(5e9, 7e9)}, {Series: pts(6e9)}}, true, 2},
-		{"minimalloc", []sim.Result{{TraceSource: "minimalloc", Series: pts(5e9, 7e9)}}, false, 10},
-		{"backwards", []sim.Result{{Series: pts(7e9, 5e9)}}, false, 10},
-		{"no time", []sim.Result{{Series: pts(0, 0)}}, false, 10},
+		{"times", []results.Result{{Series: pts(5e9, 7e9)}, {Series: pts(6e9)}}, true, 2},
+		{"minimalloc", []results.Result{{TraceSource: "minimalloc", Series: pts(5e9, 7e9)}}, false, 10},
+		{"backwards", []results.Result{{Series: pts(7e9, 5e9)}}, false, 10},
+		{"no time", []results.Result{{Series: pts(0, 0)}}, false, 10},
 	} {
 		ax := chooseX(tc.rs)
 		if ax.byTime != tc.byTime || ax.of(tc.rs[0].Series[1]) != tc.x {

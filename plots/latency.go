@@ -1,6 +1,7 @@
 package plots
 
 import (
+	"github.com/gpualloc/allocsim/sim/results"
 	"math"
 	"sort"
 
@@ -8,7 +9,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // LatencyPoint is a point of a latency distribution: the fraction of calls
@@ -19,7 +19,7 @@ type LatencyPoint struct {
 }
 
 // LatencyDistribution returns the distribution of the device call
-// latencies summarized in rows (sim.Result.Latency), every call and size
+// latencies summarized in rows (results.Result.Latency), every call and size
 // class together, as the points of its cumulative distribution in
 // ascending order of time, and the number of calls. The rows hold
 // percentiles, not every call, so the distribution is rebuilt from them:
@@ -30,7 +30,7 @@ type LatencyPoint struct {
 // time (as the cost model's calls of one size do), everywhere. Two points
 // share a time where the distribution jumps. It returns nil for rows
 // without calls.
-func LatencyDistribution(rows []sim.LatencyRow) ([]LatencyPoint, int64) {
+func LatencyDistribution(rows []results.LatencyRow) ([]LatencyPoint, int64) {
 	type knots struct {
 		x []float64 // median, p90, p99, max
 		n float64
@@ -107,13 +107,13 @@ func LatencyDistribution(rows []sim.LatencyRow) ([]LatencyPoint, int64) {
 // (LatencyDistribution). Policies without latency rows are named in the
 // legend with "(no latency data)". It returns ErrNoResults for no results
 // and an error if the results come from more than one trace.
-func LatencyCDF(results []sim.Result) (*plot.Plot, error) {
-	trace, err := traceOf(results)
+func LatencyCDF(runs []results.Result) (*plot.Plot, error) {
+	trace, err := traceOf(runs)
 	if err != nil {
 		return nil, err
 	}
-	labels, key := chartLabels(results)
-	looks := resultLooks(results)
+	labels, key := chartLabels(runs)
+	looks := resultLooks(runs)
 	p := newPlot()
 	setTitle(p, "device call latency: ", trace)
 	p.X.Label.Text = "latency per call (µs, log scale)"
@@ -121,7 +121,7 @@ func LatencyCDF(results []sim.Result) (*plot.Plot, error) {
 	leg := newSideLegend()
 	lo, hi := inf, -inf
 	drawn := false
-	for i, r := range results {
+	for i, r := range runs {
 		sty := looks[i].line(vg.Points(1.5))
 		pts, n := LatencyDistribution(r.Latency)
 		label := labels[i]

@@ -11,8 +11,6 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
-	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 )
 
@@ -36,7 +34,7 @@ const (
 // out of memory has a cross at the foot of its bar. Policies keep one colour
 // across traces, in order of first appearance. It returns ErrNoResults for
 // no results.
-func Overview(rs []sim.Result) (*plot.Plot, error) {
+func Overview(rs []results.Result) (*plot.Plot, error) {
 	if len(rs) == 0 {
 		return nil, ErrNoResults
 	}
@@ -219,10 +217,10 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 		}
 	}
 	cards = left
-	rs := make([]sim.Result, len(rows))
+	rs := make([]results.Result, len(rows))
 	var top, bound uint64
 	for i, r := range rows {
-		rs[i] = sim.Result{Trace: trace, Policy: r.Policy, Settings: r.Settings}
+		rs[i] = results.Result{Trace: trace, Policy: r.Policy, Settings: r.Settings}
 		top = max(top, r.MinCapacity, r.UnlimitedPeakReserved, r.LowerBound)
 		bound = max(bound, r.LowerBound)
 	}
@@ -328,14 +326,14 @@ func (l namedLine) Plot(c draw.Canvas, p *plot.Plot) {
 // where one trace has results of that policy under different settings
 // (as variantLabels, but keyed where long, never cut: keyed). Results of
 // the same policy and settings share a label.
-func overviewLabels(results []sim.Result) (labels, key []string) {
-	names, settings := variantParts(results)
-	labels = make([]string, len(results))
+func overviewLabels(runs []results.Result) (labels, key []string) {
+	names, settings := variantParts(runs)
+	labels = make([]string, len(runs))
 	// keyed tells repeated labels apart; here they are one policy.
 	distinct := map[string]int{}
 	var un, us []string
-	idx := make([]int, len(results))
-	for i := range results {
+	idx := make([]int, len(runs))
+	for i := range runs {
 		k := names[i] + "\x00" + settings[i]
 		j, ok := distinct[k]
 		if !ok {
@@ -346,7 +344,7 @@ func overviewLabels(results []sim.Result) (labels, key []string) {
 		idx[i] = j
 	}
 	ul, key := keyed(un, us)
-	for i := range results {
+	for i := range runs {
 		labels[i] = ul[idx[i]]
 	}
 	return labels, key
@@ -356,10 +354,10 @@ func overviewLabels(results []sim.Result) (labels, key []string) {
 // policy name, with its settings where one trace has results of that
 // policy under different settings, shortened to maxPolicyLabel characters.
 // Results of the same policy and settings share a label.
-func variantLabels(results []sim.Result) []string {
-	names, settings := variantParts(results)
-	labels := make([]string, len(results))
-	for i := range results {
+func variantLabels(runs []results.Result) []string {
+	names, settings := variantParts(runs)
+	labels := make([]string, len(runs))
+	for i := range runs {
 		l := names[i]
 		if settings[i] != "" {
 			l += " " + settings[i]
@@ -372,29 +370,29 @@ func variantLabels(results []sim.Result) []string {
 // variantParts returns the policy name of each result ("(unnamed)" for
 // none) and its settings joined where one trace has results of that
 // policy under different settings, else "".
-func variantParts(results []sim.Result) (names, settings []string) {
+func variantParts(runs []results.Result) (names, settings []string) {
 	// A policy is told apart by its settings only where it is replayed
 	// more than once on one trace and capacity (a sweep's grid); its
 	// settings may otherwise differ between traces only because each
 	// trace records its own.
 	repeated := map[string]bool{}
 	seen := map[string]bool{}
-	for _, r := range results {
+	for _, r := range runs {
 		k := fmt.Sprintf("%s\x00%d\x00%s", r.Trace, r.Capacity, r.Policy)
 		if seen[k] {
 			repeated[r.Policy] = true
 		}
 		seen[k] = true
 	}
-	names = make([]string, len(results))
-	settings = make([]string, len(results))
-	for i, r := range results {
+	names = make([]string, len(runs))
+	settings = make([]string, len(runs))
+	for i, r := range runs {
 		names[i] = r.Policy
 		if names[i] == "" {
 			names[i] = "(unnamed)"
 		}
 		if repeated[r.Policy] {
-			settings[i] = policies.Settings(r.Settings).Join(" ")
+			settings[i] = results.JoinSettings(r.Settings, " ")
 		}
 	}
 	return names, settings

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 	"image/png"
 	"io"
 	"math"
@@ -16,7 +17,6 @@ import (
 	"gonum.org/v1/plot/vg"
 
 	"github.com/gpualloc/allocsim/plots"
-	"github.com/gpualloc/allocsim/sim"
 )
 
 const mib = 1 << 20
@@ -24,7 +24,7 @@ const mib = 1 << 20
 // builders are the chart builders, by name.
 var builders = []struct {
 	name  string
-	build func([]sim.Result) (*plot.Plot, error)
+	build func([]results.Result) (*plot.Plot, error)
 }{
 	{"memory", plots.Memory},
 	{"fragmentation", plots.Fragmentation},
@@ -34,10 +34,10 @@ var builders = []struct {
 
 // result returns a result of trace under policy whose series has one point
 // per reserved value, with allocated and requested at 90% and 80% of it.
-func result(trace, policy string, reserved ...uint64) sim.Result {
-	r := sim.Result{Trace: trace, Policy: policy, FirstOOMEvent: -1, DeviceAllocs: 10, DeviceFrees: 4}
+func result(trace, policy string, reserved ...uint64) results.Result {
+	r := results.Result{Trace: trace, Policy: policy, FirstOOMEvent: -1, DeviceAllocs: 10, DeviceFrees: 4}
 	for i, res := range reserved {
-		pt := sim.Point{
+		pt := results.Point{
 			Event:     int64(i) * 10,
 			Reserved:  res,
 			Allocated: res / 10 * 9,
@@ -137,22 +137,22 @@ func TestChooseUnit(t *testing.T) {
 // TestAxisUnit checks that the byte charts label their Y axis in GiB when
 // the values reach a GiB and in MiB otherwise.
 func TestAxisUnit(t *testing.T) {
-	small := []sim.Result{result("s.trace", "a", 100*mib, 300*mib), result("s.trace", "b", 200*mib, 900*mib)}
-	large := []sim.Result{result("l.trace", "a", 100*mib, 3<<30), result("l.trace", "b", 200*mib, 900*mib)}
+	small := []results.Result{result("s.trace", "a", 100*mib, 300*mib), result("s.trace", "b", 200*mib, 900*mib)}
+	large := []results.Result{result("l.trace", "a", 100*mib, 3<<30), result("l.trace", "b", 200*mib, 900*mib)}
 	for _, b := range builders[:3] {
 		if b.name == "fragmentation" {
 			continue
 		}
 		for _, tc := range []struct {
-			results []sim.Result
-			unit    string
+			runs  []results.Result
+			unit string
 		}{{small, "(MiB)"}, {large, "(GiB)"}} {
-			p, err := b.build(tc.results)
+			p, err := b.build(tc.runs)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !strings.HasSuffix(p.Y.Label.Text, tc.unit) {
-				t.Errorf("%s of %s: Y label %q, want it to end in %q", b.name, tc.results[0].Trace, p.Y.Label.Text, tc.unit)
+				t.Errorf("%s of %s: Y label %q, want it to end in %q", b.name, tc.runs[0].Trace, p.Y.Label.Text, tc.unit)
 			}
 		}
 	}
@@ -166,45 +166,45 @@ func TestEdgeCases(t *testing.T) {
 	oom.OOMs, oom.FirstOOMEvent, oom.Capacity = 2, 15, 7<<29
 	oom2 := result("oom.trace", "roomy", 1<<30, 2<<30, 2<<30)
 	oom2.Capacity = 7 << 29
-	var many []sim.Result
+	var many []results.Result
 	for i := range 14 {
 		many = append(many, result("many.trace", "policy_"+string(rune('a'+i)), uint64(i+1)*mib, uint64(i+2)*100*mib))
 	}
-	wide := []sim.Result{result("w.trace", "few", 1), result("w.trace", "lots", 1)}
+	wide := []results.Result{result("w.trace", "few", 1), result("w.trace", "lots", 1)}
 	wide[0].DeviceAllocs, wide[0].DeviceFrees = 3, 0
 	wide[1].DeviceAllocs, wide[1].DeviceFrees = 2_000_000, 1_500_000
 	zeroCalls := result("z.trace", "none", 5*mib)
 	zeroCalls.DeviceAllocs, zeroCalls.DeviceFrees = 0, 0
-	withZero := append([]sim.Result{zeroCalls}, wide...)
+	withZero := append([]results.Result{zeroCalls}, wide...)
 	for i := range withZero {
 		withZero[i].Trace = "z.trace"
 	}
-	same := []sim.Result{result("d.trace", "best_fit", 5*mib), result("d.trace", "best_fit", 6*mib), result("d.trace", "best_fit", 7*mib)}
+	same := []results.Result{result("d.trace", "best_fit", 5*mib), result("d.trace", "best_fit", 6*mib), result("d.trace", "best_fit", 7*mib)}
 	same[0].Settings = map[string]string{"round": "512"}
 	same[1].Settings = map[string]string{"round": "4096"}
 
 	for _, tc := range []struct {
-		name    string
-		results []sim.Result
+		name string
+		runs  []results.Result
 	}{
-		{"single policy", []sim.Result{result("one.trace", "only", 10*mib, 20*mib, 15*mib)}},
-		{"empty series", []sim.Result{{Trace: "e.trace", Policy: "a"}, {Trace: "e.trace", Policy: "b"}}},
-		{"one empty series", []sim.Result{result("e.trace", "a", 3<<30, 4<<30), {Trace: "e.trace", Policy: "b"}}},
-		{"all zero", []sim.Result{result("z.trace", "a", 0, 0, 0), result("z.trace", "b", 0, 0)}},
-		{"one point", []sim.Result{result("p.trace", "a", 2<<30), result("p.trace", "b", 1<<30)}},
-		{"long names", []sim.Result{result("/some/where/"+long+".pickle.gz", long+"A", 10*mib, 20*mib), result("/some/where/"+long+".pickle.gz", long+"B", 30*mib)}},
-		{"unnamed", []sim.Result{result("", "", 1*mib, 2*mib)}},
-		{"oom and capacity", []sim.Result{oom, oom2}},
+		{"single policy", []results.Result{result("one.trace", "only", 10*mib, 20*mib, 15*mib)}},
+		{"empty series", []results.Result{{Trace: "e.trace", Policy: "a"}, {Trace: "e.trace", Policy: "b"}}},
+		{"one empty series", []results.Result{result("e.trace", "a", 3<<30, 4<<30), {Trace: "e.trace", Policy: "b"}}},
+		{"all zero", []results.Result{result("z.trace", "a", 0, 0, 0), result("z.trace", "b", 0, 0)}},
+		{"one point", []results.Result{result("p.trace", "a", 2<<30), result("p.trace", "b", 1<<30)}},
+		{"long names", []results.Result{result("/some/where/"+long+".pickle.gz", long+"A", 10*mib, 20*mib), result("/some/where/"+long+".pickle.gz", long+"B", 30*mib)}},
+		{"unnamed", []results.Result{result("", "", 1*mib, 2*mib)}},
+		{"oom and capacity", []results.Result{oom, oom2}},
 		{"many policies", many},
 		{"wide call range", wide},
 		{"zero calls", withZero},
 		{"same policy twice", same},
-		{"fragmentation out of range", []sim.Result{{Trace: "f.trace", Policy: "a", Series: []sim.Point{{Event: 1, Fragmentation: -3}, {Event: 2, Fragmentation: math.NaN()}, {Event: 3, Fragmentation: 7}}}}},
-		{"tiny values", []sim.Result{result("t.trace", "a", 1, 2, 3)}},
+		{"fragmentation out of range", []results.Result{{Trace: "f.trace", Policy: "a", Series: []results.Point{{Event: 1, Fragmentation: -3}, {Event: 2, Fragmentation: math.NaN()}, {Event: 3, Fragmentation: 7}}}}},
+		{"tiny values", []results.Result{result("t.trace", "a", 1, 2, 3)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, b := range builders {
-				p, err := b.build(tc.results)
+				p, err := b.build(tc.runs)
 				if err != nil {
 					t.Fatalf("%s: %v", b.name, err)
 				}
@@ -237,7 +237,7 @@ func TestCallsScale(t *testing.T) {
 		{"all zero", []int64{0, 0}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var rs []sim.Result
+			var rs []results.Result
 			for i, c := range tc.counts {
 				r := result("c.trace", string(rune('a'+i)), mib)
 				r.DeviceAllocs, r.DeviceFrees = c, 0
@@ -256,7 +256,7 @@ func TestCallsScale(t *testing.T) {
 }
 
 func TestBuilderErrors(t *testing.T) {
-	mixed := []sim.Result{result("a.trace", "x", mib), result("b.trace", "x", mib)}
+	mixed := []results.Result{result("a.trace", "x", mib), result("b.trace", "x", mib)}
 	for _, b := range builders {
 		if _, err := b.build(nil); !errors.Is(err, plots.ErrNoResults) {
 			t.Errorf("%s(nil) = %v, want ErrNoResults", b.name, err)
@@ -269,12 +269,12 @@ func TestBuilderErrors(t *testing.T) {
 
 func TestWriteAll(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "out") // created by WriteAll
-	results := append(trainingResults(),
+	runs := append(trainingResults(),
 		result("other/small.csv", "caching", 10*mib, 40*mib),
 		result("other/small.csv", "best_fit", 10*mib, 30*mib),
 		result("elsewhere/train_gpt.pickle.gz", "caching", 2<<30),
 	)
-	paths, err := plots.WriteAll(dir, results, plots.Options{})
+	paths, err := plots.WriteAll(dir, runs, plots.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,7 +346,7 @@ func TestFootprintShown(t *testing.T) {
 		even.Series[i].Footprint = even.Series[i].Reserved
 	}
 	odd.PeakFootprint, even.PeakFootprint = 22*mib, 20*mib
-	svg := func(build func([]sim.Result) (*plot.Plot, error), rs ...sim.Result) string {
+	svg := func(build func([]results.Result) (*plot.Plot, error), rs ...results.Result) string {
 		t.Helper()
 		p, err := build(rs)
 		if err != nil {
@@ -359,7 +359,7 @@ func TestFootprintShown(t *testing.T) {
 		return buf.String()
 	}
 	for _, tc := range []struct {
-		build func([]sim.Result) (*plot.Plot, error)
+		build func([]results.Result) (*plot.Plot, error)
 		label string
 	}{{plots.Memory, "device footprint"}, {plots.Overview, "peak footprint"}} {
 		if s := svg(tc.build, odd, even); !strings.Contains(s, tc.label) {
@@ -391,8 +391,8 @@ func hasText(s, txt string) bool {
 // review returns the results of a PyTorch snapshot under six policies:
 // pytorch (recorded), cuda (baseline), bfc the worst, rmm-arena the
 // lowest but out of memory, and slab, buddy, best-fit the three best.
-func review() []sim.Result {
-	var rs []sim.Result
+func review() []results.Result {
+	var rs []results.Result
 	for _, p := range []struct {
 		name     string
 		reserved uint64
@@ -413,7 +413,7 @@ func review() []sim.Result {
 // every policy, each in a panel of its own.
 func TestMemoryShown(t *testing.T) {
 	rs := review()
-	for _, build := range []func([]sim.Result, []string) (*plot.Plot, error){plots.MemoryOf, plots.FragmentationOf} {
+	for _, build := range []func([]results.Result, []string) (*plot.Plot, error){plots.MemoryOf, plots.FragmentationOf} {
 		p, err := build(rs, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -470,7 +470,7 @@ func TestMemoryShown(t *testing.T) {
 // the chart of 19 policies too; an OOM bar says OOM, and the legend says
 // what that means.
 func TestPeaksLabels(t *testing.T) {
-	var rs []sim.Result
+	var rs []results.Result
 	for i := range 19 {
 		r := result("many.trace", fmt.Sprintf("policy-number-%02d", i), 100*mib, uint64(600+20*i)*mib)
 		r.PeakRequested = 600 * mib
@@ -506,7 +506,7 @@ func TestPeaksLabels(t *testing.T) {
 // TestOverviewCut: a bar above the overview's top is cut there with a
 // break and keeps its true value, among 19 policies on 4 traces.
 func TestOverviewCut(t *testing.T) {
-	var rs []sim.Result
+	var rs []results.Result
 	for tr := range 4 {
 		for i := range 19 {
 			r := result(fmt.Sprintf("t%d.trace", tr), fmt.Sprintf("p%02d", i), 100*mib, uint64(100+i)*mib)

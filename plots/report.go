@@ -17,15 +17,13 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // ReportResult is a replay's result as a report shows it.
 type ReportResult struct {
-	sim.Result
+	results.Result
 	// Measured marks the result of a replay on a real GPU (replay gpu):
 	// its figures are the device's and its latencies measured; Device
 	// names the GPU and MeasuredAllocTimeNS is the time measured in the
@@ -81,8 +79,8 @@ type reportGroup struct {
 	fits     []results.Fit
 }
 
-func (g *reportGroup) sim() []sim.Result {
-	rs := make([]sim.Result, len(g.results))
+func (g *reportGroup) sim() []results.Result {
+	rs := make([]results.Result, len(g.results))
 	for i, r := range g.results {
 		rs[i] = r.Result
 		if r.Measured {
@@ -178,7 +176,7 @@ func (r *Report) Charts() ([]ReportChart, error) {
 		}
 	}
 	if withResults > 1 {
-		var all []sim.Result
+		var all []results.Result
 		for _, g := range groups {
 			all = append(all, g.sim()...)
 		}
@@ -193,18 +191,18 @@ func (r *Report) Charts() ([]ReportChart, error) {
 			rs := g.sim()
 			charts := []struct {
 				suffix, caption string
-				build           func([]sim.Result) (*plot.Plot, error)
+				build           func([]results.Result) (*plot.Plot, error)
 			}{
-				{"memory", "Reserved (thick) and allocated (thin) bytes over the trace of the recorded allocator, the lowest peaks and the cuda baseline (or the policies --plot-policy names), against the requested bytes, the lower bound.", func(rs []sim.Result) (*plot.Plot, error) { return MemoryOf(rs, r.Policies) }},
-				{"fragmentation", "Fragmentation (dots: the free reserved memory that could not serve a malloc the policy grew for) and the idle share (lines: 1 − allocated / reserved), over the trace, of the same policies.", func(rs []sim.Result) (*plot.Plot, error) { return FragmentationOf(rs, r.Policies) }},
+				{"memory", "Reserved (thick) and allocated (thin) bytes over the trace of the recorded allocator, the lowest peaks and the cuda baseline (or the policies --plot-policy names), against the requested bytes, the lower bound.", func(rs []results.Result) (*plot.Plot, error) { return MemoryOf(rs, r.Policies) }},
+				{"fragmentation", "Fragmentation (dots: the free reserved memory that could not serve a malloc the policy grew for) and the idle share (lines: 1 − allocated / reserved), over the trace, of the same policies.", func(rs []results.Result) (*plot.Plot, error) { return FragmentationOf(rs, r.Policies) }},
 				{"peaks", "Peak reserved and allocated bytes per policy against the lower bound, the peak requested bytes.", Peaks},
 				{"calls", "Device allocations and frees (cudaMalloc and cudaFree calls) per policy.", Calls},
 			}
 			if hasLatency(g.results) {
 				charts = append(charts, struct {
 					suffix, caption string
-					build           func([]sim.Result) (*plot.Plot, error)
-				}{"latency", latencyCaption(g.results), func(rs []sim.Result) (*plot.Plot, error) {
+					build           func([]results.Result) (*plot.Plot, error)
+				}{"latency", latencyCaption(g.results), func(rs []results.Result) (*plot.Plot, error) {
 					p, err := LatencyCDF(rs)
 					if err == nil {
 						// Said on the chart too, for the PNG on a slide.
@@ -513,7 +511,7 @@ func buildPage(r *Report) (page, error) {
 }
 
 // sitesTable returns the table of the allocation sites at each policy's
-// peak (sim.Result.Sites, replay sim --sites), nil when no result of g
+// peak (results.Result.Sites, replay sim --sites), nil when no result of g
 // carries them: a row per policy and site with its live bytes and count,
 // its share of the reserved bytes the policy did not use, and a bar of
 // both against the largest peak of the table, in the policy's colour.
@@ -585,7 +583,7 @@ func seriesKind(rs []ReportResult) string {
 // reserved bytes side by side, the spread between ranks and the ranks that
 // ran out of memory, the first of them in time.
 func jobSections(r *Report) []section {
-	rs := make([]*sim.Result, len(r.Results))
+	rs := make([]*results.Result, len(r.Results))
 	for i := range r.Results {
 		rs[i] = &r.Results[i].Result
 	}
@@ -633,10 +631,10 @@ func jobSections(r *Report) []section {
 // RunName names a run of a comparison: its trace, policy, settings and
 // capacity ("a.trace under pytorch (expandable_segments=True), capacity N
 // bytes").
-func RunName(r *sim.Result) string {
+func RunName(r *results.Result) string {
 	s := r.Trace + " under " + r.Policy
 	if len(r.Settings) > 0 {
-		s += " (" + policies.Settings(r.Settings).Join(", ") + ")"
+		s += " (" + results.JoinSettings(r.Settings, ", ") + ")"
 	}
 	if r.Capacity > 0 {
 		s += fmt.Sprintf(", capacity %d bytes", r.Capacity)
@@ -657,7 +655,7 @@ func Plural(n int, noun string) string {
 
 // shortRun names a run by its trace's file name and its policy, for a
 // heading.
-func shortRun(r *sim.Result) string { return filepath.Base(r.Trace) + " (" + r.Policy + ")" }
+func shortRun(r *results.Result) string { return filepath.Base(r.Trace) + " (" + r.Policy + ")" }
 
 // DiffCells formats a figure of a comparison for a table: A, B, B - A and
 // B / A ("-" when A is 0), in MiB for bytes, percent for a fraction (the
@@ -801,7 +799,7 @@ func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
 		case r.SimAllocTimeNS > 0:
 			timeText, timeTitle, timeSort = msText(r.SimAllocTimeNS), "simulated by the cost model, "+msText(r.SimWakeTimeNS)+" of it wake-ups after idle times", strconv.FormatInt(r.SimAllocTimeNS, 10)
 		}
-		settings := policies.Settings(r.Settings).Join(" ")
+		settings := results.JoinSettings(r.Settings, " ")
 		c := looks[i].Color
 		bar := []barPart{
 			{Class: "fill", Style: barStyle(r.PeakReserved, top, c, 0)},
@@ -873,10 +871,10 @@ func fitRows(fits []results.Fit) *fitTable {
 	for _, c := range cards {
 		t.Head = append(t.Head, c.Name)
 	}
-	rows := make([]sim.Result, len(fits))
+	rows := make([]results.Result, len(fits))
 	var top uint64
 	for i, f := range fits {
-		rows[i] = sim.Result{Policy: f.Policy, Settings: f.Settings}
+		rows[i] = results.Result{Policy: f.Policy, Settings: f.Settings}
 		top = max(top, f.MinCapacity, f.UnlimitedPeakReserved, f.LowerBound)
 	}
 	// The cards (less the context) at or below the top, and the first
@@ -1003,7 +1001,7 @@ func heat(ratio float64) template.CSS {
 // overviewTable is the matrix of peak reserved ÷ lower bound, a row per
 // section with results and a column per policy.
 func overviewTable(groups []*reportGroup) *overview {
-	var all []sim.Result
+	var all []results.Result
 	for _, g := range groups {
 		all = append(all, g.sim()...)
 	}
@@ -1133,7 +1131,7 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 
 // fragCell is a result's peak fragmentation in a table: its percentage, its
 // bytes in the title, or "-" for a version 1 result that did not measure it.
-func fragCell(r sim.Result) cell {
+func fragCell(r results.Result) cell {
 	if r.FragmentationUnknown {
 		return cell{Text: "-", Class: "num", Title: "not measured: a results file of version 1"}
 	}
@@ -1141,9 +1139,9 @@ func fragCell(r sim.Result) cell {
 		Title: strconv.FormatUint(r.PeakFragmentedBytes, 10) + " bytes fragmented at most", Sort: num(r.PeakFragmentation)}
 }
 
-// resultWarnings returns the warnings of results (sim.Result.Warnings), a
+// resultWarnings returns the warnings of results (results.Result.Warnings), a
 // line each, naming the policies a warning came with.
-func resultWarnings(rs []sim.Result) []string {
+func resultWarnings(rs []results.Result) []string {
 	var order []string
 	who := map[string][]string{}
 	for _, r := range rs {

@@ -20,15 +20,14 @@ import (
 	"testing"
 
 	"github.com/gpualloc/allocsim/plots"
-	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // latencyRows are made-up latency summaries: small cudaMallocs that all
 // take 20 µs, larger ones spread from 200 µs to 2 ms, and cudaFrees.
-func latencyRows(scale float64) []sim.LatencyRow {
+func latencyRows(scale float64) []results.LatencyRow {
 	ns := func(us float64) int64 { return int64(us * scale * 1000) }
-	return []sim.LatencyRow{
+	return []results.LatencyRow{
 		{Call: "cudaFree", SizeClass: "<=1GiB", Count: 40, MedianNS: ns(300), P90NS: ns(900), P99NS: ns(1500), MaxNS: ns(2000)},
 		{Call: "cudaMalloc", SizeClass: "<=1MiB", Count: 100, MedianNS: ns(20), P90NS: ns(20), P99NS: ns(20), MaxNS: ns(20)},
 		{Call: "cudaMalloc", SizeClass: "<=1GiB", Count: 60, MedianNS: ns(200), P90NS: ns(600), P99NS: ns(1200), MaxNS: ns(2000)},
@@ -37,7 +36,7 @@ func latencyRows(scale float64) []sim.LatencyRow {
 
 // reportResults are trainingResults with latency rows and allocator
 // times, and a second trace on which the last policy runs out of memory.
-func reportResults() []sim.Result {
+func reportResults() []results.Result {
 	rs := trainingResults()
 	for i := range rs {
 		rs[i].Latency = latencyRows(1 + 0.5*float64(i))
@@ -73,7 +72,7 @@ func reportFits() []results.Fit {
 }
 
 func TestLatencyDistribution(t *testing.T) {
-	rows := []sim.LatencyRow{
+	rows := []results.LatencyRow{
 		{Count: 10, MedianNS: 100, P90NS: 100, P99NS: 100, MaxNS: 100},
 		{Count: 30, MedianNS: 200, P90NS: 300, P99NS: 400, MaxNS: 1000},
 		{Count: 0, MedianNS: 5},
@@ -92,7 +91,7 @@ func TestLatencyDistribution(t *testing.T) {
 		t.Errorf("no rows: %v %d", pts, n)
 	}
 	// Percentiles out of order are taken as never falling.
-	pts, _ = plots.LatencyDistribution([]sim.LatencyRow{{Count: 1, MedianNS: 50, P90NS: 40, P99NS: 60, MaxNS: 60}})
+	pts, _ = plots.LatencyDistribution([]results.LatencyRow{{Count: 1, MedianNS: 50, P90NS: 40, P99NS: 60, MaxNS: 60}})
 	if got := fmt.Sprint(pts); got != "[{50 0} {50 0.9} {60 0.99} {60 1}]" {
 		t.Errorf("out of order: %s", got)
 	}
@@ -246,20 +245,20 @@ func TestReportSortable(t *testing.T) {
 // the footprint only where it is above the reserved bytes, the requested
 // bytes once, shared X columns and shared value columns once.
 func TestReportSeriesData(t *testing.T) {
-	pts := []sim.Point{
+	pts := []results.Point{
 		{Event: 3, Time: 5_000_000_000, Requested: 1000, Allocated: 1024, Reserved: 2 << 20, Footprint: 2 << 20, Fragmentation: 1 - 1024.0/(2<<20)},
 		{Event: 7, Time: 5_000_001_500, Requested: 5000, Allocated: 5120, Reserved: 2 << 20, Footprint: 2 << 20, Fragmentation: 0.99755859375},
 		{Event: 12, Time: 5_000_004_000, Requested: 3000, Allocated: 3072, Reserved: 4 << 20, Footprint: 6 << 20, Fragmentation: 0.99926757812},
 		{Event: 13, Time: 5_000_004_001, Requested: 0, Allocated: 0, Reserved: 4 << 20, Footprint: 6 << 20, Fragmentation: 0},
 		{Event: 20, Time: 5_000_009_000, Requested: 1 << 40, Allocated: 1 << 40, Reserved: 1<<40 + 1<<21, Footprint: 1<<40 + 1<<21, Fragmentation: 1.9073468138230965e-06},
 	}
-	a := sim.Result{Trace: "t.trace", Policy: "pytorch", Series: pts, OOMs: 1, FirstOOMEvent: 10, Capacity: 1<<40 + 1<<30}
-	b := sim.Result{Trace: "t.trace", Policy: "cuda", Series: slices.Clone(pts), FirstOOMEvent: -1, Capacity: 1<<40 + 1<<30}
+	a := results.Result{Trace: "t.trace", Policy: "pytorch", Series: pts, OOMs: 1, FirstOOMEvent: 10, Capacity: 1<<40 + 1<<30}
+	b := results.Result{Trace: "t.trace", Policy: "cuda", Series: slices.Clone(pts), FirstOOMEvent: -1, Capacity: 1<<40 + 1<<30}
 	for i := range b.Series {
 		b.Series[i].Reserved, b.Series[i].Footprint = b.Series[i].Allocated, 0 // cuda holds what it hands out
 	}
-	empty := sim.Result{Trace: "t.trace", Policy: "bfc", FirstOOMEvent: -1, Capacity: 1<<40 + 1<<30}
-	s := reportData(t, []sim.Result{a, b, empty}).Series
+	empty := results.Result{Trace: "t.trace", Policy: "bfc", FirstOOMEvent: -1, Capacity: 1<<40 + 1<<30}
+	s := reportData(t, []results.Result{a, b, empty}).Series
 	if s == nil || s.XUnit != "s" || len(s.X) != 1 || len(s.Events) != 1 || len(s.Policies) != 3 {
 		t.Fatalf("series data %+v", s)
 	}
@@ -310,12 +309,12 @@ func TestReportSeriesData(t *testing.T) {
 		t.Errorf("capacity %d", s.Capacity)
 	}
 	// A trace without times is drawn by event: X is the event index.
-	for _, r := range []*sim.Result{&a, &b} {
+	for _, r := range []*results.Result{&a, &b} {
 		for i := range r.Series {
 			r.Series[i].Time = 0
 		}
 	}
-	s = reportData(t, []sim.Result{a, b}).Series
+	s = reportData(t, []results.Result{a, b}).Series
 	if got, want := col(s.X[0]), []int64{3, 7, 12, 13, 20}; s.XUnit != "events" || !slices.Equal(got, want) || s.Events != nil {
 		t.Errorf("by event: %s %v, want %v", s.XUnit, got, want)
 	}
@@ -326,10 +325,10 @@ func TestReportSeriesData(t *testing.T) {
 // calls from 10 µs (median) to 40 µs (max): its knots at 10, 20, 30, 40
 // µs; a time where either jumps is there twice.
 func TestReportLatencyData(t *testing.T) {
-	a := sim.Result{Trace: "t", Policy: "cuda", FirstOOMEvent: -1, Latency: []sim.LatencyRow{{Count: 100, MedianNS: 20000, P90NS: 20000, P99NS: 20000, MaxNS: 20000}}}
-	b := sim.Result{Trace: "t", Policy: "pytorch", FirstOOMEvent: -1, Latency: []sim.LatencyRow{{Count: 100, MedianNS: 10000, P90NS: 20000, P99NS: 30000, MaxNS: 40000}}}
-	c := sim.Result{Trace: "t", Policy: "bfc", FirstOOMEvent: -1}
-	d := reportData(t, []sim.Result{a, b, c}).Latency
+	a := results.Result{Trace: "t", Policy: "cuda", FirstOOMEvent: -1, Latency: []results.LatencyRow{{Count: 100, MedianNS: 20000, P90NS: 20000, P99NS: 20000, MaxNS: 20000}}}
+	b := results.Result{Trace: "t", Policy: "pytorch", FirstOOMEvent: -1, Latency: []results.LatencyRow{{Count: 100, MedianNS: 10000, P90NS: 20000, P99NS: 30000, MaxNS: 40000}}}
+	c := results.Result{Trace: "t", Policy: "bfc", FirstOOMEvent: -1}
+	d := reportData(t, []results.Result{a, b, c}).Latency
 	if d == nil || d.Kind != "simulated" || len(d.Policies) != 3 {
 		t.Fatalf("latency %+v", d)
 	}
@@ -368,7 +367,7 @@ type sectionData struct {
 
 // reportData writes a report of rs, results of one trace, and returns the
 // data of its section.
-func reportData(t *testing.T, rs []sim.Result) sectionData {
+func reportData(t *testing.T, rs []results.Result) sectionData {
 	t.Helper()
 	rep := &plots.Report{}
 	for _, r := range rs {
@@ -441,15 +440,15 @@ func TestReportSize(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for _, trace := range []string{"a.trace", "b.trace", "c.trace"} {
 		for k := range 19 {
-			r := sim.Result{Trace: trace, Policy: fmt.Sprintf("p%d", k), Latency: latencyRows(1 + float64(k)/4), FirstOOMEvent: -1}
+			r := results.Result{Trace: trace, Policy: fmt.Sprintf("p%d", k), Latency: latencyRows(1 + float64(k)/4), FirstOOMEvent: -1}
 			var req, alloc, res uint64
-			for i := range sim.MaxSeriesPoints {
+			for i := range results.MaxSeriesPoints {
 				req = uint64(max(int64(req)+rng.Int64N(4<<20)-2<<20, 0))
 				alloc = req + req/50 + uint64(k)*512
 				alloc -= alloc % 512
 				res = max(res, alloc+(2<<20)-1)
 				res -= res % (2 << 20)
-				r.Series = append(r.Series, sim.Point{Event: int64(i) * 37, Time: int64(i) * 1_000_003, Requested: req, Allocated: alloc, Reserved: res, Fragmentation: 1 - float64(alloc)/float64(max(res, 1))})
+				r.Series = append(r.Series, results.Point{Event: int64(i) * 37, Time: int64(i) * 1_000_003, Requested: req, Allocated: alloc, Reserved: res, Fragmentation: 1 - float64(alloc)/float64(max(res, 1))})
 				r.PeakRequested, r.PeakReserved = max(r.PeakRequested, req), max(r.PeakReserved, res)
 			}
 			rep.Results = append(rep.Results, plots.ReportResult{Result: r})
@@ -653,7 +652,7 @@ func ExampleFit() {
 // table.
 func TestReportSites(t *testing.T) {
 	rs := trainingResults()
-	page := func(rs []sim.Result) string {
+	page := func(rs []results.Result) string {
 		rep := &plots.Report{}
 		for _, r := range rs {
 			rep.Results = append(rep.Results, plots.ReportResult{Result: r})
@@ -667,7 +666,7 @@ func TestReportSites(t *testing.T) {
 	if p := page(rs); strings.Contains(p, "Allocation sites at the peak") {
 		t.Errorf("a sites table without sites")
 	}
-	rs[0].Sites = &sim.SitesAtPeak{Event: 7, Reserved: 3 << 20, Depth: 1, Sites: []sim.SiteBytes{
+	rs[0].Sites = &results.SitesAtPeak{Event: 7, Reserved: 3 << 20, Depth: 1, Sites: []results.SiteBytes{
 		{Site: "a.py:3:f", LiveBytes: 2 << 20, Count: 2, UnusedBytes: 512 << 10},
 		{Site: "(no stack)", LiveBytes: 512 << 10, Count: 1},
 	}}

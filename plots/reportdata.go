@@ -2,12 +2,12 @@ package plots
 
 import (
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 	"image/color"
 	"math"
 	"slices"
 	"strings"
 
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // Column is a column of integers as a report page embeds it: Step, the
@@ -159,7 +159,7 @@ type PolicySeries struct {
 	Allocated int `json:"allocated"`
 	Footprint int `json:"footprint"`
 	// Fragmentation is the column of each point's fragmentation
-	// (sim.Point.Fragmentation), Idle that of 1 - allocated / reserved at
+	// (results.Point.Fragmentation), Idle that of 1 - allocated / reserved at
 	// its last event, in FracScale units.
 	Fragmentation int `json:"fragmentation"`
 	Idle          int `json:"idle"`
@@ -186,19 +186,19 @@ func (d *SeriesData) Column(i int) ([]int64, error) {
 
 // seriesData returns the series of results of one trace as a page embeds
 // them, nil when no result has series points.
-func seriesData(results []sim.Result, labels []string, names []string) *SeriesData {
-	looks := resultLooks(results)
+func seriesData(runs []results.Result, labels []string, names []string) *SeriesData {
+	looks := resultLooks(runs)
 	// The policies drawn at first: those the PNG charts draw
 	// (ShownPolicies, names nil for the default set); the page's legend
 	// shows the others, hidden, a click away.
 	drawn := map[int]bool{}
-	if shown, err := ShownPolicies(results, names); err == nil {
+	if shown, err := ShownPolicies(runs, names); err == nil {
 		for _, s := range shown {
 			drawn[s.Index] = true
 		}
 	}
-	ax := chooseX(results)
-	d := &SeriesData{XUnit: "events", Requested: -1, RequestedX: -1, Policies: make([]PolicySeries, len(results))}
+	ax := chooseX(runs)
+	d := &SeriesData{XUnit: "events", Requested: -1, RequestedX: -1, Policies: make([]PolicySeries, len(runs))}
 	if ax.byTime {
 		d.XUnit = "s"
 	}
@@ -212,18 +212,18 @@ func seriesData(results []sim.Result, labels []string, names []string) *SeriesDa
 		d.Columns = append(d.Columns, c)
 		return len(d.Columns) - 1
 	}
-	col := func(s []sim.Point, f func(sim.Point) int64) int {
+	col := func(s []results.Point, f func(results.Point) int64) int {
 		vs := make([]int64, len(s))
 		for i, pt := range s {
 			vs[i] = f(pt)
 		}
 		return add(vs)
 	}
-	xIndex := func(s []sim.Point) int {
+	xIndex := func(s []results.Point) int {
 		if len(s) == 0 {
 			return -1
 		}
-		x := col(s, func(pt sim.Point) int64 {
+		x := col(s, func(pt results.Point) int64 {
 			if ax.byTime {
 				return pt.Time - ax.t0
 			}
@@ -231,7 +231,7 @@ func seriesData(results []sim.Result, labels []string, names []string) *SeriesDa
 		})
 		ev := -1
 		if ax.byTime {
-			ev = col(s, func(pt sim.Point) int64 { return pt.Event })
+			ev = col(s, func(pt results.Point) int64 { return pt.Event })
 		}
 		for i := range d.X {
 			if d.X[i] == x && (!ax.byTime || d.Events[i] == ev) {
@@ -246,18 +246,18 @@ func seriesData(results []sim.Result, labels []string, names []string) *SeriesDa
 	}
 	req := -1
 	var top uint64
-	for i, r := range results {
+	for i, r := range runs {
 		p := PolicySeries{Label: labels[i], Color: hexColor(looks[i].Color), Dash: looks[i].dashArray(), Hidden: len(drawn) > 0 && !drawn[i], X: xIndex(r.Series), Footprint: -1, OOM: -1}
 		if len(r.Series) == 0 {
 			p.Label += " (no series)"
 		}
-		p.Reserved = col(r.Series, func(pt sim.Point) int64 { return int64(pt.Reserved) })
-		p.Allocated = col(r.Series, func(pt sim.Point) int64 { return int64(pt.Allocated) })
+		p.Reserved = col(r.Series, func(pt results.Point) int64 { return int64(pt.Reserved) })
+		p.Allocated = col(r.Series, func(pt results.Point) int64 { return int64(pt.Allocated) })
 		if footprintAbove(r.Series) {
-			p.Footprint = col(r.Series, func(pt sim.Point) int64 { return int64(pt.Footprint) })
+			p.Footprint = col(r.Series, func(pt results.Point) int64 { return int64(pt.Footprint) })
 		}
-		p.Fragmentation = col(r.Series, func(pt sim.Point) int64 { return fracInt(pt.Fragmentation) })
-		p.Idle = col(r.Series, func(pt sim.Point) int64 { return fracInt(pt.Idle) })
+		p.Fragmentation = col(r.Series, func(pt results.Point) int64 { return fracInt(pt.Fragmentation) })
+		p.Idle = col(r.Series, func(pt results.Point) int64 { return fracInt(pt.Idle) })
 		if r.OOMs > 0 && r.FirstOOMEvent >= 0 {
 			for k, pt := range r.Series {
 				if pt.Event >= r.FirstOOMEvent {
@@ -267,7 +267,7 @@ func seriesData(results []sim.Result, labels []string, names []string) *SeriesDa
 			}
 		}
 		d.Policies[i] = p
-		if len(r.Series) > 0 && (req < 0 || len(r.Series) > len(results[req].Series)) {
+		if len(r.Series) > 0 && (req < 0 || len(r.Series) > len(runs[req].Series)) {
 			req = i
 		}
 		for _, pt := range r.Series {
@@ -277,12 +277,12 @@ func seriesData(results []sim.Result, labels []string, names []string) *SeriesDa
 	if req < 0 {
 		return nil
 	}
-	d.Requested = col(results[req].Series, func(pt sim.Point) int64 { return int64(pt.Requested) })
+	d.Requested = col(runs[req].Series, func(pt results.Point) int64 { return int64(pt.Requested) })
 	d.RequestedX = d.Policies[req].X
 	// The capacity is drawn where one device holds every result and it is
 	// near the data, as Memory draws it.
-	capacity := results[0].Capacity
-	for _, r := range results {
+	capacity := runs[0].Capacity
+	for _, r := range runs {
 		if r.Capacity != capacity {
 			capacity = 0
 		}
@@ -323,18 +323,18 @@ type PolicyLatency struct {
 
 // latencyData returns the latency distributions of results of one trace,
 // nil when none has latency rows.
-func latencyData(results []ReportResult, labels []string) *LatencyData {
-	looks := resultLooks(reportSims(results))
+func latencyData(runs []ReportResult, labels []string) *LatencyData {
+	looks := resultLooks(reportSims(runs))
 	type dist struct {
 		pts []LatencyPoint
 		n   int64
 	}
-	ds := make([]dist, len(results))
+	ds := make([]dist, len(runs))
 	any := false
 	// mult[ns] is the most points one distribution has at ns (2 at a
 	// jump).
 	mult := map[int64]int{}
-	for i, r := range results {
+	for i, r := range runs {
 		pts, n := LatencyDistribution(r.Latency)
 		ds[i] = dist{pts, n}
 		any = any || n > 0
@@ -353,7 +353,7 @@ func latencyData(results []ReportResult, labels []string) *LatencyData {
 		keys = append(keys, ns)
 	}
 	slices.Sort(keys)
-	d := &LatencyData{Kind: latencyKind(results)}
+	d := &LatencyData{Kind: latencyKind(runs)}
 	row := map[int64]int{} // the first row of each time
 	for _, ns := range keys {
 		row[ns] = len(d.NS)

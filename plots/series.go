@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 	"image/color"
 	"math"
 	"slices"
@@ -13,9 +14,6 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-
-	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // ErrNoResults is returned by the chart builders when given no results.
@@ -23,12 +21,12 @@ var ErrNoResults = errors.New("plots: no results")
 
 // traceOf returns the trace path that all results share, or an error if
 // there are none or they come from more than one trace.
-func traceOf(results []sim.Result) (string, error) {
-	if len(results) == 0 {
+func traceOf(runs []results.Result) (string, error) {
+	if len(runs) == 0 {
 		return "", ErrNoResults
 	}
-	t := results[0].Trace
-	for _, r := range results[1:] {
+	t := runs[0].Trace
+	for _, r := range runs[1:] {
 		if r.Trace != t {
 			return "", fmt.Errorf("plots: results from more than one trace (%q and %q); group them with WriteAll", t, r.Trace)
 		}
@@ -86,7 +84,7 @@ func addCurve(p *plot.Plot, xys plotter.XYs, sty draw.LineStyle) error {
 }
 
 // addSteps is addCurve for a series of points that each hold the largest
-// value of a run of events ending at its X (sim.Point): drawn as steps,
+// value of a run of events ending at its X (results.Point): drawn as steps,
 // each value level from the point before to its own, so that an instant's
 // peak shows as a step at its run, not as a slope over the runs around it.
 func addSteps(p *plot.Plot, xys plotter.XYs, sty draw.LineStyle) error {
@@ -126,10 +124,10 @@ type xAxis struct {
 }
 
 // chooseX returns the X axis for the results' series.
-func chooseX(results []sim.Result) xAxis {
+func chooseX(runs []results.Result) xAxis {
 	ax := xAxis{byTime: true}
 	first, last, any := int64(0), int64(0), false
-	for _, r := range results {
+	for _, r := range runs {
 		if r.TraceSource == "minimalloc" {
 			return xAxis{}
 		}
@@ -154,7 +152,7 @@ func chooseX(results []sim.Result) xAxis {
 }
 
 // of returns pt's X.
-func (ax xAxis) of(pt sim.Point) float64 {
+func (ax xAxis) of(pt results.Point) float64 {
 	if ax.byTime {
 		return float64(pt.Time-ax.t0) / 1e9
 	}
@@ -162,7 +160,7 @@ func (ax xAxis) of(pt sim.Point) float64 {
 }
 
 // seriesXYs returns the points of s as (X, f(point)).
-func seriesXYs(ax xAxis, s []sim.Point, f func(sim.Point) float64) plotter.XYs {
+func seriesXYs(ax xAxis, s []results.Point, f func(results.Point) float64) plotter.XYs {
 	xys := make(plotter.XYs, 0, len(s))
 	for _, pt := range s {
 		y := f(pt)
@@ -176,9 +174,9 @@ func seriesXYs(ax xAxis, s []sim.Point, f func(sim.Point) float64) plotter.XYs {
 
 // xRange sets p's X axis to the results' series: from 0 to the last point
 // drawn, in seconds of the trace's time ("time (s)") or in events.
-func xRange(p *plot.Plot, ax xAxis, results []sim.Result) {
+func xRange(p *plot.Plot, ax xAxis, runs []results.Result) {
 	var last float64
-	for _, r := range results {
+	for _, r := range runs {
 		for _, pt := range r.Series {
 			last = max(last, ax.of(pt))
 		}
@@ -230,23 +228,30 @@ const BestShown = 3
 // where it was run: no caching, a cudaMalloc and cudaFree per request.
 const BaselinePolicy = "cuda"
 
+// IsPlanner reports whether a policy is a clairvoyant planner, one that
+// sees the whole trace before it places (offline, greedy-by-size), which
+// the default set of ShownPolicies leaves out of the lowest peaks. Package
+// plots knows no policy: the program that draws sets it (the replay
+// command, from the registry's abilities); nil counts none a planner.
+var IsPlanner func(policy string) bool
+
 // ShownPolicies returns the results of one trace that the memory and
 // fragmentation charts draw, in legend order. With names (policy names,
 // each selecting every result of that policy, in the order named) it is
 // those; it returns an error naming the first name no result has. With
 // none it is the default set, a readable one: the policy that simulates
-// the allocator the trace was recorded under (policies.SourcePolicy; none
+// the allocator the trace was recorded under (results.RecordedPolicy; none
 // for a source that records no allocator), the BestShown other results of
 // the lowest peak reserved bytes among those that served every malloc,
 // clairvoyant planners and the baseline left aside, and the baseline
 // (BaselinePolicy) where it was run. The requested bytes, the lower
 // bound, are drawn beside them in any case.
-func ShownPolicies(results []sim.Result, names []string) ([]Shown, error) {
+func ShownPolicies(runs []results.Result, names []string) ([]Shown, error) {
 	var out []Shown
 	if len(names) > 0 {
 		for _, n := range names {
 			found := false
-			for i, r := range results {
+			for i, r := range runs {
 				if r.Policy == n {
 					out = append(out, Shown{Index: i})
 					found = true
@@ -254,8 +259,8 @@ func ShownPolicies(results []sim.Result, names []string) ([]Shown, error) {
 			}
 			if !found {
 				trace := ""
-				if len(results) > 0 {
-					trace = " on " + baseName(results[0].Trace)
+				if len(runs) > 0 {
+					trace = " on " + baseName(runs[0].Trace)
 				}
 				return nil, fmt.Errorf("plots: no result of policy %q%s", n, trace)
 			}
@@ -264,15 +269,15 @@ func ShownPolicies(results []sim.Result, names []string) ([]Shown, error) {
 	}
 	taken := map[int]bool{}
 	first := func(policy string) int {
-		for i, r := range results {
+		for i, r := range runs {
 			if r.Policy == policy {
 				return i
 			}
 		}
 		return -1
 	}
-	if len(results) > 0 {
-		if name, ok := policies.SourcePolicy(results[0].TraceSource); ok {
+	if len(runs) > 0 {
+		if name, ok := results.RecordedPolicy(runs[0].TraceSource); ok {
 			if i := first(name); i >= 0 {
 				out = append(out, Shown{Index: i, Role: "recorded"})
 				taken[i] = true
@@ -281,14 +286,13 @@ func ShownPolicies(results []sim.Result, names []string) ([]Shown, error) {
 	}
 	base := first(BaselinePolicy)
 	var cand []int
-	for i, r := range results {
-		info, _ := policies.Lookup(r.Policy)
-		if taken[i] || i == base || failed(r) || info.Abilities.Planner {
+	for i, r := range runs {
+		if taken[i] || i == base || failed(r) || IsPlanner != nil && IsPlanner(r.Policy) {
 			continue
 		}
 		cand = append(cand, i)
 	}
-	slices.SortStableFunc(cand, func(a, b int) int { return cmp.Compare(results[a].PeakReserved, results[b].PeakReserved) })
+	slices.SortStableFunc(cand, func(a, b int) int { return cmp.Compare(runs[a].PeakReserved, runs[b].PeakReserved) })
 	for k, i := range cand[:min(len(cand), BestShown)] {
 		role := "lowest peak"
 		if k > 0 {
@@ -318,7 +322,7 @@ func ordinal(n int) string {
 
 // shownLabel returns the legend label of a shown result: its chart label,
 // with its role in parentheses.
-func shownLabel(label string, s Shown, r sim.Result) string {
+func shownLabel(label string, s Shown, r results.Result) string {
 	if s.Role != "" {
 		label += " (" + s.Role + ")"
 	}
@@ -335,14 +339,14 @@ func shownLabel(label string, s Shown, r sim.Result) string {
 // largest value drawn (reserved, allocated, requested, footprint, and the
 // device capacity where it is drawn), the capacity to draw (0 for none),
 // and the unit.
-func memoryScale(results []sim.Result) (top, capacity uint64, u Unit) {
-	for _, r := range results {
+func memoryScale(runs []results.Result) (top, capacity uint64, u Unit) {
+	for _, r := range runs {
 		for _, pt := range r.Series {
 			top = max(top, pt.Reserved, pt.Allocated, pt.Requested, pt.Footprint)
 		}
 	}
-	capacity = results[0].Capacity
-	for _, r := range results {
+	capacity = runs[0].Capacity
+	for _, r := range runs {
 		if r.Capacity != capacity {
 			capacity = 0 // not one device; draw none
 		}
@@ -357,10 +361,10 @@ func memoryScale(results []sim.Result) (top, capacity uint64, u Unit) {
 // requestedSeries returns the index of the result whose series draws the
 // trace's requested bytes (the same under every policy): the longest, -1
 // where none has points.
-func requestedSeries(results []sim.Result) int {
+func requestedSeries(runs []results.Result) int {
 	req := -1
-	for i, r := range results {
-		if len(r.Series) > 0 && (req < 0 || len(r.Series) > len(results[req].Series)) {
+	for i, r := range runs {
+		if len(r.Series) > 0 && (req < 0 || len(r.Series) > len(runs[req].Series)) {
 			req = i
 		}
 	}
@@ -368,13 +372,13 @@ func requestedSeries(results []sim.Result) int {
 }
 
 // Memory is MemoryOf the default set of policies.
-func Memory(results []sim.Result) (*plot.Plot, error) { return MemoryOf(results, nil) }
+func Memory(runs []results.Result) (*plot.Plot, error) { return MemoryOf(runs, nil) }
 
 // requestedOnly returns s with only the requested bytes of each point.
-func requestedOnly(s []sim.Point) []sim.Point {
-	out := make([]sim.Point, len(s))
+func requestedOnly(s []results.Point) []results.Point {
+	out := make([]results.Point, len(s))
 	for i, pt := range s {
-		out[i] = sim.Point{Event: pt.Event, Time: pt.Time, Requested: pt.Requested}
+		out[i] = results.Point{Event: pt.Event, Time: pt.Time, Requested: pt.Requested}
 	}
 	return out
 }
@@ -385,7 +389,7 @@ func requestedOnly(s []sim.Point) []sim.Point {
 // policy's look: colour and dash, the same in every chart), its allocated
 // bytes (thin, lighter, same look), its device footprint where it is above
 // the reserved bytes somewhere (the card's memory the driver's pages take,
-// sim.Point.Footprint: a thin dotted line of its colour), and once the
+// results.Point.Footprint: a thin dotted line of its colour), and once the
 // trace's requested bytes, the lower bound for every policy (dashed
 // black), against the trace's time in seconds (the event index where the
 // trace has no time: xAxis). The legend names each policy with its role in
@@ -395,20 +399,20 @@ func requestedOnly(s []sim.Point) []sim.Point {
 // is drawn as a dotted line. It returns ErrNoResults for no results, and
 // an error if the results come from more than one trace or a name has no
 // result.
-func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
-	c, err := newSeriesChart(results, names)
+func MemoryOf(runs []results.Result, names []string) (*plot.Plot, error) {
+	c, err := newSeriesChart(runs, names)
 	if err != nil {
 		return nil, err
 	}
 	trace, shown, labels, key, looks, ax := c.trace, c.shown, c.labels, c.key, c.looks, c.ax
-	req := requestedSeries(results)
+	req := requestedSeries(runs)
 	// The scale is the policies drawn, and the requested bytes.
-	drawn := make([]sim.Result, 0, len(shown)+1)
+	drawn := make([]results.Result, 0, len(shown)+1)
 	for _, s := range shown {
-		drawn = append(drawn, results[s.Index])
+		drawn = append(drawn, runs[s.Index])
 	}
 	if req >= 0 {
-		drawn = append(drawn, sim.Result{Capacity: results[req].Capacity, Series: requestedOnly(results[req].Series)})
+		drawn = append(drawn, results.Result{Capacity: runs[req].Capacity, Series: requestedOnly(runs[req].Series)})
 	}
 	top, capacity, u := memoryScale(drawn)
 
@@ -416,25 +420,25 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	setTitle(p, "memory over the trace: ", trace)
 	p.Y.Label.Text = "memory (" + u.Name + ")"
 	leg := newSideLegend()
-	bytes := func(f func(sim.Point) uint64) func(sim.Point) float64 {
-		return func(pt sim.Point) float64 { return u.Of(f(pt)) }
+	bytes := func(f func(results.Point) uint64) func(results.Point) float64 {
+		return func(pt results.Point) float64 { return u.Of(f(pt)) }
 	}
 
 	for _, s := range shown {
 		sty := looks[s.Index].line(allocatedWidth)
 		sty.Color = tint(sty.Color.(color.RGBA), 0.35)
-		if err := addSteps(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Allocated })), sty); err != nil {
+		if err := addSteps(p, seriesXYs(ax, runs[s.Index].Series, bytes(func(pt results.Point) uint64 { return pt.Allocated })), sty); err != nil {
 			return nil, err
 		}
 	}
 	anyFootprint := false
 	for _, s := range shown {
-		r := results[s.Index]
+		r := runs[s.Index]
 		if !footprintAbove(r.Series) {
 			continue
 		}
 		sty := draw.LineStyle{Color: looks[s.Index].Color, Width: footprintWidth, Dashes: footprintDashes}
-		if err := addSteps(p, seriesXYs(ax, r.Series, bytes(func(pt sim.Point) uint64 { return pt.Footprint })), sty); err != nil {
+		if err := addSteps(p, seriesXYs(ax, r.Series, bytes(func(pt results.Point) uint64 { return pt.Footprint })), sty); err != nil {
 			return nil, err
 		}
 		anyFootprint = true
@@ -443,13 +447,13 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	// The first in the legend is drawn last, on top.
 	for k := len(shown) - 1; k >= 0; k-- {
 		s := shown[k]
-		if err := addSteps(p, seriesXYs(ax, results[s.Index].Series, bytes(func(pt sim.Point) uint64 { return pt.Reserved })), looks[s.Index].line(reservedWidth)); err != nil {
+		if err := addSteps(p, seriesXYs(ax, runs[s.Index].Series, bytes(func(pt results.Point) uint64 { return pt.Reserved })), looks[s.Index].line(reservedWidth)); err != nil {
 			return nil, err
 		}
 	}
 	for _, s := range shown {
-		r := results[s.Index]
-		label := shownLabel(labels[s.Index], s, results[s.Index])
+		r := runs[s.Index]
+		label := shownLabel(labels[s.Index], s, runs[s.Index])
 		if len(r.Series) == 0 {
 			label += " (no series)"
 		}
@@ -464,7 +468,7 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	// The lower bound on top, where the policies that reach it would
 	// hide it.
 	if req >= 0 {
-		if err := addSteps(p, seriesXYs(ax, results[req].Series, bytes(func(pt sim.Point) uint64 { return pt.Requested })), requestedStyle); err != nil {
+		if err := addSteps(p, seriesXYs(ax, runs[req].Series, bytes(func(pt results.Point) uint64 { return pt.Requested })), requestedStyle); err != nil {
 			return nil, err
 		}
 	}
@@ -472,7 +476,7 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		p.Add(hline{Y: u.Of(capacity), Style: capacityStyle})
 	}
 	addRanked(leg, shown)
-	addHidden(leg, len(results)-len(shown))
+	addHidden(leg, len(runs)-len(shown))
 
 	leg.add("")
 	leg.add("reserved: thick", lineThumb{Color: grey, Width: reservedWidth})
@@ -493,7 +497,7 @@ func MemoryOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		p.Add(newNote("no series points to draw"))
 	}
 
-	xRange(p, ax, results)
+	xRange(p, ax, runs)
 	valueRange(p, math.Max(u.Of(top), minBytesTop), formatFixed)
 	return p, nil
 }
@@ -536,7 +540,7 @@ func addOOM(p *plot.Plot, xy plotter.XY, c color.Color) error {
 // footprintAbove reports whether a series' footprint is above its reserved
 // bytes at some point: the driver's pages take more than the policy
 // reserves (odd-sized cudaMallocs).
-func footprintAbove(s []sim.Point) bool {
+func footprintAbove(s []results.Point) bool {
 	for _, pt := range s {
 		if pt.Footprint > pt.Reserved {
 			return true
@@ -547,16 +551,16 @@ func footprintAbove(s []sim.Point) bool {
 
 // oomPoint returns the series point of r's first OOM: the first point at or
 // after its event.
-func oomPoint(r sim.Result) (sim.Point, bool) {
+func oomPoint(r results.Result) (results.Point, bool) {
 	if r.OOMs == 0 || r.FirstOOMEvent < 0 {
-		return sim.Point{}, false
+		return results.Point{}, false
 	}
 	for _, pt := range r.Series {
 		if pt.Event >= r.FirstOOMEvent {
 			return pt, true
 		}
 	}
-	return sim.Point{}, false
+	return results.Point{}, false
 }
 
 func oomGlyph(c color.Color) draw.GlyphStyle {
@@ -577,27 +581,27 @@ type seriesChart struct {
 // newSeriesChart returns the seriesChart of results drawing those that
 // ShownPolicies(results, names) picks, or the error of traceOf or
 // ShownPolicies.
-func newSeriesChart(results []sim.Result, names []string) (seriesChart, error) {
-	trace, err := traceOf(results)
+func newSeriesChart(runs []results.Result, names []string) (seriesChart, error) {
+	trace, err := traceOf(runs)
 	if err != nil {
 		return seriesChart{}, err
 	}
-	shown, err := ShownPolicies(results, names)
+	shown, err := ShownPolicies(runs, names)
 	if err != nil {
 		return seriesChart{}, err
 	}
-	labels, key := chartLabels(results)
-	return seriesChart{trace: trace, shown: shown, labels: labels, key: key, looks: resultLooks(results), ax: chooseX(results)}, nil
+	labels, key := chartLabels(runs)
+	return seriesChart{trace: trace, shown: shown, labels: labels, key: key, looks: resultLooks(runs), ax: chooseX(runs)}, nil
 }
 
 // Fragmentation is FragmentationOf the default set of policies.
-func Fragmentation(results []sim.Result) (*plot.Plot, error) { return FragmentationOf(results, nil) }
+func Fragmentation(runs []results.Result) (*plot.Plot, error) { return FragmentationOf(runs, nil) }
 
 // FragmentationOf returns the chart of fragmentation and idle memory over
 // the trace for results of one trace, drawing the results
 // ShownPolicies(results, names) picks (names nil: the default set): for
-// each its idle share, 1 - allocated/reserved (sim.Point.Idle), in percent
-// as a line in the policy's look, and its fragmentation (sim.Point.
+// each its idle share, 1 - allocated/reserved (results.Point.Idle), in percent
+// as a line in the policy's look, and its fragmentation (results.Point.
 // Fragmentation: the free reserved memory that could not serve a malloc
 // the policy grew for) as dots of its colour where it is above 0, against
 // the trace's time in seconds (the event index where it has none), with a
@@ -605,8 +609,8 @@ func Fragmentation(results []sim.Result) (*plot.Plot, error) { return Fragmentat
 // or above the largest value drawn, at most 100.
 // It returns ErrNoResults for no results, and an error if the results come
 // from more than one trace or a name has no result.
-func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
-	c, err := newSeriesChart(results, names)
+func FragmentationOf(runs []results.Result, names []string) (*plot.Plot, error) {
+	c, err := newSeriesChart(runs, names)
 	if err != nil {
 		return nil, err
 	}
@@ -616,15 +620,15 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	p.Y.Label.Text = "% of the reserved bytes"
 	leg := newSideLegend()
 
-	drawn := make([]sim.Result, len(shown))
+	drawn := make([]results.Result, len(shown))
 	for k, s := range shown {
-		drawn[k] = results[s.Index]
+		drawn[k] = runs[s.Index]
 	}
 	top, points := fragmentationTop(ax, drawn), 0
 	anyOOM, anyFrag := false, false
 	for k := len(shown) - 1; k >= 0; k-- {
 		s := shown[k]
-		xys := seriesXYs(ax, results[s.Index].Series, idlePercent)
+		xys := seriesXYs(ax, runs[s.Index].Series, idlePercent)
 		points += len(xys)
 		if err := addSteps(p, xys, looks[s.Index].line(vg.Points(1.5))); err != nil {
 			return nil, err
@@ -633,7 +637,7 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 	for k := len(shown) - 1; k >= 0; k-- {
 		s := shown[k]
 		var dots plotter.XYs
-		for _, xy := range seriesXYs(ax, results[s.Index].Series, percent) {
+		for _, xy := range seriesXYs(ax, runs[s.Index].Series, percent) {
 			if xy.Y > 0 {
 				dots = append(dots, xy)
 			}
@@ -650,8 +654,8 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		anyFrag = true
 	}
 	for _, s := range shown {
-		r := results[s.Index]
-		label := shownLabel(labels[s.Index], s, results[s.Index])
+		r := runs[s.Index]
+		label := shownLabel(labels[s.Index], s, runs[s.Index])
 		if len(r.Series) == 0 {
 			label += " (no series)"
 		}
@@ -664,7 +668,7 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		}
 	}
 	addRanked(leg, shown)
-	addHidden(leg, len(results)-len(shown))
+	addHidden(leg, len(runs)-len(shown))
 	leg.add("")
 	leg.add("line: idle, 1 − allocated / reserved", lineThumb(draw.LineStyle{Color: grey, Width: vg.Points(1.5)}))
 	if anyFrag {
@@ -683,7 +687,7 @@ func FragmentationOf(results []sim.Result, names []string) (*plot.Plot, error) {
 		p.Add(newNote("no series points to draw"))
 	}
 
-	xRange(p, ax, results)
+	xRange(p, ax, runs)
 	valueRange(p, top, formatFixed)
 	return p, nil
 }
@@ -697,18 +701,18 @@ func fragGlyph(l look) draw.GlyphStyle {
 }
 
 // percent is a point's fragmentation in percent, held to 0..100.
-func percent(pt sim.Point) float64 { return 100 * math.Min(math.Max(pt.Fragmentation, 0), 1) }
+func percent(pt results.Point) float64 { return 100 * math.Min(math.Max(pt.Fragmentation, 0), 1) }
 
 // idlePercent is a point's idle share in percent, held to 0..100.
-func idlePercent(pt sim.Point) float64 { return 100 * math.Min(math.Max(pt.Idle, 0), 1) }
+func idlePercent(pt results.Point) float64 { return 100 * math.Min(math.Max(pt.Idle, 0), 1) }
 
 // fragmentationTop is the top of the fragmentation charts' Y axis for
 // results: the largest percentage of their idle shares and
 // fragmentation, at least 10, at most 100.
-func fragmentationTop(ax xAxis, results []sim.Result) float64 {
+func fragmentationTop(ax xAxis, runs []results.Result) float64 {
 	top := 0.0
-	for _, r := range results {
-		for _, f := range []func(sim.Point) float64{percent, idlePercent} {
+	for _, r := range runs {
+		for _, f := range []func(results.Point) float64{percent, idlePercent} {
 			for _, xy := range seriesXYs(ax, r.Series, f) {
 				top = math.Max(top, xy.Y)
 			}

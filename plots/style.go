@@ -2,6 +2,7 @@ package plots
 
 import (
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 	"hash/fnv"
 	"image/color"
 	"maps"
@@ -16,8 +17,6 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 
-	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // Width and Height are the size at which Render and WriteAll draw a chart
@@ -184,8 +183,8 @@ func (l look) dashArray() []float64 {
 }
 
 // reportSims returns the sim results of rs.
-func reportSims(rs []ReportResult) []sim.Result {
-	out := make([]sim.Result, len(rs))
+func reportSims(rs []ReportResult) []results.Result {
+	out := make([]results.Result, len(rs))
 	for i, r := range rs {
 		out[i] = r.Result
 	}
@@ -193,9 +192,9 @@ func reportSims(rs []ReportResult) []sim.Result {
 }
 
 // resultLooks returns chartLooks of the results' policy names.
-func resultLooks(results []sim.Result) []look {
-	names := make([]string, len(results))
-	for i, r := range results {
+func resultLooks(runs []results.Result) []look {
+	names := make([]string, len(runs))
+	for i, r := range runs {
 		names[i] = r.Policy
 	}
 	return chartLooks(names)
@@ -267,17 +266,17 @@ func shorten(s string, n int) string {
 // with its settings where two results share a policy name, then a number
 // where even that does not tell them apart; shortened to maxPolicyLabel
 // characters.
-func policyLabels(results []sim.Result) []string {
-	labels := make([]string, len(results))
+func policyLabels(runs []results.Result) []string {
+	labels := make([]string, len(runs))
 	count := map[string]int{}
-	for i, r := range results {
+	for i, r := range runs {
 		labels[i] = r.Policy
 		if labels[i] == "" {
 			labels[i] = "(unnamed)"
 		}
 		count[labels[i]]++
 	}
-	for i, r := range results {
+	for i, r := range runs {
 		if count[labels[i]] > 1 && len(r.Settings) > 0 {
 			var kv []string
 			for _, k := range slices.Sorted(maps.Keys(r.Settings)) {
@@ -308,20 +307,20 @@ func policyLabels(results []sim.Result) []string {
 // settings longer than maxPolicyLabel characters shows as the policy name
 // and a mark, "pytorch [1]", and the key has a line "[1] the settings"
 // for it.
-func chartLabels(results []sim.Result) (labels, key []string) {
-	full := make([]string, len(results))
+func chartLabels(runs []results.Result) (labels, key []string) {
+	full := make([]string, len(runs))
 	count := map[string]int{}
-	for i, r := range results {
+	for i, r := range runs {
 		full[i] = r.Policy
 		if full[i] == "" {
 			full[i] = "(unnamed)"
 		}
 		count[full[i]]++
 	}
-	settings := make([]string, len(results))
-	for i, r := range results {
+	settings := make([]string, len(runs))
+	for i, r := range runs {
 		if count[full[i]] > 1 && len(r.Settings) > 0 {
-			settings[i] = policies.Settings(r.Settings).Join(",")
+			settings[i] = results.JoinSettings(r.Settings, ",")
 		}
 	}
 	return keyed(full, settings)

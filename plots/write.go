@@ -16,7 +16,6 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 	"gonum.org/v1/plot/vg/vgsvg"
 
-	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
@@ -121,13 +120,13 @@ type Options struct {
 // suffix.
 var charts = []struct {
 	suffix string
-	build  func([]sim.Result, Options) (Drawer, error)
+	build  func([]results.Result, Options) (Drawer, error)
 }{
-	{"memory", func(rs []sim.Result, o Options) (Drawer, error) { return MemoryOf(rs, o.Policies) }},
-	{"memory-all", func(rs []sim.Result, _ Options) (Drawer, error) { return MemoryGrid(rs) }},
-	{"fragmentation", func(rs []sim.Result, o Options) (Drawer, error) { return FragmentationOf(rs, o.Policies) }},
-	{"peaks", func(rs []sim.Result, _ Options) (Drawer, error) { return Peaks(rs) }},
-	{"calls", func(rs []sim.Result, _ Options) (Drawer, error) { return Calls(rs) }},
+	{"memory", func(rs []results.Result, o Options) (Drawer, error) { return MemoryOf(rs, o.Policies) }},
+	{"memory-all", func(rs []results.Result, _ Options) (Drawer, error) { return MemoryGrid(rs) }},
+	{"fragmentation", func(rs []results.Result, o Options) (Drawer, error) { return FragmentationOf(rs, o.Policies) }},
+	{"peaks", func(rs []results.Result, _ Options) (Drawer, error) { return Peaks(rs) }},
+	{"calls", func(rs []results.Result, _ Options) (Drawer, error) { return Calls(rs) }},
 }
 
 // FileSuffixes returns the endings of the names of the files WriteAll
@@ -154,7 +153,7 @@ func FileSuffixes() []string {
 // so that no half-written file is left behind. It returns the paths
 // written, in order; on error, those written before it. It creates dir if
 // it does not exist, and returns ErrNoResults for no results.
-func WriteAll(dir string, rs []sim.Result, opt Options) ([]string, error) {
+func WriteAll(dir string, rs []results.Result, opt Options) ([]string, error) {
 	if len(rs) == 0 {
 		return nil, ErrNoResults
 	}
@@ -162,7 +161,7 @@ func WriteAll(dir string, rs []sim.Result, opt Options) ([]string, error) {
 		return nil, fmt.Errorf("plots: %w", err)
 	}
 	var order []string
-	groups := map[string][]sim.Result{}
+	groups := map[string][]results.Result{}
 	for _, r := range rs {
 		if _, ok := groups[r.Trace]; !ok {
 			order = append(order, r.Trace)

@@ -3,20 +3,20 @@ package plots_test
 import (
 	"bytes"
 	"encoding/xml"
+	"github.com/gpualloc/allocsim/sim/results"
 	"io"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/gpualloc/allocsim/plots"
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // A trace name with ESC, or any character XML 1.0 forbids, or invalid
 // UTF-8 leaves every SVG chart well-formed XML (issue 36, item 5).
 func TestSVGHostileNames(t *testing.T) {
 	dir := t.TempDir()
-	rs := []sim.Result{
+	rs := []results.Result{
 		result("x\x1b[31m\x07\xff<&.trace", "pytorch", 10*mib, 20*mib),
 		result("x\x1b[31m\x07\xff<&.trace", "exec:\x00evil", 12*mib, 18*mib),
 	}

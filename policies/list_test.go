@@ -40,7 +40,7 @@ func TestParseSets(t *testing.T) {
 		"a=1":   `"a=1": want NAME.key=value`,
 		".x=1":  `".x=1": want NAME.key=value`,
 		"a.x":   `"a.x": want NAME.key=value`,
-		"d.x=1": `"d.x=1": unknown policy "d"`,
+		"d.x=1": `"d.x=1": unknown policy "d" (known: a, b, c)`,
 		"c.x=1": `"c.x=1": policy c is not among those replayed (--policy)`,
 	} {
 		if _, err := ParseSets([]string{set}, known, []string{"a", "b"}); err == nil || err.Error() != want {

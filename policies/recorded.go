@@ -1,6 +1,9 @@
 package policies
 
-import "github.com/gpualloc/allocsim/trace"
+import (
+	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/trace"
+)
 
 // This file holds what replaying a recording as recorded takes of a
 // policy: the settings its allocator was recorded with, and the source
@@ -85,14 +88,4 @@ type TieFollower interface {
 // jobs). It reports false for a source that records no allocator of its
 // own (synthetic workloads, MiniMalloc problems, RMM logs, the text
 // form), for which it still returns pytorch, the default to compare with.
-func SourcePolicy(source string) (string, bool) {
-	switch source {
-	case "cupy":
-		return "cupy", true
-	case "xspace":
-		return "bfc", true
-	case "pytorch", "kineto", "record":
-		return "pytorch", true
-	}
-	return "pytorch", false
-}
+func SourcePolicy(source string) (string, bool) { return results.RecordedPolicy(source) }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/internal/spell"
+	"github.com/gpualloc/allocsim/sim/results"
 	"slices"
 	"sort"
 	"strconv"
@@ -12,18 +13,7 @@ import (
 
 // Join returns the settings as key=value pairs sorted by key, joined by
 // sep ("" for none).
-func (s Settings) Join(sep string) string {
-	keys := make([]string, 0, len(s))
-	for k := range s {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + s[k]
-	}
-	return strings.Join(parts, sep)
-}
+func (s Settings) Join(sep string) string { return results.JoinSettings(s, sep) }
 
 // Check returns an error naming the first key of s (in sorted order) that is
 // not among known.

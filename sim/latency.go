@@ -5,25 +5,6 @@ import (
 	"sort"
 )
 
-// LatencyRow summarizes the latencies of one device call in one size class,
-// simulated by a cost model or measured on a GPU. Times are in nanoseconds;
-// the percentiles come from a log-linear histogram and are exact to within
-// 1.6%.
-type LatencyRow struct {
-	// Call is the device call: cudaMalloc, cudaFree, cudaMallocAsync,
-	// cudaStreamSynchronize, ...
-	Call string `json:"call"`
-	// SizeClass names the range of sizes in bytes ("<=4KiB", "<=1MiB",
-	// ">4GiB"), or "-" for calls without a size.
-	SizeClass string `json:"size_class"`
-	Count     int64  `json:"count"`
-	TotalNS   int64  `json:"total_ns"`
-	MedianNS  int64  `json:"median_ns"`
-	P90NS     int64  `json:"p90_ns"`
-	P99NS     int64  `json:"p99_ns"`
-	MaxNS     int64  `json:"max_ns"`
-}
-
 // sizeClassBounds are the upper bounds in bytes of the size classes, powers
 // of four from 1 KiB to 4 GiB; sizes above the last fall in ">4GiB".
 var sizeClassBounds = []uint64{1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30, 4 << 30}

@@ -148,27 +148,6 @@ func (w *partWatch) match(i int64, acting bool) *Divergence {
 	return nil
 }
 
-// PartedWarning returns the warning of a result whose replay parted from
-// the recording it replays as recorded (Parted); "" if it did not, or
-// parted at an OOM of a replay without a capacity (which serves every
-// malloc: CapacityWarning says what that does).
-func PartedWarning(r *Result) string {
-	switch {
-	case r == nil || r.Parted == "":
-		return ""
-	case r.PartedAtOOM && r.Capacity == 0:
-		return ""
-	case r.PartedAtOOM:
-		return fmt.Sprintf("the simulation of %s parts from the recording at %s: unless the capacity of %d bytes is not the job's (which would explain an OOM where the job had none, or the reverse), the figures are the simulation's from there on, not the real allocator's", r.Policy, r.Parted, r.Capacity)
-	}
-	hint := ""
-	if r.Capacity == 0 || r.CapacityFromCard {
-		// Under a cap the caching allocator releases (and collects) where
-		// it would not without one.
-		hint = " (if the job ran under a memory cap, which a recording does not record, replay it with --capacity set to that cap)"
-	}
-	return fmt.Sprintf("the simulation of %s parts from the recording at %s: the figures are the simulation's from there on, not the real allocator's%s", r.Policy, r.Parted, hint)
-}
 
 // unshownWatch bounds the peak of reserved bytes of a replay of a
 // recording that does not show its allocator's releases (Result's

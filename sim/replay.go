@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 	"io"
 	"maps"
 	"math"
@@ -877,7 +878,7 @@ func (r *Replay) Finish() *Result {
 	if w := r.watch; w != nil && w.parted != nil {
 		res.Parted, res.PartedAtOOM = w.parted.String(), w.partedOOM
 	}
-	res.Warnings = res.warnings()
+	res.Warnings = results.WarningsOf(&res)
 	return &res
 }
 

@@ -4,18 +4,23 @@ package spell
 
 import "strings"
 
-// Suggest returns the word of known nearest to word in spelling (Damerau-
-// Levenshtein distance at most 2, or a third of word's length if more; a
-// prefix of one of them counts as near), or "" if none is near enough.
+// Suggest returns the word of known nearest to word in spelling, or "" if
+// none is near enough: at an edit distance (Damerau-Levenshtein, adjacent
+// transpositions counted once) of at most a third of word's length, at
+// least 1, and less than its length; a word of 3 letters or more that
+// begins a known one counts as at distance 1 ("fid" for "fidelity").
+// Among equally near words the first in sorted order is returned.
 func Suggest(word string, known []string) string {
 	best, bestD := "", -1
-	limit := max(2, len(word)/3)
+	w := strings.ToLower(word)
+	limit := max(1, (len(w)+1)/3)
 	for _, k := range known {
-		d := distance(strings.ToLower(word), strings.ToLower(k))
-		if len(word) >= 3 && strings.HasPrefix(strings.ToLower(k), strings.ToLower(word)) {
+		kl := strings.ToLower(k)
+		d := distance(w, kl)
+		if len(w) >= 3 && strings.HasPrefix(kl, w) {
 			d = min(d, 1)
 		}
-		if d <= limit && (bestD < 0 || d < bestD || d == bestD && k < best) {
+		if d <= limit && d < len(w) && (bestD < 0 || d < bestD || d == bestD && k < best) {
 			best, bestD = k, d
 		}
 	}

@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 )
 
@@ -54,7 +53,7 @@ type Summary struct {
 	// Ranks are the job's ranks in ascending order, Results their results
 	// in the same order.
 	Ranks   []int
-	Results []*sim.Result
+	Results []*results.Result
 	// MaxReserved and MinReserved are the largest and smallest peak
 	// reserved bytes of a rank, at ranks MaxReservedRank and
 	// MinReservedRank (the lowest rank on a tie); MaxFootprint the largest
@@ -90,9 +89,9 @@ func (s *Summary) Spread() float64 {
 // returns a Summary for each job of at least two ranks, in the order of
 // the first result of each job and policy. A rank given twice for a job
 // and policy keeps its first result.
-func Summarize(rs []*sim.Result) []*Summary {
+func Summarize(rs []*results.Result) []*Summary {
 	var out []*Summary
-	for _, g := range group(rs, func(r *sim.Result) (string, string) { return r.Trace, r.Policy }) {
+	for _, g := range group(rs, func(r *results.Result) (string, string) { return r.Trace, r.Policy }) {
 		out = append(out, SummaryOf(g.job, g.policy, g.ranks, g.items))
 	}
 	return out
@@ -102,7 +101,7 @@ func Summarize(rs []*sim.Result) []*Summary {
 // Summarize does for each job it finds by the traces' names, for a job
 // whose ranks are known otherwise (replay fidelity's, given in order):
 // ranks ascending, rs the results of those ranks in the same order.
-func SummaryOf(job, policy string, ranks []int, rs []*sim.Result) *Summary {
+func SummaryOf(job, policy string, ranks []int, rs []*results.Result) *Summary {
 	s := &Summary{Job: job, Policy: policy, Ranks: ranks, Results: rs, FirstOOMRank: -1, FirstOOMEvent: -1}
 	timed := false // some failing rank has a time
 	for i, r := range s.Results {
@@ -149,7 +148,7 @@ func (s *Summary) Record() *results.Job {
 	return j
 }
 
-// MarkRanks sets each result of the jobs to its rank (sim.Result.Rank).
+// MarkRanks sets each result of the jobs to its rank (results.Result.Rank).
 func MarkRanks(sums []*Summary) {
 	for _, s := range sums {
 		for i, r := range s.Results {

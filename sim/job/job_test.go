@@ -4,7 +4,6 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 )
 
@@ -32,10 +31,10 @@ func TestRank(t *testing.T) {
 // TestSummarize: two jobs of results worked by hand; the first OOM is the
 // earliest in time, not in events.
 func TestSummarize(t *testing.T) {
-	r := func(trace, policy string, reserved, footprint uint64, ooms, event, time int64) *sim.Result {
-		return &sim.Result{Trace: trace, Policy: policy, PeakReserved: reserved, PeakFootprint: footprint, OOMs: ooms, FirstOOMEvent: event, FirstOOMTime: time}
+	r := func(trace, policy string, reserved, footprint uint64, ooms, event, time int64) *results.Result {
+		return &results.Result{Trace: trace, Policy: policy, PeakReserved: reserved, PeakFootprint: footprint, OOMs: ooms, FirstOOMEvent: event, FirstOOMTime: time}
 	}
-	sums := Summarize([]*sim.Result{
+	sums := Summarize([]*results.Result{
 		r("a.rank1.trace", "p", 300, 310, 2, 50, 9000),
 		r("a.rank0.trace", "p", 200, 220, 1, 900, 4000), // later event, earlier time: first
 		r("a.rank2.trace", "p", 300, 330, 0, -1, 0),
@@ -55,7 +54,7 @@ func TestSummarize(t *testing.T) {
 		t.Errorf("spread %v, want 1/3", sp)
 	}
 	// Two failing ranks without times: no first rank.
-	sums = Summarize([]*sim.Result{r("c.rank0.t", "p", 1, 1, 1, 5, 0), r("c.rank1.t", "p", 1, 1, 1, 3, 0)})
+	sums = Summarize([]*results.Result{r("c.rank0.t", "p", 1, 1, 1, 5, 0), r("c.rank1.t", "p", 1, 1, 1, 3, 0)})
 	if s := sums[0]; s.FirstOOMRank != -1 || len(s.OOMRanks) != 2 {
 		t.Errorf("untimed: first OOM rank %d, OOM ranks %v", s.FirstOOMRank, s.OOMRanks)
 	}
@@ -65,10 +64,10 @@ func TestSummarize(t *testing.T) {
 // worked by hand) and each result marked with its rank; a job without an
 // OOM lists no OOM rank and no first one.
 func TestRecord(t *testing.T) {
-	r := func(trace string, reserved, footprint uint64, ooms, event, time int64) *sim.Result {
-		return &sim.Result{Trace: trace, Policy: "p", PeakReserved: reserved, PeakFootprint: footprint, OOMs: ooms, FirstOOMEvent: event, FirstOOMTime: time}
+	r := func(trace string, reserved, footprint uint64, ooms, event, time int64) *results.Result {
+		return &results.Result{Trace: trace, Policy: "p", PeakReserved: reserved, PeakFootprint: footprint, OOMs: ooms, FirstOOMEvent: event, FirstOOMTime: time}
 	}
-	rs := []*sim.Result{r("a.rank1.trace", 300, 310, 2, 50, 9000), r("a.rank0.trace", 200, 220, 1, 900, 4000), r("a.rank2.trace", 400, 330, 0, -1, 0), r("b.trace", 1, 1, 0, -1, 0)}
+	rs := []*results.Result{r("a.rank1.trace", 300, 310, 2, 50, 9000), r("a.rank0.trace", 200, 220, 1, 900, 4000), r("a.rank2.trace", 400, 330, 0, -1, 0), r("b.trace", 1, 1, 0, -1, 0)}
 	sums := Summarize(rs)
 	MarkRanks(sums)
 	got := *sums[0].Record()
@@ -86,7 +85,7 @@ func TestRecord(t *testing.T) {
 	if rs[3].Rank != nil {
 		t.Errorf("b.trace, of no job: rank %d, want none", *rs[3].Rank)
 	}
-	s := SummaryOf("dir", "q", []int{0, 1}, []*sim.Result{r("x", 8, 8, 0, -1, 0), r("y", 6, 6, 0, -1, 0)})
+	s := SummaryOf("dir", "q", []int{0, 1}, []*results.Result{r("x", 8, 8, 0, -1, 0), r("y", 6, 6, 0, -1, 0)})
 	got = *s.Record()
 	want = results.Job{Job: "dir", Policy: "q", Ranks: []int{0, 1}, Traces: []string{"x", "y"},
 		MaxReserved: 8, MaxReservedRank: 0, MinReserved: 6, MinReservedRank: 1, Spread: 0.25, MaxFootprint: 8, MaxFootprintRank: 0,

@@ -6,15 +6,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-
-	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/sim"
 )
 
-// column is a CSV column: a scalar JSON key of sim.Result and its value.
+// column is a CSV column: a scalar JSON key of Result and its value.
 type column struct {
 	name  string
-	value func(r *sim.Result) string
+	value func(r *Result) string
 }
 
 func u(v uint64) string  { return strconv.FormatUint(v, 10) }
@@ -22,60 +19,60 @@ func i(v int64) string   { return strconv.FormatInt(v, 10) }
 func f(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
 
 // columns are the CSV columns of sim results: every scalar JSON key of
-// sim.Result, in the order of the struct (the settings as one column,
+// Result, in the order of the struct (the settings as one column,
 // key=value pairs sorted by key and joined by ";"); the lists (latency,
 // series) are left out.
 var columns = []column{
-	{"trace", func(r *sim.Result) string { return CSVText(r.Trace) }},
-	{"policy", func(r *sim.Result) string { return CSVText(r.Policy) }},
-	{"settings", func(r *sim.Result) string { return CSVText(policies.Settings(r.Settings).Join(";")) }},
-	{"capacity_bytes", func(r *sim.Result) string { return u(r.Capacity) }},
-	{"trace_source", func(r *sim.Result) string { return CSVText(r.TraceSource) }},
-	{"capacity_from_card", func(r *sim.Result) string { return strconv.FormatBool(r.CapacityFromCard) }},
-	{"events", func(r *sim.Result) string { return i(r.Events) }},
-	{"mallocs", func(r *sim.Result) string { return i(r.Mallocs) }},
-	{"frees", func(r *sim.Result) string { return i(r.Frees) }},
-	{"peak_requested_bytes", func(r *sim.Result) string { return u(r.PeakRequested) }},
-	{"peak_allocated_bytes", func(r *sim.Result) string { return u(r.PeakAllocated) }},
-	{"peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakReserved) }},
-	{"peak_footprint_bytes", func(r *sim.Result) string { return u(r.PeakFootprint) }},
-	{"offline_peak_reserved_bytes", func(r *sim.Result) string { return u(r.PeakOffline) }},
-	{"peak_fragmented_bytes", func(r *sim.Result) string { return unknownIf(r.FragmentationUnknown, u(r.PeakFragmentedBytes)) }},
-	{"peak_fragmentation", func(r *sim.Result) string { return unknownIf(r.FragmentationUnknown, f(r.PeakFragmentation)) }},
-	{"fragmentation_at_peak", func(r *sim.Result) string { return unknownIf(r.FragmentationUnknown, f(r.FragmentationAtPeak)) }},
-	{"idle_at_peak", func(r *sim.Result) string { return f(r.IdleAtPeak) }},
-	{"fragmentation_unknown", func(r *sim.Result) string { return strconv.FormatBool(r.FragmentationUnknown) }},
-	{"device_allocs", func(r *sim.Result) string { return i(r.DeviceAllocs) }},
-	{"device_frees", func(r *sim.Result) string { return i(r.DeviceFrees) }},
-	{"alloc_retries", func(r *sim.Result) string { return i(r.AllocRetries) }},
-	{"ooms", func(r *sim.Result) string { return i(r.OOMs) }},
-	{"first_oom_event", func(r *sim.Result) string { return i(r.FirstOOMEvent) }},
-	{"first_oom_size", func(r *sim.Result) string { return u(r.FirstOOMSize) }},
-	{"first_oom_time_ns", func(r *sim.Result) string { return strconv.FormatInt(r.FirstOOMTime, 10) }},
-	{"source_ooms", func(r *sim.Result) string { return i(r.SourceOOMs) }},
-	{"source_ooms_served", func(r *sim.Result) string { return i(r.SourceOOMsServed) }},
-	{"build_error", func(r *sim.Result) string { return CSVText(r.BuildError) }},
-	{"anomalies", func(r *sim.Result) string { return i(r.Anomalies) }},
-	{"first_anomaly", func(r *sim.Result) string { return CSVText(r.FirstAnomaly) }},
-	{"inferred", func(r *sim.Result) string { return i(r.Inferred) }},
-	{"first_inferred", func(r *sim.Result) string { return CSVText(r.FirstInferred) }},
-	{"parted", func(r *sim.Result) string { return CSVText(r.Parted) }},
-	{"parted_at_oom", func(r *sim.Result) string { return strconv.FormatBool(r.PartedAtOOM) }},
-	{"peak_unshown_release_bytes", func(r *sim.Result) string { return u(r.PeakUnshown) }},
-	{"truncated", func(r *sim.Result) string { return strconv.FormatBool(r.Truncated) }},
-	{"reconstructed_events", func(r *sim.Result) string { return i(r.ReconstructedEvents) }},
-	{"private_pools", func(r *sim.Result) string { return CSVText(r.PrivatePools) }},
-	{"pool_warning", func(r *sim.Result) string { return CSVText(r.PoolWarning) }},
-	{"peak_pinned_bytes", func(r *sim.Result) string { return u(r.PeakPinned) }},
-	{"peak_managed_bytes", func(r *sim.Result) string { return u(r.PeakManaged) }},
-	{"direct_mallocs", func(r *sim.Result) string { return strconv.FormatInt(r.DirectMallocs, 10) }},
-	{"peak_direct_bytes", func(r *sim.Result) string { return u(r.PeakDirect) }},
-	{"sim_alloc_time_ns", func(r *sim.Result) string { return i(r.SimAllocTimeNS) }},
-	{"sim_wake_time_ns", func(r *sim.Result) string { return i(r.SimWakeTimeNS) }},
+	{"trace", func(r *Result) string { return CSVText(r.Trace) }},
+	{"policy", func(r *Result) string { return CSVText(r.Policy) }},
+	{"settings", func(r *Result) string { return CSVText(JoinSettings(r.Settings, ";")) }},
+	{"capacity_bytes", func(r *Result) string { return u(r.Capacity) }},
+	{"trace_source", func(r *Result) string { return CSVText(r.TraceSource) }},
+	{"capacity_from_card", func(r *Result) string { return strconv.FormatBool(r.CapacityFromCard) }},
+	{"events", func(r *Result) string { return i(r.Events) }},
+	{"mallocs", func(r *Result) string { return i(r.Mallocs) }},
+	{"frees", func(r *Result) string { return i(r.Frees) }},
+	{"peak_requested_bytes", func(r *Result) string { return u(r.PeakRequested) }},
+	{"peak_allocated_bytes", func(r *Result) string { return u(r.PeakAllocated) }},
+	{"peak_reserved_bytes", func(r *Result) string { return u(r.PeakReserved) }},
+	{"peak_footprint_bytes", func(r *Result) string { return u(r.PeakFootprint) }},
+	{"offline_peak_reserved_bytes", func(r *Result) string { return u(r.PeakOffline) }},
+	{"peak_fragmented_bytes", func(r *Result) string { return unknownIf(r.FragmentationUnknown, u(r.PeakFragmentedBytes)) }},
+	{"peak_fragmentation", func(r *Result) string { return unknownIf(r.FragmentationUnknown, f(r.PeakFragmentation)) }},
+	{"fragmentation_at_peak", func(r *Result) string { return unknownIf(r.FragmentationUnknown, f(r.FragmentationAtPeak)) }},
+	{"idle_at_peak", func(r *Result) string { return f(r.IdleAtPeak) }},
+	{"fragmentation_unknown", func(r *Result) string { return strconv.FormatBool(r.FragmentationUnknown) }},
+	{"device_allocs", func(r *Result) string { return i(r.DeviceAllocs) }},
+	{"device_frees", func(r *Result) string { return i(r.DeviceFrees) }},
+	{"alloc_retries", func(r *Result) string { return i(r.AllocRetries) }},
+	{"ooms", func(r *Result) string { return i(r.OOMs) }},
+	{"first_oom_event", func(r *Result) string { return i(r.FirstOOMEvent) }},
+	{"first_oom_size", func(r *Result) string { return u(r.FirstOOMSize) }},
+	{"first_oom_time_ns", func(r *Result) string { return strconv.FormatInt(r.FirstOOMTime, 10) }},
+	{"source_ooms", func(r *Result) string { return i(r.SourceOOMs) }},
+	{"source_ooms_served", func(r *Result) string { return i(r.SourceOOMsServed) }},
+	{"build_error", func(r *Result) string { return CSVText(r.BuildError) }},
+	{"anomalies", func(r *Result) string { return i(r.Anomalies) }},
+	{"first_anomaly", func(r *Result) string { return CSVText(r.FirstAnomaly) }},
+	{"inferred", func(r *Result) string { return i(r.Inferred) }},
+	{"first_inferred", func(r *Result) string { return CSVText(r.FirstInferred) }},
+	{"parted", func(r *Result) string { return CSVText(r.Parted) }},
+	{"parted_at_oom", func(r *Result) string { return strconv.FormatBool(r.PartedAtOOM) }},
+	{"peak_unshown_release_bytes", func(r *Result) string { return u(r.PeakUnshown) }},
+	{"truncated", func(r *Result) string { return strconv.FormatBool(r.Truncated) }},
+	{"reconstructed_events", func(r *Result) string { return i(r.ReconstructedEvents) }},
+	{"private_pools", func(r *Result) string { return CSVText(r.PrivatePools) }},
+	{"pool_warning", func(r *Result) string { return CSVText(r.PoolWarning) }},
+	{"peak_pinned_bytes", func(r *Result) string { return u(r.PeakPinned) }},
+	{"peak_managed_bytes", func(r *Result) string { return u(r.PeakManaged) }},
+	{"direct_mallocs", func(r *Result) string { return strconv.FormatInt(r.DirectMallocs, 10) }},
+	{"peak_direct_bytes", func(r *Result) string { return u(r.PeakDirect) }},
+	{"sim_alloc_time_ns", func(r *Result) string { return i(r.SimAllocTimeNS) }},
+	{"sim_wake_time_ns", func(r *Result) string { return i(r.SimWakeTimeNS) }},
 }
 
 // Columns returns the names of the CSV columns before the settings' own:
-// the scalar JSON keys of sim.Result in the order of the struct.
+// the scalar JSON keys of Result in the order of the struct.
 func Columns() []string {
 	out := make([]string, len(columns))
 	for k, c := range columns {
@@ -107,7 +104,7 @@ func NewCSVWriter(w io.Writer, settingKeys []string) *CSVWriter {
 func (c *CSVWriter) WriteHeader() error { return c.flush(c.header()) }
 
 // Write writes r's row; it returns the write's error.
-func (c *CSVWriter) Write(r *sim.Result) error { return c.flush(c.row(r)) }
+func (c *CSVWriter) Write(r *Result) error { return c.flush(c.row(r)) }
 
 // header returns the header row: Columns, then the setting columns.
 func (c *CSVWriter) header() []string {
@@ -119,7 +116,7 @@ func (c *CSVWriter) header() []string {
 }
 
 // row returns r's row under header.
-func (c *CSVWriter) row(r *sim.Result) []string {
+func (c *CSVWriter) row(r *Result) []string {
 	row := make([]string, 0, len(columns)+len(c.keys))
 	for _, col := range columns {
 		row = append(row, col.value(r))
@@ -138,12 +135,12 @@ func (c *CSVWriter) flush(record []string) error {
 
 // WriteCSV writes rs as CSV with a header, with a setting column for each
 // key any of them has (SettingKeys).
-func WriteCSV(w io.Writer, rs []*sim.Result) error { return WriteCSVKeys(w, rs, SettingKeys(rs)) }
+func WriteCSV(w io.Writer, rs []*Result) error { return WriteCSVKeys(w, rs, SettingKeys(rs)) }
 
 // WriteCSVKeys writes rs as CSV with a header and the setting columns of
 // settingKeys, in that order (a sweep's, from its plan); it returns the
 // first write error.
-func WriteCSVKeys(w io.Writer, rs []*sim.Result, settingKeys []string) error {
+func WriteCSVKeys(w io.Writer, rs []*Result, settingKeys []string) error {
 	c := NewCSVWriter(w, settingKeys)
 	if err := c.WriteHeader(); err != nil {
 		return err
@@ -157,7 +154,7 @@ func WriteCSVKeys(w io.Writer, rs []*sim.Result, settingKeys []string) error {
 }
 
 // SettingKeys returns the setting keys of rs, sorted.
-func SettingKeys(rs []*sim.Result) []string {
+func SettingKeys(rs []*Result) []string {
 	seen := map[string]bool{}
 	for _, r := range rs {
 		for k := range r.Settings {
@@ -213,7 +210,7 @@ var gpuColumns = []struct {
 // (max_bytes, sim_peak_reserved_bytes, paced, the measured times in
 // nanoseconds, the driver's view in bytes, the C loop's). It returns the first write error.
 func WriteGPUCSV(w io.Writer, rs []*GPU) error {
-	flat := make([]*sim.Result, len(rs))
+	flat := make([]*Result, len(rs))
 	for k, r := range rs {
 		flat[k] = &r.Result
 	}
@@ -256,7 +253,7 @@ func CSVText(s string) string {
 }
 
 // unknownIf returns v, or "" (unknown) when unknown is set: a version 1
-// result's fragmentation (sim.Result.FragmentationUnknown).
+// result's fragmentation (Result.FragmentationUnknown).
 func unknownIf(unknown bool, v string) string {
 	if unknown {
 		return ""

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"encoding/csv"
 	"testing"
-
-	"github.com/gpualloc/allocsim/sim"
 )
 
 func TestCSVText(t *testing.T) {
@@ -31,10 +29,10 @@ func TestCSVText(t *testing.T) {
 // A result's text cells that a spreadsheet would run as formulas are
 // quoted; its numbers, negative ones included, are not (issue 36, item 5).
 func TestCSVFormulaCells(t *testing.T) {
-	r := &sim.Result{Trace: "=cmd", Policy: "@pol", FirstAnomaly: "+x", PoolWarning: "-y",
+	r := &Result{Trace: "=cmd", Policy: "@pol", FirstAnomaly: "+x", PoolWarning: "-y",
 		Settings: map[string]string{"k": "=HYPERLINK(\"http://x\")", "n": "-1"}, FirstOOMEvent: -1}
 	for _, write := range []func(*bytes.Buffer) error{
-		func(b *bytes.Buffer) error { return WriteCSV(b, []*sim.Result{r}) },
+		func(b *bytes.Buffer) error { return WriteCSV(b, []*Result{r}) },
 		func(b *bytes.Buffer) error { return WriteGPUCSV(b, []*GPU{{Result: *r}}) },
 	} {
 		var b bytes.Buffer

@@ -3,15 +3,13 @@ package results
 import (
 	"io"
 	"strings"
-
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // Diff is replay diff's record: two runs (two traces, or one trace under
 // two policies or settings) and their figures compared.
 type Diff struct {
-	A       sim.Result   `json:"a"`
-	B       sim.Result   `json:"b"`
+	A       Result       `json:"a"`
+	B       Result       `json:"b"`
 	Figures []DiffFigure `json:"figures"`
 }
 
@@ -30,25 +28,25 @@ type DiffFigure struct {
 // bytes, the peak footprint, the peak fragmentation, fragmentation and
 // idle share at the peak reserved bytes, device allocs and
 // frees, retries, OOMs, the simulated allocator time and the mallocs.
-func NewDiff(a, b *sim.Result) *Diff {
+func NewDiff(a, b *Result) *Diff {
 	figures := []struct {
 		name, unit string
-		of         func(*sim.Result) float64
+		of         func(*Result) float64
 	}{
-		{"peak requested", "bytes", func(r *sim.Result) float64 { return float64(r.PeakRequested) }},
-		{"peak allocated", "bytes", func(r *sim.Result) float64 { return float64(r.PeakAllocated) }},
-		{"peak reserved", "bytes", func(r *sim.Result) float64 { return float64(r.PeakReserved) }},
-		{"peak footprint", "bytes", func(r *sim.Result) float64 { return float64(r.PeakFootprint) }},
-		{"peak fragmented bytes", "bytes", func(r *sim.Result) float64 { return float64(r.PeakFragmentedBytes) }},
-		{"peak fragmentation", "fraction", func(r *sim.Result) float64 { return r.PeakFragmentation }},
-		{"fragmentation at peak", "fraction", func(r *sim.Result) float64 { return r.FragmentationAtPeak }},
-		{"idle at peak", "fraction", func(r *sim.Result) float64 { return r.IdleAtPeak }},
-		{"device allocs", "calls", func(r *sim.Result) float64 { return float64(r.DeviceAllocs) }},
-		{"device frees", "calls", func(r *sim.Result) float64 { return float64(r.DeviceFrees) }},
-		{"retries", "count", func(r *sim.Result) float64 { return float64(r.AllocRetries) }},
-		{"OOMs", "count", func(r *sim.Result) float64 { return float64(r.OOMs) }},
-		{"simulated alloc time", "ns", func(r *sim.Result) float64 { return float64(r.SimAllocTimeNS) }},
-		{"mallocs", "count", func(r *sim.Result) float64 { return float64(r.Mallocs) }},
+		{"peak requested", "bytes", func(r *Result) float64 { return float64(r.PeakRequested) }},
+		{"peak allocated", "bytes", func(r *Result) float64 { return float64(r.PeakAllocated) }},
+		{"peak reserved", "bytes", func(r *Result) float64 { return float64(r.PeakReserved) }},
+		{"peak footprint", "bytes", func(r *Result) float64 { return float64(r.PeakFootprint) }},
+		{"peak fragmented bytes", "bytes", func(r *Result) float64 { return float64(r.PeakFragmentedBytes) }},
+		{"peak fragmentation", "fraction", func(r *Result) float64 { return r.PeakFragmentation }},
+		{"fragmentation at peak", "fraction", func(r *Result) float64 { return r.FragmentationAtPeak }},
+		{"idle at peak", "fraction", func(r *Result) float64 { return r.IdleAtPeak }},
+		{"device allocs", "calls", func(r *Result) float64 { return float64(r.DeviceAllocs) }},
+		{"device frees", "calls", func(r *Result) float64 { return float64(r.DeviceFrees) }},
+		{"retries", "count", func(r *Result) float64 { return float64(r.AllocRetries) }},
+		{"OOMs", "count", func(r *Result) float64 { return float64(r.OOMs) }},
+		{"simulated alloc time", "ns", func(r *Result) float64 { return float64(r.SimAllocTimeNS) }},
+		{"mallocs", "count", func(r *Result) float64 { return float64(r.Mallocs) }},
 	}
 	d := &Diff{A: *a, B: *b}
 	unknown := a.FragmentationUnknown || b.FragmentationUnknown

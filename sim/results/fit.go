@@ -37,7 +37,7 @@ type Fit struct {
 	// footprint, has no OOM.
 	Cards []CardFit `json:"cards"`
 	// Warnings are those of the replay on an unlimited device
-	// (sim.Result.Warnings): what makes its figures other than a clean
+	// (Result.Warnings): what makes its figures other than a clean
 	// replay of the whole trace.
 	Warnings []string `json:"warnings,omitempty"`
 	// Replays counts the replays the search took; Probes lists every
@@ -59,7 +59,7 @@ type Probe struct {
 	// PeakReserved is the peak reserved bytes of a replay without OOM
 	// (0 for one that ran out of memory: the replay stops at the first).
 	PeakReserved uint64 `json:"peak_reserved_bytes,omitempty"`
-	// PeakFootprint is its peak footprint in bytes (sim.Result's), 0 for
+	// PeakFootprint is its peak footprint in bytes (Result's), 0 for
 	// one that ran out of memory.
 	PeakFootprint uint64 `json:"peak_footprint_bytes,omitempty"`
 	// FirstOOMEvent is the event index of the first OOM, -1 if none.

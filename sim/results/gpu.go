@@ -1,7 +1,5 @@
 package results
 
-import "github.com/gpualloc/allocsim/sim"
-
 // CallSeq is a recorded sequence of device calls, as package gpu's Runtime
 // replays it in a plain C loop: call i is a cudaMalloc of size[i] bytes
 // into slot[i] when size[i] > 0, else a cudaFree of the pointer in slot[i].
@@ -15,7 +13,7 @@ type CallSeq interface {
 // `replay sim` (with the real device's figures) and the measured ones.
 // Times are in nanoseconds, sizes in bytes.
 type GPU struct {
-	sim.Result
+	Result
 	// Runtime is the CUDA runtime loaded and its version; Device the GPU's
 	// name.
 	Runtime string `json:"runtime"`
@@ -47,7 +45,7 @@ type GPU struct {
 	SimPeakReserved uint64 `json:"sim_peak_reserved_bytes,omitempty"`
 	SimCostModel    string `json:"sim_cost_model,omitempty"`
 	// SimLatency is the simulated latency summary.
-	SimLatency []sim.LatencyRow `json:"sim_latency,omitempty"`
+	SimLatency []LatencyRow `json:"sim_latency,omitempty"`
 	// Paced is set when the replay kept the trace's idle times
 	// (package gpu's Config.Pace).
 	Paced bool `json:"paced,omitempty"`

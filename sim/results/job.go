@@ -3,7 +3,7 @@ package results
 // Job is what holds for a multi-GPU job replayed under one policy, each
 // rank on a device of its own: a results file of kind "sim" lists one per
 // job and policy under "jobs", after the results of its ranks (each with
-// its sim.Result.Rank). Bytes are bytes; times are the traces'
+// its Result.Rank). Bytes are bytes; times are the traces'
 // nanoseconds.
 type Job struct {
 	// Job names the job: the path of its traces with the rank's number as

@@ -6,8 +6,6 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // TestJobsRoundTrip: a sim file with jobs lists them after the results,
@@ -15,7 +13,7 @@ import (
 // what WriteSim writes, with no "jobs" key and no "rank".
 func TestJobsRoundTrip(t *testing.T) {
 	zero, one := 0, 1
-	rs := []*sim.Result{
+	rs := []*Result{
 		{Trace: "j.rank0.trace", Policy: "pytorch", Rank: &zero, PeakReserved: 2048, FirstOOMEvent: -1},
 		{Trace: "j.rank1.trace", Policy: "pytorch", Rank: &one, PeakReserved: 4096, OOMs: 1, FirstOOMEvent: 7, FirstOOMTime: 900},
 		{Trace: "alone.trace", Policy: "pytorch", PeakReserved: 1, FirstOOMEvent: -1},
@@ -37,7 +35,7 @@ func TestJobsRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []*sim.Result
+	var got []*Result
 	for r.Scan() {
 		got = append(got, r.Record().Sim)
 	}

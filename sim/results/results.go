@@ -4,7 +4,7 @@
 //
 //	{"kind": "sim", "version": 2, "results": [...]}
 //
-// whose kind says what its records are: "sim" (sim.Result, also for replay
+// whose kind says what its records are: "sim" (Result, also for replay
 // gpu --sim-only, sweep and merge), "gpu" (GPU), "fit" (Fit) or "diff"
 // (Diff). A file of kind "sim" of replay sim over the ranks of a
 // multi-GPU job has a "jobs" list after its results (Job; its ranks'
@@ -13,7 +13,7 @@
 // reads a file's records one at a time and also reads the files written
 // before files said their kind, telling each record apart by its keys.
 //
-// The package imports sim for sim.Result and nothing that imports it (not
+// The package imports sim for Result and nothing that imports it (not
 // gpu, nor the trace importers), so that plots and reports can read results
 // anywhere.
 package results
@@ -25,8 +25,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-
-	"github.com/gpualloc/allocsim/sim"
 )
 
 // Kind says what the records of a results file are. The zero value is
@@ -34,7 +32,7 @@ import (
 type Kind int
 
 const (
-	// KindSim records are sim.Result: replay sim, replay gpu --sim-only,
+	// KindSim records are Result: replay sim, replay gpu --sim-only,
 	// a sweep's and a merge's results.
 	KindSim Kind = iota + 1
 	// KindGPU records are GPU: replay gpu on a real device.
@@ -70,15 +68,15 @@ func ParseKind(s string) (Kind, bool) {
 // files of this version, of version 1 and those without one (written
 // before files said their kind and version). Version 2 defines
 // fragmentation as the free reserved memory that could not serve a request
-// (sim.Result.PeakFragmentation); before, "fragmentation" was the idle
-// share 1 - allocated/reserved, now sim.Result.IdleAtPeak and Point.Idle,
+// (Result.PeakFragmentation); before, "fragmentation" was the idle
+// share 1 - allocated/reserved, now Result.IdleAtPeak and Point.Idle,
 // to which a Reader moves the older files' figures (upgradeV1).
 const Version = 2
 
 // upgradeV1 moves the fragmentation figures of a result of a file of
 // version 1 or none, then 1 - allocated/reserved, to the idle share, and
 // says in its warnings that its fragmentation is unknown.
-func upgradeV1(r *sim.Result) {
+func upgradeV1(r *Result) {
 	r.IdleAtPeak, r.FragmentationAtPeak, r.PeakFragmentation = r.FragmentationAtPeak, 0, 0
 	r.FragmentationUnknown = true
 	for k := range r.Series {
@@ -125,12 +123,12 @@ func (e *Error) Unwrap() error { return e.Err }
 
 // WriteSim writes sim results as a results file of kind "sim", indented
 // by one space.
-func WriteSim(w io.Writer, rs []*sim.Result) error { return write(w, KindSim, rs, nil) }
+func WriteSim(w io.Writer, rs []*Result) error { return write(w, KindSim, rs, nil) }
 
 // WriteSimJobs writes sim results and the jobs of their ranks as a results
 // file of kind "sim", the jobs under "jobs" after the results; without
 // jobs it writes what WriteSim does.
-func WriteSimJobs(w io.Writer, rs []*sim.Result, jobs []*Job) error {
+func WriteSimJobs(w io.Writer, rs []*Result, jobs []*Job) error {
 	return write(w, KindSim, rs, jobs)
 }
 
@@ -165,7 +163,7 @@ func write[T any](w io.Writer, kind Kind, rs []T, jobs []*Job) error {
 type Record struct {
 	Kind  Kind
 	Index int
-	Sim   *sim.Result
+	Sim   *Result
 	GPU   *GPU
 	Fit   *Fit
 	Diff  *Diff
@@ -461,7 +459,7 @@ func decodeRecord(raw json.RawMessage, kind Kind) (Record, error) {
 		}
 		return rec, checkNamed(&rec.GPU.Result)
 	}
-	rec.Sim = &sim.Result{}
+	rec.Sim = &Result{}
 	if err := json.Unmarshal(raw, rec.Sim); err != nil {
 		return rec, err
 	}
@@ -469,19 +467,19 @@ func decodeRecord(raw json.RawMessage, kind Kind) (Record, error) {
 }
 
 // results returns the sim results the record holds.
-func (rec Record) results() []*sim.Result {
+func (rec Record) results() []*Result {
 	switch {
 	case rec.Sim != nil:
-		return []*sim.Result{rec.Sim}
+		return []*Result{rec.Sim}
 	case rec.GPU != nil:
-		return []*sim.Result{&rec.GPU.Result}
+		return []*Result{&rec.GPU.Result}
 	case rec.Diff != nil:
-		return []*sim.Result{&rec.Diff.A, &rec.Diff.B}
+		return []*Result{&rec.Diff.A, &rec.Diff.B}
 	}
 	return nil
 }
 
-func checkNamed(r *sim.Result) error {
+func checkNamed(r *Result) error {
 	if r.Trace == "" || r.Policy == "" {
 		return ErrNoTraceOrPolicy
 	}
@@ -490,13 +488,13 @@ func checkNamed(r *sim.Result) error {
 
 // ReadSim reads the sim results of the file at path (see Open). A record of
 // another kind is an *Error that says so.
-func ReadSim(path string) ([]*sim.Result, error) {
+func ReadSim(path string) ([]*Result, error) {
 	r, err := Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer r.Close()
-	var out []*sim.Result
+	var out []*Result
 	for r.Scan() {
 		rec := r.Record()
 		if rec.Kind != KindSim {

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-
-	"github.com/gpualloc/allocsim/sim"
 )
 
 func readAll(t *testing.T, data string) (Kind, []Record, error) {
@@ -27,8 +25,8 @@ func readAll(t *testing.T, data string) (Kind, []Record, error) {
 
 // TestRoundTrip writes each kind and reads it back.
 func TestRoundTrip(t *testing.T) {
-	simRs := []*sim.Result{{Trace: "a.trace", Policy: "pytorch", PeakReserved: 4096, FirstOOMEvent: -1}}
-	gpuRs := []*GPU{{Result: sim.Result{Trace: "a.trace", Policy: "cuda"}, Runtime: "libcudart.so", AllocTimeNS: 7}}
+	simRs := []*Result{{Trace: "a.trace", Policy: "pytorch", PeakReserved: 4096, FirstOOMEvent: -1}}
+	gpuRs := []*GPU{{Result: Result{Trace: "a.trace", Policy: "cuda"}, Runtime: "libcudart.so", AllocTimeNS: 7}}
 	fitRs := []*Fit{{Trace: "a.trace", Policy: "bfc", MinCapacity: 1 << 20, Fits: true, Cards: []CardFit{{Card{"24GB", 24e9}, true}}}}
 	for _, tc := range []struct {
 		kind  Kind
@@ -144,11 +142,11 @@ func TestErrors(t *testing.T) {
 }
 
 // TestColumns checks that the CSV has a column for every scalar JSON key
-// of sim.Result, in the order of the struct, so that the CSV keeps up
+// of Result, in the order of the struct, so that the CSV keeps up
 // as fields are added.
 func TestColumns(t *testing.T) {
 	var want []string
-	rt := reflect.TypeOf(sim.Result{})
+	rt := reflect.TypeOf(Result{})
 	for k := range rt.NumField() {
 		f := rt.Field(k)
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
@@ -164,7 +162,7 @@ func TestColumns(t *testing.T) {
 		t.Errorf("columns\n%v\nwant\n%v", got, want)
 	}
 	var buf bytes.Buffer
-	rs := []*sim.Result{
+	rs := []*Result{
 		{Trace: "a", Policy: "bfc", Settings: map[string]string{"b": "2", "a": "1"}, PeakFragmentation: 0.25, Truncated: true},
 		{Trace: "a", Policy: "cuda"},
 	}
@@ -218,7 +216,7 @@ func TestTraceName(t *testing.T) {
 // its settings' among them, then the measured ones.
 func TestWriteGPUCSV(t *testing.T) {
 	r := &GPU{
-		Result:   sim.Result{Trace: "t.trace", Policy: "pytorch", Settings: map[string]string{"expandable_segments": "True"}, PeakReserved: 4494196736, DeviceAllocs: 31, FirstOOMEvent: -1, SimAllocTimeNS: 2682000},
+		Result:   Result{Trace: "t.trace", Policy: "pytorch", Settings: map[string]string{"expandable_segments": "True"}, PeakReserved: 4494196736, DeviceAllocs: 31, FirstOOMEvent: -1, SimAllocTimeNS: 2682000},
 		MaxBytes: 1 << 40, SimPeakReserved: 4494196736, AllocTimeNS: 89263000, Calls: 40,
 		Driver: DriverView{FreeAtStart: 3 << 30, MinFree: 2 << 30, FreeAtEnd: 3 << 30},
 		CLoop:  &CLoop{WallNS: 5, OverheadPerCallNS: 1.25},
