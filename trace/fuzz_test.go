@@ -42,6 +42,14 @@ func FuzzText(f *testing.F) {
 	f.Add(string(seed))
 	f.Add("malloc id=1 size=4KiB\nfree id=1\n")
 	f.Add(`marker label="a \"b\" c" t=-3`)
+	// The streaming reader's paths: the header and stack lines before the
+	// first event, a stack line after it (no event names a stack: the
+	// round trip below writes none), a header after an event, a NUL byte
+	// (the line it cuts is not read), CRLF line ends.
+	f.Add("# c\nstack id=3 frame=a.py:1:f\nheader source=x\nmalloc id=1 size=1\nstack id=1 frame=b.py:2:g frame=a.py:1:f\nmalloc id=2 size=2\n")
+	f.Add("malloc id=1 size=1\nheader source=y\n")
+	f.Add("malloc id=1 size=1\nfree id=1\x00 size=3\n")
+	f.Add("header source=x\r\nmalloc id=1 size=1\r\n")
 	f.Fuzz(func(t *testing.T, text string) {
 		h, evs, err := ParseText("f.txt", strings.NewReader(text))
 		if err != nil {

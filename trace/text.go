@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"math"
@@ -48,10 +49,11 @@ func (e *SyntaxError) Error() string {
 	return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg)
 }
 
-// ParseText reads a whole text-form trace from r; name is used in errors.
-// It returns the header (Source "text" unless the header line says
-// otherwise) and the events in order, or a *SyntaxError. The events'
-// stacks name the table that ParseTextStacks returns.
+// ParseText reads a whole text-form trace from r into memory; name is used
+// in errors. It returns the header (Source "text" unless the header line
+// says otherwise) and the events in order, or a *SyntaxError. The events'
+// stacks name the table that ParseTextStacks returns. It is for small
+// traces and tests; TextReader reads one event at a time.
 func ParseText(name string, r io.Reader) (Header, []Event, error) {
 	h, evs, _, err := ParseTextStacks(name, r)
 	return h, evs, err
@@ -62,84 +64,178 @@ func ParseText(name string, r io.Reader) (Header, []Event, error) {
 // name: a stack's id in the table is its order among the distinct stacks
 // of the stack lines, which need not be the id the line gives it.
 func ParseTextStacks(name string, r io.Reader) (Header, []Event, *Stacks, error) {
-	h := Header{Version: Version, Source: "text"}
+	tr, err := NewTextReader(r, name)
+	if err != nil {
+		return tr.Header(), nil, nil, err
+	}
 	var evs []Event
-	var st *Stacks
-	stackIDs := map[uint64]uint32{} // the text's ids to the table's
-	// A LineReader refuses NUL bytes; one the caller passes (to check the
-	// last line afterwards) is not wrapped again.
+	for {
+		ev, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return tr.Header(), nil, nil, err
+		}
+		evs = append(evs, ev)
+	}
+	st := tr.Stacks()
+	if st.Len() == 0 {
+		st = nil
+	}
+	return tr.Header(), evs, st, nil
+}
+
+// TextReader reads a text-form trace one line at a time: a Source (and a
+// StackSource) whose memory is that of one line (at most MaxLineBytes),
+// its stack table and the labels of the events it returns, whatever the
+// number of lines.
+type TextReader struct {
+	name     string
+	sc       *bufio.Scanner
+	line     int // lines read
+	h        Header
+	st       *Stacks
+	stackIDs map[uint64]uint32 // the text's stack ids to the table's
+	lastTime int64
+	ahead    *Event // the first event, read by NewTextReader
+	err      error  // the final error, once met
+}
+
+var _ StackSource = (*TextReader)(nil)
+
+// NewTextReader returns a TextReader over r; name is used in errors. It
+// reads the lines up to the first event (the header line, stack lines,
+// comments), so that Header is known, and returns their *SyntaxError. A
+// NUL byte and a line longer than MaxLineBytes are *SyntaxErrors too.
+func NewTextReader(r io.Reader, name string) (*TextReader, error) {
+	// A LineReader refuses NUL bytes and overlong lines; one the caller
+	// passes (to check the last line afterwards) is not wrapped again.
 	lr, ok := r.(*LineReader)
 	if !ok {
 		lr = NewLineReader(r, name)
 	}
 	sc := bufio.NewScanner(lr)
-	sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
-	line := 0
-	var lastTime int64 = -1
-	for sc.Scan() {
-		line++
-		fields, err := splitFields(sc.Text())
+	sc.Buffer(make([]byte, 64*1024), MaxLineBytes+1)
+	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
+		// The line that a NUL byte or the line limit cut is not read:
+		// the LineReader's error is reported instead.
+		if err := lr.Err(); atEOF && err != nil && bytes.IndexByte(data, '\n') < 0 {
+			return 0, nil, err
+		}
+		return bufio.ScanLines(data, atEOF)
+	})
+	t := &TextReader{name: name, sc: sc, h: Header{Version: Version, Source: "text"}, st: NewStacks(), stackIDs: map[uint64]uint32{}, lastTime: -1}
+	ev, err := t.next(true)
+	switch {
+	case err == nil:
+		t.ahead = &ev
+	case err == io.EOF:
+		t.err = io.EOF
+	default:
+		t.err = err
+		return t, err
+	}
+	return t, nil
+}
+
+// Header returns the trace's header: Source "text" unless its header line
+// says otherwise.
+func (t *TextReader) Header() Header { return t.h }
+
+// Stacks returns the stack table of the stack lines read so far, which the
+// Stack ids of the events returned name: never nil (empty for a trace
+// without stack lines), the same table from the start, filled as the
+// lines are read.
+func (t *TextReader) Stacks() *Stacks { return t.st }
+
+// Next returns the next event, io.EOF after the last, or a *SyntaxError,
+// which is final.
+func (t *TextReader) Next() (Event, error) {
+	if t.ahead != nil {
+		ev := *t.ahead
+		t.ahead = nil
+		return ev, nil
+	}
+	if t.err != nil {
+		return Event{}, t.err
+	}
+	ev, err := t.next(false)
+	if err != nil {
+		t.err = err
+	}
+	return ev, err
+}
+
+// next reads lines up to the next event and returns it; first says no
+// event was read yet, so that a header line is allowed.
+func (t *TextReader) next(first bool) (Event, error) {
+	name := t.name
+	for t.sc.Scan() {
+		t.line++
+		line := t.line
+		fields, err := splitFields(t.sc.Text())
 		if err != nil {
-			return h, nil, nil, &SyntaxError{name, line, err.Error()}
+			return Event{}, &SyntaxError{name, line, err.Error()}
 		}
 		if len(fields) == 0 {
 			continue
 		}
 		if fields[0].hasValue {
-			return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("line starts with %q, not an op", fields[0])}
+			return Event{}, &SyntaxError{name, line, fmt.Sprintf("line starts with %q, not an op", fields[0])}
 		}
 		if fields[0].key == "header" {
-			if len(evs) > 0 {
-				return h, nil, nil, &SyntaxError{name, line, "header after the first event"}
+			if !first {
+				return Event{}, &SyntaxError{name, line, "header after the first event"}
 			}
-			if err := parseHeaderFields(&h, fields[1:]); err != nil {
-				return h, nil, nil, &SyntaxError{name, line, err.Error()}
+			if err := parseHeaderFields(&t.h, fields[1:]); err != nil {
+				return Event{}, &SyntaxError{name, line, err.Error()}
 			}
 			continue
 		}
 		if fields[0].key == "stack" {
-			if err := parseStack(&st, stackIDs, fields[1:]); err != nil {
-				return h, nil, nil, &SyntaxError{name, line, err.Error()}
+			if err := parseStack(t.st, t.stackIDs, fields[1:]); err != nil {
+				return Event{}, &SyntaxError{name, line, err.Error()}
 			}
 			continue
 		}
 		op, ok := ParseOp(fields[0].key)
 		if !ok {
-			return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("unknown op %q", fields[0].key)}
+			return Event{}, &SyntaxError{name, line, fmt.Sprintf("unknown op %q", fields[0].key)}
 		}
-		ev := Event{Op: op, Time: lastTime + 1}
+		ev := Event{Op: op, Time: t.lastTime + 1}
 		for _, f := range fields[1:] {
 			if !f.hasValue {
-				return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("field %q is not key=value", f.key)}
+				return Event{}, &SyntaxError{name, line, fmt.Sprintf("field %q is not key=value", f.key)}
 			}
 			if f.key == "stack" {
 				n, err := parseNumber(f.value)
-				id, ok := stackIDs[n]
+				id, ok := t.stackIDs[n]
 				if err != nil || !ok {
-					return h, nil, nil, &SyntaxError{name, line, fmt.Sprintf("stack=%q: no stack line gives that id before", f.value)}
+					return Event{}, &SyntaxError{name, line, fmt.Sprintf("stack=%q: no stack line gives that id before", f.value)}
 				}
 				ev.Stack = id
 				continue
 			}
 			if err := setEventField(&ev, f.key, f.value); err != nil {
-				return h, nil, nil, &SyntaxError{name, line, err.Error()}
+				return Event{}, &SyntaxError{name, line, err.Error()}
 			}
 		}
-		lastTime = ev.Time
-		evs = append(evs, ev)
+		t.lastTime = ev.Time
+		return ev, nil
 	}
-	if err := sc.Err(); err != nil {
+	if err := t.sc.Err(); err != nil {
 		if se, ok := err.(*SyntaxError); ok {
-			return h, nil, nil, se
+			return Event{}, se
 		}
-		return h, nil, nil, &SyntaxError{name, line + 1, err.Error()}
+		return Event{}, &SyntaxError{name, t.line + 1, err.Error()}
 	}
-	return h, evs, st, nil
+	return Event{}, io.EOF
 }
 
-// parseStack reads the fields of a stack line into st, made if nil, and
-// records the text's id for it in ids.
-func parseStack(st **Stacks, ids map[uint64]uint32, fields []field) error {
+// parseStack reads the fields of a stack line into st and records the
+// text's id for it in ids.
+func parseStack(st *Stacks, ids map[uint64]uint32, fields []field) error {
 	var id uint64
 	var frames []Frame
 	for _, f := range fields {
@@ -172,10 +268,7 @@ func parseStack(st **Stacks, ids map[uint64]uint32, fields []field) error {
 	if _, dup := ids[id]; dup {
 		return fmt.Errorf("stack %d is given twice", id)
 	}
-	if *st == nil {
-		*st = NewStacks()
-	}
-	ids[id] = (*st).AddFrames(frames)
+	ids[id] = st.AddFrames(frames)
 	return nil
 }
 

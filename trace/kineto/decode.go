@@ -1,7 +1,6 @@
 package kineto
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,23 +18,34 @@ import (
 // device, so that their differences never overflow.
 const maxValue = 1 << 62
 
-// decoder walks the JSON of a trace with a json.Decoder's tokens and keeps
-// the memory events of one device.
+// decoder reads the JSON of a trace with a reader of its own (scan.go),
+// which holds no value whole but those it keeps, and keeps the memory
+// events of one device.
 type decoder struct {
-	dec        *json.Decoder
 	name       string
 	opts       Options
 	compressed bool
 
-	recs    []record
-	devices map[int64]int64 // memory events by CUDA Device Id
-	host    int64           // Device Type 0 events skipped
-	other   int64           // events of other device types skipped
-	events  int64           // traceEvents elements
-	list    bool            // traceEvents seen
-	base    int64
-	props   []deviceProps
-	meta    map[string]string
+	// The reader: buf[pos:end] is the input not read yet, base the byte
+	// offset of buf[0], rerr the input's error once met (io.EOF at its
+	// end); stack the arrays ('[') and objects ('{') the reader is in.
+	r        io.Reader
+	buf      []byte
+	pos, end int
+	base     int64
+	rerr     error
+	stack    []byte
+	keyBuf   capture
+	ev       eventFields // the fields of the event being read
+	recs     []record
+	devices  map[int64]int64 // memory events by CUDA Device Id
+	host     int64           // Device Type 0 events skipped
+	other    int64           // events of other device types skipped
+	events   int64           // traceEvents elements
+	list     bool            // traceEvents seen
+	base0    int64           // baseTimeNanoseconds
+	props    []deviceProps
+	meta     map[string]string
 }
 
 type deviceProps struct {
@@ -44,19 +54,26 @@ type deviceProps struct {
 	TotalGlobalMem uint64 `json:"totalGlobalMem"`
 }
 
-// memoryEvent is a [memory] or [OutOfMemory] event, its fields still raw.
-type memoryEvent struct {
-	Name    json.RawMessage            `json:"name"`
-	Tid     json.RawMessage            `json:"tid"`
-	Ts      json.RawMessage            `json:"ts"`
-	RawArgs json.RawMessage            `json:"args"`
-	Args    map[string]json.RawMessage `json:"-"`
+// argKeys are the args of a memory event that Import reads.
+var argKeys = [...]string{"Device Type", "Device Id", "Bytes", "Total Reserved", "Addr"}
+
+// eventFields are the fields of a traceEvents element that Import reads,
+// their raw JSON kept up to maxKept bytes, as encoding/json would set
+// them in a struct of json.RawMessage fields "name", "tid", "ts" and
+// "args" (keys matched without regard to case, the last of a key
+// winning), and in a map of the args (keys matched exactly).
+type eventFields struct {
+	name, tid, ts  capture
+	hasName, hasTs bool
+	hasArgs        bool
+	argsObject     bool
+	args           capture // the args when they are not an object, for the message
+	arg            [len(argKeys)]capture
+	hasArg         [len(argKeys)]bool
 }
 
 func newDecoder(r io.Reader, name string, opts Options, compressed bool) *decoder {
-	dec := json.NewDecoder(r)
-	dec.UseNumber()
-	return &decoder{dec: dec, name: name, opts: opts, compressed: compressed, devices: map[int64]int64{}, meta: map[string]string{}}
+	return &decoder{r: r, buf: make([]byte, 64<<10), name: name, opts: opts, compressed: compressed, devices: map[int64]int64{}, meta: map[string]string{}}
 }
 
 // where names a byte offset of the JSON.
@@ -67,61 +84,6 @@ func (d *decoder) where(off int64) string {
 	return fmt.Sprintf("byte %d", off)
 }
 
-// readError is the error for err, returned by the json.Decoder's Token
-// or, with value, its Decode.
-func (d *decoder) readError(err error, value bool) error {
-	var se *json.SyntaxError
-	switch {
-	case errors.As(err, &se):
-		return fmt.Errorf("%s: bad JSON at %s: %v", d.name, d.where(d.syntaxAt(value)), se)
-	case err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF):
-		rest, _ := io.ReadAll(d.dec.Buffered())
-		return fmt.Errorf("%s: truncated trace at %s: %w", d.name, d.where(d.dec.InputOffset()+int64(len(rest))), io.ErrUnexpectedEOF)
-	case d.compressed:
-		return gzipError(d.name, d.dec.InputOffset(), err)
-	}
-	return fmt.Errorf("%s: at %s: %v", d.name, d.where(d.dec.InputOffset()), err)
-}
-
-// valueAt returns the byte offset of the value the decoder reads next,
-// past white space, a comma or a colon.
-func (d *decoder) valueAt() int64 {
-	rest, _ := io.ReadAll(d.dec.Buffered())
-	i := 0
-	for i < len(rest) && strings.IndexByte(" \t\r\n,:", rest[i]) >= 0 {
-		i++
-	}
-	return d.dec.InputOffset() + int64(i)
-}
-
-// syntaxAt returns the byte offset of the fault of a syntax error: a
-// json.Decoder's own offsets count from the value it read, and its input
-// offset stops before the comma and white space ahead of the value (with
-// value; Token stops just before the fault), so the fault is found again
-// in what the decoder holds from there.
-func (d *decoder) syntaxAt(value bool) int64 {
-	off := d.dec.InputOffset()
-	rest, _ := io.ReadAll(d.dec.Buffered())
-	space := func(i int) int {
-		for i < len(rest) && (rest[i] == ' ' || rest[i] == '\t' || rest[i] == '\n' || rest[i] == '\r') {
-			i++
-		}
-		return i
-	}
-	i := space(0)
-	if value {
-		if i < len(rest) && (rest[i] == ',' || rest[i] == ':') {
-			i = space(i + 1)
-		}
-		var raw json.RawMessage
-		var se *json.SyntaxError
-		if err := json.Unmarshal(rest[i:], &raw); errors.As(err, &se) && se.Offset > 0 {
-			return off + int64(i) + se.Offset - 1
-		}
-	}
-	return off + int64(i)
-}
-
 func gzipError(name string, off int64, err error) error {
 	if err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%s: truncated gzip stream at byte %d of the decompressed JSON: %w", name, off, io.ErrUnexpectedEOF)
@@ -129,127 +91,99 @@ func gzipError(name string, off int64, err error) error {
 	return fmt.Errorf("%s: bad gzip at byte %d of the decompressed JSON: %v", name, off, err)
 }
 
-func (d *decoder) token() (json.Token, error) {
-	t, err := d.dec.Token()
-	if err != nil {
-		return nil, d.readError(err, false)
-	}
-	return t, nil
-}
-
 // run reads the whole trace.
 func (d *decoder) run() error {
-	t, err := d.dec.Token()
-	if err == io.EOF {
+	b, ok := d.space(nil)
+	if !ok {
+		if d.rerr != io.EOF {
+			return d.inputError()
+		}
 		return fmt.Errorf("%s: %w (an empty file)", d.name, ErrNotTrace)
 	}
-	if err != nil {
-		var se *json.SyntaxError
-		if errors.As(err, &se) {
-			return fmt.Errorf("%s: %w (not JSON at %s: %v)", d.name, ErrNotTrace, d.where(d.syntaxAt(false)), se)
-		}
-		return d.readError(err, false)
-	}
-	switch t {
-	case json.Delim('['):
+	switch kind := kindAt(b); kind {
+	case "array":
 		// The bare array form of the Chrome trace format.
-		if err := d.eventList(); err != nil {
+		d.list = true
+		if err := d.elements(d.element); err != nil {
 			return err
 		}
-	case json.Delim('{'):
-		if err := d.object(); err != nil {
+	case "object":
+		if err := d.members(d.member); err != nil {
 			return err
 		}
+	case "":
+		return fmt.Errorf("%s: %w (not JSON at %s: invalid character %s looking for beginning of value)", d.name, ErrNotTrace, d.where(d.off()), quoteChar(b))
 	default:
-		return fmt.Errorf("%s: %w (a JSON %s at byte 0, not an object)", d.name, ErrNotTrace, kindOf(t))
+		return fmt.Errorf("%s: %w (a JSON %s at %s, not an object)", d.name, ErrNotTrace, kind, d.where(d.off()))
 	}
 	// Nothing but white space may follow.
-	off := d.dec.InputOffset()
-	if t, err := d.dec.Token(); err != io.EOF {
-		if err != nil {
-			return d.readError(err, false)
+	off := d.off()
+	if b, ok := d.space(nil); ok {
+		if kind := kindAt(b); kind != "" {
+			return fmt.Errorf("%s: a JSON %s follows the trace's end at %s: appended data is refused", d.name, kind, d.where(off))
 		}
-		return fmt.Errorf("%s: a JSON %s follows the trace's end at %s: appended data is refused", d.name, kindOf(t), d.where(off))
+		return d.syntax(b, "after top-level value")
+	}
+	if d.rerr != io.EOF {
+		return d.inputError()
 	}
 	return nil
 }
 
-func kindOf(t json.Token) string {
-	switch t.(type) {
-	case json.Delim:
-		if t == json.Delim('[') {
-			return "array"
-		}
-		return "object"
-	case string:
-		return "string"
-	case json.Number, float64:
-		return "number"
-	case bool:
-		return "boolean"
-	}
-	return "null"
-}
-
-// object reads the members of the top-level object, after its '{'.
-func (d *decoder) object() error {
-	for d.dec.More() {
-		t, err := d.token()
+// member reads the value of the top-level object's member key.
+func (d *decoder) member(key []byte) error {
+	switch k := string(key); k {
+	case "traceEvents":
+		b, err := d.next(nil)
 		if err != nil {
 			return err
 		}
-		key, _ := t.(string)
-		switch key {
-		case "traceEvents":
-			off := d.valueAt()
-			t, err := d.token()
-			if err != nil {
-				return err
+		if b != '[' {
+			kind := kindAt(b)
+			if kind == "" {
+				return d.syntax(b, "looking for beginning of value")
 			}
-			if t != json.Delim('[') {
-				return fmt.Errorf("%s: traceEvents at %s is a JSON %s, not an array", d.name, d.where(off), kindOf(t))
-			}
-			if err := d.eventList(); err != nil {
-				return err
-			}
-		case "deviceProperties":
-			var raw json.RawMessage
-			if err := d.dec.Decode(&raw); err != nil {
-				return d.readError(err, true)
-			}
-			// Informative only: a deviceProperties of another shape is
-			// left out.
-			var props []deviceProps
-			if json.Unmarshal(raw, &props) == nil {
-				d.props = props
-			}
-		case "baseTimeNanoseconds":
-			off := d.valueAt()
-			var raw json.RawMessage
-			if err := d.dec.Decode(&raw); err != nil {
-				return d.readError(err, true)
-			}
-			n, err := strconv.ParseInt(string(raw), 10, 64)
-			if err != nil || n < 0 {
-				return fmt.Errorf("%s: baseTimeNanoseconds at %s is %s, not a count of nanoseconds", d.name, d.where(off), abbreviate(raw))
-			}
-			d.base = n
-		case "schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version", "displayTimeUnit", "trace_id":
-			var raw json.RawMessage
-			if err := d.dec.Decode(&raw); err != nil {
-				return d.readError(err, true)
-			}
-			if v, ok := scalar(raw); ok {
-				d.meta[metaKey(key)] = v
-			}
-		default:
-			if err := d.skip(); err != nil {
-				return err
-			}
+			return fmt.Errorf("%s: traceEvents at %s is a JSON %s, not an array", d.name, d.where(d.off()), kind)
 		}
+		d.list = true
+		return d.elements(d.element)
+	case "deviceProperties":
+		// Informative only: a deviceProperties of another shape, or
+		// longer than maxProps, is left out.
+		raw := capture{limit: maxProps}
+		if err := d.value(&raw); err != nil {
+			return err
+		}
+		var props []deviceProps
+		if !raw.cut && json.Unmarshal(raw.b, &props) == nil {
+			d.props = props
+		}
+	case "baseTimeNanoseconds":
+		if _, err := d.next(nil); err != nil {
+			return err
+		}
+		off := d.off()
+		raw := capture{limit: maxKept}
+		if err := d.value(&raw); err != nil {
+			return err
+		}
+		n, err := strconv.ParseInt(string(raw.b), 10, 64)
+		if raw.cut || err != nil || n < 0 {
+			return fmt.Errorf("%s: baseTimeNanoseconds at %s is %s, not a count of nanoseconds", d.name, d.where(off), abbreviate(raw.b))
+		}
+		d.base0 = n
+	case "schemaVersion", "cuda_driver_version", "cuda_runtime_version", "cupti_version", "displayTimeUnit", "trace_id":
+		raw := capture{limit: maxMeta}
+		if err := d.value(&raw); err != nil {
+			return err
+		}
+		if v, ok := scalar(raw.b); ok && !raw.cut {
+			d.meta[metaKey(k)] = v
+		}
+	default:
+		return d.value(nil)
 	}
-	_, err := d.token() // '}'
-	return err
+	return nil
 }
 
 // metaKey is the Metadata key of a top-level member: schemaVersion is
@@ -277,93 +211,108 @@ func scalar(raw json.RawMessage) (string, bool) {
 	return "", false
 }
 
-// skip reads one value of any size by its tokens, holding none whole.
-func (d *decoder) skip() error {
-	depth := 0
-	for {
-		t, err := d.token()
-		if err != nil {
-			return err
-		}
-		switch t {
-		case json.Delim('['), json.Delim('{'):
-			depth++
-		case json.Delim(']'), json.Delim('}'):
-			depth--
-		}
-		if depth == 0 {
-			return nil
-		}
+// element reads an element of traceEvents.
+func (d *decoder) element() error {
+	off := d.off()
+	k := d.events
+	d.events++
+	if d.buf[d.pos] != '{' {
+		return d.value(nil) // not an event object; one that is not ours is left alone
 	}
+	e := &d.ev
+	e.hasName, e.hasTs, e.hasArgs = false, false, false
+	e.tid.reset(maxKept)
+	err := d.members(func(key []byte) error {
+		switch {
+		case foldIs(key, "name"):
+			e.hasName = true
+			e.name.reset(maxKept)
+			return d.value(&e.name)
+		case foldIs(key, "tid"):
+			e.tid.reset(maxKept)
+			return d.value(&e.tid)
+		case foldIs(key, "ts"):
+			e.hasTs = true
+			e.ts.reset(maxKept)
+			return d.value(&e.ts)
+		case foldIs(key, "args"):
+			return d.eventArgs(e)
+		}
+		return d.value(nil)
+	})
+	if err != nil {
+		return err
+	}
+	return d.event(k, off, e)
 }
 
-var (
-	memoryName = []byte(`"[memory]"`)
-	oomName    = []byte(`"[OutOfMemory]"`)
-)
-
-// eventList reads the elements of traceEvents, after its '['.
-func (d *decoder) eventList() error {
-	d.list = true
-	var raw json.RawMessage
-	for d.dec.More() {
-		raw = raw[:0]
-		if err := d.dec.Decode(&raw); err != nil {
-			return d.readError(err, true)
-		}
-		off := d.dec.InputOffset() - int64(len(raw))
-		k := d.events
-		d.events++
-		// Only an event that names a memory event is decoded further.
-		if !bytes.Contains(raw, memoryName) && !bytes.Contains(raw, oomName) {
-			continue
-		}
-		if err := d.event(k, off, raw); err != nil {
-			return err
-		}
-	}
-	_, err := d.token() // ']'
-	return err
+// foldIs reports whether key is name regardless of case, as encoding/json
+// matches a struct field's name.
+func foldIs(key []byte, name string) bool {
+	return len(key) >= len(name) && strings.EqualFold(string(key), name)
 }
 
-// event reads traceEvents[k], which starts at byte off.
-func (d *decoder) event(k, off int64, raw json.RawMessage) error {
-	var ev memoryEvent
-	if raw[0] != '{' || json.Unmarshal(raw, &ev) != nil {
-		return nil // not an event object; one that is not ours is left alone
+// eventArgs reads an event's args into e.
+func (d *decoder) eventArgs(e *eventFields) error {
+	e.hasArgs = true
+	e.hasArg = [len(argKeys)]bool{}
+	b, err := d.next(nil)
+	if err != nil {
+		return err
 	}
+	if e.argsObject = b == '{'; !e.argsObject {
+		e.args.reset(41) // abbreviate shows 40 bytes
+		return d.value(&e.args)
+	}
+	return d.members(func(key []byte) error {
+		for i, k := range argKeys {
+			if string(key) == k {
+				e.hasArg[i] = true
+				e.arg[i].reset(maxKept)
+				return d.value(&e.arg[i])
+			}
+		}
+		return d.value(nil)
+	})
+}
+
+// event keeps traceEvents[k], which starts at byte off, when it is a
+// memory event of a CUDA device.
+func (d *decoder) event(k, off int64, e *eventFields) error {
 	var name string
-	if json.Unmarshal(ev.Name, &name) != nil || (name != "[memory]" && name != "[OutOfMemory]") {
+	if !e.hasName || e.name.cut || json.Unmarshal(e.name.b, &name) != nil || (name != "[memory]" && name != "[OutOfMemory]") {
 		return nil
 	}
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%s: traceEvents[%d] (a %s event at %s): %s", d.name, k, name, d.where(off), fmt.Sprintf(format, args...))
 	}
-	if len(ev.RawArgs) == 0 {
+	if !e.hasArgs {
 		return bad("no args")
 	}
-	if json.Unmarshal(ev.RawArgs, &ev.Args) != nil || ev.Args == nil {
-		return bad("its args %s are not an object", abbreviate(ev.RawArgs))
+	if !e.argsObject {
+		return bad("its args %s are not an object", abbreviate(e.args.b))
 	}
-	field := func(key string) (json.RawMessage, error) {
-		v, ok := ev.Args[key]
-		if !ok {
-			return nil, bad("no %q in its args", key)
+	field := func(i int) ([]byte, error) {
+		if !e.hasArg[i] {
+			return nil, bad("no %q in its args", argKeys[i])
 		}
-		return v, nil
+		if e.arg[i].cut {
+			return nil, bad("%q is %s: longer than %d bytes", argKeys[i], abbreviate(e.arg[i].b), maxKept)
+		}
+		return e.arg[i].b, nil
 	}
-	integer := func(key string, lo, hi int64) (int64, error) {
-		v, err := field(key)
+	integer := func(i int, lo, hi int64) (int64, error) {
+		v, err := field(i)
 		if err != nil {
 			return 0, err
 		}
 		n, err := strconv.ParseInt(string(v), 10, 64)
 		if err != nil || n < lo || n > hi {
-			return 0, bad("%q is %s, want an integer from %d to %d", key, abbreviate(v), lo, hi)
+			return 0, bad("%q is %s, want an integer from %d to %d", argKeys[i], abbreviate(v), lo, hi)
 		}
 		return n, nil
 	}
-	typ, err := integer("Device Type", math.MinInt64, math.MaxInt64)
+	typ, err := integer(0, math.MinInt64, math.MaxInt64)
 	if err != nil {
 		return err
 	}
@@ -375,17 +324,17 @@ func (d *decoder) event(k, off int64, raw json.RawMessage) error {
 		}
 		return nil
 	}
-	dev, err := integer("Device Id", 0, math.MaxInt32)
+	dev, err := integer(1, 0, math.MaxInt32)
 	if err != nil {
 		return err
 	}
 	var r record
 	r.offset = off
-	n, err := integer("Bytes", -maxValue, maxValue)
+	n, err := integer(2, -maxValue, maxValue)
 	if err != nil {
 		return err
 	}
-	reserved, err := integer("Total Reserved", 0, maxValue)
+	reserved, err := integer(3, 0, maxValue)
 	if err != nil {
 		return err
 	}
@@ -403,7 +352,7 @@ func (d *decoder) event(k, off int64, raw json.RawMessage) error {
 		if n < 0 {
 			r.op, r.size = trace.OpFree, uint64(-n)
 		}
-		v, err := field("Addr")
+		v, err := field(4)
 		if err != nil {
 			return err
 		}
@@ -411,13 +360,18 @@ func (d *decoder) event(k, off int64, raw json.RawMessage) error {
 			return bad("\"Addr\" is %s: %v", abbreviate(v), err)
 		}
 	}
-	if len(ev.Ts) == 0 {
+	if !e.hasTs {
 		return bad("no \"ts\"")
 	}
-	if r.time, err = micros(string(ev.Ts)); err != nil {
-		return bad("\"ts\" is %s: %v", abbreviate(ev.Ts), err)
+	if e.ts.cut {
+		return bad("\"ts\" is %s: longer than %d bytes", abbreviate(e.ts.b), maxKept)
 	}
-	r.thread = thread(ev.Tid)
+	if r.time, err = micros(string(e.ts.b)); err != nil {
+		return bad("\"ts\" is %s: %v", abbreviate(e.ts.b), err)
+	}
+	if !e.tid.cut {
+		r.thread = thread(e.tid.b)
+	}
 	d.devices[dev]++
 	if dev == int64(d.opts.Device) {
 		d.recs = append(d.recs, r)
@@ -541,10 +495,10 @@ func (d *decoder) source() (*Source, error) {
 		return 0
 	})
 	first, last := d.recs[0].time, d.recs[len(d.recs)-1].time
-	if d.base > 0 && (last > math.MaxInt64-d.base || first < math.MinInt64+d.base) {
-		return nil, fmt.Errorf("%s: baseTimeNanoseconds %d plus ts %d ns overflows", d.name, d.base, last)
+	if d.base0 > 0 && (last > math.MaxInt64-d.base0 || first < math.MinInt64+d.base0) {
+		return nil, fmt.Errorf("%s: baseTimeNanoseconds %d plus ts %d ns overflows", d.name, d.base0, last)
 	}
-	s := &Source{recs: d.recs, base: d.base}
+	s := &Source{recs: d.recs, base: d.base0}
 	h := trace.Header{Source: "kineto", Metadata: d.meta}
 	h.Metadata["format"] = "torch.profiler (Kineto) Chrome trace JSON"
 	h.Metadata["device"] = strconv.Itoa(d.opts.Device)
@@ -572,8 +526,8 @@ func (d *decoder) source() (*Source, error) {
 			}
 		}
 	}
-	if d.base > 0 {
-		h.Metadata["base_time_ns"] = strconv.FormatInt(d.base, 10)
+	if d.base0 > 0 {
+		h.Metadata["base_time_ns"] = strconv.FormatInt(d.base0, 10)
 	}
 	h.Metadata["unrecorded"] = unrecorded
 	s.h = h

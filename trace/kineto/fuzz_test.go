@@ -33,6 +33,20 @@ func FuzzKineto(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Add(gzipped(plain))
+	// The reader's limits and the paths around them: nesting at and over
+	// MaxDepth, escapes in keys and strings, numbers of every form, keys
+	// matched without regard to case.
+	deep := func(n int) string {
+		return `{"traceEvents": [], "x": ` + strings.Repeat("[", n) + strings.Repeat("]", n) + "}"
+	}
+	for _, s := range []string{deep(MaxDepth - 1), deep(MaxDepth), deep(MaxDepth + 5),
+		`{"traceEvents": [{"NAME": "[memory]", "Ts": 1, "ARGS": {"Device Type": 1, "Device Id": 0, "Bytes": 512, "Total Reserved": 2097152, "Addr": 4096}}]}`,
+		`{"trace\u0045vents": [{"name": "[memory\u005d", "ts": 1, "args": {"Device Type": 1, "Device Id": 0, "Bytes": 512, "Total Reserved": 2097152, "Addr": 4096}}]}`,
+		`{"traceEvents": [1, -0, -0.5e+3, 2E-7, 0.25, true, false, null, "a\"\/\b\f\n\r\t\u00e9", {}, [], [{}]]}`,
+		`{"traceEvents": [01]}`, `{"traceEvents": [-]}`, `{"traceEvents": [1.]}`, `{"traceEvents": [1e]}`, `{"traceEvents": [tru]}`, `{"traceEvents": ["\x"]}`, `{"traceEvents": [,]}`,
+	} {
+		f.Add([]byte(s))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src, err := Import(bytes.NewReader(data), "fuzz.json", Options{})
 		if err != nil {

@@ -29,10 +29,16 @@
 //
 // The file holds the events in no particular order (by thread and by
 // operator): Import keeps the memory events of the device, compactly
-// (56 bytes each), while it streams through the rest with encoding/json's
-// Decoder tokens, so that a trace of gigabytes is never held whole (a
-// trace of 427 MB, 1.9 million events, took 20 MB of memory and 7 s of
-// CPU), and sorts them by ts (a tie keeps the file's order). Every Time is
+// (56 bytes each), while it streams through the rest with a JSON reader of
+// its own that holds no value whole (of an event, only the fields above,
+// up to 4 KiB each), so that a trace of gigabytes is never held whole, and
+// sorts them by ts (a tie keeps the file's order). The reader checks the
+// JSON as encoding/json would, and refuses, with ErrLimit, a string or a
+// number longer than MaxString (16 MiB) and arrays and objects nested
+// deeper than MaxDepth (1000), wherever they are: Kineto writes strings of
+// a few KB (the longest of the traces of testdata/profiler: 5,050 bytes)
+// and 6 levels, and a file of a string of 1 GiB or an array 50 million
+// deep, which took 4-5 GB and 1.4 GB, is refused in a few MB. Every Time is
 // baseTimeNanoseconds plus ts (microseconds, read exactly from its decimal
 // digits) in nanoseconds: nanoseconds since the Unix epoch, as a PyTorch
 // snapshot of the same process has them.
@@ -68,9 +74,10 @@
 // started while the job held memory) is imported as it is, counted in
 // Metadata "unknown_frees", and reported by trace.Validate (replay check).
 // Import returns an error, one line naming the file and the byte offset
-// (of the decompressed JSON), for JSON it cannot read, a memory event
-// without one of the fields above or with a value out of range, and a
-// trace without memory events; it never panics.
+// (of the decompressed JSON), for JSON it cannot read, a value over the
+// reader's limits (naming the limit), a memory event without one of the
+// fields above or with a value out of range, and a trace without memory
+// events; it never panics.
 package kineto
 
 import (
@@ -99,6 +106,10 @@ var (
 	// ErrNoMemoryEvents: the trace has no memory events of the device
 	// (profiled without profile_memory=True, or another device).
 	ErrNoMemoryEvents = errors.New("no memory events")
+	// ErrLimit: a string or number longer than MaxString, or arrays and
+	// objects nested deeper than MaxDepth; the message names the byte
+	// offset and the limit.
+	ErrLimit = errors.New("over a limit of the reader")
 )
 
 // Detect reports whether head, the first bytes of a file, start like a

@@ -1,10 +1,13 @@
 package minimalloc
 
 import (
+	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -211,7 +214,7 @@ func TestBenchmarks(t *testing.T) {
 	}
 }
 
-func reimport(t *testing.T, path string) (*trace.SliceSource, error) {
+func reimport(t *testing.T, path string) (*Source, error) {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -219,4 +222,105 @@ func reimport(t *testing.T, path string) (*trace.SliceSource, error) {
 	}
 	defer f.Close()
 	return Import(f, path)
+}
+
+// rowsReader generates a problem of n buffers, one row at a time, without
+// holding it: buffer i lives over [i/3, i/3+5) (ties at every time).
+type rowsReader struct {
+	n, i int
+	buf  []byte
+}
+
+func (r *rowsReader) Read(p []byte) (int, error) {
+	for len(r.buf) < len(p) && r.i <= r.n {
+		if r.i == 0 {
+			r.buf = append(r.buf, "id,lower,upper,size\n"...)
+		} else {
+			r.buf = fmt.Appendf(r.buf, "b%d,%d,%d,%d\n", r.i, r.i/3, r.i/3+5, 512*(r.i%7+1))
+		}
+		r.i++
+	}
+	if len(r.buf) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[:copy(r.buf, r.buf[n:])]
+	return n, nil
+}
+
+// Import's events are those of Events over Read's buffers, on generated
+// problems with ties and on MiniMalloc's benchmarks when present; a
+// Reopen starts over.
+func TestImportEvents(t *testing.T) {
+	check := func(name string, open func() io.Reader) {
+		bufs, err := Read(open(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		src, err := Import(open(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Events(bufs)
+		for pass := 0; pass < 2; pass++ {
+			got, err := trace.ReadAll(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%s: pass %d: Import's %d events differ from Events' %d", name, pass, len(got), len(want))
+			}
+			again, _ := src.Reopen()
+			src = again.(*Source)
+		}
+	}
+	for _, n := range []int{0, 1, 2, 10, 1000} {
+		check(fmt.Sprintf("gen%d.csv", n), func() io.Reader { return &rowsReader{n: n} })
+	}
+	paths, _ := filepath.Glob(filepath.Join("..", "..", "..", "shared", "traces", "minimalloc", "*.csv"))
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(path, func() io.Reader { return bytes.NewReader(b) })
+	}
+}
+
+// A problem of more than MaxBuffers rows is refused at the first row over
+// the cap, naming the file, the line and the cap (issue 36: 10 million
+// rows took 3.4 GB); one of MaxBuffers is read.
+func TestMaxBuffers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads a million rows")
+	}
+	_, err := Import(&rowsReader{n: MaxBuffers + 5}, "big.csv")
+	var se *trace.SyntaxError
+	if !errors.As(err, &se) || se.File != "big.csv" || se.Line != MaxBuffers+2 || !strings.Contains(err.Error(), "more than 1000000 buffers (the limit") {
+		t.Fatalf("error %v, want a SyntaxError at big.csv:%d naming the cap", err, MaxBuffers+2)
+	}
+	src, err := Import(&rowsReader{n: MaxBuffers}, "cap.csv")
+	if err != nil || src.Header().Metadata["buffers"] != "1000000" {
+		t.Fatalf("a problem of MaxBuffers: %v", err)
+	}
+}
+
+// Import holds a problem in at most 40 bytes a buffer (issue 36: 340
+// bytes a row, the ids and two events each kept).
+func TestImportCompact(t *testing.T) {
+	const n = 200_000
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	src, err := Import(&rowsReader{n: n}, "mid.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	held := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	runtime.KeepAlive(src)
+	if per := held / n; per > 40 {
+		t.Errorf("Import holds %d bytes a buffer (%d for %d), want at most 40", per, held, n)
+	}
 }

@@ -234,15 +234,15 @@ func open(f *os.File, path string, opts Options) (trace.Source, string, error) {
 		}
 		return &completeSource{Source: src, lr: lr}, format, nil
 	case "text":
+		// Read one line at a time, as the events are asked for: the
+		// header and what precedes the first event are checked at once,
+		// the rest (and the last line's newline) as it is read.
 		lr := trace.NewLineReader(br, path)
-		h, evs, st, err := trace.ParseTextStacks(path, lr)
-		if err == nil {
-			err = lr.Complete()
-		}
+		src, err := trace.NewTextReader(lr, path)
 		if err != nil {
 			return nil, "", err
 		}
-		return trace.NewSliceSource(h, evs).WithStacks(st), format, nil
+		return &completeSource{Source: src, lr: lr}, format, nil
 	}
 	return nil, "", fmt.Errorf("unknown trace format %q (known: auto, %s)", format, strings.Join(Formats, ", "))
 }
@@ -254,6 +254,10 @@ type completeSource struct {
 	trace.Source
 	lr *trace.LineReader
 }
+
+// Stacks returns the stack table of the source read (trace.StackSource),
+// nil when it has none.
+func (s *completeSource) Stacks() *trace.Stacks { return trace.StacksOf(s.Source) }
 
 func (s *completeSource) Next() (trace.Event, error) {
 	ev, err := s.Source.Next()
