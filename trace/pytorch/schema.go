@@ -357,6 +357,9 @@ func (d *decoder) appendItems(at int64, op byte, target value, items []value) er
 		}
 		return nil
 	case roleFrames:
+		if c.n+len(items) > d.lim.frames {
+			return d.over(at, int64(d.lim.frames), " frames", "a frames list of %d frames", c.n+len(items))
+		}
 		for _, v := range items {
 			fid, err := d.frameOf(v)
 			if err != nil {

@@ -77,6 +77,10 @@ type decoder struct {
 	devList      value         // the device's trace, once appended to device_traces
 	pickle       *pickleStream // the stream in, for error messages
 	scratch      []byte
+	lim          limits
+	at           int64         // the pickle offset of the opcode being run
+	limitErr     error         // a limit gone over by the opcode being run
+	strBytes     int64         // d.strs' bytes, plus 64 a string
 	fields1      entryFields   // the entry being converted
 	segments     []snapSegment // from roleSegments
 
@@ -116,10 +120,11 @@ func (d *decoder) readFrames(st *trace.Stacks, entries, blocks bool) {
 }
 
 func newDecoder(r io.Reader, device int, s sink) *decoder {
-	d := &decoder{in: newInput(r), device: device, sink: s, strID: map[string]uint32{}}
+	d := &decoder{in: newInput(r), device: device, sink: s, strID: map[string]uint32{}, lim: defaultLimits}
 	for i, s := range knownStrings {
 		d.strs = append(d.strs, s)
 		d.strID[s] = uint32(i)
+		d.strBytes += int64(len(s)) + 64
 	}
 	for i, a := range actionNames {
 		if int(d.intern([]byte(a))) != sFirstAction+i {
@@ -133,6 +138,9 @@ func newDecoder(r io.Reader, device int, s sink) *decoder {
 func (d *decoder) intern(b []byte) uint32 {
 	if id, ok := d.strID[string(b)]; ok {
 		return id
+	}
+	if d.strBytes += int64(len(b)) + 64; d.strBytes > d.lim.strs {
+		d.overLater(d.lim.strs, " bytes", "%d distinct strings of %d bytes in all (counting 64 more for each)", len(d.strs)+1, d.strBytes)
 	}
 	id := uint32(len(d.strs))
 	s := string(b)
