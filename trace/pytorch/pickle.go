@@ -471,10 +471,6 @@ func (d *decoder) run() error {
 		d.at = at
 		op := in.buf[in.pos]
 		in.pos++
-		// Each opcode pushes one value at most.
-		if len(d.stack) >= d.lim.stack {
-			return d.over(at, int64(d.lim.stack), " values", "a stack of %d values", len(d.stack)+1)
-		}
 		var err error
 		switch op {
 		case 0x94: // MEMOIZE
@@ -751,6 +747,11 @@ func (d *decoder) run() error {
 		}
 		if err == nil && d.limitErr != nil {
 			err = d.limitErr
+		}
+		// Each opcode pushes one value at most: the stack stays within
+		// one value of its limit.
+		if err == nil && len(d.stack) > d.lim.stack {
+			err = d.over(at, int64(d.lim.stack), " values", "a stack of %d values", len(d.stack))
 		}
 		if err != nil {
 			return err
