@@ -81,6 +81,7 @@ type decoder struct {
 	at           int64         // the pickle offset of the opcode being run
 	limitErr     error         // a limit gone over by the opcode being run
 	strBytes     int64         // d.strs' bytes, plus 64 a string
+	markSteps    int64         // marks looked through by childRole, for a test
 	fields1      entryFields   // the entry being converted
 	segments     []snapSegment // from roleSegments
 
