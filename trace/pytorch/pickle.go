@@ -471,13 +471,14 @@ func (d *decoder) run() error {
 		d.at = at
 		op := in.buf[in.pos]
 		in.pos++
+		d.prevMemo, d.memoTop = d.memoTop, false
 		var err error
 		switch op {
 		case 0x94: // MEMOIZE
 			if len(d.stack) == 0 {
 				return d.fail(at, op, "empty stack")
 			}
-			err = d.memoize(at, uint64(d.memo.n), d.stack[len(d.stack)-1])
+			err = d.memoize(at, op, uint64(d.memo.n), d.stack[len(d.stack)-1])
 		case 'h', 'j': // BINGET LONG_BINGET
 			var idx uint64
 			var ok bool
@@ -590,6 +591,7 @@ func (d *decoder) run() error {
 				return d.eof()
 			}
 			d.frameEnd = in.offset() + int64(min(n, math.MaxInt64/2))
+			d.memoTop = d.prevMemo // a frame may start between a value and its MEMOIZE
 		case 0x80: // PROTO
 			p, ok := in.u8()
 			if !ok {
@@ -684,7 +686,7 @@ func (d *decoder) run() error {
 			if len(d.stack) == 0 {
 				return d.fail(at, op, "empty stack")
 			}
-			err = d.memoize(at, idx, d.stack[len(d.stack)-1])
+			err = d.memoize(at, op, idx, d.stack[len(d.stack)-1])
 		case 'p', 'g': // PUT GET (decimal index on a line)
 			b, ok := in.line(32)
 			if !ok {
@@ -699,7 +701,7 @@ func (d *decoder) run() error {
 			} else if len(d.stack) == 0 {
 				return d.fail(at, op, "empty stack")
 			} else {
-				err = d.memoize(at, idx, d.stack[len(d.stack)-1])
+				err = d.memoize(at, op, idx, d.stack[len(d.stack)-1])
 			}
 		case 'I', 'L', 'F': // INT LONG FLOAT as text
 			b, ok := in.line(maxLine)
@@ -899,8 +901,15 @@ func (d *decoder) textNumber(op byte, b []byte) (value, bool) {
 }
 
 // memoize stores v at memo index idx; a new slot beyond the memo's
-// limits is an error.
-func (d *decoder) memoize(at int64, idx uint64, v value) error {
+// limits is an error, and so is a value memoized again right after it was
+// memoized or taken from the memo, which CPython's pickler never writes (it
+// memoizes each object once; MEMOIZE repeated cost 4 bytes of memo a byte
+// of pickle, 400 MB for 97 KB of gzip).
+func (d *decoder) memoize(at int64, op byte, idx uint64, v value) error {
+	if d.prevMemo {
+		return d.fail(at, op, "the value on top is memoized already")
+	}
+	d.memoTop = true
 	if _, ok := d.memo.get(idx); !ok {
 		if d.memo.n >= d.lim.memo {
 			return d.over(at, int64(d.lim.memo), " slots", "a memo of %d slots", d.memo.n+1)
@@ -967,6 +976,7 @@ func (d *decoder) get(at int64, op byte, idx uint64) error {
 		v = d.memo.vals[x&^tagMask]
 	}
 	d.stack = append(d.stack, v)
+	d.memoTop = true
 	return nil
 }
 

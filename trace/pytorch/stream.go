@@ -78,12 +78,15 @@ type decoder struct {
 	pickle       *pickleStream // the stream in, for error messages
 	scratch      []byte
 	lim          limits
-	at           int64         // the pickle offset of the opcode being run
-	limitErr     error         // a limit gone over by the opcode being run
-	strBytes     int64         // d.strs' bytes, plus 64 a string
-	markSteps    int64         // marks looked through by childRole, for a test
-	fields1      entryFields   // the entry being converted
-	segments     []snapSegment // from roleSegments
+	at           int64 // the pickle offset of the opcode being run
+	limitErr     error // a limit gone over by the opcode being run
+	strBytes     int64 // d.strs' bytes, plus 64 a string
+	markSteps    int64 // marks looked through by childRole, for a test
+	// memoTop: the opcode run memoized the value on top or took it from
+	// the memo; prevMemo: the one before did.
+	memoTop, prevMemo bool
+	fields1           entryFields   // the entry being converted
+	segments          []snapSegment // from roleSegments
 
 	// seen, if not nil, takes the stack frames of every entry and block
 	// (a snapshot shares frame dicts and frames lists between them, and
