@@ -69,6 +69,10 @@ func (d *decoder) skipValue(idx uint64, x uint32) value {
 
 // newFrame starts a frame dict.
 func (d *decoder) newFrame() value {
+	if len(d.building) >= d.lim.frames {
+		d.overLater(int64(d.lim.frames), "", "a frame dict read with %d others not yet in a frames list", len(d.building))
+		return value{k: vSkip, n: int64(pyDict)}
+	}
 	d.building = append(d.building, frameKey{name: noString, file: noString})
 	d.buildMemo = append(d.buildMemo, 0)
 	return value{k: vFrameBuild, g: d.buildGen, n: int64(len(d.building) - 1)}

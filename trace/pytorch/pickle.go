@@ -80,6 +80,79 @@ type pickleError struct {
 
 func (e *pickleError) Error() string { return fmt.Sprintf("opcode %#02x: %s", e.Op, e.Msg) }
 
+// limits bound what a pickle can make the decoder hold or compute, so
+// that a small file (or a small gzip'd one) that is broken or hostile is
+// refused with a one-line error rather than taking gigabytes or minutes:
+// 4M nested lists took 1.6 GB, 100M MARKs 2.5 GB, a string of 1 GiB more
+// than 6 GB, a LONG4 integer of 16 MiB minutes. Each limit is far above
+// what real snapshots need. The largest figures measured (the snapshots
+// of testdata/, of trace/pytorch/testdata and of the shared traces, and a
+// 64 MiB one of testdata/bigsnap.py, shaped as PyTorch writes one with
+// stacks, whose memo grows with its size: 16M slots at 1 GiB) are given
+// with each.
+type limits struct {
+	stack    int    // values on the stack (real: 1169, a batch of 1000 entries)
+	marks    int    // marks at once (real: 7)
+	conts    int    // lists, dicts, tuples and sets held at once (real: 1158)
+	str      uint64 // bytes of one str or bytes (real: 7956, a C++ frame name)
+	strs     int64  // bytes of all distinct strings, plus 64 a string (real: 0.5 MB)
+	long     uint64 // bytes of one LONG4 integer (real: 9; LONG1 holds up to 255)
+	memo     int    // memo slots (real: 1.5M; 16M for 1 GiB of snapshot)
+	sparse   int    // memo slots beyond the next (real: 0, CPython counts up)
+	memoVals int    // memoized values other than strings and skipped containers (real: 353)
+	frames   int    // frames of one frames list, and frame dicts read at once (real: 269)
+}
+
+// defaultLimits are the decoder's limits, at least 10 times the real
+// figures above (the memo's 16 times a 1 GiB snapshot's); their memory
+// is at most about 1 MiB for the stack, 15 MiB for the containers (112
+// bytes each, and a list or dict's items), 48 MiB for a string read, 128
+// MiB for the strings kept, and 1 GiB for the memo (4 bytes a slot, as a
+// snapshot of 16 GiB needs). A device trace that a pickle builds in a way
+// CPython's pickler never does is kept whole, a container an entry: up to
+// 131072 entries.
+var defaultLimits = limits{
+	stack:    1 << 16,
+	marks:    1 << 12,
+	conts:    1 << 17,
+	str:      16 << 20,
+	strs:     128 << 20,
+	long:     4 << 10,
+	memo:     1 << 28,
+	sparse:   1 << 16,
+	memoVals: 1 << 20,
+	frames:   1 << 16,
+}
+
+// limitError is a pickle that goes over one of the decoder's limits at
+// byte Offset: What is what went over (with its size where the pickle
+// claims one), Limit and Unit the limit.
+type limitError struct {
+	Offset int64
+	What   string
+	Limit  int64
+	Unit   string
+}
+
+func (e *limitError) Error() string {
+	return fmt.Sprintf("pickle byte %d: %s is over the limit of %d%s of this importer; no real snapshot comes near it", e.Offset, e.What, e.Limit, e.Unit)
+}
+
+func (e *limitError) Unwrap() error { return ErrLimit }
+
+// over returns a limitError at byte at.
+func (d *decoder) over(at int64, limit int64, unit, format string, args ...any) error {
+	return &limitError{Offset: at, What: fmt.Sprintf(format, args...), Limit: limit, Unit: unit}
+}
+
+// overLater records a limitError found where no error can be returned,
+// at the opcode being run; run returns it once the opcode is done.
+func (d *decoder) overLater(limit int64, unit, format string, args ...any) {
+	if d.limitErr == nil {
+		d.limitErr = d.over(d.at, limit, unit, format, args...)
+	}
+}
+
 // errTruncated is returned by the decoder when the pickle ends before its
 // STOP (or before the end of a frame it declared); errInput wraps an error
 // of the underlying reader.
@@ -285,6 +358,9 @@ func (m *memoTable) get(idx uint64) (uint32, bool) {
 	return x, ok
 }
 
+// dense reports whether a new slot idx would be dense (else sparse).
+func (m *memoTable) dense(idx uint64) bool { return idx/memoChunk <= uint64(len(m.chunks)) }
+
 func (m *memoTable) put(idx uint64, x uint32) {
 	if p := m.slot(idx, true); p != nil {
 		if *p == 0 {
@@ -321,6 +397,10 @@ func (d *decoder) newContainer(kind pyKind, r role) value {
 		i = d.free[n-1]
 		d.free = d.free[:n-1]
 	} else {
+		if len(d.conts) >= d.lim.conts {
+			d.overLater(int64(d.lim.conts), "", "a list, dict, tuple or set held with %d others", len(d.conts))
+			return value{k: vSkip, n: int64(kind)}
+		}
 		d.conts = append(d.conts, container{})
 		i = int32(len(d.conts) - 1)
 	}
@@ -388,15 +468,17 @@ func (d *decoder) run() error {
 			return d.eof()
 		}
 		at := in.offset()
+		d.at = at
 		op := in.buf[in.pos]
 		in.pos++
+		d.prevMemo, d.memoTop = d.memoTop, false
 		var err error
 		switch op {
 		case 0x94: // MEMOIZE
 			if len(d.stack) == 0 {
 				return d.fail(at, op, "empty stack")
 			}
-			d.memoize(uint64(d.memo.n), d.stack[len(d.stack)-1])
+			err = d.memoize(at, op, uint64(d.memo.n), d.stack[len(d.stack)-1])
 		case 'h', 'j': // BINGET LONG_BINGET
 			var idx uint64
 			var ok bool
@@ -453,6 +535,9 @@ func (d *decoder) run() error {
 			}
 			d.stack = append(d.stack, d.create(k))
 		case '(': // MARK
+			if len(d.marks) >= d.lim.marks {
+				return d.over(at, int64(d.lim.marks), " marks", "a mark stack of %d marks", len(d.marks)+1)
+			}
 			d.marks = append(d.marks, len(d.stack))
 		case 'u', 'e', 0x90: // SETITEMS APPENDS ADDITEMS
 			m, ok := d.popMark()
@@ -506,6 +591,7 @@ func (d *decoder) run() error {
 				return d.eof()
 			}
 			d.frameEnd = in.offset() + int64(min(n, math.MaxInt64/2))
+			d.memoTop = d.prevMemo // a frame may start between a value and its MEMOIZE
 		case 0x80: // PROTO
 			p, ok := in.u8()
 			if !ok {
@@ -600,7 +686,7 @@ func (d *decoder) run() error {
 			if len(d.stack) == 0 {
 				return d.fail(at, op, "empty stack")
 			}
-			d.memoize(idx, d.stack[len(d.stack)-1])
+			err = d.memoize(at, op, idx, d.stack[len(d.stack)-1])
 		case 'p', 'g': // PUT GET (decimal index on a line)
 			b, ok := in.line(32)
 			if !ok {
@@ -615,7 +701,7 @@ func (d *decoder) run() error {
 			} else if len(d.stack) == 0 {
 				return d.fail(at, op, "empty stack")
 			} else {
-				d.memoize(idx, d.stack[len(d.stack)-1])
+				err = d.memoize(at, op, idx, d.stack[len(d.stack)-1])
 			}
 		case 'I', 'L', 'F': // INT LONG FLOAT as text
 			b, ok := in.line(maxLine)
@@ -648,6 +734,9 @@ func (d *decoder) run() error {
 			if n < 0 {
 				return d.fail(at, op, "negative length %d", n)
 			}
+			if uint64(n) > d.lim.long {
+				return d.over(at, int64(d.lim.long), " bytes", "an integer of %d bytes", n)
+			}
 			b, ok := in.bytes(uint64(n), &d.scratch)
 			if !ok {
 				return d.eof()
@@ -657,6 +746,14 @@ func (d *decoder) run() error {
 			return d.fail(at, op, "a Python object, not a plain value")
 		default:
 			return d.fail(at, op, "unknown opcode")
+		}
+		if err == nil && d.limitErr != nil {
+			err = d.limitErr
+		}
+		// Each opcode pushes one value at most: the stack stays within
+		// one value of its limit.
+		if err == nil && len(d.stack) > d.lim.stack {
+			err = d.over(at, int64(d.lim.stack), " values", "a stack of %d values", len(d.stack))
 		}
 		if err != nil {
 			return err
@@ -715,6 +812,13 @@ func (d *decoder) str(at int64, op byte) error {
 	}
 	if !ok {
 		return d.eof()
+	}
+	if n > d.lim.str {
+		what := "a string"
+		if op == 'C' || op == 'B' || op == 0x8e || op == 0x96 {
+			what = "a bytes"
+		}
+		return d.over(at, int64(d.lim.str), " bytes", "%s of %d bytes", what, n)
 	}
 	b, ok := in.bytes(n, &d.scratch)
 	if !ok {
@@ -796,8 +900,24 @@ func (d *decoder) textNumber(op byte, b []byte) (value, bool) {
 	return d.bigValue(x), true
 }
 
-// memoize stores v at memo index idx.
-func (d *decoder) memoize(idx uint64, v value) {
+// memoize stores v at memo index idx; a new slot beyond the memo's
+// limits is an error, and so is a value memoized again right after it was
+// memoized or taken from the memo, which CPython's pickler never writes (it
+// memoizes each object once; MEMOIZE repeated cost 4 bytes of memo a byte
+// of pickle, 400 MB for 97 KB of gzip).
+func (d *decoder) memoize(at int64, op byte, idx uint64, v value) error {
+	if d.prevMemo {
+		return d.fail(at, op, "the value on top is memoized already")
+	}
+	d.memoTop = true
+	if _, ok := d.memo.get(idx); !ok {
+		if d.memo.n >= d.lim.memo {
+			return d.over(at, int64(d.lim.memo), " slots", "a memo of %d slots", d.memo.n+1)
+		}
+		if !d.memo.dense(idx) && len(d.memo.sparse) >= d.lim.sparse {
+			return d.over(at, int64(d.lim.sparse), " slots", "memo index %d, with %d others out of order,", idx, len(d.memo.sparse))
+		}
+	}
 	var x uint32
 	switch v.k {
 	case vStr:
@@ -829,11 +949,15 @@ func (d *decoder) memoize(idx uint64, v value) {
 			d.buildMemo[v.n] = idx + 1
 		}
 	}
-	if x == 0 && len(d.memo.vals) < tagStr {
+	if x == 0 {
+		if len(d.memo.vals) >= d.lim.memoVals {
+			return d.over(at, int64(d.lim.memoVals), " values", "a memo of %d values other than strings and skipped containers", len(d.memo.vals)+1)
+		}
 		d.memo.vals = append(d.memo.vals, v)
 		x = tagVal | uint32(len(d.memo.vals)-1)
 	}
 	d.memo.put(idx, x)
+	return nil
 }
 
 // get pushes the value at memo index idx.
@@ -852,6 +976,7 @@ func (d *decoder) get(at int64, op byte, idx uint64) error {
 		v = d.memo.vals[x&^tagMask]
 	}
 	d.stack = append(d.stack, v)
+	d.memoTop = true
 	return nil
 }
 

@@ -78,6 +78,12 @@ var (
 	// ErrUnknownAction: a trace entry has an action this package does not
 	// know.
 	ErrUnknownAction = errors.New("unknown action")
+	// ErrLimit: the pickle goes over one of the importer's limits (on
+	// nesting, marks, the length of a string or an integer, the memo,
+	// the frames of a stack; each far above what real snapshots need),
+	// which keep a small hostile or broken file from taking gigabytes
+	// or minutes.
+	ErrLimit = errors.New("over a limit of the snapshot importer")
 )
 
 // Detect reports whether head, the first bytes of a file (two suffice),
@@ -141,7 +147,14 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // "inconsistent snapshot" error with the pickle byte or the trace entry: a
 // block's or segment's size at its malloc and at its free, the blocks the
 // trace leaves allocated or frees against the final segments' blocks, a
-// trace entry with a key twice (two entries run together).
+// trace entry with a key twice (two entries run together). A pickle that
+// goes over a limit of the importer wraps ErrLimit: "NAME: pickle byte N:
+// a string of 1073741824 bytes is over the limit of 16777216 bytes of this
+// importer; ..." (the limits, in stream.go's pickle machine, bound the
+// stack, marks, containers held, one string's and all strings' bytes, one
+// integer's bytes, the memo and the frames of a stack, each far above a
+// real snapshot's needs: they hold Import's memory under 200 MB but for
+// the memo, 4 bytes for each object the pickle memoizes, up to 1 GiB).
 // Import never panics on bad input, and allocates nothing for a length the
 // file claims beyond its end.
 func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
@@ -347,9 +360,12 @@ func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
 func decodeError(name string, pr *pickleStream, d *decoder, err error) error {
 	var pe *pickleError
 	var ie *inputError
+	var le *limitError
 	switch {
 	case errors.Is(err, errTruncated):
 		return truncated(name, d.in.total())
+	case errors.As(err, &le):
+		return fmt.Errorf("%s: %w", name, le)
 	case errors.As(err, &pe):
 		return fmt.Errorf("%s: bad pickle at byte %d: %v", name, pe.Offset, pe)
 	case errors.As(err, &ie):

@@ -164,8 +164,12 @@ func (d *decoder) childRole(k pyKind) role {
 	}
 	// Some other shape: inside a tuple being built, or items for LIST or
 	// DICT. Keep it if what encloses it is kept or structural, so that no
-	// value that matters is lost.
-	for i := len(d.marks) - 1; i >= 0; i-- {
+	// value that matters is lost. The marks looked at are the last
+	// maxMarkWalk: more, each with a scalar below, made each container cost
+	// a walk of all the marks (a snapshot has 7 marks at most; 4000 marks
+	// and 1M empty lists took 23 s).
+	for i := len(d.marks) - 1; i >= 0 && i >= len(d.marks)-maxMarkWalk; i-- {
+		d.markSteps++
 		mm := d.marks[i]
 		if mm == 0 {
 			break
@@ -184,6 +188,10 @@ func (d *decoder) childRole(k pyKind) role {
 	}
 	return roleKeep
 }
+
+// maxMarkWalk bounds the marks childRole looks through for a container's
+// context.
+const maxMarkWalk = 64
 
 // roleRank orders roles by how much choosing them keeps.
 func roleRank(r role) int {
@@ -357,6 +365,9 @@ func (d *decoder) appendItems(at int64, op byte, target value, items []value) er
 		}
 		return nil
 	case roleFrames:
+		if c.n+len(items) > d.lim.frames {
+			return d.over(at, int64(d.lim.frames), " frames", "a frames list of %d frames", c.n+len(items))
+		}
 		for _, v := range items {
 			fid, err := d.frameOf(v)
 			if err != nil {

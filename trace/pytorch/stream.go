@@ -77,8 +77,16 @@ type decoder struct {
 	devList      value         // the device's trace, once appended to device_traces
 	pickle       *pickleStream // the stream in, for error messages
 	scratch      []byte
-	fields1      entryFields   // the entry being converted
-	segments     []snapSegment // from roleSegments
+	lim          limits
+	at           int64 // the pickle offset of the opcode being run
+	limitErr     error // a limit gone over by the opcode being run
+	strBytes     int64 // d.strs' bytes, plus 64 a string
+	markSteps    int64 // marks looked through by childRole, for a test
+	// memoTop: the opcode run memoized the value on top or took it from
+	// the memo; prevMemo: the one before did.
+	memoTop, prevMemo bool
+	fields1           entryFields   // the entry being converted
+	segments          []snapSegment // from roleSegments
 
 	// seen, if not nil, takes the stack frames of every entry and block
 	// (a snapshot shares frame dicts and frames lists between them, and
@@ -116,10 +124,11 @@ func (d *decoder) readFrames(st *trace.Stacks, entries, blocks bool) {
 }
 
 func newDecoder(r io.Reader, device int, s sink) *decoder {
-	d := &decoder{in: newInput(r), device: device, sink: s, strID: map[string]uint32{}}
+	d := &decoder{in: newInput(r), device: device, sink: s, strID: map[string]uint32{}, lim: defaultLimits}
 	for i, s := range knownStrings {
 		d.strs = append(d.strs, s)
 		d.strID[s] = uint32(i)
+		d.strBytes += int64(len(s)) + 64
 	}
 	for i, a := range actionNames {
 		if int(d.intern([]byte(a))) != sFirstAction+i {
@@ -133,6 +142,9 @@ func newDecoder(r io.Reader, device int, s sink) *decoder {
 func (d *decoder) intern(b []byte) uint32 {
 	if id, ok := d.strID[string(b)]; ok {
 		return id
+	}
+	if d.strBytes += int64(len(b)) + 64; d.strBytes > d.lim.strs {
+		d.overLater(d.lim.strs, " bytes", "%d distinct strings of %d bytes in all (counting 64 more for each)", len(d.strs)+1, d.strBytes)
 	}
 	id := uint32(len(d.strs))
 	s := string(b)
