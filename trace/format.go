@@ -321,13 +321,15 @@ type Reader struct {
 	prevT    int64
 	prevA    uint64
 	done     bool
-	stacks   *Stacks // from the stack frames, nil until the first
+	stacks   *Stacks // from the stack frames; nil before version 3
 }
 
 var _ StackSource = (*Reader)(nil)
 
 // Stacks returns the stack table read so far: every stack that an event
-// already returned names. It is nil for a trace without stacks.
+// already returned names. For a trace of version 3 it is one table from
+// the start, empty until the first stack frame, and grows as the events
+// are read; it is nil for versions 1 and 2, which hold no stacks.
 func (r *Reader) Stacks() *Stacks { return r.stacks }
 
 // NewReader checks the magic and version of the trace in r and reads its
@@ -362,6 +364,10 @@ func NewReader(r io.Reader, name string) (*Reader, error) {
 	}
 	if v >= 3 {
 		tr.maxFields = 11 // stack
+		// The table exists from the start and grows as stack frames are
+		// read, so that a caller that takes it once, before the events
+		// (a writer's SetStacks, --viz, --sites), sees every stack.
+		tr.stacks = NewStacks()
 	}
 	kind, payload, err := tr.readFrame()
 	if err != nil {
