@@ -11,7 +11,8 @@
 // allocator's and other C and C++ code (a .c, .cc, .cpp, .cxx, .h, .hpp,
 // .cu or .cuh file, or no file: "??"); other libraries (transformers, ...)
 // count as user code. A stack with no such frame takes its innermost
-// frame. With a depth N above 1 the site is that frame and the N-1 frames
+// Python frame, and one of C and C++ frames only (the mallocs of autograd's
+// backward pass, as PyTorch records them) is "(C++ frames only)". With a depth N above 1 the site is that frame and the N-1 frames
 // of user code that called it, joined by " < ". For a `record run` trace
 // the site is the malloc's call site (trace.Event.Label, such as
 // "cudaMalloc@libc10_cuda.so+0x2f4cb"); a malloc with neither is "(no
@@ -51,6 +52,9 @@ type Options struct {
 // Rows with no site of code.
 const (
 	NoStack = "(no stack)"
+	// CppOnly is the site of a malloc whose stack holds C and C++ frames
+	// only: no Python frame names the code (autograd's backward pass).
+	CppOnly = "(C++ frames only)"
 	Cached  = "(cached: no live block)"
 	// FailedMalloc is the block, and the memory the policy took for it,
 	// of a malloc that failed in the recording and that the replay served
@@ -289,7 +293,15 @@ func Name(frames []trace.Frame, label string, depth int) string {
 		}
 	}
 	if len(picked) == 0 {
-		picked = append(picked, frames[0].String())
+		// No user code: the innermost Python frame (PyTorch's, Python's),
+		// else none that names code a reader would look for (the innermost
+		// of a C++-only stack is the unwinder, torch::unwind::unwind()).
+		for _, f := range frames {
+			if f.File != "" && f.File != "??" && !cFile(f.File) {
+				return f.String()
+			}
+		}
+		return CppOnly
 	}
 	return strings.Join(picked, " < ")
 }
@@ -309,10 +321,15 @@ func User(f trace.Frame) bool {
 		!strings.Contains(file, "site-packages/") && !strings.Contains(file, "dist-packages/"):
 		return false
 	}
+	return !cFile(file)
+}
+
+// cFile reports whether file is C or C++ (or CUDA) source by its extension.
+func cFile(file string) bool {
 	for _, ext := range []string{".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".cu", ".cuh"} {
 		if strings.HasSuffix(file, ext) {
-			return false
+			return true
 		}
 	}
-	return true
+	return false
 }

@@ -115,6 +115,11 @@ func TestName(t *testing.T) {
 			{Name: "__enter__", File: "/usr/lib/python3.12/contextlib.py", Line: 137}, {Name: "forward", File: "lib/python3.12/site-packages/transformers/models/llama/modeling_llama.py", Line: 300}, {Name: "main", File: "train.py", Line: 9}}, "", 2,
 			"lib/python3.12/site-packages/transformers/models/llama/modeling_llama.py:300:forward < train.py:9:main"},
 		{[]trace.Frame{torch, {Name: "step", File: "torch/optim/adam.py", Line: 3}}, "", 1, torch.String()},
+		// autograd's backward pass, as PyTorch records it with stacks on:
+		// C++ frames only (it was its innermost, torch::unwind::unwind()).
+		{[]trace.Frame{{Name: "torch::unwind::unwind()", File: "??", Line: 0}, {Name: "torch::CapturedTraceback::gather(bool, bool, bool)", File: "??", Line: 0},
+			{Name: "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", File: "CUDACachingAllocator.cpp", Line: 0}}, "", 1, sites.CppOnly},
+		{[]trace.Frame{{Name: "??", File: "??", Line: 0}, {Name: "malloc", File: "CUDACachingAllocator.cpp", Line: 0}, torch}, "", 2, torch.String()},
 	} {
 		if got := sites.Name(tc.frames, tc.label, tc.depth); got != tc.want {
 			t.Errorf("Name(%v, %q, %d) = %q, want %q", tc.frames, tc.label, tc.depth, got, tc.want)
