@@ -163,34 +163,38 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
-	if *jsonOut != "" {
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
+	// The outputs appear together or not at all (outputSet).
+	outs := &outputSet{out: stdout}
+	defer outs.abort()
+	if err := outs.add("json", *jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
+		return err
 	}
-	if *csvOut != "" {
-		if err := writeOutput(stdout, *csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
-			return fmt.Errorf("--csv: %w", err)
-		}
+	if err := outs.add("csv", *csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
+		return err
 	}
 	if *plotDir != "" {
 		flat := make([]sim.Result, len(rs))
 		for i, r := range rs {
 			flat[i] = r.Result
 		}
-		if _, err := plots.WriteAll(*plotDir, flat, plots.Options{Policies: shown}); err != nil {
+		if err := plots.StageAll(&outs.batch, *plotDir, flat, plots.Options{Policies: shown}); err != nil {
 			return fmt.Errorf("--plots: %w", err)
 		}
 	}
 	if *table || (*jsonOut == "" && *csvOut == "") {
-		writeGPUTable(stdout, rs)
-		flat := make([]*sim.Result, len(rs))
-		for i, r := range rs {
-			flat[i] = &r.Result
+		if err := outs.add("", "-", func(w io.Writer) error {
+			writeGPUTable(w, rs)
+			flat := make([]*sim.Result, len(rs))
+			for i, r := range rs {
+				flat[i] = &r.Result
+			}
+			writeSettingsUsed(w, flat, settings)
+			return nil
+		}); err != nil {
+			return err
 		}
-		writeSettingsUsed(stdout, flat, settings)
 	}
-	return nil
+	return outs.commit()
 }
 
 // simulateOnly replays the traces on the simulated device alone, as the
@@ -221,22 +225,25 @@ func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Optio
 		rs = append(rs, res...)
 	}
 	writeWarnings(stderr, rs)
-	if jsonOut != "" {
-		if err := writeOutput(stdout, jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
+	outs := &outputSet{out: stdout}
+	defer outs.abort()
+	if err := outs.add("json", jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
+		return err
 	}
-	if csvOut != "" {
-		if err := writeOutput(stdout, csvOut, func(w io.Writer) error { return writeCSV(w, rs) }); err != nil {
-			return fmt.Errorf("--csv: %w", err)
-		}
+	if err := outs.add("csv", csvOut, func(w io.Writer) error { return writeCSV(w, rs) }); err != nil {
+		return err
 	}
 	if jsonOut == "" && csvOut == "" {
-		writeSimOnlyTable(stdout, rs, cfg.Pace, model.Source)
-		writeSettingsUsed(stdout, rs, settings)
-		writeNotes(stdout, rs)
+		if err := outs.add("", "-", func(w io.Writer) error {
+			writeSimOnlyTable(w, rs, cfg.Pace, model.Source)
+			writeSettingsUsed(w, rs, settings)
+			writeNotes(w, rs)
+			return nil
+		}); err != nil {
+			return err
+		}
 	}
-	return nil
+	return outs.commit()
 }
 
 // callsPath returns the call log's path for one run: base itself for a

@@ -24,22 +24,26 @@ func (f *failAfter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestStageOutputWriteError: an output whose writer fails is not put in
+// TestStagedOutputWriteError: an output whose writer fails is not put in
 // place; the file it would replace keeps its contents (the staticcheck
 // SA4006 of issue 34: the error was shadowed, and an empty file committed).
-func TestStageOutputWriteError(t *testing.T) {
+func TestStagedOutputWriteError(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "r.json")
 	if err := os.WriteFile(path, []byte("the previous good results\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	o, err := stageOutput(io.Discard, path, func(w io.Writer) error {
+	o := &outputSet{out: io.Discard}
+	err := o.add("json", path, func(w io.Writer) error {
 		if _, err := w.Write([]byte("half")); err != nil {
 			return err
 		}
 		return errFull
 	})
-	if !errors.Is(err, errFull) || o != nil {
-		t.Fatalf("stageOutput: %v, %v; want the write's error and nothing staged", o, err)
+	if !errors.Is(err, errFull) || len(o.batch.Paths()) != 0 {
+		t.Fatalf("outputSet.add: %v, %q staged; want the write's error and nothing staged", err, o.batch.Paths())
+	}
+	if err := o.commit(); err != nil {
+		t.Fatalf("commit of nothing: %v", err)
 	}
 	if b, _ := os.ReadFile(path); string(b) != "the previous good results\n" {
 		t.Errorf("the file now holds %q", b)
@@ -59,5 +63,34 @@ func TestStdoutWriteError(t *testing.T) {
 	}
 	if err := run(&failAfter{n: 1 << 20}, &errb, []string{"sim", "--policy", "cuda", tokenLengths}); err != nil {
 		t.Fatalf("replay sim with room for its table: %v", err)
+	}
+}
+
+// TestSimOutputsAllOrNone: replay sim --json --viz --plots whose charts
+// cannot be written (--plots names a path under a file) fails and leaves
+// every output as it was: the JSON's previous contents, no snapshot (the
+// snapshots were put in place as each trace finished, before the charts).
+func TestSimOutputsAllOrNone(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, vizDir := filepath.Join(dir, "r.json"), filepath.Join(dir, "viz")
+	blocker := filepath.Join(dir, "file")
+	for _, p := range []string{jsonPath, blocker} {
+		if err := os.WriteFile(p, []byte("the previous good results\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errb strings.Builder
+	err := run(&out, &errb, []string{"sim", "--policy", "cuda,pytorch", "--json", jsonPath, "--viz", vizDir, "--plots", filepath.Join(blocker, "sub"), tokenLengths})
+	if err == nil || !strings.Contains(err.Error(), "--plots") {
+		t.Fatalf("replay sim with --plots under a file: %v, want a --plots error", err)
+	}
+	if b, _ := os.ReadFile(jsonPath); string(b) != "the previous good results\n" {
+		t.Errorf("the JSON now holds %q", b)
+	}
+	if left, _ := os.ReadDir(vizDir); len(left) > 0 {
+		t.Errorf("--viz holds %d files: %v", len(left), left)
+	}
+	if out.Len() > 0 {
+		t.Errorf("stdout: %q", out.String())
 	}
 }
