@@ -155,3 +155,15 @@ func TestDeviceAddressSpace(t *testing.T) {
 		t.Errorf("%d overflows, %d reserved, %d allocs; want 3, %d, 3", d.Overflows(), d.Reserved(), d.Allocs(), uint64(3)<<62)
 	}
 }
+
+// TestLatencyTotalSaturates: the summed time of calls of two size classes
+// whose times are each near math.MaxInt64 saturates (it wrapped to a
+// negative time).
+func TestLatencyTotalSaturates(t *testing.T) {
+	var l sim.Latencies
+	l.Add("cudaMalloc", 1<<20, math.MaxInt64-5)
+	l.Add("cudaMalloc", 1<<40, math.MaxInt64-5)
+	if got := l.Total(); got != math.MaxInt64 {
+		t.Errorf("Total() = %d, want %d", got, int64(math.MaxInt64))
+	}
+}
