@@ -98,6 +98,20 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The charts' directory and the call logs of each run (--calls with
+	// several runs: one log per trace and target) are no input either.
+	if err := checkDirOutput(fs.Args(), "plots", *plotDir, plots.FileSuffixes()); err != nil {
+		return err
+	}
+	if runs := fs.NArg() * len(names); *callsOut != "" && runs > 1 {
+		for _, path := range fs.Args() {
+			for _, n := range names {
+				if err := checkOutputs(fs.Args(), "calls", callsPath(*callsOut, runs, path, n)); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	for _, n := range names {
 		if err := gpu.CheckSettings(n, settings[n]); err != nil {
 			return cli.UsageError{Err: fmt.Errorf("--set: %w", err)}
@@ -139,6 +153,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	var rs []*gpu.Result
 	runs := len(fs.Args()) * len(names)
 	logs := map[string]bool{} // call logs written
+	var logsDone []string     // those of the runs finished, in order
 	for _, path := range fs.Args() {
 		for _, name := range names {
 			c := cfg
@@ -157,9 +172,18 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			if err != nil {
 				if ctx.Err() != nil {
 					writeGPUTable(stdout, rs)
-					return interrupted(fmt.Sprintf("interrupted: everything allocated was freed (%s, %s: %v)", path, name, err))
+					// Each finished run's call log was put in place; the
+					// other outputs come at the end.
+					kept := "no output written"
+					if len(logsDone) > 0 {
+						kept = "kept the call logs of the finished runs: " + strings.Join(logsDone, ", ")
+					}
+					return interrupted(fmt.Sprintf("interrupted: everything allocated was freed (%s, %s: %v); %s", path, name, err, kept))
 				}
 				return fmt.Errorf("%s: %s: %w", path, name, err)
+			}
+			if log != "" {
+				logsDone = append(logsDone, log)
 			}
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 // failAfter is a writer that takes n bytes, then fails as a full disk does.
@@ -92,5 +94,66 @@ func TestSimOutputsAllOrNone(t *testing.T) {
 	}
 	if out.Len() > 0 {
 		t.Errorf("stdout: %q", out.String())
+	}
+}
+
+// TestMergeOutputOverInput: replay merge -o DIR DIR, DIR a directory
+// with a results.json (no sweep's), is refused before anything is read or
+// written: its results.json is the input (merge wrote over it).
+func TestMergeOutputOverInput(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "results.json")
+	var out, errb strings.Builder
+	if err := run(&out, &errb, []string{"sim", "--policy", "cuda", "--json", in, tokenLengths}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(in)
+	out.Reset()
+	err := run(&out, &errb, []string{"merge", "-o", dir, dir})
+	if !errors.Is(err, atomicfile.ErrInput) {
+		t.Fatalf("merge -o DIR DIR: %v, want an error wrapping ErrInput", err)
+	}
+	if after, _ := os.ReadFile(in); string(after) != string(before) {
+		t.Errorf("the input results.json changed")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "results.csv")); err == nil {
+		t.Errorf("results.csv written")
+	}
+}
+
+// replay gpu --plots DIR refuses, before it opens the CUDA runtime, an
+// input that one of its charts would replace, as replay sim does (it ran
+// the replay and wrote over it).
+func TestGPUPlotsOverInput(t *testing.T) {
+	dir := t.TempDir()
+	inputs := writeFiles(t, dir, tinyText, "t.txt", "t-memory.svg")
+	_, _, err := runCmd(t, "gpu", "--from", "text", "--cudart", filepath.Join(dir, "no-libcudart.so"), "--policy", "cuda", "--plots", dir, inputs[0], inputs[1])
+	want := "--plots " + dir + ": its file t-memory.svg is also an input: refusing to write over it"
+	if err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+	for _, p := range inputs {
+		if got, _ := os.ReadFile(p); string(got) != tinyText {
+			t.Errorf("%s changed: %q", p, got)
+		}
+	}
+}
+
+// replay sweep -o DIR refuses, before it runs, a trace that is one of the
+// files it writes in DIR (it replayed the trace, then wrote its
+// results.csv over it).
+func TestSweepOutputOverInput(t *testing.T) {
+	dir := t.TempDir()
+	in := writeFiles(t, dir, tinyText, "results.csv")[0]
+	_, _, err := runCmd(t, "sweep", "--from", "text", "--traces", in, "--policy", "cuda", "--progress", "none", "-o", dir)
+	want := "--out: " + in + " is also an input: refusing to write over it"
+	if err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+	if got, _ := os.ReadFile(in); string(got) != tinyText {
+		t.Errorf("the trace changed: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "plan.json")); err == nil {
+		t.Errorf("plan.json written")
 	}
 }
