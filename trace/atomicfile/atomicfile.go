@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -340,19 +341,65 @@ func (b *Batch) Paths() []string {
 // Commit puts every file of the batch in place, in order, with the
 // interrupt handler held off until the last is renamed. It returns the
 // first error (a close or a rename that failed, naming the path); the
-// files after it are then removed, and those before it stay in place.
+// files of the batch are then all taken back: those put in place before it
+// get their earlier contents again (kept by a hard link while the batch
+// commits; where the file system has none, the new file stays), and the
+// others are removed.
 func (b *Batch) Commit() error {
 	pending.Lock()
 	defer pending.Unlock()
+	// The earlier files at the batch's paths, linked aside, to be put
+	// back if a later file fails; "" where there was none.
+	backups := make([]string, len(b.files))
+	defer func() {
+		for _, name := range backups {
+			if name != "" {
+				os.Remove(name)
+			}
+		}
+	}()
+	for k, f := range b.files {
+		if f.direct {
+			continue
+		}
+		if st, err := os.Lstat(f.path); err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		name := filepath.Join(filepath.Dir(f.path), fmt.Sprintf(".%s.bak-%d-%d", filepath.Base(f.path), os.Getpid(), k))
+		os.Remove(name)
+		if os.Link(f.path, name) == nil {
+			backups[k] = name
+		}
+	}
+	files := b.files
+	b.files = nil
 	var first error
-	for _, f := range b.files {
+	done := 0 // files put in place
+	for _, f := range files {
 		if first != nil {
 			f.abortLocked()
 			continue
 		}
-		first = f.commitLocked()
+		if first = f.commitLocked(); first == nil {
+			done++
+		}
 	}
-	b.files = nil
+	if first == nil {
+		return nil
+	}
+	for k, f := range files[:done] {
+		if f.direct {
+			continue
+		}
+		pending.committed = slices.DeleteFunc(pending.committed, func(p string) bool { return p == f.path })
+		if backups[k] != "" {
+			if os.Rename(backups[k], f.path) == nil {
+				backups[k] = ""
+			}
+		} else {
+			os.Remove(f.path)
+		}
+	}
 	return first
 }
 

@@ -173,3 +173,44 @@ func TestKeptNote(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchCommitFails: a batch whose second file cannot be put in place
+// (a directory now holds its path) takes the first back: its earlier
+// contents are at its path again, and a new path holds nothing (the first
+// stayed replaced).
+func TestBatchCommitFails(t *testing.T) {
+	dir := t.TempDir()
+	a, n, b := filepath.Join(dir, "a.txt"), filepath.Join(dir, "new.txt"), filepath.Join(dir, "b.txt")
+	if err := os.WriteFile(a, []byte("old\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write := func(s string) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+	}
+	var bt Batch
+	for _, p := range []string{a, n, b} {
+		if err := bt.WriteFile(p, write("new\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(b, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Commit(); err == nil || !strings.Contains(err.Error(), b) {
+		t.Fatalf("Commit with %s a directory: %v, want an error naming it", b, err)
+	}
+	if data, _ := os.ReadFile(a); string(data) != "old\n" {
+		t.Errorf("a holds %q, want its earlier contents", data)
+	}
+	if _, err := os.Stat(n); err == nil {
+		t.Errorf("new.txt was left")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 2 {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the directory holds %q, want a.txt and b.txt only (no temporary or backup file)", names)
+	}
+}
