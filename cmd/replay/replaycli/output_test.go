@@ -157,3 +157,26 @@ func TestSweepOutputOverInput(t *testing.T) {
 		t.Errorf("plan.json written")
 	}
 }
+
+// replay report -o PAGE --plots DIR whose charts cannot be written fails
+// and leaves the earlier page as it was (the page was put in place
+// before the charts were drawn).
+func TestReportPageAndChartsTogether(t *testing.T) {
+	dir := t.TempDir()
+	res, page, blocker := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.html"), filepath.Join(dir, "file")
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch,cuda", "--json", res, tokenLengths); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{page, blocker} {
+		if err := os.WriteFile(p, []byte("the previous page\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, err := runCmd(t, "report", "-o", page, "--plots", filepath.Join(blocker, "sub"), res)
+	if err == nil || !strings.Contains(err.Error(), "--plots") {
+		t.Fatalf("report with --plots under a file: %v, want a --plots error", err)
+	}
+	if b, _ := os.ReadFile(page); string(b) != "the previous page\n" {
+		t.Errorf("the page now holds %.40q", b)
+	}
+}
