@@ -371,7 +371,7 @@ type outputSet struct {
 // bytes.
 type stdoutPart struct {
 	flag string
-	buf  bytes.Buffer
+	buf  *bytes.Buffer
 }
 
 // add stages the output of --flag: the bytes write produces, for a file at
@@ -382,10 +382,11 @@ func (o *outputSet) add(flag, path string, write func(io.Writer) error) error {
 	case "":
 		return nil
 	case "-":
-		o.stdout = append(o.stdout, stdoutPart{flag: flag})
-		if err := write(&o.stdout[len(o.stdout)-1].buf); err != nil {
+		b := new(bytes.Buffer)
+		if err := write(b); err != nil {
 			return flagError(flag, err)
 		}
+		o.stdout = append(o.stdout, stdoutPart{flag: flag, buf: b})
 		return nil
 	}
 	if err := o.batch.WriteFile(path, write); err != nil {
