@@ -10,7 +10,18 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
+
+// writeAtomic writes one file through stage and a batch of its own.
+func writeAtomic(path string, write func(io.Writer) error) error {
+	var b atomicfile.Batch
+	defer b.Abort()
+	if err := stage(&b, path, write); err != nil {
+		return err
+	}
+	return b.Commit()
+}
 
 func TestWriteAtomic(t *testing.T) {
 	dir := t.TempDir()

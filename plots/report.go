@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"html/template"
 	"image/color"
 	"io"
@@ -273,23 +274,37 @@ func fitCards(fits []results.Fit) []results.Card {
 	return out
 }
 
-// WriteReportCharts writes each chart into dir as ID.png and ID.svg, each
-// file atomically, and returns the paths written.
+// WriteReportCharts writes each chart into dir as ID.png and ID.svg, all
+// of them renamed into place together at the end (StageReportCharts, an
+// atomicfile.Batch), and returns the paths written; on error none is.
 func WriteReportCharts(dir string, charts []ReportChart) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	var b atomicfile.Batch
+	defer b.Abort()
+	if err := StageReportCharts(&b, dir, charts); err != nil {
+		return nil, err
+	}
+	paths := b.Paths()
+	if err := b.Commit(); err != nil {
 		return nil, fmt.Errorf("plots: %w", err)
 	}
-	var written []string
+	return paths, nil
+}
+
+// StageReportCharts is WriteReportCharts that adds the files to b, to be
+// put in place when the caller commits b with its other outputs.
+func StageReportCharts(b *atomicfile.Batch, dir string, charts []ReportChart) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
 	for _, c := range charts {
 		for _, format := range Formats {
 			path := filepath.Join(dir, c.ID+"."+format)
-			if err := writeAtomic(path, func(w io.Writer) error { return c.render(w, format) }); err != nil {
-				return written, err
+			if err := stage(b, path, func(w io.Writer) error { return c.render(w, format) }); err != nil {
+				return err
 			}
-			written = append(written, path)
 		}
 	}
-	return written, nil
+	return nil
 }
 
 // The page's script and styles, embedded: uPlot (plots/assets/uplot, MIT

@@ -149,16 +149,34 @@ func FileSuffixes() []string {
 // name), the files NAME-memory (the policies opt names, else the default
 // set: MemoryOf), NAME-memory-all (every policy: MemoryGrid),
 // NAME-fragmentation, NAME-peaks and NAME-calls, each as .png and .svg.
-// Each file is written to a temporary file in dir and renamed into place,
-// so that no half-written file is left behind. It returns the paths
-// written, in order; on error, those written before it. It creates dir if
-// it does not exist, and returns ErrNoResults for no results.
+// The files are all written to temporary files in dir and renamed into
+// place together at the end (an atomicfile.Batch), so that an error or an
+// interrupt leaves none of them and the earlier files at those paths as
+// they were. It returns the paths written, in order, and nil on error. It
+// creates dir if it does not exist, and returns ErrNoResults for no
+// results.
 func WriteAll(dir string, rs []results.Result, opt Options) ([]string, error) {
+	var b atomicfile.Batch
+	defer b.Abort()
+	if err := StageAll(&b, dir, rs, opt); err != nil {
+		return nil, err
+	}
+	paths := b.Paths()
+	if err := b.Commit(); err != nil {
+		return nil, fmt.Errorf("plots: %w", err)
+	}
+	return paths, nil
+}
+
+// StageAll is WriteAll that adds the files to b instead of putting them in
+// place: they appear when the caller commits b, with its other outputs. On
+// error the files it added are still in b, for the caller's b.Abort.
+func StageAll(b *atomicfile.Batch, dir string, rs []results.Result, opt Options) error {
 	if len(rs) == 0 {
-		return nil, ErrNoResults
+		return ErrNoResults
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("plots: %w", err)
+		return fmt.Errorf("plots: %w", err)
 	}
 	var order []string
 	groups := map[string][]results.Result{}
@@ -169,7 +187,6 @@ func WriteAll(dir string, rs []results.Result, opt Options) ([]string, error) {
 		groups[r.Trace] = append(groups[r.Trace], r)
 	}
 	used := map[string]bool{}
-	var written []string
 	for _, trace := range order {
 		name := results.TraceName(trace)
 		for n := 2; used[strings.ToLower(name)]; n++ {
@@ -179,24 +196,23 @@ func WriteAll(dir string, rs []results.Result, opt Options) ([]string, error) {
 		for _, ch := range charts {
 			p, err := ch.build(groups[trace], opt)
 			if err != nil {
-				return written, fmt.Errorf("plots: %s chart of %s: %w", ch.suffix, trace, err)
+				return fmt.Errorf("plots: %s chart of %s: %w", ch.suffix, trace, err)
 			}
 			for _, format := range Formats {
 				path := filepath.Join(dir, name+"-"+ch.suffix+"."+format)
-				if err := writeAtomic(path, func(w io.Writer) error { return Render(w, p, format) }); err != nil {
-					return written, err
+				if err := stage(b, path, func(w io.Writer) error { return Render(w, p, format) }); err != nil {
+					return err
 				}
-				written = append(written, path)
 			}
 		}
 	}
-	return written, nil
+	return nil
 }
 
-// writeAtomic writes a file at path through write, atomically (see
-// atomicfile.WriteFile): on error path is left as it was.
-func writeAtomic(path string, write func(io.Writer) error) error {
-	if err := atomicfile.WriteFile(path, write); err != nil {
+// stage writes a file at path through write into b (see
+// atomicfile.Batch.WriteFile).
+func stage(b *atomicfile.Batch, path string, write func(io.Writer) error) error {
+	if err := b.WriteFile(path, write); err != nil {
 		return fmt.Errorf("plots: writing %s: %w", path, err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"container/heap"
 	"fmt"
 	"slices"
 
@@ -81,8 +82,18 @@ type Offline struct {
 // plannedMalloc is one malloc call of the plan.
 type plannedMalloc struct {
 	size   uint64 // requested bytes
-	offset uint64 // offset in the arena of its block
+	offset uint64 // offset in the arena of its block, noOffset if unplaced
 }
+
+// maxPlanHeight is the largest arena in bytes a plan may take, 8 EiB:
+// every offset and end of a block then fits in 64 bits with room to spare
+// (a block is at most maxRequest bytes). A block that would end above it
+// is left out of the plan, and its malloc is an OOM (ErrOverflow), rather
+// than placed at a sum that wraps.
+const maxPlanHeight = 1 << 63
+
+// noOffset is the offset of a block left out of the plan (maxPlanHeight).
+const noOffset = ^uint64(0)
 
 // PlanStats describes an Offline plan.
 type PlanStats struct {
@@ -262,6 +273,7 @@ func (p *Offline) Plan(evs []trace.Event) error {
 			}
 		}
 	}
+	bufs = p.dropOverflow(bufs)
 	pk := solvePacking(bufs, p.orders, p.nodes)
 	for k, b := range bufs {
 		p.mallocs[b.call].offset = pk.offsets[k]
@@ -271,6 +283,48 @@ func (p *Offline) Plan(evs []trace.Event) error {
 	p.planned = true
 	p.next = 0
 	return nil
+}
+
+// dropOverflow returns bufs (in order of their start) without the blocks
+// that would take the bytes live at once past maxPlanHeight, taken in
+// order of their start, and marks their mallocs unplaced: the section
+// loads of the plan then fit in 64 bits.
+func (p *Offline) dropOverflow(bufs []packBuf) []packBuf {
+	var live uint64
+	var ends endHeap
+	kept := bufs[:0]
+	for _, b := range bufs {
+		for len(ends) > 0 && ends[0].end <= b.start {
+			live -= heap.Pop(&ends).(endSize).size
+		}
+		if b.size > maxPlanHeight-live {
+			p.mallocs[b.call].offset = noOffset
+			continue
+		}
+		live += b.size
+		heap.Push(&ends, endSize{b.end, b.size})
+		kept = append(kept, b)
+	}
+	return kept
+}
+
+// endSize is a block's end and size; endHeap a min-heap of them by end.
+type endSize struct {
+	end  int64
+	size uint64
+}
+
+type endHeap []endSize
+
+func (h endHeap) Len() int           { return len(h) }
+func (h endHeap) Less(i, j int) bool { return h[i].end < h[j].end }
+func (h endHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *endHeap) Push(x any)        { *h = append(*h, x.(endSize)) }
+func (h *endHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // Malloc places the next malloc of the plan, which must be of size bytes,
@@ -298,6 +352,9 @@ func (p *Offline) Malloc(size, stream uint64) (Block, error) {
 		return Block{}, errRequestTooLarge(p.name, size)
 	}
 	off := p.mallocs[k].offset
+	if off == noOffset {
+		return Block{}, fmt.Errorf("policy %s: malloc #%d of %d bytes: the plan's arena would pass %d bytes: %w: %w", p.name, k, size, uint64(maxPlanHeight), ErrOverflow, ErrOutOfMemory)
+	}
 	n := ceilToMultiple(size, p.alignment)
 	if !p.hasArena {
 		if err := p.allocArena(size, n); err != nil {

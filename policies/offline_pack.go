@@ -288,6 +288,12 @@ func (pp *packProblem) greedy(order []int32) ([]uint64, uint64) {
 			}
 		}
 		off := bestFit(ivs, pp.bufs[b].size)
+		if pp.bufs[b].size > maxPlanHeight-min(off, maxPlanHeight) {
+			// Checked: the block would end past the plan's largest
+			// arena (the sum could wrap); it is left out, an OOM.
+			offsets[b] = noOffset
+			continue
+		}
 		offsets[b] = off
 		placed[b] = true
 		if sweep != nil {

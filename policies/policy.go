@@ -19,6 +19,13 @@ import (
 // Policy that cannot satisfy a malloc (an OOM). Match it with errors.Is.
 var ErrOutOfMemory = errors.New("out of memory")
 
+// ErrOverflow is wrapped, with ErrOutOfMemory, by the error of an
+// allocation refused because its bytes would take a count or an address
+// past 2^64 (the device's address space, a plan's arena): an OOM that
+// checked arithmetic finds instead of a wrapped sum. Match it with
+// errors.Is.
+var ErrOverflow = errors.New("a sum of bytes past 64 bits")
+
 // Device is a source of device memory segments: cudaMalloc and cudaFree, or
 // their simulation.
 type Device interface {

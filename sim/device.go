@@ -4,6 +4,8 @@ package sim
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
@@ -27,6 +29,7 @@ type Device struct {
 	peak       uint64
 	allocs     int64
 	frees      int64
+	overflows  int64 // allocations refused for policies.ErrOverflow
 	next       uint64
 	directNext uint64                // offset of the next direct allocation from directBase
 	live       trace.AddrMap[uint64] // address -> size in bytes
@@ -82,7 +85,15 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	if err := d.refuse("device alloc", size); err != nil {
 		return 0, err
 	}
-	addr := d.place(size)
+	if d.reserved > math.MaxUint64-size {
+		d.overflows++
+		return 0, fmt.Errorf("device alloc of %d bytes with %d reserved: %w: %w", size, d.reserved, policies.ErrOverflow, policies.ErrOutOfMemory)
+	}
+	addr, err := d.place(size)
+	if err != nil {
+		d.overflows++
+		return 0, err
+	}
 	d.live.Put(addr, size)
 	d.reserved += size
 	if d.reserved > d.peak {
@@ -111,8 +122,14 @@ func (d *Device) DirectAlloc(size uint64) (uint64, error) {
 			return 0, fmt.Errorf("direct device alloc of %d bytes would take the card's footprint to %d of %d: %w", size, f, d.capacity, policies.ErrOutOfMemory)
 		}
 	}
+	n, ok := alignSegmentChecked(max(size, 1))
+	end, carry := bits.Add64(d.directNext, n, 0)
+	if !ok || carry != 0 || end > math.MaxUint64-directBase {
+		d.overflows++
+		return 0, fmt.Errorf("direct device alloc of %d bytes: past the end of the 64-bit address space: %w: %w", size, policies.ErrOverflow, policies.ErrOutOfMemory)
+	}
 	addr := directBase + d.directNext
-	d.directNext += alignSegment(max(size, 1))
+	d.directNext = end
 	if d.cost != nil {
 		d.cost.untimed = true
 		d.cost.alloc(addr, size)
@@ -161,6 +178,12 @@ func (d *Device) Reserved() uint64 { return d.reserved }
 
 // PeakReserved returns the largest value Reserved has had.
 func (d *Device) PeakReserved() uint64 { return d.peak }
+
+// Overflows returns the number of allocations (and reserves) refused
+// because their bytes would pass 2^64: the address space, or the reserved
+// bytes (policies.ErrOverflow). A policy that tries again after such a
+// refusal may return an OOM that does not wrap it.
+func (d *Device) Overflows() int64 { return d.overflows }
 
 // Allocs returns the number of successful device allocations.
 func (d *Device) Allocs() int64 { return d.allocs }

@@ -2,6 +2,8 @@ package sim
 
 import (
 	"fmt"
+	"math"
+	"math/bits"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
@@ -105,19 +107,39 @@ func (d *Device) called(op trace.Op, addr, size uint64) {
 
 // place returns the address of a new segment (or range, with op
 // trace.OpSegmentMap) of size bytes.
-func (d *Device) place(size uint64) uint64 {
+func (d *Device) place(size uint64) (uint64, error) {
 	if r := d.rec; r != nil && r.follow {
 		if addr, ok := d.recorded(trace.OpSegmentAlloc, size); ok {
 			r.head++
-			return addr
+			return addr, nil
 		}
-		addr := r.own
-		r.own += alignSegment(size)
-		return addr
+		return bump(&r.own, size, "device alloc")
 	}
-	addr := d.next
-	d.next += alignSegment(size)
-	return addr
+	return bump(&d.next, size, "device alloc")
+}
+
+// bump returns *next and moves it past a segment of size bytes (2 MiB
+// aligned), or returns an error wrapping policies.ErrOutOfMemory and
+// policies.ErrOverflow when the segment would end past 2^64, the end of
+// the address space (what says which call).
+func bump(next *uint64, size uint64, what string) (uint64, error) {
+	n, ok := alignSegmentChecked(size)
+	end, carry := bits.Add64(*next, n, 0)
+	if !ok || carry != 0 {
+		return 0, fmt.Errorf("%s of %d bytes at %#x: past the end of the 64-bit address space: %w: %w", what, size, *next, policies.ErrOverflow, policies.ErrOutOfMemory)
+	}
+	addr := *next
+	*next = end
+	return addr, nil
+}
+
+// alignSegmentChecked is alignSegment, and false when the result does not
+// fit in 64 bits.
+func alignSegmentChecked(size uint64) (uint64, bool) {
+	if size > math.MaxUint64-(segmentAlign-1) {
+		return 0, false
+	}
+	return alignSegment(size), true
 }
 
 // recorded returns the address of the next recorded call if it is op of
@@ -177,12 +199,18 @@ func (d *Device) Reserve(size uint64) (uint64, error) {
 	if r.follow {
 		var ok bool
 		if addr, ok = d.recorded(trace.OpSegmentMap, size); !ok {
-			addr = r.own
-			r.own += alignSegment(size)
+			var err error
+			if addr, err = bump(&r.own, size, "device reserve"); err != nil {
+				d.overflows++
+				return 0, err
+			}
 		}
 	} else {
-		addr = d.next
-		d.next += alignSegment(size)
+		var err error
+		if addr, err = bump(&d.next, size, "device reserve"); err != nil {
+			d.overflows++
+			return 0, err
+		}
 	}
 	r.ranges[addr] = &addrRange{size: size}
 	return addr, nil

@@ -1,7 +1,10 @@
 package sim_test
 
 import (
+	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -66,5 +69,101 @@ malloc id=4 size=2GiB
 	r := rs[0]
 	if r.PeakRequested != math.MaxUint64 || r.PeakAllocated != 3<<30 || r.OOMs != 3 {
 		t.Errorf("peak requested %d, allocated %d, %d OOMs; want %d, %d, 3", r.PeakRequested, r.PeakAllocated, r.OOMs, uint64(math.MaxUint64), uint64(3<<30))
+	}
+}
+
+// TestFiveLiveMallocsOf4EiB: five live mallocs of 2^62 bytes (20 EiB
+// together) on every policy, under the invariant checker. No sum may wrap
+// (greedy-by-lifetime failed with "offset 13835058055282163712 is taken",
+// the others with "free of 0x7f0000000000: not a live block" at the fifth
+// free, the device's address space having wrapped to its start).
+//
+// Worked by hand: the device hands out addresses from 0x7f0000000000 (2^47
+// less 2^40): three segments of 2^62 end at 0x7f0000000000 + 3*2^62, and a
+// fourth would end past 2^64 (and the reserved bytes reach 2^64), so the
+// mallocs of events 3 and 4 are OOMs and 3*2^62 bytes are reserved. The
+// planners' arena is at most 2^63 bytes: two blocks, and events 2, 3 and 4
+// are OOMs with 2^63 reserved. Each such OOM is counted in Overflow. bfc
+// (its memory limit 2^64-1 less the 3*2^62 it holds is under 2^62) and
+// async-pool (a pool of at most its release threshold) refuse by their own
+// checked limits, without the device; rmm-binning also reserves segments
+// for its fixed-size bins.
+func TestFiveLiveMallocsOf4EiB(t *testing.T) {
+	var text strings.Builder
+	for id := 1; id <= 5; id++ {
+		fmt.Fprintf(&text, "malloc id=%d size=%d\n", id, uint64(1)<<62)
+	}
+	for id := 1; id <= 5; id++ {
+		fmt.Fprintf(&text, "free id=%d\n", id)
+	}
+	const eib4 = uint64(1) << 62
+	for _, p := range policies.Names() {
+		t.Run(p, func(t *testing.T) {
+			results, err := sim.Run(recordingSource(t, text.String()), sim.Config{Policy: p, Check: true, AsRecorded: false})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := results[0]
+			ooms, overflows, firstOOM, reserved := int64(2), int64(2), int64(3), 3*eib4
+			switch p {
+			case "greedy-by-lifetime", "greedy-by-size", "offline":
+				ooms, overflows, firstOOM, reserved = 3, 3, 2, 2*eib4
+			case "bfc":
+				overflows = 0
+			case "rmm-binning":
+				reserved += 3120562176 // and its fixed-size bins' segments
+			case "async-pool":
+				ooms, overflows, firstOOM, reserved = 5, 0, 0, 0
+			}
+			var got int64
+			if res.Overflow != nil {
+				got = res.Overflow.Mallocs
+			}
+			if res.OOMs != ooms || got != overflows || res.FirstOOMEvent != firstOOM || res.PeakReserved != reserved {
+				t.Errorf("%d OOMs (%d overflows, first at event %d), peak reserved %d; want %d OOMs (%d overflows, first at event %d), %d reserved",
+					res.OOMs, got, res.FirstOOMEvent, res.PeakReserved, ooms, overflows, firstOOM, reserved)
+			}
+			if res.PeakAllocated > res.PeakReserved {
+				t.Errorf("peak allocated %d over peak reserved %d", res.PeakAllocated, res.PeakReserved)
+			}
+			if overflows > 0 && !slices.ContainsFunc(res.Warnings, func(w string) bool {
+				return strings.HasPrefix(w, fmt.Sprintf("%d mallocs failed as OOMs where a sum of bytes would have wrapped", overflows)) && strings.Contains(w, fmt.Sprintf("first: event %d: malloc of %d bytes", firstOOM, eib4))
+			}) {
+				t.Errorf("warnings %q: want the overflows' warning naming event %d", res.Warnings, firstOOM)
+			}
+		})
+	}
+}
+
+// TestDeviceAddressSpace: the simulated device refuses, as an OOM and an
+// overflow, a segment that would end past 2^64 (the address space) or
+// whose size does not round up to 2 MiB in 64 bits, and counts them.
+func TestDeviceAddressSpace(t *testing.T) {
+	d := sim.NewDevice(0)
+	for k := range 3 {
+		if _, err := d.Alloc(1 << 62); err != nil {
+			t.Fatalf("alloc %d: %v", k, err)
+		}
+	}
+	for _, size := range []uint64{1 << 62, math.MaxUint64, math.MaxUint64 - 1<<20} {
+		_, err := d.Alloc(size)
+		if !errors.Is(err, policies.ErrOutOfMemory) || !errors.Is(err, policies.ErrOverflow) {
+			t.Errorf("alloc of %d bytes with 3*2^62 reserved: %v; want an OOM that is an overflow", size, err)
+		}
+	}
+	if d.Overflows() != 3 || d.Reserved() != 3<<62 || d.Allocs() != 3 {
+		t.Errorf("%d overflows, %d reserved, %d allocs; want 3, %d, 3", d.Overflows(), d.Reserved(), d.Allocs(), uint64(3)<<62)
+	}
+}
+
+// TestLatencyTotalSaturates: the summed time of calls of two size classes
+// whose times are each near math.MaxInt64 saturates (it wrapped to a
+// negative time).
+func TestLatencyTotalSaturates(t *testing.T) {
+	var l sim.Latencies
+	l.Add("cudaMalloc", 1<<20, math.MaxInt64-5)
+	l.Add("cudaMalloc", 1<<40, math.MaxInt64-5)
+	if got := l.Total(); got != math.MaxInt64 {
+		t.Errorf("Total() = %d, want %d", got, int64(math.MaxInt64))
 	}
 }

@@ -103,10 +103,11 @@ func (l *Latencies) each(calls []string, f func(call string, class int, h *histo
 }
 
 // Total returns the summed nanoseconds of every call recorded, and of the
-// calls named in calls alone when any are given.
+// calls named in calls alone when any are given, saturated at
+// math.MaxInt64 rather than wrapped.
 func (l *Latencies) Total(calls ...string) int64 {
 	var t int64
-	l.each(calls, func(_ string, _ int, h *histogram) { t += h.total })
+	l.each(calls, func(_ string, _ int, h *histogram) { t = addNS(t, h.total) })
 	return t
 }
 

@@ -449,6 +449,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 		r.unshown.malloc(ev.Addr)
 	}
 	reserved, allocs := r.deviceState()
+	overflows := r.devOverflows()
 	b, err := r.policyMalloc(ev)
 	if r.rec.inferrer != nil {
 		r.noteInferred(i, ev.Size)
@@ -458,6 +459,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
 		}
+		r.overflow(i, ev, err, overflows)
 		r.oom(i, ev.Size)
 		// The requested bytes stay counted: the source had them live.
 		*slot = failedLive(ev.Size, ev.Kind, i)
@@ -491,11 +493,22 @@ func (r *Replay) hostMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 		*slot = failedLive(ev.Size, ev.Kind, i)
 		return nil
 	}
+	count := &r.managed
 	if ev.Kind == trace.KindPinned {
-		r.pinned += ev.Size
+		count = &r.pinned
+	}
+	if *count > math.MaxUint64-ev.Size {
+		// Checked: the live host bytes would wrap.
+		r.back.HostFree(ev.Kind, addr, ev.Size)
+		r.overflow(i, ev, fmt.Errorf("%s malloc of %d bytes with %d live: %w: %w", ev.Kind, ev.Size, *count, policies.ErrOverflow, policies.ErrOutOfMemory), r.devOverflows())
+		r.oom(i, ev.Size)
+		*slot = failedLive(ev.Size, ev.Kind, i)
+		return nil
+	}
+	*count += ev.Size
+	if ev.Kind == trace.KindPinned {
 		r.res.PeakPinned = max(r.res.PeakPinned, r.pinned)
 	} else {
-		r.managed += ev.Size
 		r.res.PeakManaged = max(r.res.PeakManaged, r.managed)
 	}
 	*slot = newLive(policies.Block{Addr: addr, Size: ev.Size}, ev.Size, ev.Kind, i)
@@ -614,6 +627,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 		return nil
 	}
 	reserved, allocs := r.deviceState()
+	overflows := r.devOverflows()
 	b, err := r.policyMalloc(ev)
 	if r.rec.inferrer != nil {
 		r.noteInferred(i, ev.Size)
@@ -623,6 +637,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 		if !errors.Is(err, policies.ErrOutOfMemory) {
 			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
 		}
+		r.overflow(i, ev, err, overflows)
 		r.oom(i, ev.Size)
 		return nil
 	}
@@ -753,6 +768,34 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 		return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
 	}
 	return nil
+}
+
+// devOverflows returns the simulated device's count of allocations
+// refused for an overflow (Device.Overflows), 0 on a Backend.
+func (r *Replay) devOverflows() int64 {
+	if r.dev == nil {
+		return 0
+	}
+	return r.dev.overflows
+}
+
+// overflow counts the malloc of event i that failed with err as an OOM
+// because its bytes would pass 2^64, for the result's warning: err wraps
+// policies.ErrOverflow, or the device refused an allocation for it while
+// the policy served the malloc (devOverflows was before then; a policy
+// that tried again returns an OOM of its own). Other OOMs are not
+// counted.
+func (r *Replay) overflow(i int64, ev *trace.Event, err error, before int64) {
+	if !errors.Is(err, policies.ErrOverflow) {
+		if r.devOverflows() == before {
+			return
+		}
+		err = fmt.Errorf("%w (the device refused an allocation: %w)", err, policies.ErrOverflow)
+	}
+	if r.res.Overflow == nil {
+		r.res.Overflow = &Overflow{First: fmt.Sprintf("event %d: malloc of %d bytes: %v", i, ev.Size, err)}
+	}
+	r.res.Overflow.Mallocs++
 }
 
 func (r *Replay) oom(i int64, size uint64) {

@@ -16,6 +16,8 @@ type (
 	SitesAtPeak = results.SitesAtPeak
 	// SiteBytes is results.SiteBytes: one site's memory at the peak.
 	SiteBytes = results.SiteBytes
+	// Overflow is results.Overflow: mallocs failed where a sum would wrap.
+	Overflow = results.Overflow
 )
 
 // MaxSeriesPoints bounds the length of Result.Series.

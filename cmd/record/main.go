@@ -58,6 +58,37 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 			err = fmt.Errorf("internal error: %v", p)
 		}
 	}()
+	// What a command writes to stdout (its summary line, a trace given as
+	// "-") is its output: a write that fails (a full disk, a closed pipe)
+	// fails the command.
+	out := &checkedWriter{w: stdout}
+	defer func() {
+		if err == nil && out.err != nil {
+			err = fmt.Errorf("writing standard output: %w", out.err)
+		}
+	}()
+	return dispatch(out, stderr, args)
+}
+
+// checkedWriter passes writes on to w and keeps the first error.
+type checkedWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (c *checkedWriter) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.w.Write(p)
+	if err != nil {
+		c.err = err
+	}
+	return n, err
+}
+
+// dispatch runs the command args name.
+func dispatch(stdout, stderr io.Writer, args []string) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return cli.UsageError{Err: fmt.Errorf("no command given")}

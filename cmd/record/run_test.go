@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gpualloc/allocsim/gpu/interpose"
@@ -275,6 +276,33 @@ func TestRunOutputRefused(t *testing.T) {
 		}
 		if got, _ := os.ReadFile(prog); !bytes.Equal(got, script) {
 			t.Errorf("-o %s: the program changed: %q", tc.out, got)
+		}
+	}
+}
+
+// fullWriter fails every write, as stdout redirected to /dev/full does.
+type fullWriter struct{}
+
+func (fullWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// TestStdoutWriteError: record synth and import whose summary line
+// cannot be written to stdout (record ... > /dev/full) fail, naming
+// standard output (they exited 0).
+func TestStdoutWriteError(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "t.txt")
+	if err := os.WriteFile(in, []byte("malloc id=1 size=1MiB\nfree id=1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"synth", "--workload", "random", "--allocations", "10", "-o", filepath.Join(dir, "s.trace")},
+		{"import", "-o", filepath.Join(dir, "i.trace"), in},
+		{"import", "-o", "-", in},
+	} {
+		var stderr strings.Builder
+		err := run(fullWriter{}, &stderr, args)
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Errorf("record %s to a full stdout: %v, want ENOSPC", strings.Join(args, " "), err)
 		}
 	}
 }

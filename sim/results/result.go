@@ -120,6 +120,13 @@ type Result struct {
 	Anomalies    int64  `json:"anomalies"`
 	FirstAnomaly string `json:"first_anomaly,omitempty"`
 
+	// Overflow, nil if none, counts the mallocs that failed as an OOM
+	// because their bytes would have taken a sum past what it holds (the
+	// device's 64-bit address space, a plan's arena, the live host bytes:
+	// policies.ErrOverflow), where unchecked sums would have wrapped. It
+	// is in the JSON and the warnings, not in the CSV's columns.
+	Overflow *Overflow `json:"overflow,omitempty"`
+
 	// Inferred counts the calls of the program that the recording does
 	// not show and that the policy, replaying it as recorded, inferred
 	// from what it does show (policies.Inferrer: an unlogged CuPy
@@ -205,6 +212,15 @@ type Result struct {
 	Sites *SitesAtPeak `json:"sites_at_peak,omitempty"`
 }
 
+// Overflow counts the mallocs of a replay that failed as an OOM where a
+// sum of bytes would have wrapped (Result.Overflow).
+type Overflow struct {
+	// Mallocs is their number; First describes the first, with its
+	// event index and the error.
+	Mallocs int64  `json:"mallocs"`
+	First   string `json:"first"`
+}
+
 // Point summarizes a run of consecutive events: the peak byte figures and
 // fragmentation over the run, and the idle share at its last event.
 type Point struct {
@@ -249,6 +265,9 @@ func WarningsOf(r *Result) []string {
 	}
 	if r.Anomalies > 0 {
 		ws = append(ws, fmt.Sprintf("%d events could not be replayed as recorded; first: %s", r.Anomalies, r.FirstAnomaly))
+	}
+	if o := r.Overflow; o != nil {
+		ws = append(ws, fmt.Sprintf("%d mallocs failed as OOMs where a sum of bytes would have wrapped (past the 64-bit address space, a plan's 8 EiB arena or 2^64 live host bytes); first: %s", o.Mallocs, o.First))
 	}
 	if r.Inferred > 0 && r.SourceOOMsServed == 0 && r.OOMs == r.SourceOOMs {
 		// (A replay that served the recording's failed mallocs, or failed

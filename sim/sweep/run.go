@@ -430,8 +430,6 @@ func (s *fanSource) Next() (trace.Event, error) {
 	return ev, nil
 }
 
-// WriteResults writes results.json and results.csv with every finished
-// cell of the plan, in plan order, atomically.
 // Results returns the results of the cells done, in plan order, with
 // their PeakOffline from the plan's offline cells (FillOffline).
 func (s *Runner) Results() []*sim.Result {
@@ -445,12 +443,22 @@ func (s *Runner) Results() []*sim.Result {
 	return rs
 }
 
+// WriteResults writes results.json and results.csv with every finished
+// cell of the plan, in plan order, atomically and together: on error
+// neither file is replaced.
 func (s *Runner) WriteResults() error {
 	rs := s.Results()
-	if err := atomicfile.WriteFile(filepath.Join(s.Dir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
+	// Both files appear together, or neither (the JSON was put in place
+	// before the CSV was written).
+	var b atomicfile.Batch
+	defer b.Abort()
+	if err := b.WriteFile(filepath.Join(s.Dir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(filepath.Join(s.Dir, "results.csv"), func(w io.Writer) error {
+	if err := b.WriteFile(filepath.Join(s.Dir, "results.csv"), func(w io.Writer) error {
 		return results.WriteCSVKeys(w, rs, s.settingKeys())
-	})
+	}); err != nil {
+		return err
+	}
+	return b.Commit()
 }

@@ -17,6 +17,7 @@
 package tune
 
 import (
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -374,9 +375,19 @@ func Combine(name string, ranks [][]Candidate) []Candidate {
 			r.OOMs += x.OOMs
 			r.DeviceAllocs += x.DeviceAllocs
 			r.DeviceFrees += x.DeviceFrees
-			r.SimAllocTimeNS += x.SimAllocTimeNS
+			// Saturated: a rank's time may be math.MaxInt64 already.
+			r.SimAllocTimeNS = addSat(r.SimAllocTimeNS, x.SimAllocTimeNS)
 		}
 		out[k] = Candidate{Conf: conf, Result: r}
 	}
 	return out
+}
+
+// addSat returns a+b for non-negative a and b, math.MaxInt64 where the sum
+// would pass it.
+func addSat(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

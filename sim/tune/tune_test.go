@@ -3,6 +3,7 @@ package tune
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -255,4 +256,23 @@ func readTrace(tb testing.TB, path string) (trace.Header, []trace.Event) {
 		tb.Fatal(err)
 	}
 	return h, evs
+}
+
+// TestCombineTimeSaturates: a job's allocator time is the ranks' summed
+// and saturated at math.MaxInt64 (a rank of a saturated time made the sum
+// wrap to a negative time).
+func TestCombineTimeSaturates(t *testing.T) {
+	c := func(ns int64) []Candidate {
+		return []Candidate{{Conf: "a", Result: &sim.Result{SimAllocTimeNS: ns}}}
+	}
+	for _, tc := range []struct{ a, b, want int64 }{
+		{3, 4, 7},
+		{math.MaxInt64, 1, math.MaxInt64},
+		{math.MaxInt64 - 5, math.MaxInt64 - 5, math.MaxInt64},
+	} {
+		job := Combine("j", [][]Candidate{c(tc.a), c(tc.b)})
+		if got := job[0].Result.SimAllocTimeNS; got != tc.want {
+			t.Errorf("ranks of %d and %d ns: job time %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,9 @@ import (
 var pending = struct {
 	sync.Mutex
 	names map[string]bool
+	// committed lists the paths this process put in place, for the
+	// message of an interrupt.
+	committed []string
 }{names: map[string]bool{}}
 
 // RemoveOnInterrupt makes SIGINT and SIGTERM delete the temporary files of
@@ -39,13 +43,27 @@ func RemoveOnInterrupt() {
 		for name := range pending.names {
 			os.Remove(name)
 		}
-		what := "no output written"
+		what := keptNote(pending.committed)
 		if f, _ := interruptNote.Load().(func() string); f != nil {
 			what = f()
 		}
 		fmt.Fprintf(os.Stderr, "%s: interrupted (%v): %s\n", filepath.Base(os.Args[0]), sig, what)
 		os.Exit(SignalStatus(sig)) // with the lock held: no new file is committed
 	}()
+}
+
+// keptNote says what an interrupted command leaves: "no output written",
+// or the files it had put in place before the signal (a Batch's, all of
+// them), the first few named.
+func keptNote(committed []string) string {
+	switch n := len(committed); {
+	case n == 0:
+		return "no output written"
+	case n <= 4:
+		return fmt.Sprintf("the outputs were written before it: %s", strings.Join(committed, ", "))
+	default:
+		return fmt.Sprintf("the %d outputs were written before it: %s, ...", n, strings.Join(committed[:4], ", "))
+	}
 }
 
 // interruptNote holds the func that says what an interrupted command
@@ -76,6 +94,7 @@ type File struct {
 	path   string
 	direct bool
 	done   bool
+	closed bool // Close was called: the temporary file is complete
 }
 
 // Create starts writing path atomically, creating its directory if needed.
@@ -148,21 +167,45 @@ func (a *File) named(err error) error {
 	return fmt.Errorf("cannot write %s: %w", a.path, err)
 }
 
-// Commit closes the temporary file and renames it to the path.
+// Close closes the temporary file without putting it in place, so that
+// the descriptor is freed while the file waits for Commit (a Batch of many
+// files); it returns the error of the close, naming the path. Commit puts
+// it in place, Abort removes it; a second Close does nothing.
+func (a *File) Close() error {
+	if a.closed || a.done {
+		return nil
+	}
+	a.closed = true
+	return a.named(a.f.Close())
+}
+
+// Commit closes the temporary file and renames it to the path. On error
+// the temporary file is removed and the path left as it was.
 func (a *File) Commit() error {
+	pending.Lock()
+	defer pending.Unlock()
+	return a.commitLocked()
+}
+
+// commitLocked is Commit with pending locked.
+func (a *File) commitLocked() error {
 	if a.done {
 		return nil
 	}
 	a.done = true
 	if a.direct {
+		if a.closed {
+			return nil
+		}
 		return a.f.Close()
 	}
-	pending.Lock()
-	defer pending.Unlock()
 	delete(pending.names, a.f.Name())
-	if err := a.f.Close(); err != nil {
-		os.Remove(a.f.Name())
-		return a.named(err)
+	if !a.closed {
+		a.closed = true
+		if err := a.f.Close(); err != nil {
+			os.Remove(a.f.Name())
+			return a.named(err)
+		}
 	}
 	if err := os.Chmod(a.f.Name(), 0o644); err != nil {
 		os.Remove(a.f.Name())
@@ -172,21 +215,29 @@ func (a *File) Commit() error {
 		os.Remove(a.f.Name())
 		return a.named(err)
 	}
+	pending.committed = append(pending.committed, a.path)
 	return nil
 }
 
 // Abort removes the temporary file; after Commit it does nothing. It is
 // safe to defer.
 func (a *File) Abort() {
+	pending.Lock()
+	defer pending.Unlock()
+	a.abortLocked()
+}
+
+// abortLocked is Abort with pending locked.
+func (a *File) abortLocked() {
 	if a.done {
 		return
 	}
 	a.done = true
-	a.f.Close()
+	if !a.closed {
+		a.f.Close()
+	}
 	if !a.direct {
-		pending.Lock()
 		delete(pending.names, a.f.Name())
-		pending.Unlock()
 		os.Remove(a.f.Name())
 	}
 }
@@ -231,4 +282,132 @@ func CheckOutput(out string, inputs []string) error {
 		}
 	}
 	return nil
+}
+
+// Batch is a set of output files that appear together or not at all: each
+// is written to its temporary file (Create, WriteFile), and Commit renames
+// them all into place while RemoveOnInterrupt waits, so that an interrupt
+// leaves either every file of the batch or none of them, the earlier files
+// at those paths as they were. The zero Batch is empty and ready.
+type Batch struct {
+	files []*File
+}
+
+// Create starts writing path as a file of the batch (see Create).
+func (b *Batch) Create(path string) (*File, error) {
+	f, err := Create(path)
+	if err != nil {
+		return nil, err
+	}
+	b.files = append(b.files, f)
+	return f, nil
+}
+
+// WriteFile writes path through write into a file of the batch, flushed
+// and closed (File.Close), to be put in place by Commit. It returns
+// write's error or that of creating, writing or closing the file; the
+// file is then dropped from the batch and removed.
+func (b *Batch) WriteFile(path string, write func(w io.Writer) error) error {
+	f, err := Create(path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(f)
+	err = write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if err == nil {
+		err = f.Close()
+	}
+	if err != nil {
+		f.Abort()
+		return err
+	}
+	b.files = append(b.files, f)
+	return nil
+}
+
+// Paths returns the paths of the batch's files, in the order they were
+// added.
+func (b *Batch) Paths() []string {
+	out := make([]string, len(b.files))
+	for k, f := range b.files {
+		out[k] = f.path
+	}
+	return out
+}
+
+// Commit puts every file of the batch in place, in order, with the
+// interrupt handler held off until the last is renamed. It returns the
+// first error (a close or a rename that failed, naming the path); the
+// files of the batch are then all taken back: those put in place before it
+// get their earlier contents again (kept by a hard link while the batch
+// commits; where the file system has none, the new file stays), and the
+// others are removed.
+func (b *Batch) Commit() error {
+	pending.Lock()
+	defer pending.Unlock()
+	// The earlier files at the batch's paths, linked aside, to be put
+	// back if a later file fails; "" where there was none.
+	backups := make([]string, len(b.files))
+	defer func() {
+		for _, name := range backups {
+			if name != "" {
+				os.Remove(name)
+			}
+		}
+	}()
+	for k, f := range b.files {
+		if f.direct {
+			continue
+		}
+		if st, err := os.Lstat(f.path); err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		name := filepath.Join(filepath.Dir(f.path), fmt.Sprintf(".%s.bak-%d-%d", filepath.Base(f.path), os.Getpid(), k))
+		os.Remove(name)
+		if os.Link(f.path, name) == nil {
+			backups[k] = name
+		}
+	}
+	files := b.files
+	b.files = nil
+	var first error
+	done := 0 // files put in place
+	for _, f := range files {
+		if first != nil {
+			f.abortLocked()
+			continue
+		}
+		if first = f.commitLocked(); first == nil {
+			done++
+		}
+	}
+	if first == nil {
+		return nil
+	}
+	for k, f := range files[:done] {
+		if f.direct {
+			continue
+		}
+		pending.committed = slices.DeleteFunc(pending.committed, func(p string) bool { return p == f.path })
+		if backups[k] != "" {
+			if os.Rename(backups[k], f.path) == nil {
+				backups[k] = ""
+			}
+		} else {
+			os.Remove(f.path)
+		}
+	}
+	return first
+}
+
+// Abort removes the temporary files of the batch not yet committed. It is
+// safe to defer.
+func (b *Batch) Abort() {
+	for _, f := range b.files {
+		f.Abort()
+	}
+	b.files = nil
 }

@@ -96,3 +96,121 @@ func TestStaleTempRemoved(t *testing.T) {
 		t.Errorf("the live process's temporary file is gone: %v", err)
 	}
 }
+
+// TestBatch: the files of a batch appear at Commit, all of them; an
+// aborted batch leaves the earlier files as they were and no temporary
+// file; a write that fails drops its file from the batch.
+func TestBatch(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.txt"), filepath.Join(dir, "sub", "b.txt")
+	if err := os.WriteFile(a, []byte("old\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write := func(s string) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+	}
+	var bt Batch
+	if err := bt.WriteFile(a, write("new a\n")); err != nil {
+		t.Fatal(err)
+	}
+	f, err := bt.Create(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(f, "new b\n")
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	bad := errors.New("bad")
+	if err := bt.WriteFile(filepath.Join(dir, "c.txt"), func(w io.Writer) error { return bad }); !errors.Is(err, bad) {
+		t.Fatalf("WriteFile of a failing write: %v", err)
+	}
+	if got := bt.Paths(); len(got) != 2 || got[0] != a || got[1] != b {
+		t.Fatalf("Paths() = %q", got)
+	}
+	if data, _ := os.ReadFile(a); string(data) != "old\n" {
+		t.Fatalf("before Commit a holds %q", data)
+	}
+	if _, err := os.Stat(b); err == nil {
+		t.Fatal("b exists before Commit")
+	}
+	bt.Abort()
+	if data, _ := os.ReadFile(a); string(data) != "old\n" {
+		t.Errorf("after Abort a holds %q", data)
+	}
+	for _, d := range []string{dir, filepath.Dir(b)} {
+		if m, _ := filepath.Glob(filepath.Join(d, ".*tmp*")); len(m) > 0 {
+			t.Errorf("temporary files left: %q", m)
+		}
+	}
+
+	bt = Batch{}
+	bt.WriteFile(a, write("new a\n"))
+	bt.WriteFile(b, write("new b\n"))
+	if err := bt.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{a: "new a\n", b: "new b\n"} {
+		if data, _ := os.ReadFile(p); string(data) != want {
+			t.Errorf("%s holds %q, want %q", p, data, want)
+		}
+	}
+}
+
+// TestKeptNote: the interrupt's message names what the process had put in
+// place, or says that nothing was.
+func TestKeptNote(t *testing.T) {
+	for _, tc := range []struct {
+		committed []string
+		want      string
+	}{
+		{nil, "no output written"},
+		{[]string{"r.json", "r.csv"}, "the outputs were written before it: r.json, r.csv"},
+		{[]string{"1", "2", "3", "4", "5"}, "the 5 outputs were written before it: 1, 2, 3, 4, ..."},
+	} {
+		if got := keptNote(tc.committed); got != tc.want {
+			t.Errorf("keptNote(%q) = %q, want %q", tc.committed, got, tc.want)
+		}
+	}
+}
+
+// TestBatchCommitFails: a batch whose second file cannot be put in place
+// (a directory now holds its path) takes the first back: its earlier
+// contents are at its path again, and a new path holds nothing (the first
+// stayed replaced).
+func TestBatchCommitFails(t *testing.T) {
+	dir := t.TempDir()
+	a, n, b := filepath.Join(dir, "a.txt"), filepath.Join(dir, "new.txt"), filepath.Join(dir, "b.txt")
+	if err := os.WriteFile(a, []byte("old\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write := func(s string) func(io.Writer) error {
+		return func(w io.Writer) error { _, err := io.WriteString(w, s); return err }
+	}
+	var bt Batch
+	for _, p := range []string{a, n, b} {
+		if err := bt.WriteFile(p, write("new\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(b, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := bt.Commit(); err == nil || !strings.Contains(err.Error(), b) {
+		t.Fatalf("Commit with %s a directory: %v, want an error naming it", b, err)
+	}
+	if data, _ := os.ReadFile(a); string(data) != "old\n" {
+		t.Errorf("a holds %q, want its earlier contents", data)
+	}
+	if _, err := os.Stat(n); err == nil {
+		t.Errorf("new.txt was left")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 2 {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Errorf("the directory holds %q, want a.txt and b.txt only (no temporary or backup file)", names)
+	}
+}

@@ -113,17 +113,18 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 	}
 	writeWarnings(stderr, []*sim.Result{a, b})
 	d := results.NewDiff(a, b)
-	if *jsonOut != "" {
-		err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteDiff(w, []*results.Diff{d}) })
-		if err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
-		if *jsonOut == "-" {
-			return nil
+	// The JSON and the table appear together (outputSet).
+	outs := &outputSet{out: stdout}
+	defer outs.abort()
+	if err := outs.add("json", *jsonOut, func(w io.Writer) error { return results.WriteDiff(w, []*results.Diff{d}) }); err != nil {
+		return err
+	}
+	if *jsonOut != "-" {
+		if err := outs.add("", "-", func(w io.Writer) error { writeDiffTable(w, d); return nil }); err != nil {
+			return err
 		}
 	}
-	writeDiffTable(stdout, d)
-	return nil
+	return outs.commit()
 }
 
 // writeDiffTable prints the runs and their figures side by side.

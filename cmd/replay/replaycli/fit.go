@@ -104,16 +104,22 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
-	if *jsonOut != "" {
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteFit(w, answers) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
+	// The JSON and the table appear together (outputSet).
+	outs := &outputSet{out: stdout}
+	defer outs.abort()
+	if err := outs.add("json", *jsonOut, func(w io.Writer) error { return results.WriteFit(w, answers) }); err != nil {
+		return err
 	}
 	if *jsonOut != "-" {
-		writeFitTable(stdout, answers, cards)
-		writeFitJobs(stdout, job.SummarizeFits(answers))
+		if err := outs.add("", "-", func(w io.Writer) error {
+			writeFitTable(w, answers, cards)
+			writeFitJobs(w, job.SummarizeFits(answers))
+			return nil
+		}); err != nil {
+			return err
+		}
 	}
-	return nil
+	return outs.commit()
 }
 
 // writeFitJobs prints a line per job (per-rank traces, job.Rank) and

@@ -94,6 +94,20 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The charts' directory and the call logs of each run (--calls with
+	// several runs: one log per trace and target) are no input either.
+	if err := checkDirOutput(fs.Args(), "plots", *plotDir, plots.FileSuffixes()); err != nil {
+		return err
+	}
+	if runs := fs.NArg() * len(names); *callsOut != "" && runs > 1 {
+		for _, path := range fs.Args() {
+			for _, n := range names {
+				if err := checkOutputs(fs.Args(), "calls", callsPath(*callsOut, runs, path, n)); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	for _, n := range names {
 		if err := gpu.CheckSettings(n, settings[n]); err != nil {
 			return cli.UsageError{Err: fmt.Errorf("--set: %w", err)}
@@ -135,6 +149,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	var rs []*gpu.Result
 	runs := len(fs.Args()) * len(names)
 	logs := map[string]bool{} // call logs written
+	var logsDone []string     // those of the runs finished, in order
 	for _, path := range fs.Args() {
 		for _, name := range names {
 			c := cfg
@@ -153,40 +168,53 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			if err != nil {
 				if ctx.Err() != nil {
 					writeGPUTable(stdout, rs)
-					return interrupted(fmt.Sprintf("interrupted: everything allocated was freed (%s, %s: %v)", path, name, err))
+					// Each finished run's call log was put in place; the
+					// other outputs come at the end.
+					kept := "no output written"
+					if len(logsDone) > 0 {
+						kept = "kept the call logs of the finished runs: " + strings.Join(logsDone, ", ")
+					}
+					return interrupted(fmt.Sprintf("interrupted: everything allocated was freed (%s, %s: %v); %s", path, name, err, kept))
 				}
 				return fmt.Errorf("%s: %s: %w", path, name, err)
 			}
+			if log != "" {
+				logsDone = append(logsDone, log)
+			}
 		}
 	}
-	if *jsonOut != "" {
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
+	// The outputs appear together or not at all (outputSet).
+	outs := &outputSet{out: stdout}
+	defer outs.abort()
+	if err := outs.add("json", *jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
+		return err
 	}
-	if *csvOut != "" {
-		if err := writeOutput(stdout, *csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
-			return fmt.Errorf("--csv: %w", err)
-		}
+	if err := outs.add("csv", *csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
+		return err
 	}
 	if *plotDir != "" {
 		flat := make([]sim.Result, len(rs))
 		for i, r := range rs {
 			flat[i] = r.Result
 		}
-		if _, err := plots.WriteAll(*plotDir, flat, plots.Options{Policies: shown}); err != nil {
+		if err := plots.StageAll(&outs.batch, *plotDir, flat, plots.Options{Policies: shown}); err != nil {
 			return fmt.Errorf("--plots: %w", err)
 		}
 	}
 	if *table || (*jsonOut == "" && *csvOut == "") {
-		writeGPUTable(stdout, rs)
-		flat := make([]*sim.Result, len(rs))
-		for i, r := range rs {
-			flat[i] = &r.Result
+		if err := outs.add("", "-", func(w io.Writer) error {
+			writeGPUTable(w, rs)
+			flat := make([]*sim.Result, len(rs))
+			for i, r := range rs {
+				flat[i] = &r.Result
+			}
+			writeSettingsUsed(w, flat, settings)
+			return nil
+		}); err != nil {
+			return err
 		}
-		writeSettingsUsed(stdout, flat, settings)
 	}
-	return nil
+	return outs.commit()
 }
 
 // simulateOnly replays the traces on the simulated device alone, as the
@@ -217,22 +245,25 @@ func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Optio
 		rs = append(rs, res...)
 	}
 	writeWarnings(stderr, rs)
-	if jsonOut != "" {
-		if err := writeOutput(stdout, jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
+	outs := &outputSet{out: stdout}
+	defer outs.abort()
+	if err := outs.add("json", jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
+		return err
 	}
-	if csvOut != "" {
-		if err := writeOutput(stdout, csvOut, func(w io.Writer) error { return writeCSV(w, rs) }); err != nil {
-			return fmt.Errorf("--csv: %w", err)
-		}
+	if err := outs.add("csv", csvOut, func(w io.Writer) error { return writeCSV(w, rs) }); err != nil {
+		return err
 	}
 	if jsonOut == "" && csvOut == "" {
-		writeSimOnlyTable(stdout, rs, cfg.Pace, model.Source)
-		writeSettingsUsed(stdout, rs, settings)
-		writeNotes(stdout, rs)
+		if err := outs.add("", "-", func(w io.Writer) error {
+			writeSimOnlyTable(w, rs, cfg.Pace, model.Source)
+			writeSettingsUsed(w, rs, settings)
+			writeNotes(w, rs)
+			return nil
+		}); err != nil {
+			return err
+		}
 	}
-	return nil
+	return outs.commit()
 }
 
 // callsPath returns the call log's path for one run: base itself for a

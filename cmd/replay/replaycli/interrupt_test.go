@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,7 +28,7 @@ func TestMain(m *testing.M) {
 
 // An interrupted replay gpu exits as the shell reports a command the
 // signal killed: 130 for SIGINT, 143 for SIGTERM (it exited 1), after
-// freeing what it allocated.
+// freeing what it allocated, and says what it left.
 func TestGPUInterruptExitStatus(t *testing.T) {
 	lib := fakeCUDA(t, "FAKECUDA_TOTAL=4294967296", "FAKECUDA_LATENCY_NS=600000")
 	for _, tc := range []struct {
@@ -49,8 +50,9 @@ func TestGPUInterruptExitStatus(t *testing.T) {
 			if !errors.As(err, &ee) || ee.ExitCode() != tc.code {
 				t.Fatalf("exit %v, want status %d; stderr:\n%s", err, tc.code, stderr.String())
 			}
-			if !strings.Contains(stderr.String(), "interrupted: everything allocated was freed") {
-				t.Errorf("stderr:\n%s", stderr.String())
+			// It says what it left: nothing (no run finished, no --calls).
+			if s := stderr.String(); !strings.Contains(s, "interrupted: everything allocated was freed") || !strings.Contains(s, "; no output written\n") {
+				t.Errorf("stderr:\n%s", s)
 			}
 		})
 	}
@@ -82,5 +84,47 @@ func TestSweepInterruptSaysWhatItKept(t *testing.T) {
 	}
 	if s := stderr.String(); !strings.Contains(s, "interrupted (interrupt): ") || !strings.Contains(s, fmt.Sprintf(" of the %d cells kept in ", 6*len(policies.Names()))) || !strings.Contains(s, "run the same sweep again to resume") {
 		t.Errorf("stderr:\n%s", s)
+	}
+}
+
+// An interrupted replay sim --plots --viz of two traces, signalled while
+// the second is replayed, leaves no new file and says so: the first
+// trace's snapshots were put in place as it finished (19 pickles left,
+// while the message said "no output written").
+func TestSimInterruptLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	vizDir, plotDir := filepath.Join(dir, "viz"), filepath.Join(dir, "plots")
+	const mlp = "../../../testdata/pytorch/mlp.pickle.gz"
+	cmd := exec.Command(os.Args[0], "sim", "--plots", plotDir, "--viz", vizDir, mlp, trainGPT)
+	cmd.Env = append(os.Environ(), "ALLOCSIM_REPLAY_MAIN=1")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The second trace's snapshots are being written: the first's are done.
+	for range 1200 {
+		if m, _ := filepath.Glob(filepath.Join(vizDir, ".train_gpt.*")); len(m) > 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Fatalf("exit %v, want 130; stderr:\n%s", err, stderr.String())
+	}
+	if s := stderr.String(); !strings.Contains(s, "interrupted (interrupt): no output written") {
+		t.Errorf("stderr:\n%s", s)
+	}
+	for _, d := range []string{vizDir, plotDir} {
+		if left, _ := os.ReadDir(d); len(left) > 0 {
+			var names []string
+			for _, e := range left {
+				names = append(names, e.Name())
+			}
+			t.Errorf("%s holds %d files after the interrupt: %q", filepath.Base(d), len(names), names)
+		}
 	}
 }

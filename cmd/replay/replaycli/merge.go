@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
+	"os"
 	"path/filepath"
 
 	"github.com/spf13/pflag"
@@ -42,6 +43,23 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 	if fs.NArg() == 0 {
 		return cli.UsageError{Err: fmt.Errorf("merge: no input given")}
 	}
+	// The files merge reads (a results file, a directory's results.json
+	// that is no sweep's) are not among those it writes, checked before
+	// anything is read.
+	var read []string
+	for _, in := range fs.Args() {
+		if st, err := os.Stat(in); err == nil && st.IsDir() {
+			if _, err := os.Stat(filepath.Join(in, "plan.json")); err != nil {
+				read = append(read, filepath.Join(in, "results.json"))
+			}
+			continue
+		}
+		read = append(read, in)
+	}
+	jsonPath, csvPath := filepath.Join(*outDir, "results.json"), filepath.Join(*outDir, "results.csv")
+	if err := checkOutputs(read, "out", jsonPath, "out", csvPath); err != nil {
+		return err
+	}
 	m := sweep.NewMerger(stderr)
 	for _, in := range fs.Args() {
 		if err := m.Add(in); err != nil {
@@ -59,10 +77,16 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 		return fmt.Errorf("merge: the inputs are incomplete (%d missing); --partial writes what there is", len(missing))
 	}
 	rs := m.Results()
-	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.json"), func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
+	// Both files appear together or neither does.
+	var batch atomicfile.Batch
+	defer batch.Abort()
+	if err := batch.WriteFile(jsonPath, func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(*outDir, "results.csv"), func(w io.Writer) error { return results.WriteCSV(w, rs) }); err != nil {
+	if err := batch.WriteFile(csvPath, func(w io.Writer) error { return results.WriteCSV(w, rs) }); err != nil {
+		return err
+	}
+	if err := batch.Commit(); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "merge: %d results from %d inputs", len(rs), fs.NArg())

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 // failAfter is a writer that takes n bytes, then fails as a full disk does.
@@ -24,22 +26,26 @@ func (f *failAfter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestStageOutputWriteError: an output whose writer fails is not put in
+// TestStagedOutputWriteError: an output whose writer fails is not put in
 // place; the file it would replace keeps its contents (the staticcheck
 // SA4006 of issue 34: the error was shadowed, and an empty file committed).
-func TestStageOutputWriteError(t *testing.T) {
+func TestStagedOutputWriteError(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "r.json")
 	if err := os.WriteFile(path, []byte("the previous good results\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	o, err := stageOutput(io.Discard, path, func(w io.Writer) error {
+	o := &outputSet{out: io.Discard}
+	err := o.add("json", path, func(w io.Writer) error {
 		if _, err := w.Write([]byte("half")); err != nil {
 			return err
 		}
 		return errFull
 	})
-	if !errors.Is(err, errFull) || o != nil {
-		t.Fatalf("stageOutput: %v, %v; want the write's error and nothing staged", o, err)
+	if !errors.Is(err, errFull) || len(o.batch.Paths()) != 0 {
+		t.Fatalf("outputSet.add: %v, %q staged; want the write's error and nothing staged", err, o.batch.Paths())
+	}
+	if err := o.commit(); err != nil {
+		t.Fatalf("commit of nothing: %v", err)
 	}
 	if b, _ := os.ReadFile(path); string(b) != "the previous good results\n" {
 		t.Errorf("the file now holds %q", b)
@@ -59,5 +65,118 @@ func TestStdoutWriteError(t *testing.T) {
 	}
 	if err := run(&failAfter{n: 1 << 20}, &errb, []string{"sim", "--policy", "cuda", tokenLengths}); err != nil {
 		t.Fatalf("replay sim with room for its table: %v", err)
+	}
+}
+
+// TestSimOutputsAllOrNone: replay sim --json --viz --plots whose charts
+// cannot be written (--plots names a path under a file) fails and leaves
+// every output as it was: the JSON's previous contents, no snapshot (the
+// snapshots were put in place as each trace finished, before the charts).
+func TestSimOutputsAllOrNone(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath, vizDir := filepath.Join(dir, "r.json"), filepath.Join(dir, "viz")
+	blocker := filepath.Join(dir, "file")
+	for _, p := range []string{jsonPath, blocker} {
+		if err := os.WriteFile(p, []byte("the previous good results\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out, errb strings.Builder
+	err := run(&out, &errb, []string{"sim", "--policy", "cuda,pytorch", "--json", jsonPath, "--viz", vizDir, "--plots", filepath.Join(blocker, "sub"), tokenLengths})
+	if err == nil || !strings.Contains(err.Error(), "--plots") {
+		t.Fatalf("replay sim with --plots under a file: %v, want a --plots error", err)
+	}
+	if b, _ := os.ReadFile(jsonPath); string(b) != "the previous good results\n" {
+		t.Errorf("the JSON now holds %q", b)
+	}
+	if left, _ := os.ReadDir(vizDir); len(left) > 0 {
+		t.Errorf("--viz holds %d files: %v", len(left), left)
+	}
+	if out.Len() > 0 {
+		t.Errorf("stdout: %q", out.String())
+	}
+}
+
+// TestMergeOutputOverInput: replay merge -o DIR DIR, DIR a directory
+// with a results.json (no sweep's), is refused before anything is read or
+// written: its results.json is the input (merge wrote over it).
+func TestMergeOutputOverInput(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "results.json")
+	var out, errb strings.Builder
+	if err := run(&out, &errb, []string{"sim", "--policy", "cuda", "--json", in, tokenLengths}); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(in)
+	out.Reset()
+	err := run(&out, &errb, []string{"merge", "-o", dir, dir})
+	if !errors.Is(err, atomicfile.ErrInput) {
+		t.Fatalf("merge -o DIR DIR: %v, want an error wrapping ErrInput", err)
+	}
+	if after, _ := os.ReadFile(in); string(after) != string(before) {
+		t.Errorf("the input results.json changed")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "results.csv")); err == nil {
+		t.Errorf("results.csv written")
+	}
+}
+
+// replay gpu --plots DIR refuses, before it opens the CUDA runtime, an
+// input that one of its charts would replace, as replay sim does (it ran
+// the replay and wrote over it).
+func TestGPUPlotsOverInput(t *testing.T) {
+	dir := t.TempDir()
+	inputs := writeFiles(t, dir, tinyText, "t.txt", "t-memory.svg")
+	_, _, err := runCmd(t, "gpu", "--from", "text", "--cudart", filepath.Join(dir, "no-libcudart.so"), "--policy", "cuda", "--plots", dir, inputs[0], inputs[1])
+	want := "--plots " + dir + ": its file t-memory.svg is also an input: refusing to write over it"
+	if err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+	for _, p := range inputs {
+		if got, _ := os.ReadFile(p); string(got) != tinyText {
+			t.Errorf("%s changed: %q", p, got)
+		}
+	}
+}
+
+// replay sweep -o DIR refuses, before it runs, a trace that is one of the
+// files it writes in DIR (it replayed the trace, then wrote its
+// results.csv over it).
+func TestSweepOutputOverInput(t *testing.T) {
+	dir := t.TempDir()
+	in := writeFiles(t, dir, tinyText, "results.csv")[0]
+	_, _, err := runCmd(t, "sweep", "--from", "text", "--traces", in, "--policy", "cuda", "--progress", "none", "-o", dir)
+	want := "--out: " + in + " is also an input: refusing to write over it"
+	if err == nil || err.Error() != want {
+		t.Errorf("err = %v, want %s", err, want)
+	}
+	if got, _ := os.ReadFile(in); string(got) != tinyText {
+		t.Errorf("the trace changed: %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "plan.json")); err == nil {
+		t.Errorf("plan.json written")
+	}
+}
+
+// replay report -o PAGE --plots DIR whose charts cannot be written fails
+// and leaves the earlier page as it was (the page was put in place
+// before the charts were drawn).
+func TestReportPageAndChartsTogether(t *testing.T) {
+	dir := t.TempDir()
+	res, page, blocker := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.html"), filepath.Join(dir, "file")
+	if _, _, err := runCmd(t, "sim", "--policy", "pytorch,cuda", "--json", res, tokenLengths); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{page, blocker} {
+		if err := os.WriteFile(p, []byte("the previous page\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, err := runCmd(t, "report", "-o", page, "--plots", filepath.Join(blocker, "sub"), res)
+	if err == nil || !strings.Contains(err.Error(), "--plots") {
+		t.Fatalf("report with --plots under a file: %v, want a --plots error", err)
+	}
+	if b, _ := os.ReadFile(page); string(b) != "the previous page\n" {
+		t.Errorf("the page now holds %.40q", b)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
-	"os"
 	"path/filepath"
 	"slices"
 
@@ -95,34 +94,57 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
+	// The page and the charts appear together or not at all.
+	var batch atomicfile.Batch
+	defer batch.Abort()
 	var size int64
 	say := stdout
+	var page bytes.Buffer
 	if *out == "-" {
-		var page bytes.Buffer
 		if err := plots.WriteReport(&page, rep); err != nil {
 			return err
 		}
+		size, say = int64(page.Len()), stderr
+	} else {
+		if err := batch.WriteFile(*out, func(w io.Writer) error {
+			c := &countingWriter{w: w}
+			err := plots.WriteReport(c, rep)
+			size = c.n
+			return err
+		}); err != nil {
+			return fmt.Errorf("-o: %w", err)
+		}
+	}
+	if *plotDir != "" {
+		if err := plots.StageReportCharts(&batch, *plotDir, charts); err != nil {
+			return fmt.Errorf("--plots: %w", err)
+		}
+	}
+	if *out == "-" {
 		if _, err := stdout.Write(page.Bytes()); err != nil {
 			return fmt.Errorf("-o -: %w", err)
 		}
-		size, say = int64(page.Len()), stderr
-	} else {
-		if err := atomicfile.WriteFile(*out, func(w io.Writer) error { return plots.WriteReport(w, rep) }); err != nil {
-			return fmt.Errorf("-o: %w", err)
-		}
-		if st, err := os.Stat(*out); err == nil {
-			size = st.Size()
-		}
+	}
+	if err := batch.Commit(); err != nil {
+		return err
 	}
 	fmt.Fprintf(say, "report: %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), *out, float64(size)/1e6)
 	if *plotDir != "" {
-		written, err := plots.WriteReportCharts(*plotDir, charts)
-		if err != nil {
-			return fmt.Errorf("--plots: %w", err)
-		}
-		fmt.Fprintf(stdout, "report: %d chart files in %s\n", len(written), *plotDir)
+		fmt.Fprintf(stdout, "report: %d chart files in %s\n", len(plots.Formats)*len(charts), *plotDir)
 	}
 	return nil
+}
+
+// countingWriter passes writes on to w and counts the bytes written.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // readReportInput adds the results in the file at path (or, for a

@@ -1,7 +1,6 @@
 package replaycli
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
@@ -145,7 +144,11 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		}
 	}
 	var results []*sim.Result
-	vd := newVizDir(*vizOut)
+	// Every output (the files of --json, --csv, --sites-csv, --plots and
+	// --viz) is staged and put in place at the end, all together or none.
+	outs := &outputSet{out: stdout}
+	defer outs.abort()
+	vd := newVizDir(*vizOut, &outs.batch)
 	for _, path := range inputs {
 		devs := []int{dev}
 		if allDevices {
@@ -202,13 +205,7 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	jobSums := job.Summarize(results)
 	job.MarkRanks(jobSums)
 	// The outputs are all written or none: the files are staged, the
-	// charts drawn, and the files committed only then.
-	var staged []*stagedOutput
-	defer func() {
-		for _, o := range staged {
-			o.abort()
-		}
-	}()
+	// charts drawn, the table made, and the files committed only then.
 	for _, o := range []struct {
 		flag, path string
 		write      func(io.Writer) error
@@ -217,40 +214,32 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		{"csv", *csvOut, func(w io.Writer) error { return writeCSV(w, results) }},
 		{"sites-csv", *sitesCSV, func(w io.Writer) error { return writeSitesCSV(w, results) }},
 	} {
-		if o.path == "" {
-			continue
+		if err := outs.add(o.flag, o.path, o.write); err != nil {
+			return err
 		}
-		so, err := stageOutput(stdout, o.path, o.write)
-		if err != nil {
-			return fmt.Errorf("--%s: %w", o.flag, err)
-		}
-		staged = append(staged, so)
 	}
 	if *plotDir != "" {
 		flat := make([]sim.Result, len(results))
 		for i, r := range results {
 			flat[i] = *r
 		}
-		if written, err := plots.WriteAll(*plotDir, flat, plots.Options{Policies: shown}); err != nil {
-			for _, f := range written {
-				os.Remove(f)
-			}
+		if err := plots.StageAll(&outs.batch, *plotDir, flat, plots.Options{Policies: shown}); err != nil {
 			return fmt.Errorf("--plots: %w", err)
-		}
-	}
-	for _, o := range staged {
-		if err := o.commit(); err != nil {
-			return err
 		}
 	}
 	// The table goes to stdout unless the JSON or CSV does.
 	if *jsonOut != "-" && *csvOut != "-" && *sitesCSV != "-" {
-		writeTable(stdout, results, *wide)
-		writeSites(stdout, results)
-		writeSettingsUsed(stdout, results, settings)
-		writeJobs(stdout, jobSums)
+		if err := outs.add("", "-", func(w io.Writer) error {
+			writeTable(w, results, *wide)
+			writeSites(w, results)
+			writeSettingsUsed(w, results, settings)
+			writeJobs(w, jobSums)
+			return nil
+		}); err != nil {
+			return err
+		}
 	}
-	return nil
+	return outs.commit()
 }
 
 // deviceCount returns the number of devices the trace at path holds: a
@@ -364,55 +353,72 @@ func checkDirOutput(inputs []string, flag, dir string, suffixes []string) error 
 	return nil
 }
 
-// stagedOutput is an output written but not yet in place: a file's
-// temporary file, or stdout's bytes.
-type stagedOutput struct {
-	file   *atomicfile.File
-	buf    *bytes.Buffer
-	stdout io.Writer
+// outputSet is a command's outputs, staged and put in place together:
+// files in a batch (atomicfile.Batch) and the bytes for stdout ("-" or the
+// table) in memory, written to out before the files are put in place (a
+// full disk or a closed pipe there leaves the files as they were).
+type outputSet struct {
+	out    io.Writer // stdout
+	batch  atomicfile.Batch
+	stdout []stdoutPart
 }
 
-// stageOutput writes an output to a temporary file next to path, or to a
-// buffer for stdout when path is "-", to be committed or aborted.
-func stageOutput(stdout io.Writer, path string, write func(io.Writer) error) (*stagedOutput, error) {
-	if path == "-" {
-		var b bytes.Buffer
-		if err := write(&b); err != nil {
-			return nil, err
+// stdoutPart is an output for stdout: its flag ("" for the table) and its
+// bytes.
+type stdoutPart struct {
+	flag string
+	buf  *bytes.Buffer
+}
+
+// add stages the output of --flag: the bytes write produces, for a file at
+// path or for stdout when path is "-"; "" is no output. It returns write's
+// error or the file's, naming the flag; the file is then not staged.
+func (o *outputSet) add(flag, path string, write func(io.Writer) error) error {
+	switch path {
+	case "":
+		return nil
+	case "-":
+		b := new(bytes.Buffer)
+		if err := write(b); err != nil {
+			return flagError(flag, err)
 		}
-		return &stagedOutput{buf: &b, stdout: stdout}, nil
+		o.stdout = append(o.stdout, stdoutPart{flag: flag, buf: b})
+		return nil
 	}
-	f, err := atomicfile.Create(path)
-	if err != nil {
-		return nil, err
+	if err := o.batch.WriteFile(path, write); err != nil {
+		return flagError(flag, err)
 	}
-	bw := bufio.NewWriter(f)
-	err = write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if err != nil {
-		f.Abort()
-		return nil, err
-	}
-	return &stagedOutput{file: f}, nil
+	return nil
 }
 
-// commit puts a staged output in place (or writes it to stdout).
-func (o *stagedOutput) commit() error {
-	if o.buf != nil {
-		_, err := o.stdout.Write(o.buf.Bytes())
-		o.buf = nil
+func flagError(flag string, err error) error {
+	if flag == "" {
 		return err
 	}
-	return o.file.Commit()
+	return fmt.Errorf("--%s: %w", flag, err)
 }
 
-// abort drops a staged output not committed.
-func (o *stagedOutput) abort() {
-	if o.file != nil {
-		o.file.Abort()
+// commit writes the stdout parts in order to out, then puts the staged
+// files in place, all of them or none. It returns the first error, naming
+// the flag of a stdout part that could not be written; the files are then
+// not put in place.
+func (o *outputSet) commit() error {
+	for _, p := range o.stdout {
+		if _, err := o.out.Write(p.buf.Bytes()); err != nil {
+			if p.flag == "" {
+				return fmt.Errorf("writing standard output: %w", err)
+			}
+			return fmt.Errorf("--%s -: %w", p.flag, err)
+		}
 	}
+	o.stdout = nil
+	return o.batch.Commit()
+}
+
+// abort drops the outputs not committed. It is safe to defer.
+func (o *outputSet) abort() {
+	o.batch.Abort()
+	o.stdout = nil
 }
 
 // writeOutput writes an output file atomically, or to stdout when path is

@@ -97,6 +97,14 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if len(traces) == 0 {
 		return cli.UsageError{Err: fmt.Errorf("sweep: no trace given (--traces GLOB)")}
 	}
+	// No trace is one of the files the sweep writes in DIR, checked
+	// before anything runs.
+	if err := checkOutputs(traces, "out", filepath.Join(*outDir, "plan.json"), "out", filepath.Join(*outDir, "results.json"), "out", filepath.Join(*outDir, "results.csv")); err != nil {
+		return err
+	}
+	if err := checkDirOutput(traces, "out", filepath.Join(*outDir, "cells"), []string{".json"}); err != nil {
+		return err
+	}
 	spec := sweep.Spec{Traces: traces, AsRecorded: *asRecorded}
 	if spec.Policies, err = policyNames(*policyList); err != nil {
 		return err

@@ -17,19 +17,22 @@ import (
 // trace's plots.TraceName (NAME-2, NAME-3, ... for traces that share one).
 // A nil *vizDir writes nothing.
 type vizDir struct {
-	dir  string
-	used map[string]bool
+	dir   string
+	used  map[string]bool
+	batch *atomicfile.Batch // the command's outputs, committed together
 	// written lists the files written, in order; replaced counts their
 	// strings that were not UTF-8 (viz.Recorder.Replaced).
 	written  []string
 	replaced int
 }
 
-func newVizDir(dir string) *vizDir {
+// newVizDir returns the vizDir of dir, whose snapshots go into batch, to
+// appear when the caller commits it; nil for no directory.
+func newVizDir(dir string, batch *atomicfile.Batch) *vizDir {
 	if dir == "" {
 		return nil
 	}
-	return &vizDir{dir: dir, used: map[string]bool{}}
+	return &vizDir{dir: dir, used: map[string]bool{}, batch: batch}
 }
 
 // vizRun is the snapshots of one trace being written.
@@ -55,7 +58,7 @@ func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
 	v := &vizRun{d: d}
 	for k := range cfgs {
 		path := filepath.Join(d.dir, name+"."+cfgs[k].Policy+".pickle")
-		f, err := atomicfile.Create(path)
+		f, err := d.batch.Create(path)
 		if err != nil {
 			v.abort()
 			return nil, fmt.Errorf("--viz: %w", err)
@@ -73,7 +76,8 @@ func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
 	return v, nil
 }
 
-// finish completes the snapshots and moves them into place.
+// finish completes the snapshots and closes their files, which the
+// batch puts in place with the command's other outputs.
 func (v *vizRun) finish() error {
 	if v == nil {
 		return nil
@@ -83,7 +87,7 @@ func (v *vizRun) finish() error {
 			v.abort()
 			return fmt.Errorf("--viz: %s: %w", v.paths[k], err)
 		}
-		if err := v.files[k].Commit(); err != nil {
+		if err := v.files[k].Close(); err != nil {
 			v.abort()
 			return fmt.Errorf("--viz: %w", err)
 		}
