@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin
 
-.PHONY: build test demo bench bigsnap fuzz clean
+.PHONY: build test demo bench bigsnap fuzz lint clean
 
 # The commit and the build date go into --version (cmd/internal/cli) even
 # where the go command stamps no VCS information.
@@ -45,6 +45,13 @@ demo: build
 # CPython's pickle.load of it, with their peak RSS.
 bench:
 	$(GO) test ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
+
+# lint runs staticcheck (honnef.co/go/tools, installed by .ci/run) on
+# every package, the example policy module's too.
+STATICCHECK ?= staticcheck
+lint:
+	$(STATICCHECK) ./...
+	cd examples/segfit && $(STATICCHECK) ./...
 
 # bigsnap writes the big snapshot of BenchmarkImportBig (a minute, ~5 GB of
 # memory for python3; BIGSNAP_MB sets its size in MiB).

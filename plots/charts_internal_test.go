@@ -52,10 +52,7 @@ func TestPolicyLooks(t *testing.T) {
 	}
 	all := chartLooks(names)
 	distinct("every policy", all)
-	var many []string
-	for _, n := range []string{"pytorch", "pytorch", "pytorch", "cuda", "cuda", "unknown-a", "unknown-b"} {
-		many = append(many, n)
-	}
+	many := []string{"pytorch", "pytorch", "pytorch", "cuda", "cuda", "unknown-a", "unknown-b"}
 	many = append(many, names...)
 	many = append(many, "bfc", "best-fit", "tlsf", "slab")
 	if len(many) < 30 {

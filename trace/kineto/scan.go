@@ -429,7 +429,7 @@ func (d *decoder) value(c *capture) error {
 			if b == ',' {
 				d.take(c)
 				if top == '{' {
-					if b, err = d.next(c); err != nil {
+					if _, err = d.next(c); err != nil {
 						return err
 					}
 					if err := d.key(c); err != nil {

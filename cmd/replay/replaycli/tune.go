@@ -145,7 +145,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	for _, g := range *grids {
 		key, vals, ok := strings.Cut(g, "=")
 		if !ok || key == "" {
-			return cli.UsageError{Err: fmt.Errorf("--grid %q: want KEY=v1,v2,...", g)}
+			return cli.UsageError{Err: fmt.Errorf("--grid %q: want KEY=VALUES, the values separated by commas", g)}
 		}
 		ax := tune.Axis{Key: strings.TrimSpace(key)}
 		for _, v := range strings.Split(vals, ",") {
