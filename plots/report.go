@@ -884,7 +884,7 @@ func fitRows(fits []results.Fit) *fitTable {
 	cards := fitCards(fits)
 	t := &fitTable{Head: []string{"policy", "smallest capacity MiB", "bytes", "over lower bound", "peak reserved, unlimited MiB", "capacities against the lower bound"}}
 	for _, c := range cards {
-		t.Head = append(t.Head, c.Name)
+		t.Head = append(t.Head, c.Label())
 	}
 	rows := make([]results.Result, len(fits))
 	var top uint64

@@ -20,24 +20,51 @@ import (
 // the first allocation (sim.ContextBytes).
 const DefaultContext = sim.ContextBytes
 
-// DefaultCards are the nominal card sizes answered for, in GB of 10^9
-// bytes, as cards are sold: 16, 24, 40, 48, 80, 94 and 141 GB.
-const DefaultCards = "16GB,24GB,40GB,48GB,80GB,94GB,141GB"
+// DefaultCards are the cards answered for by default: common ones by
+// name, from 16 GB to the H200 (NamedCards).
+const DefaultCards = "T4-16GB,L4-24GB,A100-40GB,L40S-48GB,A100-80GB,H100-80GB,H200"
 
-// NamedCards are the cards known by name, with the memory in bytes CUDA
-// reports for them (cudaMemGetInfo's total), as measured: the H200 of
-// ../shared/reference/CUDA_MEASURED.md.
-var NamedCards = map[string]uint64{"H200": 150109880320}
+// KnownCard is a card whose memory is known by name: Measured is the total
+// that CUDA reports for it (cudaMemGetInfo, deviceQuery's "Total amount of
+// global memory"), as measured, with Source saying where; without a
+// measurement the card's nominal size (10^9 bytes a GB, as it is sold)
+// stands in, which is not what the driver reports (for the cards measured
+// it reports more).
+type KnownCard struct {
+	Bytes    uint64
+	Measured bool
+	Source   string
+}
 
-// ParseCard parses one card: a size (policies.ParseSize; GB are 10^9
-// bytes, as cards are sold), a name of NamedCards (any case; its measured
-// memory), or a name with its size after its last '-' ("H100-80GB": the
-// nominal 80 GB, not what CUDA reports for that card). The card is named
-// as given. It returns an error for anything else, or a size of 0.
+// NamedCards are the cards known by name (any case). The H200 is this
+// project's measurement (../shared/reference, CUDA_MEASURED.md); the
+// A100-40GB is a public deviceQuery's (bottlerocket-os/bottlerocket pull
+// request 3873: "40339 MBytes (42298834944 bytes)"); the others are
+// nominal until someone measures one.
+var NamedCards = map[string]KnownCard{
+	"H200":      {150109880320, true, "measured on an H200 (cudaMemGetInfo total, CUDA 13.0)"},
+	"A100-40GB": {42298834944, true, "deviceQuery on an A100-SXM4-40GB, bottlerocket-os/bottlerocket#3873"},
+	"T4-16GB":   {16e9, false, "nominal"},
+	"L4-24GB":   {24e9, false, "nominal"},
+	"A10-24GB":  {24e9, false, "nominal"},
+	"L40S-48GB": {48e9, false, "nominal"},
+	"A100-80GB": {80e9, false, "nominal"},
+	"H100-80GB": {80e9, false, "nominal"},
+	"H100-94GB": {94e9, false, "nominal"},
+}
+
+// ParseCard parses one card: a name of NamedCards (any case: its measured
+// memory, or its nominal size marked Nominal), a size (policies.ParseSize;
+// GB are 10^9 bytes, as cards are sold: Nominal), or a name with its size
+// after its last '-' ("H100-80GB": the nominal 80 GB, not what CUDA
+// reports for that card). The card is named as given. It returns an error
+// for anything else, or a size of 0.
 func ParseCard(s string) (results.Card, error) {
 	t := strings.TrimSpace(s)
-	if b, ok := NamedCards[strings.ToUpper(t)]; ok {
-		return results.Card{Name: t, Capacity: b}, nil
+	for name, k := range NamedCards {
+		if strings.EqualFold(name, t) {
+			return results.Card{Name: t, Capacity: k.Bytes, Nominal: !k.Measured}, nil
+		}
 	}
 	size := t
 	if i := strings.LastIndexByte(t, '-'); i >= 0 {
@@ -47,7 +74,7 @@ func ParseCard(s string) (results.Card, error) {
 	if err != nil || b == 0 {
 		return results.Card{}, fmt.Errorf("%q: not a card (a size like 80GB, a name like H100-80GB, or one of %s)", s, strings.Join(namedCards(), ", "))
 	}
-	return results.Card{Name: t, Capacity: b}, nil
+	return results.Card{Name: t, Capacity: b, Nominal: true}, nil
 }
 
 func namedCards() []string {

@@ -157,10 +157,11 @@ func TestFitCardPool(t *testing.T) {
 
 func TestParseCards(t *testing.T) {
 	cards, err := ParseCards(DefaultCards)
-	if err != nil || len(cards) != 7 || cards[1] != (results.Card{Name: "24GB", Capacity: 24e9}) {
+	if err != nil || len(cards) != 7 || cards[1] != (results.Card{Name: "L4-24GB", Capacity: 24e9, Nominal: true}) ||
+		cards[2] != (results.Card{Name: "A100-40GB", Capacity: 42298834944}) || cards[6] != (results.Card{Name: "H200", Capacity: 150109880320}) {
 		t.Errorf("%v, %v", cards, err)
 	}
-	if _, err := ParseCards("16GB,huge"); err == nil || err.Error() != `"huge": not a card (a size like 80GB, a name like H100-80GB, or one of H200)` {
+	if _, err := ParseCards("16GB,huge"); err == nil || err.Error() != `"huge": not a card (a size like 80GB, a name like H100-80GB, or one of A10-24GB, A100-40GB, A100-80GB, H100-80GB, H100-94GB, H200, L4-24GB, L40S-48GB, T4-16GB)` {
 		t.Errorf("err = %v", err)
 	}
 	if _, err := ParseCards("0"); err == nil {
@@ -169,17 +170,22 @@ func TestParseCards(t *testing.T) {
 }
 
 // ParseCard takes a size, a card of NamedCards by name (its measured
-// memory) or a name ending in its nominal size.
+// memory, or its nominal size marked) or a name ending in its nominal
+// size. A card's label gives its GiB, a nominal one's marked.
 func TestParseCard(t *testing.T) {
 	for _, tc := range []struct {
-		in   string
-		want uint64
+		in      string
+		want    uint64
+		nominal bool
+		label   string
 	}{
-		{"80GB", 80e9}, {"H100-80GB", 80e9}, {"A100-40GB", 40e9}, {"h200", 150109880320}, {"H200", 150109880320}, {"24GiB", 24 << 30},
+		{"80GB", 80e9, true, "80GB ~74.5GiB"}, {"H100-80GB", 80e9, true, "H100-80GB ~74.5GiB"}, {"A100-40GB", 42298834944, false, "A100-40GB 39.4GiB"},
+		{"a100-40gb", 42298834944, false, "a100-40gb 39.4GiB"}, {"h200", 150109880320, false, "h200 139.8GiB"},
+		{"H200", 150109880320, false, "H200 139.8GiB"}, {"24GiB", 24 << 30, true, "24GiB ~24.0GiB"}, {"RTX4090-24GB", 24e9, true, "RTX4090-24GB ~22.4GiB"},
 	} {
 		c, err := ParseCard(tc.in)
-		if err != nil || c.Capacity != tc.want || c.Name != tc.in {
-			t.Errorf("ParseCard(%q) = %+v, %v; want %d", tc.in, c, err, tc.want)
+		if err != nil || c.Capacity != tc.want || c.Name != tc.in || c.Nominal != tc.nominal || c.Label() != tc.label {
+			t.Errorf("ParseCard(%q) = %+v (%s), %v; want %d, nominal %v, %q", tc.in, c, c.Label(), err, tc.want, tc.nominal, tc.label)
 		}
 	}
 	for _, bad := range []string{"", "H100", "0GB", "H100-", "big"} {

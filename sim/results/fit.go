@@ -1,5 +1,7 @@
 package results
 
+import "fmt"
+
 // Fit is one policy's answer of replay fit for one trace: the smallest
 // device capacity at which its replay has no OOM, against the trace's lower
 // bound, and whether it fits each card size. Sizes are in bytes.
@@ -66,12 +68,29 @@ type Probe struct {
 	FirstOOMEvent int64 `json:"first_oom_event"`
 }
 
-// Card is a device memory size, with its name as cards are sold ("24GB");
-// Capacity is in bytes.
+// Card is a device memory size, with its name as given ("H200", "24GB");
+// Capacity is in bytes: what CUDA reports for the card where it was
+// measured, else its nominal size as sold (Nominal), GB of 10^9 bytes,
+// which need not be what its driver reports (for the cards measured, it
+// reports more: 150109880320 bytes for the H200 sold as 141 GB).
 type Card struct {
 	Name     string `json:"name"`
 	Capacity uint64 `json:"capacity_bytes"`
+	Nominal  bool   `json:"nominal,omitempty"`
 }
+
+// Label is the card's name with its memory in GiB, a nominal one's marked
+// with a '~': "H200 139.8GiB", "H100-80GB ~74.5GiB".
+func (c Card) Label() string {
+	mark := ""
+	if c.Nominal {
+		mark = "~"
+	}
+	return fmt.Sprintf("%s %s%.1fGiB", c.Name, mark, float64(c.Capacity)/(1<<30))
+}
+
+// NominalNote is the note under a table or chart that shows a nominal card.
+const NominalNote = "~ nominal: the size the card is sold as, GB of 10^9 bytes, not a measurement of what CUDA reports for it (for the H200, sold as 141 GB, it reports 150109880320 bytes)"
 
 // CardFit says whether the trace runs on a card (Fit.Cards).
 type CardFit struct {

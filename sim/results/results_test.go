@@ -27,7 +27,7 @@ func readAll(t *testing.T, data string) (Kind, []Record, error) {
 func TestRoundTrip(t *testing.T) {
 	simRs := []*Result{{Trace: "a.trace", Policy: "pytorch", PeakReserved: 4096, FirstOOMEvent: -1}}
 	gpuRs := []*GPU{{Result: Result{Trace: "a.trace", Policy: "cuda"}, Runtime: "libcudart.so", AllocTimeNS: 7}}
-	fitRs := []*Fit{{Trace: "a.trace", Policy: "bfc", MinCapacity: 1 << 20, Fits: true, Cards: []CardFit{{Card{"24GB", 24e9}, true}}}}
+	fitRs := []*Fit{{Trace: "a.trace", Policy: "bfc", MinCapacity: 1 << 20, Fits: true, Cards: []CardFit{{Card{Name: "24GB", Capacity: 24e9, Nominal: true}, true}}}}
 	for _, tc := range []struct {
 		kind  Kind
 		write func(w *bytes.Buffer) error

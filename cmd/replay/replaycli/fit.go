@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -46,7 +47,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 	}
 	policyList := fs.String("policy", "all", "policies, a comma-separated `LIST` of names, or all ("+strings.Join(policies.Names(), ", ")+")")
 	sets := fs.StringArray("set", nil, "a policy setting `NAME.key=value` (repeatable)")
-	cardList := fs.String("cards", fit.DefaultCards, "card `SIZES` to answer for, comma-separated (GB are 10^9 bytes)")
+	cardList := fs.String("cards", fit.DefaultCards, "`CARDS` to answer for, comma-separated: names (H200, A100-40GB: the memory CUDA reports for them, as measured; T4-16GB, H100-80GB: nominal) or sizes (GB are 10^9 bytes)")
 	contextSize := fs.String("context", strconv.FormatUint(fit.DefaultContext, 10), "`BYTES` of a card the device's context holds before the first allocation (the H200's measured; a card's memory less this holds the footprint)")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE` (- for stdout)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "`N` policies searched in parallel (default: every core)")
@@ -133,7 +134,7 @@ func writeFitJobs(w io.Writer, sums []*job.FitSummary) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "job\tpolicy\tranks\tmin capacity MiB\t(rank)\tmin card MiB\t(rank)\t"
 	for _, c := range sums[0].Cards {
-		head += cli.Safe(c.Name) + "\t"
+		head += cli.Safe(c.Label()) + "\t"
 	}
 	fmt.Fprintln(tw, head)
 	for _, s := range sums {
@@ -152,7 +153,7 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "trace\tpolicy\tlower bound MiB\tmin capacity MiB\tmin capacity bytes\tover bound\tmin card MiB\t"
 	for _, c := range cards {
-		head += cli.Safe(c.Name) + "\t"
+		head += cli.Safe(c.Label()) + "\t"
 	}
 	fmt.Fprintln(tw, head+"replays\t")
 	for _, r := range answers {
@@ -171,6 +172,9 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 		fmt.Fprintln(tw, line+strconv.Itoa(r.Replays)+"\t")
 	}
 	tw.Flush()
+	if slices.ContainsFunc(cards, func(c results.Card) bool { return c.Nominal }) {
+		fmt.Fprintln(w, results.NominalNote)
+	}
 	for _, r := range answers {
 		if !r.Monotone {
 			var caps []string

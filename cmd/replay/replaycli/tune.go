@@ -138,7 +138,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		if b <= sim.ContextBytes {
 			return cli.UsageError{Err: fmt.Errorf("--card %q: not above the %d-byte context", *card, uint64(sim.ContextBytes))}
 		}
-		fmt.Fprintf(stderr, "tune: card %s: %d bytes less its %d-byte context, a capacity of %d bytes\n", c.Name, b, uint64(sim.ContextBytes), b-sim.ContextBytes)
+		fmt.Fprintf(stderr, "tune: card %s: %d bytes%s, less its %d-byte context: the footprint held to %d bytes\n", cli.Safe(c.Label()), b, nominalNote(c), uint64(sim.ContextBytes), b-sim.ContextBytes)
 		base.Capacity, base.Card = b-sim.ContextBytes, true
 	}
 	grid := append([]tune.Axis(nil), tune.PyTorchGrid...)
@@ -404,4 +404,12 @@ func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, p
 		}
 	}
 	return all, nil
+}
+
+// nominalNote is what a line naming a card adds for a nominal one.
+func nominalNote(c results.Card) string {
+	if c.Nominal {
+		return " (nominal: as sold, not what CUDA reports for it)"
+	}
+	return ""
 }
