@@ -12,7 +12,6 @@ import (
 	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-
 )
 
 // bar is one bar of a barSet, in data coordinates: centred on X, Width wide,

@@ -12,7 +12,6 @@ import (
 	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-
 )
 
 // Drawer is a chart Render can draw: a *plot.Plot, or a Grid.

@@ -8,7 +8,6 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-
 )
 
 // LatencyPoint is a point of a latency distribution: the fraction of calls

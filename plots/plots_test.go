@@ -144,7 +144,7 @@ func TestAxisUnit(t *testing.T) {
 			continue
 		}
 		for _, tc := range []struct {
-			runs  []results.Result
+			runs []results.Result
 			unit string
 		}{{small, "(MiB)"}, {large, "(GiB)"}} {
 			p, err := b.build(tc.runs)
@@ -185,7 +185,7 @@ func TestEdgeCases(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		runs  []results.Result
+		runs []results.Result
 	}{
 		{"single policy", []results.Result{result("one.trace", "only", 10*mib, 20*mib, 15*mib)}},
 		{"empty series", []results.Result{{Trace: "e.trace", Policy: "a"}, {Trace: "e.trace", Policy: "b"}}},

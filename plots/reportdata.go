@@ -7,7 +7,6 @@ import (
 	"math"
 	"slices"
 	"strings"
-
 )
 
 // Column is a column of integers as a report page embeds it: Step, the

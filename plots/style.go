@@ -16,7 +16,6 @@ import (
 	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-
 )
 
 // Width and Height are the size at which Render and WriteAll draw a chart

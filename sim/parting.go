@@ -148,7 +148,6 @@ func (w *partWatch) match(i int64, acting bool) *Divergence {
 	return nil
 }
 
-
 // unshownWatch bounds the peak of reserved bytes of a replay of a
 // recording that does not show its allocator's releases (Result's
 // PeakUnshown): the segments that were wholly free at the peak, less those
