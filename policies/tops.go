@@ -88,3 +88,89 @@ func (h *maxTops) down(i int) {
 		i = c
 	}
 }
+
+// sizeTree is a segment tree of sizes in bytes by index (0, 1, ...): the
+// largest free block of each of a policy's streams in the order they were
+// first seen, to find the first stream of that order whose largest free
+// block holds a request in O(log streams) rather than by trying every
+// stream. The zero value is empty, every size 0.
+type sizeTree struct {
+	n    int      // leaves, a power of two (or 0)
+	node []uint64 // node[1] the root, node[n+i] leaf i; node[k] the max of its children
+}
+
+// max returns the largest size set, 0 if none.
+func (t *sizeTree) max() uint64 {
+	if t.n == 0 {
+		return 0
+	}
+	return t.node[1]
+}
+
+// set sets the size at index i.
+func (t *sizeTree) set(i int, v uint64) {
+	if i >= t.n {
+		if v == 0 {
+			return
+		}
+		t.grow(i + 1)
+	}
+	k := t.n + i
+	t.node[k] = v
+	for k >>= 1; k > 0; k >>= 1 {
+		m := max(t.node[2*k], t.node[2*k+1])
+		if t.node[k] == m {
+			return
+		}
+		t.node[k] = m
+	}
+}
+
+// grow makes room for at least n leaves, keeping the sizes.
+func (t *sizeTree) grow(n int) {
+	size := max(t.n, 16)
+	for size < n {
+		size *= 2
+	}
+	node := make([]uint64, 2*size)
+	if t.n > 0 {
+		copy(node[size:], t.node[t.n:])
+	}
+	for k := size - 1; k > 0; k-- {
+		node[k] = max(node[2*k], node[2*k+1])
+	}
+	t.n, t.node = size, node
+}
+
+// first returns the lowest index from from on whose size is at least v
+// (v > 0), -1 if none.
+func (t *sizeTree) first(from int, v uint64) int {
+	if from >= t.n || t.node[1] < v {
+		return -1
+	}
+	// Up from the leaf at from, to the first subtree right of the path
+	// that holds such a size, then down to its leftmost such leaf.
+	k := t.n + from
+	if t.node[k] < v {
+		for {
+			for k&1 == 1 { // a right child: go up past its parent
+				k >>= 1
+				if k == 0 {
+					return -1
+				}
+			}
+			k++ // the right sibling
+			if t.node[k] >= v {
+				break
+			}
+		}
+	}
+	for k < t.n {
+		if t.node[2*k] >= v {
+			k = 2 * k
+		} else {
+			k = 2*k + 1
+		}
+	}
+	return k - t.n
+}
