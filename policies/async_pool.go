@@ -124,13 +124,14 @@ type AsyncPool struct {
 	// readyT holds the free blocks whose frees are complete, reusable by
 	// every stream, by (size, serial): best fit, the oldest free first.
 	// The whole unmapped part of the range is ready free space.
-	ready   coalescing
-	readyT  freeTree[*flBlock]
-	serial  uint64 // frees so far: a free block's serial is its newest free's
-	streams []*apStream
-	last    *apStream
-	events  map[uint64]apClock // recorded events: what they are ordered after
-	host    apClock            // what the host knows to be complete
+	ready    coalescing
+	readyT   freeTree[*flBlock]
+	serial   uint64 // frees so far: a free block's serial is its newest free's
+	streams  []*apStream
+	byStream map[uint64]*apStream // the streams by id (a scan cost N^2 on N streams)
+	last     *apStream
+	events   map[uint64]apClock // recorded events: what they are ordered after
+	host     apClock            // what the host knows to be complete
 
 	// The range: reserved at the first malloc, of rangeBytes at base.
 	base uint64
@@ -322,14 +323,16 @@ func (p *AsyncPool) stream(id uint64) *apStream {
 	if p.last != nil && p.last.id == id {
 		return p.last
 	}
-	for _, st := range p.streams {
-		if st.id == id {
-			p.last = st
-			return st
-		}
+	if st := p.byStream[id]; st != nil {
+		p.last = st
+		return st
 	}
 	st := &apStream{id: id, seen: apClock{}}
 	p.streams = append(p.streams, st)
+	if p.byStream == nil {
+		p.byStream = map[uint64]*apStream{}
+	}
+	p.byStream[id] = st
 	p.last = st
 	return st
 }
