@@ -31,7 +31,9 @@ demo: build
 # kv_decode (from ../shared/traces, or $$ALLOCSIM_TRACES) and on a synthetic
 # 10M-event trace, and the bytes held per live allocation with 10M live at
 # once (pytorch, best-fit, check), then prints one BENCH line per
-# measurement. With DYNAPIPE set to a checkout of
+# measurement. BenchmarkManyStreams and BenchmarkManyPools (sim) replay a
+# malloc and free on each of 100000 streams and of 20000 private pools
+# against every policy (trace=streams100000, pools20000). With DYNAPIPE set to a checkout of
 # github.com/awslabs/optimizing-multitask-training-through-dynamic-pipelines
 # (and Python's sortedcontainers), it also times DynaPipe's Python port of
 # PyTorch's caching allocator on kv_decode's mallocs and frees beside our

@@ -124,13 +124,18 @@ type AsyncPool struct {
 	// readyT holds the free blocks whose frees are complete, reusable by
 	// every stream, by (size, serial): best fit, the oldest free first.
 	// The whole unmapped part of the range is ready free space.
-	ready   coalescing
-	readyT  freeTree[*flBlock]
-	serial  uint64 // frees so far: a free block's serial is its newest free's
-	streams []*apStream
-	last    *apStream
-	events  map[uint64]apClock // recorded events: what they are ordered after
-	host    apClock            // what the host knows to be complete
+	ready    coalescing
+	readyT   freeTree[*flBlock]
+	serial   uint64 // frees so far: a free block's serial is its newest free's
+	streams  []*apStream
+	byStream map[uint64]*apStream // the streams by id (a scan cost N^2 on N streams)
+	// pendStreams are the streams with pending frees, and some that had
+	// them (pendingStreams drops those), in no order: what a search of
+	// other streams' pending frees walks, rather than every stream.
+	pendStreams []*apStream
+	last        *apStream
+	events      map[uint64]apClock // recorded events: what they are ordered after
+	host        apClock            // what the host knows to be complete
 
 	// The range: reserved at the first malloc, of rangeBytes at base.
 	base uint64
@@ -164,8 +169,25 @@ type apStream struct {
 	seq  uint64
 	seen apClock
 	// pend holds the blocks freed on this stream whose frees are not
-	// complete, by (size, serial) as readyT.
-	pend freeTree[*flBlock]
+	// complete, by (size, serial) as readyT; inPend is set while the
+	// stream is in AsyncPool.pendStreams.
+	pend   freeTree[*flBlock]
+	inPend bool
+}
+
+// pendingStreams returns the streams with pending frees, in no order.
+func (p *AsyncPool) pendingStreams() []*apStream {
+	kept := p.pendStreams[:0]
+	for _, st := range p.pendStreams {
+		if st.pend.len > 0 {
+			kept = append(kept, st)
+		} else {
+			st.inPend = false
+		}
+	}
+	clear(p.pendStreams[len(kept):])
+	p.pendStreams = kept
+	return kept
 }
 
 // apFree is a pending free: its stream and its place in the stream's
@@ -282,7 +304,7 @@ func (p *AsyncPool) Name() string { return "async-pool" }
 // their frees are complete or not, and the size in bytes of the largest run
 // of them (a free block's part in mapped chunks).
 func (p *AsyncPool) FreeSpace() (total, largest uint64) {
-	for _, st := range p.streams {
+	for _, st := range p.pendingStreams() {
 		largest = max(largest, st.pend.largest())
 	}
 	if p.seg != nil {
@@ -322,14 +344,16 @@ func (p *AsyncPool) stream(id uint64) *apStream {
 	if p.last != nil && p.last.id == id {
 		return p.last
 	}
-	for _, st := range p.streams {
-		if st.id == id {
-			p.last = st
-			return st
-		}
+	if st := p.byStream[id]; st != nil {
+		p.last = st
+		return st
 	}
 	st := &apStream{id: id, seen: apClock{}}
 	p.streams = append(p.streams, st)
+	if p.byStream == nil {
+		p.byStream = map[uint64]*apStream{}
+	}
+	p.byStream[id] = st
 	p.last = st
 	return st
 }
@@ -445,7 +469,9 @@ func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
 	}
 	var b *flBlock
 	var from *apStream
-	for _, o := range p.streams {
+	// The least (size, serial) of all: serials are unique, so the order of
+	// the streams plays no part.
+	for _, o := range p.pendingStreams() {
 		if o == st || o.pend.len == 0 {
 			continue
 		}
@@ -462,12 +488,7 @@ func (p *AsyncPool) place(st *apStream, n uint64) (*flBlock, error) {
 
 // pending reports whether any free is pending.
 func (p *AsyncPool) pending() bool {
-	for _, st := range p.streams {
-		if st.pend.len > 0 {
-			return true
-		}
-	}
-	return false
+	return len(p.pendingStreams()) > 0
 }
 
 // unmapped reports whether [addr, addr+n) touches a chunk not mapped.
@@ -509,7 +530,9 @@ func (p *AsyncPool) bestOther(st *apStream, n uint64) (*flBlock, *freeTree[*flBl
 	}
 	var b *flBlock
 	var tree *freeTree[*flBlock]
-	for _, o := range p.streams {
+	// The least (size, serial) of all: serials are unique, so the order of
+	// the streams plays no part.
+	for _, o := range p.pendingStreams() {
 		if o == st || o.pend.len == 0 {
 			continue
 		}
@@ -694,6 +717,10 @@ func (p *AsyncPool) Free(addr, stream uint64) error {
 	}
 	b.free, b.pend, b.serial = true, tag, p.serial
 	st.pend.insert(b.size, b.serial, b)
+	if !st.inPend {
+		st.inPend = true
+		p.pendStreams = append(p.pendStreams, st)
+	}
 	return nil
 }
 

@@ -2,6 +2,8 @@ package policies
 
 import (
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // This file gives the tests of the async-pool, paddle and tlsf policies
@@ -231,12 +233,30 @@ func (p *AsyncPool) CheckTiling() error {
 }
 
 // CheckTiling checks each paddle pool: chunks tiled by their blocks, free
-// blocks in the pool's treap, the free count, the live map.
+// blocks in the pool's treap, the free count, the live map; and the free
+// space counted over the pools. The live blocks are the policy's, each of its pool; a pool's own live
+// map is unused.
 func (p *Paddle) CheckTiling() error {
+	var total, largest uint64
 	for _, pl := range p.pools {
-		if err := pl.c.checkTiling(); err != nil {
+		if pl.c.live.Len() != 0 {
+			return fmt.Errorf("stream %d: %d blocks in the pool's own live map", pl.stream, pl.c.live.Len())
+		}
+		for addr, l := range p.live.All() {
+			if l.pl == pl {
+				pl.c.live.Put(addr, l.b)
+			}
+		}
+		err := pl.c.checkTiling()
+		pl.c.live = trace.AddrMap[*flBlock]{}
+		if err != nil {
 			return fmt.Errorf("stream %d: %v", pl.stream, err)
 		}
+		t, l := pl.c.FreeSpace()
+		total, largest = total+t, max(largest, l)
+	}
+	if t, l := p.FreeSpace(); t != total || l != largest {
+		return fmt.Errorf("free space %d, largest %d; counted %d, %d", t, l, total, largest)
 	}
 	return nil
 }

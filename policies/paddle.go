@@ -3,6 +3,8 @@ package policies
 import (
 	"errors"
 	"fmt"
+
+	"github.com/gpualloc/allocsim/trace"
 )
 
 // Paddle is a simulation of PaddlePaddle's default GPU allocator, the
@@ -58,9 +60,23 @@ type Paddle struct {
 	perStream          bool
 	freeIdleChunk      bool
 
-	pools   []*paddlePool
-	last    *paddlePool // the pool of the last malloc or free
-	retries int64
+	pools    []*paddlePool
+	byStream map[uint64]*paddlePool
+	last     *paddlePool // the pool of the last malloc or free
+	retries  int64
+
+	// live are the allocated blocks of every pool, with their pool, so
+	// that a free on another stream than its block's finds it at once;
+	// free is the free bytes of every pool, tops their largest blocks.
+	live trace.AddrMap[paddleLive]
+	free uint64
+	tops maxTops
+}
+
+// paddleLive is an allocated block and its pool.
+type paddleLive struct {
+	b  *flBlock
+	pl *paddlePool
 }
 
 // paddlePool is the auto-growth best-fit allocator of one stream: the
@@ -69,6 +85,17 @@ type Paddle struct {
 type paddlePool struct {
 	stream uint64
 	c      coalescing
+	index  int    // in Paddle.pools
+	free   uint64 // c's free bytes when last counted in Paddle.free
+}
+
+// counted counts pool pl's free bytes and largest free block again in
+// p.free and p.tops, after a change.
+func (p *Paddle) counted(pl *paddlePool) {
+	total, largest := pl.c.FreeSpace()
+	p.free = p.free - pl.free + total
+	pl.free = total
+	p.tops.set(pl.index, largest)
 }
 
 var (
@@ -145,12 +172,7 @@ func (p *Paddle) Retries() int64 { return p.retries }
 // FreeSpace returns the free bytes in the chunks of every pool and the
 // size in bytes of the largest free block.
 func (p *Paddle) FreeSpace() (total, largest uint64) {
-	for _, pl := range p.pools {
-		t, l := pl.c.FreeSpace()
-		total += t
-		largest = max(largest, l)
-	}
-	return total, largest
+	return p.free, p.tops.max()
 }
 
 // pool returns the pool of stream; if there is none, a new one when
@@ -162,11 +184,9 @@ func (p *Paddle) pool(stream uint64, create bool) *paddlePool {
 	if p.last != nil && p.last.stream == stream {
 		return p.last
 	}
-	for _, pl := range p.pools {
-		if pl.stream == stream {
-			p.last = pl
-			return pl
-		}
+	if pl := p.byStream[stream]; pl != nil {
+		p.last = pl
+		return pl
 	}
 	if !create {
 		return nil
@@ -178,7 +198,12 @@ func (p *Paddle) pool(stream uint64, create bool) *paddlePool {
 		alignment: p.alignment,
 		release:   p.freeIdleChunk && p.allowFreeIdle,
 	}}
+	pl.index = len(p.pools)
 	p.pools = append(p.pools, pl)
+	if p.byStream == nil {
+		p.byStream = map[uint64]*paddlePool{}
+	}
+	p.byStream[stream] = pl
 	p.last = pl
 	return pl
 }
@@ -201,6 +226,7 @@ func (p *Paddle) Malloc(size, stream uint64) (Block, error) {
 	if !ok {
 		var err error
 		if b, err = p.grow(pl, n); err != nil {
+			p.counted(pl)
 			return Block{}, fmt.Errorf("policy paddle: malloc of %d bytes: %w", size, err)
 		}
 	} else {
@@ -215,7 +241,8 @@ func (p *Paddle) Malloc(size, stream uint64) (Block, error) {
 		c.freeBytes -= n
 	}
 	b.free = false
-	c.live.Put(b.addr, b)
+	p.live.Put(b.addr, paddleLive{b, pl})
+	p.counted(pl)
 	return Block{Addr: b.addr, Size: n}, nil
 }
 
@@ -287,7 +314,9 @@ func (p *Paddle) freeIdle(pl *paddlePool) (int, error) {
 	if !p.allowFreeIdle {
 		return 0, nil
 	}
-	return pl.c.releaseFree()
+	n, err := pl.c.releaseFree()
+	p.counted(pl)
+	return n, err
 }
 
 // Free returns the block at addr to its own stream's pool, merged with its
@@ -297,16 +326,12 @@ func (p *Paddle) Free(addr, stream uint64) error {
 	if addr == 0 {
 		return nil
 	}
-	if pl := p.pool(stream, false); pl != nil {
-		if b, ok := pl.c.live.Take(addr); ok {
-			return pl.c.freeBlock(b)
-		}
-	}
-	// Freed on another stream than its own.
-	for _, q := range p.pools {
-		if b, ok := q.c.live.Take(addr); ok {
-			return q.c.freeBlock(b)
-		}
+	// Its own pool, whatever the stream of the free.
+	if l, ok := p.live.Take(addr); ok {
+		p.last = l.pl
+		err := l.pl.c.freeBlock(l.b)
+		p.counted(l.pl)
+		return err
 	}
 	return fmt.Errorf("policy paddle: free of %#x: not a live block", addr)
 }

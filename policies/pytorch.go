@@ -1,10 +1,12 @@
 package policies
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"math/bits"
+	"slices"
 )
 
 // This file simulates PyTorch's CUDA caching allocator, following
@@ -117,6 +119,7 @@ type PyTorch struct {
 
 	large, small ptPool
 	active       ptActive // allocated blocks by address
+	tops         ptTops   // the sets of free blocks of every pool, by their largest
 
 	// Private pools (pytorch_pools.go): by id, and those released, in the
 	// order of their release (graph_pools, graph_pools_freeable).
@@ -242,13 +245,19 @@ type ptBlock struct {
 func (b *ptBlock) isSplit() bool { return b.prev != nil || b.next != nil }
 
 // ptPool is a pool of free blocks (BlockPool): per stream, a set ordered
-// by (size, address); the streams in ascending order.
+// by (size, address); the streams found by a map, and listed in ascending
+// order where the pool is walked (ordered).
 type ptPool struct {
-	small   bool
-	owner   *ptPrivate        // the private pool it is part of, nil for a default one
-	page    uint64            // page size of its expandable segments
-	streams []*ptStreamBlocks // sorted by stream
-	last    *ptStreamBlocks   // the last looked up, or nil
+	small bool
+	owner *ptPrivate // the private pool it is part of, nil for a default one
+	page  uint64     // page size of its expandable segments
+	// streams are the free blocks of each stream, in ascending order of
+	// stream up to sorted and in the order of their creation after it
+	// (ordered sorts them); byStream finds them.
+	streams  []*ptStreamBlocks
+	sorted   int
+	byStream map[uint64]*ptStreamBlocks
+	last     *ptStreamBlocks // the last looked up, or nil
 	// unmapped are the unmapped blocks of expandable segments, by
 	// (stream, address).
 	unmapped []*ptBlock
@@ -271,32 +280,53 @@ func (pl *ptPool) blocks(stream uint64, create bool) *ptStreamBlocks {
 	return pl.lookup(stream, create)
 }
 
-// lookup is blocks past its last lookup: a binary search of the streams
-// (a scan made mallocs on N streams cost N^2).
+// lookup is blocks past its last lookup: a map's (a scan of the streams
+// made mallocs on N streams cost N^2, and so did the moves of a sorted
+// list's insertions).
 func (pl *ptPool) lookup(stream uint64, create bool) *ptStreamBlocks {
-	lo, hi := 0, len(pl.streams)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if pl.streams[m].stream < stream {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	i := lo
-	if i < len(pl.streams) && pl.streams[i].stream == stream {
-		pl.last = pl.streams[i]
-		return pl.last
+	if sb := pl.byStream[stream]; sb != nil {
+		pl.last = sb
+		return sb
 	}
 	if !create {
 		return nil
 	}
+	if pl.byStream == nil {
+		pl.byStream = map[uint64]*ptStreamBlocks{}
+	}
 	sb := &ptStreamBlocks{stream: stream}
-	pl.streams = append(pl.streams, nil)
-	copy(pl.streams[i+1:], pl.streams[i:])
-	pl.streams[i] = sb
+	pl.byStream[stream] = sb
+	pl.streams = append(pl.streams, sb)
 	pl.last = sb
 	return sb
+}
+
+// ordered returns the free blocks of each stream of pl, in ascending order
+// of stream: the streams created since the last call are sorted and merged
+// in, in O(streams + new log new).
+func (pl *ptPool) ordered() []*ptStreamBlocks {
+	s := pl.streams
+	if pl.sorted == len(s) {
+		return s
+	}
+	byStream := func(a, b *ptStreamBlocks) int { return cmp.Compare(a.stream, b.stream) }
+	tail := s[pl.sorted:]
+	slices.SortFunc(tail, byStream)
+	if pl.sorted > 0 && s[pl.sorted-1].stream > tail[0].stream {
+		merged := make([]*ptStreamBlocks, 0, cap(s))
+		a, b := s[:pl.sorted], tail
+		for len(a) > 0 && len(b) > 0 {
+			if a[0].stream < b[0].stream {
+				merged, a = append(merged, a[0]), a[1:]
+			} else {
+				merged, b = append(merged, b[0]), b[1:]
+			}
+		}
+		merged = append(append(merged, a...), b...)
+		pl.streams = merged
+	}
+	pl.sorted = len(pl.streams)
+	return pl.streams
 }
 
 func (p *PyTorch) newBlock() *ptBlock {
@@ -317,13 +347,17 @@ func (p *PyTorch) recycle(b *ptBlock) {
 // insertFree puts the free block b into its pool (insert_into_blocks).
 func (p *PyTorch) insertFree(b *ptBlock) {
 	b.gcBase = b.pool.gcCalls
-	b.pool.blocks(b.stream, true).free.insert(b)
+	t := &b.pool.blocks(b.stream, true).free
+	t.insert(b)
+	p.tops.inserted(t, b)
 	p.freeBytes += b.size
 }
 
 // removeFree takes the free block b out of its pool.
 func (p *PyTorch) removeFree(b *ptBlock) {
-	b.set.delete(b)
+	t := b.set
+	t.delete(b)
+	p.tops.deleted(t, b)
 	p.freeBytes -= b.size
 }
 
@@ -549,12 +583,14 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 		return nil
 	}
 	sb.free.delete(b)
+	p.tops.deleted(&sb.free, b)
 	if len(p.pending) == 0 && p.shouldSplit(b, size) {
 		// Split here, as malloc would right after (no late free to take
 		// back in between).
 		front := p.split(b, size)
 		b.gcBase = pool.gcCalls
 		sb.free.insert(b)
+		p.tops.inserted(&sb.free, b)
 		p.freeBytes -= size
 		return front
 	}
@@ -669,7 +705,7 @@ func (p *PyTorch) gcPlan() []*ptBlock {
 	}
 	target := p.reserved - threshold
 	cands := p.scratch[:0]
-	for _, sb := range p.large.streams {
+	for _, sb := range p.large.ordered() {
 		cands = sb.free.appendIf(cands, func(b *ptBlock) bool { return !b.isSplit() && b.seg == nil })
 	}
 	p.scratch = cands
@@ -773,7 +809,7 @@ func (p *PyTorch) releaseCachedBlocks() error {
 func (p *PyTorch) releasePools(pools ...*ptPool) error {
 	for _, pool := range pools {
 		list := p.scratch[:0]
-		for _, sb := range pool.streams {
+		for _, sb := range pool.ordered() {
 			list = sb.free.appendIf(list, func(b *ptBlock) bool { return b.seg != nil || !b.isSplit() })
 		}
 		unmaps := p.unmaps[:0]
@@ -895,22 +931,9 @@ func (p *PyTorch) EmptyCache() error {
 }
 
 // FreeSpace returns the bytes in cached free blocks and the size in bytes
-// of the largest.
+// of the largest, in O(1): the largest is kept as blocks come and go.
 func (p *PyTorch) FreeSpace() (total, largest uint64) {
-	largestOf := func(pool *ptPool) {
-		for _, sb := range pool.streams {
-			if b := sb.free.max(); b != nil && b.size > largest {
-				largest = b.size
-			}
-		}
-	}
-	largestOf(&p.large)
-	largestOf(&p.small)
-	for _, pp := range p.pools {
-		largestOf(&pp.large)
-		largestOf(&pp.small)
-	}
-	return p.freeBytes, largest
+	return p.freeBytes, p.tops.largest()
 }
 
 // Retries returns the number of device allocations retried after freeing

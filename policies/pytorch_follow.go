@@ -138,7 +138,7 @@ func (p *PyTorch) retryReleases() bool {
 		}
 	}
 	for _, pool := range [...]*ptPool{&p.large, &p.small} {
-		for _, sb := range pool.streams {
+		for _, sb := range pool.ordered() {
 			if sb.free.appendIf(nil, releasable) != nil {
 				return true
 			}

@@ -19,9 +19,17 @@ import (
 // scan; an insert walks its bin's list, a removal unlinks. The zero value
 // is an empty set.
 type ptFree struct {
-	heads   [ptBins]*ptBlock
+	// heads are the first block of each bin, by 64 bins: a group
+	// allocated at the first block in it, so that a set of few blocks
+	// (one per stream, on many streams) takes hundreds of bytes, not
+	// eight kilobytes.
+	heads   [ptBins / 64]*[64]*ptBlock
 	used    [ptBins / 64]uint64 // bit i%64 of word i/64: bin i holds blocks
 	summary uint64              // bit w: used[w] is not 0
+	// top is the size of the largest block while the set holds any, and
+	// at is its place in the policy's ptTops plus one (0: not there).
+	top uint64
+	at  int
 }
 
 // ptBins is the number of bins: ptBin(math.MaxUint64) is 975.
@@ -61,16 +69,24 @@ func (t *ptFree) next(from int) int {
 	return w<<6 | bits.TrailingZeros64(t.used[w])
 }
 
+// head returns the first block of bin i, nil if it holds none.
+func (t *ptFree) head(i int) *ptBlock {
+	if g := t.heads[i>>6]; g != nil {
+		return g[i&63]
+	}
+	return nil
+}
+
 // lowerBound returns the first block not below (size, 0), or nil.
 func (t *ptFree) lowerBound(size uint64) *ptBlock {
 	i := ptBin(size)
-	for c := t.heads[i]; c != nil; c = c.binNext {
+	for c := t.head(i); c != nil; c = c.binNext {
 		if c.size >= size {
 			return c
 		}
 	}
 	if j := t.next(i + 1); j >= 0 {
-		return t.heads[j]
+		return t.heads[j>>6][j&63]
 	}
 	return nil
 }
@@ -81,7 +97,7 @@ func (t *ptFree) successor(b *ptBlock) *ptBlock {
 		return b.binNext
 	}
 	if j := t.next(int(b.bin) + 1); j >= 0 {
-		return t.heads[j]
+		return t.heads[j>>6][j&63]
 	}
 	return nil
 }
@@ -92,7 +108,7 @@ func (t *ptFree) max() *ptBlock {
 		return nil
 	}
 	w := 63 - bits.LeadingZeros64(t.summary)
-	c := t.heads[w<<6|(63-bits.LeadingZeros64(t.used[w]))]
+	c := t.heads[w][63-bits.LeadingZeros64(t.used[w])]
 	for c.binNext != nil {
 		c = c.binNext
 	}
@@ -102,7 +118,7 @@ func (t *ptFree) max() *ptBlock {
 // appendIf appends the blocks for which keep is true, in order.
 func (t *ptFree) appendIf(list []*ptBlock, keep func(*ptBlock) bool) []*ptBlock {
 	for j := t.next(0); j >= 0; j = t.next(j + 1) {
-		for c := t.heads[j]; c != nil; c = c.binNext {
+		for c := t.heads[j>>6][j&63]; c != nil; c = c.binNext {
 			if keep(c) {
 				list = append(list, c)
 			}
@@ -116,7 +132,12 @@ func (t *ptFree) insert(b *ptBlock) {
 	i := ptBin(b.size)
 	b.set, b.bin = t, uint16(i)
 	var prev *ptBlock
-	c := t.heads[i]
+	g := t.heads[i>>6]
+	if g == nil {
+		g = new([64]*ptBlock)
+		t.heads[i>>6] = g
+	}
+	c := g[i&63]
 	for c != nil && keyLess(c.size, c.addr, b.size, b.addr) {
 		prev, c = c, c.binNext
 	}
@@ -127,7 +148,7 @@ func (t *ptFree) insert(b *ptBlock) {
 	if prev != nil {
 		prev.binNext = b
 	} else {
-		t.heads[i] = b
+		g[i&63] = b
 		t.used[i>>6] |= 1 << (i & 63)
 		t.summary |= 1 << (i >> 6)
 	}
@@ -145,10 +166,10 @@ func (t *ptFree) delete(b *ptBlock) {
 	if prev := b.binPrev; prev != nil {
 		prev.binNext = b.binNext
 	} else {
-		if t.heads[i] != b {
+		if t.heads[i>>6][i&63] != b {
 			panic(fmt.Sprintf("policies: pytorch free blocks: the block of %d bytes at %#x is not in its bin %d", b.size, b.addr, i))
 		}
-		t.heads[i] = b.binNext
+		t.heads[i>>6][i&63] = b.binNext
 		if b.binNext == nil {
 			if t.used[i>>6] &^= 1 << (i & 63); t.used[i>>6] == 0 {
 				t.summary &^= 1 << (i >> 6)
@@ -156,6 +177,100 @@ func (t *ptFree) delete(b *ptBlock) {
 		}
 	}
 	b.set, b.binPrev, b.binNext = nil, nil, nil
+}
+
+// ptTops is a max-heap of the sets of free blocks that hold any, by the
+// size of their largest block: the largest free block of the whole policy
+// (FreeSpace) at its root, kept as blocks come and go in O(log sets) for a
+// set whose largest changes, instead of a pass over every set of every
+// stream and pool at each event (which made N streams or pools cost N^2).
+type ptTops []*ptFree
+
+// largest returns the size of the largest free block, 0 if there is none.
+func (h ptTops) largest() uint64 {
+	if len(h) == 0 {
+		return 0
+	}
+	return h[0].top
+}
+
+// inserted updates h after b was inserted into t.
+func (h *ptTops) inserted(t *ptFree, b *ptBlock) {
+	if t.at == 0 {
+		t.top = b.size
+		*h = append(*h, t)
+		t.at = len(*h)
+		h.up(t.at - 1)
+	} else if b.size > t.top {
+		t.top = b.size
+		h.up(t.at - 1)
+	}
+}
+
+// deleted updates h after b was deleted from t.
+func (h *ptTops) deleted(t *ptFree, b *ptBlock) {
+	if b.size != t.top {
+		return // b was not the largest (or one of equals): top holds
+	}
+	if t.summary == 0 {
+		h.remove(t)
+		return
+	}
+	if m := t.max().size; m != t.top {
+		t.top = m
+		h.down(t.at - 1)
+	}
+}
+
+// remove takes t, which is in h, out of it.
+func (h *ptTops) remove(t *ptFree) {
+	s := *h
+	i, n := t.at-1, len(s)-1
+	t.at, t.top = 0, 0
+	if i != n {
+		s[i] = s[n]
+		s[i].at = i + 1
+	}
+	s[n] = nil
+	*h = s[:n]
+	if i != n {
+		h.down(i)
+		h.up(i)
+	}
+}
+
+func (h ptTops) swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].at, h[j].at = i+1, j+1
+}
+
+func (h ptTops) up(i int) {
+	for i > 0 {
+		parent := (i - 1) / 2
+		if h[parent].top >= h[i].top {
+			return
+		}
+		h.swap(i, parent)
+		i = parent
+	}
+}
+
+func (h ptTops) down(i int) {
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			return
+		}
+		c := l
+		if r := l + 1; r < len(h) && h[r].top > h[l].top {
+			c = r
+		}
+		if h[i].top >= h[c].top {
+			return
+		}
+		h.swap(i, c)
+		i = c
+	}
 }
 
 // ptActive is the table of allocated blocks by address: open addressing

@@ -203,7 +203,7 @@ func (p *PyTorch) FollowTie(addr uint64) { p.restoreHint, p.restoreHinted = addr
 // expandable segment; nil if none.
 func (pp *ptPrivate) wholeFreeAt(addr, size uint64) *ptBlock {
 	for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
-		for _, sb := range pl.streams {
+		for _, sb := range pl.ordered() {
 			for c := sb.free.lowerBound(size); c != nil; c = sb.free.successor(c) {
 				if c.addr == addr && !c.unmapped && (c.seg != nil || !c.isSplit()) {
 					return c
@@ -220,7 +220,7 @@ func (pp *ptPrivate) wholeFreeAt(addr, size uint64) *ptBlock {
 func (pp *ptPrivate) smallestWholeFree(size uint64) *ptBlock {
 	var b *ptBlock
 	for _, pl := range [...]*ptPool{&pp.small, &pp.large} {
-		for _, sb := range pl.streams {
+		for _, sb := range pl.ordered() {
 			for c := sb.free.lowerBound(size); c != nil; c = sb.free.successor(c) {
 				if c.isSplit() || c.seg != nil {
 					continue

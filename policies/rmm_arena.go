@@ -63,6 +63,11 @@ type RMMArena struct {
 	retries int64
 	nodes   fitNodes
 	spare   []*arenaSuperblock
+	// free is the free bytes of the streams' arenas and tops their
+	// largest free blocks, counted as an arena changes, so that FreeSpace
+	// does not walk every arena at each event (N streams cost N^2).
+	free uint64
+	tops maxTops
 }
 
 // arenaOwner is the global arena or a stream's: the free blocks of the
@@ -70,6 +75,20 @@ type RMMArena struct {
 type arenaOwner struct {
 	free  fitTree
 	ready bool
+	id    int    // in RMMArena.arenas.order
+	bytes uint64 // free.bytes when last counted in RMMArena.free
+}
+
+// counted counts the free bytes and largest free block of a stream's
+// arena a again in p.free and p.tops, after a change; the global arena
+// is not counted there.
+func (p *RMMArena) counted(a *arenaOwner) {
+	if a == &p.global {
+		return
+	}
+	p.free = p.free - a.bytes + a.free.bytes
+	a.bytes = a.free.bytes
+	p.tops.set(a.id, a.free.largest())
 }
 
 // arenaSuperblock is a span of a device segment owned by one arena; its
@@ -143,12 +162,7 @@ func (p *RMMArena) Retries() int64 { return p.retries }
 // FreeSpace returns the free bytes in all arenas and the size in bytes of
 // the largest free block.
 func (p *RMMArena) FreeSpace() (total, largest uint64) {
-	total, largest = p.global.free.bytes, p.global.free.largest()
-	for _, a := range p.arenas.order {
-		total += a.free.bytes
-		largest = max(largest, a.free.largest())
-	}
-	return total, largest
+	return p.global.free.bytes + p.free, max(p.global.free.largest(), p.tops.max())
 }
 
 // Malloc places size bytes, rounded up to 256 B: in the stream's arena up
@@ -166,6 +180,7 @@ func (p *RMMArena) Malloc(size, stream uint64) (Block, error) {
 	a := p.arenas.get(stream)
 	if !a.ready {
 		a.free.blocks.byAddr, a.ready = true, true
+		a.id = len(p.arenas.order) - 1
 	}
 	b, err := p.allocate(a, n)
 	if err == nil && b == nil {
@@ -173,6 +188,7 @@ func (p *RMMArena) Malloc(size, stream uint64) (Block, error) {
 		p.defragment()
 		b, err = p.allocate(a, n)
 	}
+	p.counted(a)
 	if err != nil {
 		return Block{}, fmt.Errorf("policy rmm-arena: malloc of %d bytes: %w", size, err)
 	}
@@ -183,19 +199,9 @@ func (p *RMMArena) Malloc(size, stream uint64) (Block, error) {
 	return Block{Addr: b.addr, Size: n}, nil
 }
 
-func (p *RMMArena) arenaFree() (n uint64) {
-	for _, a := range p.arenas.order {
-		n += a.free.bytes
-	}
-	return n
-}
+func (p *RMMArena) arenaFree() uint64 { return p.free }
 
-func (p *RMMArena) arenaLargest() (n uint64) {
-	for _, a := range p.arenas.order {
-		n = max(n, a.free.largest())
-	}
-	return n
-}
+func (p *RMMArena) arenaLargest() uint64 { return p.tops.max() }
 
 // Free returns the block at addr to its superblock, coalesced with its
 // free neighbours there; an empty superblock of the global arena merges
@@ -230,7 +236,9 @@ func (p *RMMArena) Free(addr, stream uint64) error {
 		t.insert(b)
 	}
 	if sb.owner == &p.global && sb.used == 0 {
-		p.coalesce(sb)
+		p.coalesce(sb) // sb may be merged away
+	} else {
+		p.counted(sb.owner)
 	}
 	return nil
 }
@@ -407,7 +415,9 @@ func (p *RMMArena) defragment() {
 	for _, first := range p.segs {
 		for sb := first; sb != nil; sb = sb.next {
 			if sb.owner != &p.global {
+				o := sb.owner
 				p.move(sb, &p.global)
+				p.counted(o)
 			}
 		}
 		for sb := first; sb != nil; sb = sb.next {

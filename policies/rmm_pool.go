@@ -49,10 +49,37 @@ type RMMPool struct {
 	live     trace.AddrMap[*fitBlock]
 	retries  int64
 	nodes    fitNodes
+	// free is the free bytes of every stream's list and largest their
+	// largest free blocks by the order of streams, kept as lists change,
+	// so that a malloc finds the first other stream with room (and
+	// FreeSpace its answer) without trying every stream (N streams cost
+	// N^2).
+	free    uint64
+	largest sizeTree
 }
 
 // rmmPoolList is one stream's coalescing free list.
-type rmmPoolList struct{ free fitTree }
+type rmmPoolList struct {
+	free  fitTree
+	id    int    // in RMMPool.streams.order, plus one; 0 until counted
+	bytes uint64 // free.bytes when last counted in RMMPool.free
+}
+
+// list returns the free list of stream, created empty if new.
+func (p *RMMPool) list(stream uint64) *rmmPoolList {
+	l := p.streams.get(stream)
+	if l.id == 0 {
+		l.id = len(p.streams.order)
+	}
+	return l
+}
+
+// counted counts list l again in p.free and p.largest, after a change.
+func (p *RMMPool) counted(l *rmmPoolList) {
+	p.free = p.free - l.bytes + l.free.bytes
+	l.bytes = l.free.bytes
+	p.largest.set(l.id-1, l.free.largest())
+}
 
 // rmmAlignment is RMM's CUDA_ALLOCATION_ALIGNMENT in bytes.
 const rmmAlignment = 256
@@ -116,7 +143,9 @@ func newRMMPool(name string, dev Device, s Settings) (*RMMPool, error) {
 		if err != nil {
 			return nil, fmt.Errorf("policy %s: initial pool of %d bytes: %w", name, initial, err)
 		}
-		p.streams.get(0).free.insert(b)
+		l := p.list(0)
+		l.free.insert(b)
+		p.counted(l)
 	}
 	return p, nil
 }
@@ -131,11 +160,7 @@ func (p *RMMPool) Retries() int64 { return p.retries }
 // FreeSpace returns the free bytes in all the streams' lists and the size
 // in bytes of the largest free block.
 func (p *RMMPool) FreeSpace() (total, largest uint64) {
-	for _, l := range p.streams.order {
-		total += l.free.bytes
-		largest = max(largest, l.free.largest())
-	}
-	return total, largest
+	return p.free, p.largest.max()
 }
 
 // Malloc places size bytes, rounded up to 256 B, on stream: from the
@@ -150,32 +175,39 @@ func (p *RMMPool) Malloc(size, stream uint64) (Block, error) {
 		return Block{}, errRequestTooLarge(p.name, size)
 	}
 	n := ceilToMultiple(size, rmmAlignment)
-	own := p.streams.get(stream)
+	own := p.list(stream)
 	if b := own.free.takeBest(n); b != nil {
-		return p.place(&own.free, b, n), nil
+		return p.placeIn(own, b, n), nil
 	}
-	for _, o := range p.streams.order {
+	// The first other stream, in the order first seen, with a block of n
+	// bytes.
+	i := p.largest.first(0, n)
+	if i == own.id-1 {
+		i = p.largest.first(i+1, n)
+	}
+	if i >= 0 {
+		o := p.streams.order[i]
+		return p.placeIn(o, o.free.takeBest(n), n), nil
+	}
+	// The other streams' lists that hold any, in that order, merged into
+	// own's until a block fits.
+	for i := p.largest.first(0, 1); i >= 0; i = p.largest.first(i+1, 1) {
+		o := p.streams.order[i]
 		if o == own {
 			continue
 		}
-		if b := o.free.takeBest(n); b != nil {
-			return p.place(&o.free, b, n), nil
-		}
-	}
-	for _, o := range p.streams.order {
-		if o == own || o.free.blocks.len == 0 {
-			continue
-		}
 		p.merge(&own.free, &o.free)
+		p.counted(o)
 		if b := own.free.takeBest(n); b != nil {
-			return p.place(&own.free, b, n), nil
+			return p.placeIn(own, b, n), nil
 		}
+		p.counted(own)
 	}
 	b, err := p.expand(p.sizeToGrow(n), n)
 	if err != nil {
 		return Block{}, fmt.Errorf("policy %s: malloc of %d bytes on stream %#x: %w", p.name, size, stream, err)
 	}
-	return p.place(&own.free, b, n), nil
+	return p.placeIn(own, b, n), nil
 }
 
 // Free returns the block at addr to the free list of stream, coalesced
@@ -189,8 +221,17 @@ func (p *RMMPool) Free(addr, stream uint64) error {
 	if b == nil {
 		return fmt.Errorf("policy %s: free of %#x: not a live block", p.name, addr)
 	}
-	p.insert(&p.streams.get(stream).free, b)
+	l := p.list(stream)
+	p.insert(&l.free, b)
+	p.counted(l)
 	return nil
+}
+
+// placeIn is place in the list of a stream, counted after.
+func (p *RMMPool) placeIn(l *rmmPoolList, b *fitBlock, n uint64) Block {
+	blk := p.place(&l.free, b, n)
+	p.counted(l)
+	return blk
 }
 
 // place allocates n bytes from the front of block b, taken out of list t
