@@ -65,10 +65,14 @@ var (
 	allocatedWidth  = vg.Points(1)
 	footprintWidth  = vg.Points(1)
 	footprintDashes = []vg.Length{vg.Points(1), vg.Points(1.5)}
-	requestedStyle  = draw.LineStyle{
+	// The lower bound is drawn on top, thinner than a reserved line and
+	// with gaps as long as its dashes, so that a policy that reaches it
+	// (the cuda baseline, a planner) still shows through: with thick
+	// dashes and short gaps it hid the cuda line.
+	requestedStyle = draw.LineStyle{
 		Color:  black,
-		Width:  vg.Points(1.5),
-		Dashes: []vg.Length{vg.Points(6), vg.Points(3)},
+		Width:  vg.Points(1),
+		Dashes: []vg.Length{vg.Points(5), vg.Points(5)},
 	}
 	capacityStyle = draw.LineStyle{
 		Color:  grey,
