@@ -44,6 +44,10 @@ type Config struct {
 	// Observer, if not nil, is told of every action of the allocator (see
 	// Observer), for recording its history.
 	Observer Observer
+	// Progress, if not nil, is called once the replay has passed over the
+	// trace's events, for a progress display; replays of other Configs may
+	// call it at the same time from other goroutines.
+	Progress func()
 	// AsRecorded replays a recording as it was recorded (see recorded.go):
 	// a policy that follows recordings of its own allocator takes the
 	// trace's recorded settings, with Settings over them, and the device
@@ -968,6 +972,9 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 					break
 				}
 			}
+			if rep.cfg.Progress != nil {
+				rep.cfg.Progress()
+			}
 		}
 		if first != nil {
 			return nil, first
@@ -983,6 +990,11 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 			}
 			if err := step(i, &ev); err != nil {
 				return nil, err
+			}
+		}
+		for _, rep := range reps {
+			if rep.cfg.Progress != nil {
+				rep.cfg.Progress()
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gpualloc/allocsim/policies"
@@ -407,3 +408,28 @@ func TestRunFirstError(t *testing.T) {
 
 // streamOnly hides a SliceSource's type, so that Run reads it as a stream.
 type streamOnly struct{ trace.Source }
+
+// TestProgress: Config.Progress is called once per replay, from an
+// in-memory trace (a pass per replay) and from a stream (one pass).
+func TestProgress(t *testing.T) {
+	h, evs, err := trace.ParseText("p.txt", strings.NewReader("malloc id=1 size=4096\nfree id=1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, src := range []func() trace.Source{
+		func() trace.Source { return trace.NewSliceSource(h, evs) },
+		func() trace.Source { return onlyNext{trace.NewSliceSource(h, evs)} },
+	} {
+		var n atomic.Int32
+		done := func() { n.Add(1) }
+		if _, err := Run(src(), Config{Policy: "cuda", Progress: done}, Config{Policy: "best-fit", Progress: done}, Config{Policy: "pytorch"}); err != nil {
+			t.Fatal(err)
+		}
+		if n.Load() != 2 {
+			t.Errorf("%T: Progress called %d times, want 2", src(), n.Load())
+		}
+	}
+}
+
+// onlyNext hides a source's type, so that Run streams it.
+type onlyNext struct{ trace.Source }

@@ -81,6 +81,8 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: fmt.Errorf("--cards %w", err)}
 	}
 	var answers []*results.Fit
+	counter := newReplayCounter(stderr, "fit", -1)
+	defer counter.Finish()
 	for _, path := range fs.Args() {
 		h, evs, err := tracefile.ReadAll(path, tracefile.Options{From: *from, Device: *device})
 		if err != nil {
@@ -88,7 +90,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		}
 		cfgs := make([]sim.Config, len(names))
 		for k, n := range names {
-			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], AsRecorded: *asRecorded}
+			cfgs[k] = sim.Config{Trace: path, Policy: n, Settings: settings[n], AsRecorded: *asRecorded, Progress: counter.Progress()}
 		}
 		rs, err := fit.Trace(h, evs, cfgs, cards, context, *jobs)
 		if err != nil {

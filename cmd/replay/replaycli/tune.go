@@ -206,6 +206,8 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 		cfg := base
 		cfg.Trace = path
+		counter := newReplayCounter(stderr, "tune "+cli.Safe(filepath.Base(path)), len(mine)+1)
+		cfg.Progress = counter.Progress()
 		// The recorded setting: the trace as recorded.
 		rs, err := sim.Run(trace.NewSliceSource(h, evs), cfg)
 		if err != nil {
@@ -213,6 +215,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 		recorded := rs[0]
 		cs, err := tune.Run(h, evs, cfg, mine, *jobs, *replayAll)
+		counter.Finish()
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
