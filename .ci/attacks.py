@@ -395,8 +395,10 @@ def a_sigint(d, b):
     tr = os.path.join(REPO, "testdata/pytorch/train_gpt.pickle.gz")
 
     def some_output():
-        return any(not n.startswith(".") for x in ("plots", "viz") if os.path.isdir(os.path.join(d, x))
-                   for n in os.listdir(os.path.join(d, x)))
+        # The first chart written (in place, or staged under a temporary
+        # name): the replays are done and the outputs are being written.
+        p = os.path.join(d, "plots")
+        return os.path.isdir(p) and any(".png" in n for n in os.listdir(p))
     r = run([b + "/replay", "sim", "--policy", "all", "--plots", "plots", "--viz", "viz", tr], d,
             interrupt_when=some_output)
     left = [n for x in ("plots", "viz") if os.path.isdir(os.path.join(d, x)) for n in os.listdir(os.path.join(d, x))]
