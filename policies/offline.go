@@ -221,6 +221,22 @@ func (p *Offline) Stats() PlanStats { return p.stats }
 // 4 EiB is left out of the plan and answered with an OOM at its malloc, as
 // the online policies answer it.
 func (p *Offline) Plan(evs []trace.Event) error {
+	key := p.planKeyOf(evs)
+	if c := cachedPlanOf(key); c != nil {
+		p.mallocs = append(p.mallocs[:0], c.mallocs...)
+		p.height, p.stats = c.height, c.stats
+		p.planned, p.next = true, 0
+		return nil
+	}
+	if err := p.plan(evs); err != nil {
+		return err
+	}
+	p.keepPlan(key)
+	return nil
+}
+
+// plan is Plan without the cache.
+func (p *Offline) plan(evs []trace.Event) error {
 	type liveEntry struct {
 		buf    int // index into bufs, -1 for host memory or a size of 0
 		device bool
