@@ -355,7 +355,9 @@ func nominalPolicies(p *plot.Plot, labels []string, width, legendW vg.Length) {
 // (chartLabels). Bytes are in MiB or GiB (ChooseUnit of the largest
 // value). It returns ErrNoResults for no results and an error if the
 // results come from more than one trace.
+// The bars are in the order of their figures (byFigure).
 func Peaks(runs []results.Result) (*plot.Plot, error) {
+	runs = byFigure(runs)
 	trace, err := traceOf(runs)
 	if err != nil {
 		return nil, err
@@ -447,7 +449,8 @@ func peakLabel(r results.Result, u Unit, top uint64) string {
 			label += fmt.Sprintf(" ×%d", r.OOMs)
 		}
 	case r.PeakRequested > 0 && r.PeakReserved > 0:
-		label += fmt.Sprintf("\n%+.0f%%", 100*(float64(r.PeakReserved)/float64(r.PeakRequested)-1))
+		ratio, _ := r.ReservedOverRequested()
+		label += fmt.Sprintf("\n%+.0f%%", 100*(ratio-1))
 	}
 	return label
 }
@@ -563,4 +566,18 @@ func Calls(runs []results.Result) (*plot.Plot, error) {
 		valueRange(p, hi, formatCount)
 	}
 	return p, nil
+}
+
+// byFigure returns runs in the order of their figures (results.ByFigure):
+// those without OOM first, by peak reserved bytes.
+func byFigure(runs []results.Result) []results.Result {
+	ps := make([]*results.Result, len(runs))
+	for i := range runs {
+		ps[i] = &runs[i]
+	}
+	out := make([]results.Result, len(runs))
+	for i, p := range results.ByFigure(ps) {
+		out[i] = *p
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package results
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -432,4 +433,61 @@ func RecordedPolicy(source string) (name string, ok bool) {
 		return "pytorch", true
 	}
 	return "pytorch", false
+}
+
+// ReservedOverRequested is the peak reserved bytes over the peak requested
+// (the lower bound), ok false where nothing was requested: ×req.
+func (r *Result) ReservedOverRequested() (ratio float64, ok bool) {
+	if r.PeakRequested == 0 {
+		return 0, false
+	}
+	return float64(r.PeakReserved) / float64(r.PeakRequested), true
+}
+
+// ReservedOverOffline is the peak reserved bytes over the offline
+// policy's (PeakOffline), ok false where it is unknown: ×offline.
+func (r *Result) ReservedOverOffline() (ratio float64, ok bool) {
+	if r.PeakOffline == 0 {
+		return 0, false
+	}
+	return float64(r.PeakReserved) / float64(r.PeakOffline), true
+}
+
+// PeakUnallocatedShare is GMLake's fragmentation figure: 1 - peak
+// allocated / peak reserved (the two peaks need not be at one event), 0
+// where nothing was reserved or allocated reached it.
+func (r *Result) PeakUnallocatedShare() float64 {
+	if r.PeakReserved == 0 || r.PeakAllocated >= r.PeakReserved {
+		return 0
+	}
+	return 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
+}
+
+// ByFigure orders results for a table: by trace in the order they first
+// appear, then those without OOM before those with, then by peak reserved
+// bytes, then by policy name. It sorts a copy and returns it.
+func ByFigure(rs []*Result) []*Result {
+	first := map[string]int{}
+	for i, r := range rs {
+		if _, ok := first[r.Trace]; !ok {
+			first[r.Trace] = i
+		}
+	}
+	out := slices.Clone(rs)
+	slices.SortStableFunc(out, func(a, b *Result) int {
+		if c := cmp.Compare(first[a.Trace], first[b.Trace]); c != 0 {
+			return c
+		}
+		if (a.OOMs > 0) != (b.OOMs > 0) {
+			if a.OOMs > 0 {
+				return 1
+			}
+			return -1
+		}
+		if c := cmp.Compare(a.PeakReserved, b.PeakReserved); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Policy, b.Policy)
+	})
+	return out
 }

@@ -280,3 +280,38 @@ func TestReaderEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestByFigure: a table's rows by trace as they came, those without OOM
+// first, then by peak reserved bytes, then by name; the figures derived.
+func TestByFigure(t *testing.T) {
+	rs := []*Result{
+		{Trace: "b", Policy: "x", PeakReserved: 5},
+		{Trace: "a", Policy: "oom", PeakReserved: 1, OOMs: 1},
+		{Trace: "a", Policy: "big", PeakReserved: 9, PeakRequested: 6, PeakAllocated: 3, PeakOffline: 3},
+		{Trace: "b", Policy: "w", PeakReserved: 5},
+		{Trace: "a", Policy: "small", PeakReserved: 2},
+	}
+	var got []string
+	for _, r := range ByFigure(rs) {
+		got = append(got, r.Trace+"/"+r.Policy)
+	}
+	if want := []string{"b/w", "b/x", "a/small", "a/big", "a/oom"}; !slices.Equal(got, want) {
+		t.Errorf("order %v, want %v", got, want)
+	}
+	if rs[0].Policy != "x" {
+		t.Error("ByFigure sorted its argument")
+	}
+	big := rs[2]
+	if q, ok := big.ReservedOverRequested(); !ok || q != 1.5 {
+		t.Errorf("×req %v %v, want 1.5", q, ok)
+	}
+	if o, ok := big.ReservedOverOffline(); !ok || o != 3 {
+		t.Errorf("×offline %v %v, want 3", o, ok)
+	}
+	if f := big.PeakUnallocatedShare(); f != 1-float64(3)/float64(9) {
+		t.Errorf("1 - allocated/reserved %v, want %v", f, 1-3.0/9)
+	}
+	if _, ok := rs[0].ReservedOverRequested(); ok {
+		t.Error("×req of nothing requested is known")
+	}
+}

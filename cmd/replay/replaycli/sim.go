@@ -467,38 +467,37 @@ func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, 
 // mib formats bytes as MiB with one decimal (plots.MiBText).
 func mib(b uint64) string { return plots.MiBText(b) }
 
-func writeTable(w io.Writer, results []*sim.Result, wide bool) {
+// ratioText formats a ratio with three decimals, "-" where it is unknown.
+func ratioText(ratio float64, ok bool) string {
+	if !ok {
+		return "-"
+	}
+	return strconv.FormatFloat(ratio, 'f', 3, 64)
+}
+
+// writeTable prints the table of results, rows in the order of their
+// figures (results.ByFigure), every column with wide.
+func writeTable(w io.Writer, rs []*sim.Result, wide bool) {
 	if !wide {
-		writeCompactTable(w, results)
+		writeCompactTable(w, rs)
 		return
 	}
-	names := resultNames(results)
+	names := resultNames(rs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
-	for _, r := range results {
-		ratio := "-"
-		if r.PeakRequested > 0 {
-			ratio = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakRequested), 'f', 3, 64)
-		}
-		vsOffline := "-"
-		if r.PeakOffline > 0 {
-			vsOffline = strconv.FormatFloat(float64(r.PeakReserved)/float64(r.PeakOffline), 'f', 3, 64)
-		}
+	for _, r := range results.ByFigure(rs) {
+		ratio, vsOffline := ratioText(r.ReservedOverRequested()), ratioText(r.ReservedOverOffline())
 		first := "-"
 		if r.OOMs > 0 {
 			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
 		}
-		// GMLake's fragmentation: 1 - peak allocated / peak reserved.
-		frag := 0.0
-		if r.PeakReserved > 0 && r.PeakAllocated < r.PeakReserved {
-			frag = 1 - float64(r.PeakAllocated)/float64(r.PeakReserved)
-		}
+		frag := r.PeakUnallocatedShare()
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
 			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
 			ratio, vsOffline, 100*r.PeakFragmentation, 100*r.IdleAtPeak, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
 	}
 	tw.Flush()
-	writeNotes(w, results)
+	writeNotes(w, rs)
 }
 
 // writeCompactTable prints the table that fits 120 columns: per trace and
@@ -507,23 +506,17 @@ func writeTable(w io.Writer, results []*sim.Result, wide bool) {
 // (Result.PeakFragmentation) and the idle share at the peak reserved
 // bytes (1 - allocated/reserved), device calls (allocations and frees),
 // simulated allocator time (ms) and OOMs; --wide prints every column.
-func writeCompactTable(w io.Writer, results []*sim.Result) {
-	names := resultNames(results)
+func writeCompactTable(w io.Writer, rs []*sim.Result) {
+	names := resultNames(rs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
-	ratio := func(a, b uint64) string {
-		if b == 0 {
-			return "-"
-		}
-		return strconv.FormatFloat(float64(a)/float64(b), 'f', 3, 64)
-	}
-	for _, r := range results {
+	for _, r := range results.ByFigure(rs) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t\n",
-			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint), ratio(r.PeakReserved, r.PeakRequested), ratio(r.PeakReserved, r.PeakOffline),
+			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint), ratioText(r.ReservedOverRequested()), ratioText(r.ReservedOverOffline()),
 			100*r.PeakFragmentation, 100*r.IdleAtPeak, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
 	}
 	tw.Flush()
-	writeNotes(w, results)
+	writeNotes(w, rs)
 }
 
 // writeNotes prints what a table of results does not say: the bounds and
