@@ -175,10 +175,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		if err != nil || *jsonOut == "" {
 			return err
 		}
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
-		return nil
+		return writeTuneJSON(stdout, *jsonOut, all)
 	}
 	mine := confs
 	if shardN > 1 {
@@ -267,9 +264,21 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			cli.Safe(filepath.Base(name)), len(runs), cs[0].Conf, best.PeakReserved, best.OOMs, tune.Calls(best), rec[0].Result.PeakReserved, rec[0].Result.OOMs, tune.Calls(rec[0].Result))
 	}
 	if *jsonOut != "" {
-		if err := writeOutput(stdout, *jsonOut, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {
-			return fmt.Errorf("--json: %w", err)
-		}
+		return writeTuneJSON(stdout, *jsonOut, all)
+	}
+	return nil
+}
+
+// writeTuneJSON writes the candidates' results to path (- for stdout),
+// unless a write of the tables to stdout has failed already: the tables
+// are printed as the traces are tuned, and a full disk or a closed pipe
+// there must not leave the --json file replaced as if all went well.
+func writeTuneJSON(stdout io.Writer, path string, all []*sim.Result) error {
+	if cw, ok := stdout.(*checkedWriter); ok && cw.err != nil {
+		return fmt.Errorf("writing standard output: %w (--json %s not written)", cw.err, path)
+	}
+	if err := writeOutput(stdout, path, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {
+		return fmt.Errorf("--json: %w", err)
 	}
 	return nil
 }

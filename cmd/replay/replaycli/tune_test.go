@@ -2,6 +2,7 @@ package replaycli
 
 import (
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -130,5 +131,27 @@ func TestTuneShards(t *testing.T) {
 	b, errB := os.ReadFile(files[1])
 	if errA != nil || errB != nil || string(a) != string(b) {
 		t.Errorf("the Slurm array task's shard differs from --shard 1/3")
+	}
+}
+
+// failWriter fails every write, as a full disk or a closed pipe does.
+type failWriter struct{}
+
+func (failWriter) Write([]byte) (int, error) { return 0, errors.New("no space left on device") }
+
+// TestTuneStdoutFullKeepsJSON: when the tables cannot be written to
+// stdout, tune fails and leaves the --json file as it was (it replaced it
+// with the new results and then failed).
+func TestTuneStdoutFullKeepsJSON(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "tune.json")
+	if err := os.WriteFile(js, []byte("good\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := run(failWriter{}, io.Discard, []string{"tune", "--grid", "max_split_size_mb=", "--grid", "roundup_power2_divisions=", "--grid", "garbage_collection_threshold=", "--json", js, "../../../testdata/pytorch/churn.pickle.gz"})
+	if err == nil || !strings.Contains(err.Error(), "writing standard output") {
+		t.Errorf("tune with stdout full: %v, want an error writing standard output", err)
+	}
+	if data, _ := os.ReadFile(js); string(data) != "good\n" {
+		t.Errorf("--json file replaced: %.60q", data)
 	}
 }
