@@ -15,6 +15,7 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/results/columnar"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
@@ -34,6 +35,9 @@ type Runner struct {
 	Log io.Writer
 	// Progress, if not nil, is called after each job, on Run's goroutine.
 	Progress func(Job)
+	// Parquet makes WriteResults write results.parquet too (package
+	// columnar), with the other two.
+	Parquet bool
 
 	results    []*sim.Result // by position in Plan.Cells, nil until done
 	doneBefore int
@@ -443,9 +447,9 @@ func (s *Runner) Results() []*sim.Result {
 	return rs
 }
 
-// WriteResults writes results.json and results.csv with every finished
-// cell of the plan, in plan order, atomically and together: on error
-// neither file is replaced.
+// WriteResults writes results.json and results.csv (and results.parquet
+// with Parquet) with every finished cell of the plan, in plan order,
+// atomically and together: on error no file is replaced.
 func (s *Runner) WriteResults() error {
 	rs := s.Results()
 	// Both files appear together, or neither (the JSON was put in place
@@ -459,6 +463,11 @@ func (s *Runner) WriteResults() error {
 		return results.WriteCSVKeys(w, rs, s.settingKeys())
 	}); err != nil {
 		return err
+	}
+	if s.Parquet {
+		if err := b.WriteFile(filepath.Join(s.Dir, "results.parquet"), func(w io.Writer) error { return columnar.Write(w, rs) }); err != nil {
+			return err
+		}
 	}
 	return b.Commit()
 }

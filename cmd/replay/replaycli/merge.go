@@ -10,11 +10,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/results/columnar"
 	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
-const mergeUsage = `usage: replay merge [--partial] -o DIR INPUT...
+const mergeUsage = `usage: replay merge [--partial] [--parquet] -o DIR INPUT...
 
 Joins the results of a sweep's shards (each shard's output directory, with
 its plan.json and cells/) or of sim results files (as replay sim --json,
@@ -34,6 +35,7 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 	}
 	outDir := fs.StringP("out", "o", "", "write results.json and results.csv into `DIR` (required)")
 	partial := fs.Bool("partial", false, "write what there is when shards or cells are missing")
+	parquetOut := fs.Bool("parquet", false, "also write DIR/results.parquet: one row per result, typed columns (DuckDB, pandas)")
 	if help, err := cli.Parse(fs, args, stdout); help || err != nil {
 		return err
 	}
@@ -57,7 +59,8 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 		read = append(read, in)
 	}
 	jsonPath, csvPath := filepath.Join(*outDir, "results.json"), filepath.Join(*outDir, "results.csv")
-	if err := checkOutputs(read, "out", jsonPath, "out", csvPath); err != nil {
+	parquetPath := filepath.Join(*outDir, "results.parquet")
+	if err := checkOutputs(read, "out", jsonPath, "out", csvPath, "parquet", parquetPath); err != nil {
 		return err
 	}
 	m := sweep.NewMerger(stderr)
@@ -85,6 +88,11 @@ func runMerge(stdout, stderr io.Writer, args []string) error {
 	}
 	if err := batch.WriteFile(csvPath, func(w io.Writer) error { return results.WriteCSV(w, rs) }); err != nil {
 		return err
+	}
+	if *parquetOut {
+		if err := batch.WriteFile(parquetPath, func(w io.Writer) error { return columnar.Write(w, rs) }); err != nil {
+			return err
+		}
 	}
 	if err := batch.Commit(); err != nil {
 		return err

@@ -25,7 +25,7 @@ import (
 
 const sweepUsage = `usage: replay sweep --traces GLOB... [--policy LIST|all] [--set NAME.key=value]...
                     [--grid NAME.key=v1,v2,...]... [--capacity SIZE[,SIZE...]] [--shard i/n]
-                    [-j N] -o DIR [TRACE|GLOB|DIR...]
+                    [-j N] [--parquet] -o DIR [TRACE|GLOB|DIR...]
 
 Replays every (trace, policy, setting, capacity) cell in parallel and streams
 the results to DIR: DIR/cells/*.json (one file per finished cell, so that a
@@ -58,6 +58,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	capacity := fs.String("capacity", "0", "device capacities `SIZE,...`: a comma-separated list of bytes or sizes like 24GiB (0 = unlimited)")
 	outDir := fs.StringP("out", "o", "", "write the results into `DIR` (required)")
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "`N` replays run in parallel (default: every core)")
+	parquetOut := fs.Bool("parquet", false, "also write DIR/results.parquet: one row per (trace, policy, settings, capacity), typed columns, for DuckDB or pandas")
 	fs.Lookup("jobs").DefValue = "0" // every core, said in the usage: not this machine's count in the help
 	shard := fs.String("shard", "", "run only shard `i/n` of the cells (0 <= i < n); auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX, and writes into DIR/shard-i-of-n")
 	progress := fs.String("progress", "auto", "progress display on stderr, `MODE`: auto (a bar on a terminal, lines otherwise), bar, lines or none")
@@ -136,7 +137,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	plan := sweep.NewPlan(all, shardI, shardN)
-	s := &sweep.Runner{Dir: *outDir, Plan: plan, Workers: *jobs, Open: tracefile.Options{From: *from, Device: *device}, Log: stderr}
+	s := &sweep.Runner{Dir: *outDir, Plan: plan, Workers: *jobs, Open: tracefile.Options{From: *from, Device: *device}, Log: stderr, Parquet: *parquetOut}
 	dir := *outDir
 	atomicfile.SetInterruptNote(func() string {
 		// The cell files on disk: what a rerun skips.
@@ -166,7 +167,11 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	failed, caps := s.Failed(), len(spec.Capacities)
 	fmt.Fprintf(stdout, "sweep: %s (%d traces x %d policies and settings x %d capacities): %d run, %d already done, %d failed, in %.1f s with %d workers\n",
 		what, len(traces), len(all)/max(len(traces)*caps, 1), caps, s.Ran(), s.DoneBefore(), len(failed), elapsed.Seconds(), *jobs)
-	fmt.Fprintf(stdout, "sweep: results in %s and %s\n", filepath.Join(*outDir, "results.csv"), filepath.Join(*outDir, "results.json"))
+	if *parquetOut {
+		fmt.Fprintf(stdout, "sweep: results in %s, %s and %s\n", filepath.Join(*outDir, "results.csv"), filepath.Join(*outDir, "results.json"), filepath.Join(*outDir, "results.parquet"))
+	} else {
+		fmt.Fprintf(stdout, "sweep: results in %s and %s\n", filepath.Join(*outDir, "results.csv"), filepath.Join(*outDir, "results.json"))
+	}
 	writeSweepWarnings(stderr, s.Results())
 	if len(failed) > 0 {
 		for _, f := range failed[:min(len(failed), 5)] {

@@ -2,6 +2,7 @@ package replaycli
 
 import (
 	"encoding/csv"
+	"github.com/parquet-go/parquet-go"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -337,5 +338,55 @@ func TestSweepSchedulerShards(t *testing.T) {
 	}
 	if _, _, err := runCmd(t, append(base, "--shard", "auto", "-o", filepath.Join(dir, "fresh"))...); err == nil || !strings.Contains(err.Error(), "give the Indexed Job's completions as --shard auto/N") {
 		t.Errorf("an Indexed Job without its count: %v", err)
+	}
+}
+
+// TestSweepParquet: --parquet writes results.parquet beside the CSV and
+// JSON, a row per cell with the JSON's figures, typed; merge --parquet of
+// the sweep writes the same rows.
+func TestSweepParquet(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "sw")
+	churn := "../../../testdata/pytorch/churn.pickle.gz"
+	if _, _, err := runCmd(t, "sweep", "--traces", churn, "--policy", "pytorch,cuda", "--grid", "pytorch.expandable_segments=True,False", "--parquet", "-j", "1", "-o", dir); err != nil {
+		t.Fatal(err)
+	}
+	want := readResults(t, filepath.Join(dir, "results.json"))
+	for _, path := range []string{filepath.Join(dir, "results.parquet"), "merged"} {
+		if path == "merged" {
+			out := filepath.Join(t.TempDir(), "m")
+			if _, _, err := runCmd(t, "merge", "--parquet", "-o", out, dir); err != nil {
+				t.Fatal(err)
+			}
+			path = filepath.Join(out, "results.parquet")
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		r := parquet.NewReader(f)
+		if int(r.NumRows()) != len(want) || len(want) != 3 {
+			t.Fatalf("%s: %d rows, want %d (3 cells)", path, r.NumRows(), len(want))
+		}
+		col := map[string]int{}
+		for i, p := range r.Schema().Columns() {
+			col[p[0]] = i
+		}
+		rows := make([]parquet.Row, len(want))
+		if n, err := r.ReadRows(rows); n != len(want) && err != nil {
+			t.Fatalf("%s: %d rows read: %v", path, n, err)
+		}
+		for k, w := range want {
+			row := rows[k]
+			if got := row[col["policy"]].String(); got != w.Policy {
+				t.Errorf("%s row %d: policy %q, want %q", path, k, got, w.Policy)
+			}
+			if got := uint64(row[col["peak_reserved_bytes"]].Int64()); got != w.PeakReserved {
+				t.Errorf("%s row %d: peak_reserved_bytes %d, want %d", path, k, got, w.PeakReserved)
+			}
+			if got := row[col["device_allocs"]].Int64(); got != w.DeviceAllocs {
+				t.Errorf("%s row %d: device_allocs %d, want %d", path, k, got, w.DeviceAllocs)
+			}
+		}
 	}
 }
