@@ -1,6 +1,7 @@
 package plots
 
 import (
+	"cmp"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -45,6 +46,9 @@ type Report struct {
 	Results []ReportResult
 	Fits    []results.Fit
 	Diffs   []results.Diff // replay diff's comparisons, a section each
+	// Tunes are replay tune's candidates (results of kind tune), a
+	// section per trace (tuneSections).
+	Tunes []results.Tune
 	// Policies names the policies the memory and fragmentation charts
 	// draw (ShownPolicies); nil for the default set.
 	Policies []string
@@ -383,6 +387,7 @@ type (
 		Fit             *fitTable
 		Compare         *fitTable // a replay diff's figures
 		Ranks           *fitTable // a job's ranks side by side
+		Tune            *fitTable // replay tune's candidates, ranked
 		Notes           []string
 	}
 	fact struct{ Name, Value string }
@@ -440,6 +445,19 @@ func buildPage(r *Report) (page, error) {
 	}
 	if len(r.Results)+len(r.Fits) > 0 {
 		pg.Summary = fmt.Sprintf("%s and %s: %s, %s.", Plural(len(r.Results), "result"), Plural(len(r.Fits), "fit answer"), Plural(len(traces), "trace"), Plural(len(policies), "policy"))
+	}
+	if len(r.Tunes) > 0 {
+		tuned, n := map[string]bool{}, 0
+		for _, t := range r.Tunes {
+			tuned[t.Trace] = true
+			if !t.Recorded {
+				n++
+			}
+		}
+		pg.Summary = strings.TrimSpace(pg.Summary + fmt.Sprintf(" replay tune: %s ranked, of %s.", Plural(n, "setting"), Plural(len(tuned), "trace")))
+		if len(r.Results)+len(r.Fits)+len(r.Diffs) == 0 && r.Title == "" {
+			pg.Title = "Allocator settings ranked"
+		}
 	}
 	switch n := len(r.Diffs); {
 	case n == 1:
@@ -522,7 +540,117 @@ func buildPage(r *Report) (page, error) {
 		s.Compare = t
 		pg.Sections = append(pg.Sections, s)
 	}
+	for k, ts := range tuneSections(r.Tunes) {
+		ts.ID = fmt.Sprintf("tune-%d", k+1)
+		pg.Nav = append(pg.Nav, navItem{ts.ID, ts.Name})
+		pg.Sections = append(pg.Sections, ts)
+	}
 	return pg, nil
+}
+
+// TuneBars is the number of a tune section's best candidates whose
+// reserved bytes are drawn as bars; the others are rows without one, so
+// that a grid of hundreds stays a table to read.
+const TuneBars = 20
+
+// tuneSections returns a section per trace of replay tune's candidates
+// (results of kind tune, in their file order): the recorded setting and
+// the recommendation with their figures, and every candidate by rank, the
+// TuneBars best with a bar of their peak reserved bytes against the
+// recorded setting's.
+func tuneSections(ts []results.Tune) []section {
+	var order []string
+	byTrace := map[string][]results.Tune{}
+	for _, t := range ts {
+		if byTrace[t.Trace] == nil {
+			order = append(order, t.Trace)
+		}
+		byTrace[t.Trace] = append(byTrace[t.Trace], t)
+	}
+	var out []section
+	for _, trace := range order {
+		cs := byTrace[trace]
+		var rec, best *results.Tune
+		var ranked []results.Tune
+		for k := range cs {
+			switch {
+			case cs[k].Recorded:
+				rec = &cs[k]
+			default:
+				ranked = append(ranked, cs[k])
+			}
+		}
+		slices.SortStableFunc(ranked, func(a, b results.Tune) int { return cmp.Compare(a.Rank, b.Rank) })
+		if len(ranked) > 0 {
+			best = &ranked[0]
+		}
+		s := section{Name: "Tune: " + filepath.Base(trace), Trace: trace}
+		conf := func(c string) string {
+			if c == "" {
+				return "(default)"
+			}
+			return c
+		}
+		figures := func(t *results.Tune) string {
+			return fmt.Sprintf("peak reserved %s MiB (%d bytes), %d device calls, %s ms in the allocator, %d OOMs",
+				MiBText(t.PeakReserved), t.PeakReserved, t.DeviceAllocs+t.DeviceFrees, msText(t.SimAllocTimeNS), t.OOMs)
+		}
+		s.Facts = append(s.Facts, fact{"trace", trace}, fact{"settings tried", strconv.Itoa(len(ranked))})
+		if rec != nil {
+			s.Facts = append(s.Facts, fact{"recorded setting", conf(rec.Conf) + ": " + figures(rec)})
+		}
+		if best != nil {
+			s.Facts = append(s.Facts, fact{"recommended", "PYTORCH_CUDA_ALLOC_CONF=\"" + best.Conf + "\": " + figures(best)})
+		}
+		top := uint64(0)
+		for k, t := range ranked {
+			if k < TuneBars {
+				top = max(top, t.PeakReserved)
+			}
+		}
+		if rec != nil {
+			top = max(top, rec.PeakReserved)
+		}
+		tb := &fitTable{Head: []string{"rank", "PYTORCH_CUDA_ALLOC_CONF", "reserved MiB", "peak reserved", "device calls", "alloc ms", "OOMs", "front"}}
+		addRow := func(rank string, t *results.Tune, bar bool) {
+			u := func(v uint64) string { return strconv.FormatUint(v, 10) }
+			barCell := cell{Class: "barcell", Sort: u(t.PeakReserved), Title: MiBText(t.PeakReserved) + " MiB"}
+			if bar && top > 0 {
+				barCell.Bar = []barPart{{Class: "fill", Style: barStyle(t.PeakReserved, top, color.RGBA{0x00, 0x72, 0xb2, 0xff}, 0), Title: u(t.PeakReserved) + " bytes"}}
+				if rec != nil {
+					barCell.Bar = append(barCell.Bar, barPart{Class: "bound", Style: markStyle(rec.PeakReserved, top), Title: "the recorded setting's " + u(rec.PeakReserved) + " bytes"})
+				}
+			}
+			front := ""
+			if t.Front {
+				front = "*"
+			}
+			tb.Rows = append(tb.Rows, row{Cells: []cell{
+				{Text: rank, Class: "num", Sort: strconv.Itoa(t.Rank)},
+				{Text: conf(t.Conf), Title: t.SameAs},
+				{Text: MiBText(t.PeakReserved), Class: "num", Title: u(t.PeakReserved) + " bytes", Sort: u(t.PeakReserved)},
+				barCell,
+				{Text: strconv.FormatInt(t.DeviceAllocs+t.DeviceFrees, 10), Class: "num"},
+				{Text: msText(t.SimAllocTimeNS), Class: "num", Sort: strconv.FormatInt(t.SimAllocTimeNS, 10)},
+				{Text: strconv.FormatInt(t.OOMs, 10), Class: "num"},
+				{Text: front},
+			}})
+		}
+		if rec != nil {
+			addRow("recorded", rec, true)
+		}
+		for k := range ranked {
+			addRow(strconv.Itoa(ranked[k].Rank), &ranked[k], k < TuneBars)
+		}
+		tb.Bars = []legendItem{{Class: "fill", Text: "peak reserved"}, {Class: "bound", Text: "the recorded setting's"}}
+		tb.Notes = append(tb.Notes, fmt.Sprintf("Ranked by fewer OOMs, then peak reserved bytes, then device calls, then allocator time; * marks the Pareto front of those three. Bars for the recorded setting and the %d best; every candidate is a row (click a header to sort).", min(TuneBars, len(ranked))))
+		if rec != nil {
+			tb.Notes = append(tb.Notes, rec.Warnings...)
+		}
+		s.Tune = tb
+		out = append(out, s)
+	}
+	return out
 }
 
 // sitesTable returns the table of the allocation sites at each policy's
@@ -1136,6 +1264,8 @@ var reportTemplate = template.Must(template.New("report").Funcs(template.FuncMap
 {{template "table" table "cmp" .Head .Rows false}}{{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{end}}{{with .Ranks}}<h3>Ranks side by side</h3>
 {{template "table" table "cmp" .Head .Rows false}}{{range .Notes}}<p class="note">{{.}}</p>
+{{end}}{{end}}{{with .Tune}}<h3>Settings ranked</h3>
+{{template "table" table "cmp" .Head .Rows false}}{{template "barlegend" .Bars}}{{range .Notes}}<p class="note">{{.}}</p>
 {{end}}{{end}}</section>
 {{end}}<script>
 {{.Script}}

@@ -41,9 +41,11 @@ const (
 	KindFit
 	// KindDiff records are Diff: replay diff.
 	KindDiff
+	// KindTune records are Tune: replay tune's candidates, ranked.
+	KindTune
 )
 
-var kindNames = [...]string{"", "sim", "gpu", "fit", "diff"}
+var kindNames = [...]string{"", "sim", "gpu", "fit", "diff", "tune"}
 
 // String returns the kind as a file says it ("sim", "gpu", "fit"), or
 // "Kind(N)" for an invalid one.
@@ -135,6 +137,10 @@ func WriteSimJobs(w io.Writer, rs []*Result, jobs []*Job) error {
 // WriteGPU writes replay gpu results as a results file of kind "gpu".
 func WriteGPU(w io.Writer, rs []*GPU) error { return write(w, KindGPU, rs, nil) }
 
+// WriteTune writes replay tune's candidates as a results file of kind
+// "tune".
+func WriteTune(w io.Writer, ts []*Tune) error { return write(w, KindTune, ts, nil) }
+
 // WriteFit writes replay fit answers as a results file of kind "fit".
 func WriteFit(w io.Writer, rs []*Fit) error { return write(w, KindFit, rs, nil) }
 
@@ -167,6 +173,7 @@ type Record struct {
 	GPU   *GPU
 	Fit   *Fit
 	Diff  *Diff
+	Tune  *Tune
 }
 
 // Reader reads the records of a results file one at a time, in the manner
@@ -300,7 +307,7 @@ func (r *Reader) header() error {
 			}
 			k, ok := ParseKind(kindName)
 			if !ok {
-				return fmt.Errorf("%w %q (known: sim, gpu, fit)", ErrUnknownKind, kindName)
+				return fmt.Errorf("%w %q (known: sim, gpu, fit, diff, tune)", ErrUnknownKind, kindName)
 			}
 			r.kind = k
 		case "version":
@@ -452,6 +459,12 @@ func decodeRecord(raw json.RawMessage, kind Kind) (Record, error) {
 			return rec, err
 		}
 		return rec, checkNamed(&rec.Diff.B)
+	case KindTune:
+		rec.Tune = &Tune{}
+		if err := json.Unmarshal(raw, rec.Tune); err != nil {
+			return rec, err
+		}
+		return rec, checkNamed(&rec.Tune.Result)
 	case KindGPU:
 		rec.GPU = &GPU{}
 		if err := json.Unmarshal(raw, rec.GPU); err != nil {

@@ -116,7 +116,7 @@ func TestErrors(t *testing.T) {
 	}{
 		{"no results", `{"rows": []}`, ErrNoResults, `in.json: byte offset 11: no "results" list`},
 		{"not an object", `[1]`, ErrNoResults, `in.json: byte offset 1: no "results" list`},
-		{"unknown kind", `{"kind": "tune", "results": []}`, ErrUnknownKind, `in.json: byte offset 15: unknown kind of results "tune" (known: sim, gpu, fit)`},
+		{"unknown kind", `{"kind": "plan", "results": []}`, ErrUnknownKind, `in.json: byte offset 15: unknown kind of results "plan" (known: sim, gpu, fit, diff, tune)`},
 		{"newer version", `{"kind": "sim", "version": 3, "results": []}`, ErrUnsupportedVersion, `unsupported results version 3 (this replay reads up to 2)`},
 		{"no trace", `{"kind": "sim", "version": 1, "results": [{"trace": "t", "policy": "bfc"}, {"policy": "bfc"}]}`, ErrNoTraceOrPolicy, `in.json: result 1, byte offset 92: no trace or policy`},
 		{"bad field", `{"results": [{"trace": "t", "policy": 3}]}`, nil, `in.json: result 0, byte offset 40: json: cannot unmarshal number`},

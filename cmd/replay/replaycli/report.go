@@ -67,7 +67,7 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	if len(rep.Results) == 0 && len(rep.Fits) == 0 && len(rep.Diffs) == 0 {
+	if len(rep.Results) == 0 && len(rep.Fits) == 0 && len(rep.Diffs) == 0 && len(rep.Tunes) == 0 {
 		return fmt.Errorf("report: the inputs hold no results")
 	}
 	for _, n := range shown {
@@ -128,7 +128,11 @@ func runReport(stdout, stderr io.Writer, args []string) error {
 	if err := batch.Commit(); err != nil {
 		return err
 	}
-	fmt.Fprintf(say, "report: %s, %s, %s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), *out, float64(size)/1e6)
+	tuned := ""
+	if len(rep.Tunes) > 0 {
+		tuned = ", " + count(len(rep.Tunes), "tune candidate")
+	}
+	fmt.Fprintf(say, "report: %s, %s, %s%s: %s (%.1f MB)\n", count(len(rep.Results), "result"), count(len(rep.Fits), "fit answer"), count(len(rep.Diffs), "comparison"), tuned, *out, float64(size)/1e6)
 	if *plotDir != "" {
 		fmt.Fprintf(stdout, "report: %d chart files in %s\n", len(plots.Formats)*len(charts), *plotDir)
 	}
@@ -161,6 +165,8 @@ func readReportInput(rep *plots.Report, path string) error {
 			rep.Fits = append(rep.Fits, *rec.Fit)
 		case results.KindDiff:
 			rep.Diffs = append(rep.Diffs, *rec.Diff)
+		case results.KindTune:
+			rep.Tunes = append(rep.Tunes, *rec.Tune)
 		case results.KindGPU:
 			g := rec.GPU
 			rep.Results = append(rep.Results, plots.ReportResult{Result: g.Result, Measured: true, Device: g.Device, MeasuredAllocTimeNS: g.AllocTimeNS, Paced: g.Paced})

@@ -133,3 +133,41 @@ func TestOldResultsFiles(t *testing.T) {
 		t.Errorf("merge of fit answers: %v, want %q", err, fitJSON+": result 0, byte offset N: a fit result, not a sim one")
 	}
 }
+
+// TestReportTune: replay report on tune's --json (kind tune) makes a
+// section of its own: the recorded setting's and the recommendation's
+// figures, and every candidate by rank in one table, bars for the best
+// (TuneBars) only; no per-result chart or overview column per candidate.
+func TestReportTune(t *testing.T) {
+	dir := t.TempDir()
+	js, page := filepath.Join(dir, "tune.json"), filepath.Join(dir, "tune.html")
+	churn := "../../../testdata/pytorch/churn.pickle.gz"
+	if _, _, err := runCmd(t, "tune", "--grid", "garbage_collection_threshold=", "--json", js, churn); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runCmd(t, "report", "-o", page, js)
+	if err != nil || !strings.Contains(out, "0 results, 0 fit answers, 0 comparisons, 61 tune candidates") {
+		t.Fatalf("report: %v\n%s", err, out)
+	}
+	data, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	html := string(data)
+	for _, want := range []string{
+		"<h1>Allocator settings ranked</h1>", "replay tune: 60 settings ranked, of 1 trace.",
+		`<h2>Tune: churn.pickle.gz</h2>`, "<h3>Settings ranked</h3>",
+		`PYTORCH_CUDA_ALLOC_CONF=&#34;roundup_power2_divisions:16,expandable_segments:True&#34;: peak reserved 1666.0 MiB (1746927616 bytes)`,
+		"(default): peak reserved 1734.0 MiB (1818230784 bytes), 31 device calls",
+	} {
+		if !strings.Contains(html, want) {
+			t.Errorf("the page has no %q", want)
+		}
+	}
+	if n := strings.Count(html, `class="fill"`); n != 1+20 {
+		t.Errorf("%d bars, want 21 (the recorded setting and the 20 best)", n)
+	}
+	if strings.Contains(html, `id="overview"`) || strings.Contains(html, `data-kind="memory"`) {
+		t.Error("a tune report draws the overview or the memory charts of 61 results")
+	}
+}

@@ -175,7 +175,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		if err != nil || *jsonOut == "" {
 			return err
 		}
-		return writeTuneJSON(stdout, *jsonOut, all)
+		return writeTuneJSON(stdout, *jsonOut, func(w io.Writer) error { return results.WriteTune(w, all) })
 	}
 	mine := confs
 	if shardN > 1 {
@@ -186,7 +186,8 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
-	var all []*sim.Result
+	var all []*sim.Result     // a shard's results (kind sim, for --from-results)
+	var tunes []*results.Tune // the ranked candidates (kind tune)
 	// The per-rank traces of a job: each rank's candidates in the order
 	// of confs, and its recorded replay, by job.
 	type rankRun struct {
@@ -235,6 +236,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			jobRuns[name] = append(jobRuns[name], rankRun{rank, append([]tune.Candidate(nil), cs...), recorded})
 		}
 		tune.Rank(cs)
+		tunes = append(tunes, tuneRecords(recorded, recordedConf(h), cs)...)
 		// The recorded replay's warnings (a failed malloc served for want
 		// of a capacity...) apply to every candidate.
 		writeWarnings(stderr, []*sim.Result{recorded})
@@ -264,20 +266,23 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			cli.Safe(filepath.Base(name)), len(runs), cs[0].Conf, best.PeakReserved, best.OOMs, tune.Calls(best), rec[0].Result.PeakReserved, rec[0].Result.OOMs, tune.Calls(rec[0].Result))
 	}
 	if *jsonOut != "" {
-		return writeTuneJSON(stdout, *jsonOut, all)
+		if shardN > 1 {
+			return writeTuneJSON(stdout, *jsonOut, func(w io.Writer) error { return results.WriteSim(w, all) })
+		}
+		return writeTuneJSON(stdout, *jsonOut, func(w io.Writer) error { return results.WriteTune(w, tunes) })
 	}
 	return nil
 }
 
-// writeTuneJSON writes the candidates' results to path (- for stdout),
+// writeTuneJSON writes the candidates' results (write) to path (- for stdout),
 // unless a write of the tables to stdout has failed already: the tables
 // are printed as the traces are tuned, and a full disk or a closed pipe
 // there must not leave the --json file replaced as if all went well.
-func writeTuneJSON(stdout io.Writer, path string, all []*sim.Result) error {
+func writeTuneJSON(stdout io.Writer, path string, write func(io.Writer) error) error {
 	if cw, ok := stdout.(*checkedWriter); ok && cw.err != nil {
 		return fmt.Errorf("writing standard output: %w (--json %s not written)", cw.err, path)
 	}
-	if err := writeOutput(stdout, path, func(w io.Writer) error { return results.WriteSim(w, all) }); err != nil {
+	if err := writeOutput(stdout, path, write); err != nil {
 		return fmt.Errorf("--json: %w", err)
 	}
 	return nil
@@ -344,7 +349,7 @@ func recordedResult(r *sim.Result, conf string) *sim.Result {
 // run. It returns every candidate's result, as one run's --json holds
 // them, or an error naming the trace and the setting string missing or
 // repeated.
-func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, print bool) ([]*sim.Result, error) {
+func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, print bool) ([]*results.Tune, error) {
 	type traceRuns struct {
 		byConf   map[string]*sim.Result
 		from     map[string]string // the file of each conf's result
@@ -382,7 +387,7 @@ func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, p
 			tr.byConf[conf], tr.from[conf] = r, path
 		}
 	}
-	var all []*sim.Result
+	var all []*results.Tune
 	if len(order) == 0 {
 		return nil, fmt.Errorf("tune --from-results: no results in %s", strings.Join(paths, ", "))
 	}
@@ -406,16 +411,27 @@ func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, p
 				}
 			}
 		}
-		for _, c := range cs {
-			all = append(all, c.Result)
-		}
 		tune.Rank(cs)
+		all = append(all, tuneRecords(tr.recorded, tr.recConf, cs)...)
 		writeWarnings(stderr, []*sim.Result{tr.recorded})
 		if print {
 			writeTune(stdout, name, tr.recConf, tr.recorded, cs, top)
 		}
 	}
 	return all, nil
+}
+
+// tuneRecords returns a trace's records of kind tune: the recorded
+// setting's replay (recConf), then the candidates cs in their rank order
+// (tune.Rank).
+func tuneRecords(recorded *sim.Result, recConf string, cs []tune.Candidate) []*results.Tune {
+	rec := *recorded
+	rec.Settings = map[string]string{"conf": recConf} // as the candidates'; a shard's says "recorded"
+	out := []*results.Tune{{Result: rec, Conf: recConf, Recorded: true}}
+	for k, c := range cs {
+		out = append(out, &results.Tune{Result: *c.Result, Conf: c.Conf, Rank: k + 1, Front: c.Front, Recommended: k == 0, SameAs: c.Same})
+	}
+	return out
 }
 
 // nominalNote is what a line naming a card adds for a nominal one.

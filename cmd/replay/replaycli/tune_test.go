@@ -2,6 +2,7 @@ package replaycli
 
 import (
 	"errors"
+	"github.com/gpualloc/allocsim/sim/results"
 	"io"
 	"os"
 	"path/filepath"
@@ -25,8 +26,26 @@ func TestTune(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no recommendation:\n%s", stdout)
 	}
-	if rs := readResults(t, js); len(rs) != 180 {
-		t.Errorf("--json: %d results, want 180", len(rs))
+	// --json: kind tune, the recorded setting's replay (rank 0), then the
+	// 180 candidates by rank, the first the recommendation.
+	rd, err := results.Open(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ts []*results.Tune
+	for rd.Scan() {
+		ts = append(ts, rd.Record().Tune)
+	}
+	rd.Close()
+	if err := rd.Err(); err != nil || rd.Kind() != results.KindTune || len(ts) != 181 {
+		t.Fatalf("--json: kind %v, %d records, %v; want kind tune, 181", rd.Kind(), len(ts), err)
+	}
+	if !ts[0].Recorded || ts[0].Rank != 0 || ts[0].PeakReserved != 1818230784 || ts[1].Rank != 1 || !ts[1].Recommended || ts[1].Conf != m[1] || !ts[1].Front ||
+		ts[180].Rank != 180 || ts[2].Recommended {
+		for _, k := range []int{0, 1, 2, 180} {
+			tc := ts[k]
+			t.Errorf("--json record %d: conf %q rank %d front %v recommended %v recorded %v, %d bytes", k, tc.Conf, tc.Rank, tc.Front, tc.Recommended, tc.Recorded, tc.PeakReserved)
+		}
 	}
 	sj := filepath.Join(t.TempDir(), "sim.json")
 	if _, _, err := runCmd(t, "sim", "--policy", "pytorch", "--set", "pytorch.conf="+m[1], "--json", sj, churn); err != nil {
