@@ -22,7 +22,7 @@ const DefaultContext = sim.ContextBytes
 
 // DefaultCards are the cards answered for by default: common ones by
 // name, from 16 GB to the H200 (NamedCards).
-const DefaultCards = "T4-16GB,L4-24GB,A100-40GB,L40S-48GB,A100-80GB,H100-80GB,H200"
+const DefaultCards = "T4-16GB,L4-24GB,A100-40GB,L40S-48GB,H100-80GB,H200"
 
 // KnownCard is a card whose memory is known by name: Measured is the total
 // that CUDA reports for it (cudaMemGetInfo, deviceQuery's "Total amount of
