@@ -57,13 +57,22 @@ type fixedSize struct {
 	perStream  bool
 	streams    rmmStreams[fixedList]
 	freeBlocks uint64
+	// held is each list's number of free blocks by the order of streams
+	// (a list's id less one), kept as lists change, so that a malloc
+	// finds the first other stream with a block without a pass over
+	// every stream (which made N streams cost N^2).
+	held sizeTree
 }
 
 // fixedList is a first in, first out list of block addresses.
 type fixedList struct {
 	buf  []uint64
 	head int
+	id   int // in fixedSize.streams.order, plus one; 0 until counted
 }
+
+// len returns the number of blocks in l.
+func (l *fixedList) len() int { return len(l.buf) - l.head }
 
 func (l *fixedList) push(a uint64) { l.buf = append(l.buf, a) }
 
@@ -229,8 +238,15 @@ func (f *fixedSize) list(stream uint64) *fixedList {
 	if !f.perStream {
 		stream = 0
 	}
-	return f.streams.get(stream)
+	l := f.streams.get(stream)
+	if l.id == 0 {
+		l.id = len(f.streams.order)
+	}
+	return l
 }
+
+// counted sets l's count of blocks in f.held, after a change.
+func (f *fixedSize) counted(l *fixedList) { f.held.set(l.id-1, uint64(l.len())) }
 
 // preallocate puts one chunk from up into the default stream's list.
 func (f *fixedSize) preallocate(up func(size, stream uint64) (uint64, error)) error {
@@ -246,6 +262,7 @@ func (f *fixedSize) addChunk(l *fixedList, stream uint64, up func(size, stream u
 	for i := range f.perChunk {
 		l.push(base + i*f.blockSize)
 	}
+	f.counted(l)
 	f.freeBlocks += f.perChunk
 	return nil
 }
@@ -255,13 +272,15 @@ func (f *fixedSize) addChunk(l *fixedList, stream uint64, up func(size, stream u
 func (f *fixedSize) malloc(stream uint64, up func(size, stream uint64) (uint64, error)) (uint64, error) {
 	l := f.list(stream)
 	a, ok := l.pop()
-	if !ok && f.perStream {
-		for _, o := range f.streams.order {
-			if o != l {
-				if a, ok = o.pop(); ok {
-					break
-				}
-			}
+	if ok {
+		f.counted(l)
+	} else if f.perStream {
+		// The first other stream, in the order streams came, that holds a
+		// block (l holds none).
+		if i := f.held.first(0, 1); i >= 0 {
+			o := f.streams.order[i]
+			a, ok = o.pop()
+			f.counted(o)
 		}
 	}
 	if !ok {
@@ -269,6 +288,7 @@ func (f *fixedSize) malloc(stream uint64, up func(size, stream uint64) (uint64, 
 			return 0, err
 		}
 		a, _ = l.pop()
+		f.counted(l)
 	}
 	f.freeBlocks--
 	return a, nil
@@ -276,7 +296,9 @@ func (f *fixedSize) malloc(stream uint64, up func(size, stream uint64) (uint64, 
 
 // free appends block addr to the list of stream.
 func (f *fixedSize) free(addr, stream uint64) {
-	f.list(stream).push(addr)
+	l := f.list(stream)
+	l.push(addr)
+	f.counted(l)
 	f.freeBlocks++
 }
 
