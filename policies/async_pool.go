@@ -148,7 +148,11 @@ type AsyncPool struct {
 	// freed holds, by chunk, the latest free on it of each stream, when
 	// frees complete at once: the chunk goes back only at a synchronize
 	// the host knows them complete through.
-	freed   [][]apFree
+	freed [][]apFree
+	// freedAt indexes a chunk's freed by stream once it holds more than
+	// freedScan streams, so that a free on one of N streams finds its tag
+	// without a pass over N (which made N streams cost N^2).
+	freedAt []map[*apStream]int
 	scratch []*flBlock
 	atOnce  bool // frees complete at once (frees_complete=at_once)
 
@@ -573,6 +577,7 @@ func (p *AsyncPool) mapChunks(addr, n uint64) error {
 		p.mapped = append(p.mapped, false)
 		p.busy = append(p.busy, 0)
 		p.freed = append(p.freed, nil)
+		p.freedAt = append(p.freedAt, nil)
 	}
 	var fresh []uint64 // mapped by this call
 	for c := first; c <= last; c++ {
@@ -636,23 +641,44 @@ func (p *AsyncPool) unmapOne(c uint64) error {
 	}
 	p.mapped[c] = false
 	p.freed[c] = p.freed[c][:0]
+	p.freedAt[c] = nil
 	p.reserved -= p.granularity
 	return nil
 }
+
+// freedScan is the number of a chunk's tags below which tagChunks finds a
+// stream's by a pass rather than through freedAt.
+const freedScan = 16
 
 // tagChunks notes free f on the chunks [addr, addr+n) touches.
 func (p *AsyncPool) tagChunks(addr, n uint64, f apFree) {
 	first, last := p.chunks(addr, n)
 	for c := first; c <= last; c++ {
 		tags := p.freed[c]
+		if at := p.freedAt[c]; at != nil {
+			if i, ok := at[f.s]; ok {
+				tags[i] = f
+			} else {
+				at[f.s] = len(tags)
+				p.freed[c] = append(tags, f)
+			}
+			continue
+		}
 		i := 0
 		for i < len(tags) && tags[i].s != f.s {
 			i++
 		}
-		if i == len(tags) {
-			p.freed[c] = append(tags, f)
-		} else {
+		if i < len(tags) {
 			tags[i] = f
+			continue
+		}
+		p.freed[c] = append(tags, f)
+		if len(p.freed[c]) > freedScan {
+			at := make(map[*apStream]int, len(p.freed[c]))
+			for k, t := range p.freed[c] {
+				at[t.s] = k
+			}
+			p.freedAt[c] = at
 		}
 	}
 }
