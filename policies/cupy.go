@@ -41,6 +41,14 @@ import (
 type CuPy struct {
 	dev     Device
 	arenas  rmmStreams[cupyArena] // by stream, in the order first seen
+	// freeBytes is the free bytes of every arena, largest each arena's
+	// largest free chunk by its id less one as of the last FreeSpace, and
+	// changed the arenas changed since: FreeSpace then costs the arenas
+	// that changed, not a pass over every stream's (which made N streams
+	// cost N^2).
+	freeBytes uint64
+	largest   maxTops
+	changed   []*cupyArena
 	chunks  trace.AddrMap[*cupyChunk]
 	made    uint64 // chunks made so far: the next chunk's seq
 	retries int64
@@ -64,8 +72,10 @@ const cupyUnit = 512
 
 // cupyArena is the free chunks of one stream, ordered by (size, seq).
 type cupyArena struct {
-	free  freeTree[*cupyChunk]
-	bytes uint64
+	free    freeTree[*cupyChunk]
+	bytes   uint64
+	id      int  // in CuPy.arenas.order, plus one
+	changed bool // in CuPy.changed
 }
 
 // cupyChunk is a run of bytes of one device segment, free (in its arena)
@@ -115,11 +125,20 @@ func (p *CuPy) Retries() int64 { return p.retries }
 // FreeSpace returns the bytes of the free chunks of every arena and the
 // size in bytes of the largest.
 func (p *CuPy) FreeSpace() (total, largest uint64) {
-	for _, a := range p.arenas.order {
-		total += a.bytes
-		largest = max(largest, a.free.largest())
+	for _, a := range p.changed {
+		p.largest.set(a.id-1, a.free.largest())
+		a.changed = false
 	}
-	return total, largest
+	p.changed = p.changed[:0]
+	return p.freeBytes, p.largest.max()
+}
+
+// touched notes that arena a's free chunks changed.
+func (p *CuPy) touched(a *cupyArena) {
+	if !a.changed {
+		a.changed = true
+		p.changed = append(p.changed, a)
+	}
 }
 
 // FollowTie gives the recorded address of the next malloc: if a free
@@ -142,6 +161,9 @@ func (p *CuPy) Malloc(size, stream uint64) (Block, error) {
 	}
 	n := ceilToMultiple(size, cupyUnit)
 	a := p.arenas.get(stream)
+	if a.id == 0 {
+		a.id = len(p.arenas.order)
+	}
 	var c *cupyChunk
 	fresh := false
 	if p.following {
@@ -270,6 +292,8 @@ func (p *CuPy) insert(c *cupyChunk) {
 	c.free = true
 	c.arena.free.insert(c.size, c.seq, c)
 	c.arena.bytes += c.size
+	p.freeBytes += c.size
+	p.touched(c.arena)
 }
 
 // remove takes free chunk c out of its arena: it is allocated, or about
@@ -278,6 +302,8 @@ func (p *CuPy) remove(c *cupyChunk) {
 	c.free = false
 	c.arena.free.delete(c.size, c.seq)
 	c.arena.bytes -= c.size
+	p.freeBytes -= c.size
+	p.touched(c.arena)
 }
 
 // drop unlinks chunk c, merged into its previous neighbour, and recycles
