@@ -500,7 +500,7 @@ func buildPage(r *Report) (page, error) {
 			if data.Series != nil {
 				s.Charts = append(s.Charts,
 					chart{ID: "chart-" + g.id[2:] + "-memory", Kind: "memory", Caption: "Memory over the trace, " + kind + ": each policy's reserved bytes (solid), allocated bytes (dashed) and, where it is above the reserved bytes, its device footprint (dotted), against the requested bytes, the lower bound (black, dashed); a cross marks a policy's first OOM, a grey dotted line the device capacity. Each point is the largest value of its run of events."},
-					chart{ID: "chart-" + g.id[2:] + "-fragmentation", Kind: "fragmentation", Caption: "Fragmentation over the trace, " + kind + ": dots where a malloc made the policy grow (or fail) although its free reserved memory added up to the request, that free memory as a share of the reserved bytes (the largest of each point's run); lines: the idle share, 1 − allocated / reserved, at the last event of each point's run (the README defines both)."})
+					chart{ID: "chart-" + g.id[2:] + "-fragmentation", Kind: "fragmentation", Caption: "Fragmentation over the trace, " + kind + ": dots where a malloc made the policy grow (or fail) although its free reserved memory added up to the request, that free memory as a share of the reserved bytes (the largest of each point's run); lines: the idle share, 1 − allocated / reserved, at the last event of each point's run (docs/results.md defines both)."})
 			} else {
 				s.Notes = append(s.Notes, "No result has series points: there is no memory or fragmentation over the trace to draw.")
 			}
@@ -697,7 +697,7 @@ func sitesTable(g *reportGroup) *fitTable {
 			}})
 		}
 	}
-	t.Notes = []string{"A site is the innermost frame of user code of the malloc (file:line:function; --site-depth gives callers), or the call site record run wrote; a segment's unused bytes go to the sites of its live allocations in proportion to their bytes (see the README)."}
+	t.Notes = []string{"A site is the innermost frame of user code of the malloc (file:line:function; --site-depth gives callers), or the call site record run wrote; a segment's unused bytes go to the sites of its live allocations in proportion to their bytes (docs/results.md says how)."}
 	return t
 }
 

@@ -34,7 +34,7 @@ the device footprint (MiB), reserved against requested and against offline,
 fragmentation (the free reserved memory that could not serve a request
 the policy grew for, at its worst) and the idle share at the peak (1 -
 allocated/reserved), device calls, simulated allocator time (ms, the H200
-cost model), retries and OOMs (the README defines each). A recording is replayed as recorded
+cost model), retries and OOMs (docs/results.md defines each). A recording is replayed as recorded
 (its allocator settings, its addresses); --set overrides one setting. The
 capacity holds the reserved bytes (a per-process cap); without --capacity a
 trace that names its card (record run, an XSpace) is replayed on it, less
