@@ -39,8 +39,8 @@ import (
 // back. A malloc of 0 bytes returns the block {0, 0}, whose free does
 // nothing.
 type CuPy struct {
-	dev     Device
-	arenas  rmmStreams[cupyArena] // by stream, in the order first seen
+	dev    Device
+	arenas rmmStreams[cupyArena] // by stream, in the order first seen
 	// freeBytes is the free bytes of every arena, largest each arena's
 	// largest free chunk by its id less one as of the last FreeSpace, and
 	// changed the arenas changed since: FreeSpace then costs the arenas
@@ -49,13 +49,13 @@ type CuPy struct {
 	freeBytes uint64
 	largest   maxTops
 	changed   []*cupyArena
-	chunks  trace.AddrMap[*cupyChunk]
-	made    uint64 // chunks made so far: the next chunk's seq
-	retries int64
-	spare   *cupyChunk // recycled chunks, linked through next
-	list    []*cupyChunk
-	hint    uint64 // the recorded address of the next malloc (FollowTie)
-	hinted  bool
+	chunks    trace.AddrMap[*cupyChunk]
+	made      uint64 // chunks made so far: the next chunk's seq
+	retries   int64
+	spare     *cupyChunk // recycled chunks, linked through next
+	list      []*cupyChunk
+	hint      uint64 // the recorded address of the next malloc (FollowTie)
+	hinted    bool
 
 	// Following a log (cupy_follow.go): following is set by the first
 	// device allocation shown, logAlloc until the malloc it was for;
@@ -73,7 +73,6 @@ const cupyUnit = 512
 // cupyArena is the free chunks of one stream, ordered by (size, seq).
 type cupyArena struct {
 	free    freeTree[*cupyChunk]
-	bytes   uint64
 	id      int  // in CuPy.arenas.order, plus one
 	changed bool // in CuPy.changed
 }
@@ -291,7 +290,6 @@ func (p *CuPy) freeAll() error {
 func (p *CuPy) insert(c *cupyChunk) {
 	c.free = true
 	c.arena.free.insert(c.size, c.seq, c)
-	c.arena.bytes += c.size
 	p.freeBytes += c.size
 	p.touched(c.arena)
 }
@@ -301,7 +299,6 @@ func (p *CuPy) insert(c *cupyChunk) {
 func (p *CuPy) remove(c *cupyChunk) {
 	c.free = false
 	c.arena.free.delete(c.size, c.seq)
-	c.arena.bytes -= c.size
 	p.freeBytes -= c.size
 	p.touched(c.arena)
 }
