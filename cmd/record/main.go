@@ -7,7 +7,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
@@ -26,14 +25,9 @@ func main() {
 		atomicfile.RemoveOnInterrupt()
 	}
 	if err := run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "record: %s\n", cli.Safe(err.Error()))
 		// record run passes the program's exit status through; a usage
 		// error exits 2.
-		var ec interface{ ExitCode() int }
-		if errors.As(err, &ec) {
-			os.Exit(ec.ExitCode())
-		}
-		os.Exit(1)
+		cli.Exit("record", err)
 	}
 }
 
@@ -61,30 +55,9 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	// What a command writes to stdout (its summary line, a trace given as
 	// "-") is its output: a write that fails (a full disk, a closed pipe)
 	// fails the command.
-	out := &checkedWriter{w: stdout}
-	defer func() {
-		if err == nil && out.err != nil {
-			err = fmt.Errorf("writing standard output: %w", out.err)
-		}
-	}()
+	out := &cli.CheckedWriter{W: stdout}
+	defer func() { err = out.StdoutError(err) }()
 	return dispatch(out, stderr, args)
-}
-
-// checkedWriter passes writes on to w and keeps the first error.
-type checkedWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (c *checkedWriter) Write(p []byte) (int, error) {
-	if c.err != nil {
-		return 0, c.err
-	}
-	n, err := c.w.Write(p)
-	if err != nil {
-		c.err = err
-	}
-	return n, err
 }
 
 // dispatch runs the command args name.

@@ -3,7 +3,6 @@
 package replaycli
 
 import (
-	"errors"
 	"fmt"
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/plots"
@@ -33,12 +32,7 @@ func Main() {
 		atomicfile.RemoveOnInterrupt()
 	}
 	if err := Run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
-		fmt.Fprintf(os.Stderr, "replay: %s\n", cli.Safe(err.Error()))
-		var ec interface{ ExitCode() int }
-		if errors.As(err, &ec) {
-			os.Exit(ec.ExitCode())
-		}
-		os.Exit(1)
+		cli.Exit("replay", err)
 	}
 }
 
@@ -100,30 +94,9 @@ func run(stdout, stderr io.Writer, args []string) (err error) {
 	// What a command writes to stdout (a table, a results file given as
 	// "-") is its output: a write that fails (a full disk, a closed pipe)
 	// fails the command, whatever the command did with the error.
-	out := &checkedWriter{w: stdout}
-	defer func() {
-		if err == nil && out.err != nil {
-			err = fmt.Errorf("writing standard output: %w", out.err)
-		}
-	}()
+	out := &cli.CheckedWriter{W: stdout}
+	defer func() { err = out.StdoutError(err) }()
 	return dispatch(out, stderr, args)
-}
-
-// checkedWriter passes writes on to w and keeps the first error.
-type checkedWriter struct {
-	w   io.Writer
-	err error
-}
-
-func (c *checkedWriter) Write(p []byte) (int, error) {
-	if c.err != nil {
-		return 0, c.err
-	}
-	n, err := c.w.Write(p)
-	if err != nil {
-		c.err = err
-	}
-	return n, err
 }
 
 // dispatch runs the command args name.

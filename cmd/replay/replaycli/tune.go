@@ -279,8 +279,8 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 // are printed as the traces are tuned, and a full disk or a closed pipe
 // there must not leave the --json file replaced as if all went well.
 func writeTuneJSON(stdout io.Writer, path string, write func(io.Writer) error) error {
-	if cw, ok := stdout.(*checkedWriter); ok && cw.err != nil {
-		return fmt.Errorf("writing standard output: %w (--json %s not written)", cw.err, path)
+	if cw, ok := stdout.(*cli.CheckedWriter); ok && cw.Err != nil {
+		return fmt.Errorf("writing standard output: %w (--json %s not written)", cw.Err, path)
 	}
 	if err := writeOutput(stdout, path, write); err != nil {
 		return fmt.Errorf("--json: %w", err)
