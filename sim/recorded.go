@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"github.com/gpualloc/allocsim/sim/results"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
@@ -144,10 +145,8 @@ func (r *Replay) End() error {
 }
 
 // ContextBytes is the memory in bytes a device's context holds before the
-// first allocation, as measured on an H200 (CUDA 13.0, driver 580.159;
-// ../shared/reference/CUDA_MEASURED.md, "Footprint"): a card's memory less
-// it is what allocations can take.
-const ContextBytes = 552402944
+// first allocation (results.ContextBytes).
+const ContextBytes = results.ContextBytes
 
 // withCard gives a config with CardCapacity and no capacity the capacity of
 // the card the trace was recorded on (h.DeviceMemory, record run's

@@ -491,3 +491,9 @@ func ByFigure(rs []*Result) []*Result {
 	})
 	return out
 }
+
+// ContextBytes is the memory in bytes a device's context holds before the
+// first allocation, as measured on an H200 (CUDA 13.0, driver 580.159;
+// ../shared/reference/CUDA_MEASURED.md, "Footprint"): a card's memory less
+// it is what allocations can take.
+const ContextBytes = 552402944

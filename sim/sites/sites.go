@@ -35,6 +35,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/gpualloc/allocsim/trace/tracefile"
+
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/viz"
 	"github.com/gpualloc/allocsim/trace"
@@ -332,4 +334,23 @@ func cFile(file string) bool {
 		}
 	}
 	return false
+}
+
+// AddFile gives each of rs, the results of cfgs on the trace at path,
+// its memory at the peak by allocation site (AtPeaks): a second replay
+// of each up to its peak event, all in one pass over the trace.
+func AddFile(path string, opts tracefile.Options, cfgs []sim.Config, rs []*sim.Result, opt Options) error {
+	f, err := tracefile.Open(path, opts)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ss, err := AtPeaks(f, cfgs, rs, opt)
+	if err != nil {
+		return tracefile.NameError(path, fmt.Errorf("--sites: %w", err))
+	}
+	for k, r := range rs {
+		r.Sites = ss[k]
+	}
+	return nil
 }

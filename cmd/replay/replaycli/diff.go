@@ -16,7 +16,9 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/sim/sweep"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -111,20 +113,20 @@ func runDiff(stdout, stderr io.Writer, args []string) error {
 	if err != nil {
 		return err
 	}
-	writeWarnings(stderr, []*sim.Result{a, b})
+	tables.Warnings(stderr, []*sim.Result{a, b})
 	d := results.NewDiff(a, b)
-	// The JSON and the table appear together (outputSet).
-	outs := &outputSet{out: stdout}
-	defer outs.abort()
-	if err := outs.add("json", *jsonOut, func(w io.Writer) error { return results.WriteDiff(w, []*results.Diff{d}) }); err != nil {
+	// The JSON and the table appear together (atomicfile.Outputs).
+	outs := &atomicfile.Outputs{Stdout: stdout}
+	defer outs.Abort()
+	if err := outs.Add("json", *jsonOut, func(w io.Writer) error { return results.WriteDiff(w, []*results.Diff{d}) }); err != nil {
 		return err
 	}
 	if *jsonOut != "-" {
-		if err := outs.add("", "-", func(w io.Writer) error { writeDiffTable(w, d); return nil }); err != nil {
+		if err := outs.Add("", "-", func(w io.Writer) error { writeDiffTable(w, d); return nil }); err != nil {
 			return err
 		}
 	}
-	return outs.commit()
+	return outs.Commit()
 }
 
 // writeDiffTable prints the runs and their figures side by side.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"maps"
 	"os"
@@ -12,11 +11,14 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
+
 	"github.com/spf13/pflag"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/job"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -437,17 +439,17 @@ func writeFidelityJob(w io.Writer, j *fidelityJob) {
 	case len(s.OOMRanks) == 0:
 		fmt.Fprint(w, "; no rank ran out of memory")
 	case s.FirstOOMRank >= 0:
-		fmt.Fprintf(w, "; first to fail: rank %d, out of memory at event %d (ranks out of memory: %s)", s.FirstOOMRank, s.FirstOOMEvent, joinInts(s.OOMRanks))
+		fmt.Fprintf(w, "; first to fail: rank %d, out of memory at event %d (ranks out of memory: %s)", s.FirstOOMRank, s.FirstOOMEvent, tables.Ints(s.OOMRanks))
 	default:
-		fmt.Fprintf(w, "; ranks out of memory: %s, the first unknown (no times)", joinInts(s.OOMRanks))
+		fmt.Fprintf(w, "; ranks out of memory: %s, the first unknown (no times)", tables.Ints(s.OOMRanks))
 	}
 	switch {
 	case len(differ) == 0:
 		fmt.Fprint(w, "; every rank as recorded\n")
 	case len(stopped) == 0:
-		fmt.Fprintf(w, "; ranks that differ from their recording: %s\n", joinInts(differ))
+		fmt.Fprintf(w, "; ranks that differ from their recording: %s\n", tables.Ints(differ))
 	default:
-		fmt.Fprintf(w, "; ranks that differ from their recording: %s (the figures of %s stop at their divergence)\n", joinInts(differ), joinInts(stopped))
+		fmt.Fprintf(w, "; ranks that differ from their recording: %s (the figures of %s stop at their divergence)\n", tables.Ints(differ), tables.Ints(stopped))
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 )
 
 // fidelityPending are the recordings whose replay parts from the real
@@ -215,7 +216,7 @@ func TestWriteWarnings(t *testing.T) {
 		{Trace: "b", Policy: "p", Warnings: []string{"some", "the p policy keeps x"}},
 	}
 	var b strings.Builder
-	if n := writeWarnings(&b, rs); n != 6 {
+	if n := tables.Warnings(&b, rs); n != 6 {
 		t.Errorf("%d lines", n)
 	}
 	const want = "a: warning: all\na: p, r: warning: some\na: p, q: warning: the p, q policies keep x\na: r: warning: the r policy keeps y\nb: warning: some\nb: p: warning: the p policy keeps x\n"

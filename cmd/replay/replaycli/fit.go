@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"path/filepath"
 	"runtime"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
+
 	"github.com/spf13/pflag"
 
 	"github.com/gpualloc/allocsim/policies"
@@ -18,6 +19,8 @@ import (
 	"github.com/gpualloc/allocsim/sim/fit"
 	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/results/tables"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -107,14 +110,14 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
-	// The JSON and the table appear together (outputSet).
-	outs := &outputSet{out: stdout}
-	defer outs.abort()
-	if err := outs.add("json", *jsonOut, func(w io.Writer) error { return results.WriteFit(w, answers) }); err != nil {
+	// The JSON and the table appear together (atomicfile.Outputs).
+	outs := &atomicfile.Outputs{Stdout: stdout}
+	defer outs.Abort()
+	if err := outs.Add("json", *jsonOut, func(w io.Writer) error { return results.WriteFit(w, answers) }); err != nil {
 		return err
 	}
 	if *jsonOut != "-" {
-		if err := outs.add("", "-", func(w io.Writer) error {
+		if err := outs.Add("", "-", func(w io.Writer) error {
 			writeFitTable(w, answers, cards)
 			writeFitJobs(w, job.SummarizeFits(answers))
 			return nil
@@ -122,7 +125,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	return outs.commit()
+	return outs.Commit()
 }
 
 // writeFitJobs prints a line per job (per-rank traces, job.Rank) and
@@ -142,8 +145,8 @@ func writeFitJobs(w io.Writer, sums []*job.FitSummary) {
 	for _, s := range sums {
 		capText, capRank, card, cardRank := "never", "-", "-", "-"
 		if s.Fits {
-			capText, capRank = mib(s.MinCapacity), strconv.Itoa(s.MinCapacityRank)
-			card, cardRank = mib(s.MinCard), strconv.Itoa(s.MinCardRank)
+			capText, capRank = tables.MiB(s.MinCapacity), strconv.Itoa(s.MinCapacityRank)
+			card, cardRank = tables.MiB(s.MinCard), strconv.Itoa(s.MinCardRank)
 		}
 		line := fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%s\t", cli.Safe(filepath.Base(s.Job)), cli.Safe(s.Policy), len(s.Ranks), capText, capRank, card, cardRank)
 		fmt.Fprintln(tw, line+cardCells(s.Cards))
@@ -161,7 +164,7 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 	for _, r := range answers {
 		minCap, bytes, over, card := "never", "-", "-", "-"
 		if r.Fits {
-			minCap, bytes, card = mib(r.MinCapacity), strconv.FormatUint(r.MinCapacity, 10), mib(r.MinCard)
+			minCap, bytes, card = tables.MiB(r.MinCapacity), strconv.FormatUint(r.MinCapacity, 10), tables.MiB(r.MinCard)
 			if r.LowerBound > 0 {
 				over = fmt.Sprintf("%+.1f%%", 100*(float64(r.MinCapacity)/float64(r.LowerBound)-1))
 			}
@@ -169,7 +172,7 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 				minCap += " *"
 			}
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), mib(r.LowerBound), minCap, bytes, over, card)
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), tables.MiB(r.LowerBound), minCap, bytes, over, card)
 		line += cardCells(r.Cards)
 		fmt.Fprintln(tw, line+strconv.Itoa(r.Replays)+"\t")
 	}
@@ -181,10 +184,10 @@ func writeFitTable(w io.Writer, answers []*results.Fit, cards []results.Card) {
 		if !r.Monotone {
 			var caps []string
 			for _, p := range r.NonMonotone[:min(len(r.NonMonotone), 4)] {
-				caps = append(caps, mib(p.Capacity)+" MiB")
+				caps = append(caps, tables.MiB(p.Capacity)+" MiB")
 			}
 			fmt.Fprintf(w, "* %s: %s: not monotone in capacity: runs out of memory at %s although %s MiB fits\n",
-				cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), strings.Join(caps, ", "), mib(r.MinCapacity))
+				cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), strings.Join(caps, ", "), tables.MiB(r.MinCapacity))
 		}
 		if !r.Fits {
 			fmt.Fprintf(w, "%s: %s: runs out of memory at every capacity tried, unlimited included\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy))

@@ -2,10 +2,11 @@ package replaycli
 
 import (
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"path/filepath"
 	"strings"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 
@@ -14,7 +15,9 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/sim/sweep"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -96,7 +99,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	}
 	// The charts' directory and the call logs of each run (--calls with
 	// several runs: one log per trace and target) are no input either.
-	if err := checkDirOutput(fs.Args(), "plots", *plotDir, plots.FileSuffixes()); err != nil {
+	if err := atomicfile.CheckDir(fs.Args(), "plots", *plotDir, plots.FileSuffixes()); err != nil {
 		return err
 	}
 	if runs := fs.NArg() * len(names); *callsOut != "" && runs > 1 {
@@ -183,13 +186,13 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			}
 		}
 	}
-	// The outputs appear together or not at all (outputSet).
-	outs := &outputSet{out: stdout}
-	defer outs.abort()
-	if err := outs.add("json", *jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
+	// The outputs appear together or not at all (atomicfile.Outputs).
+	outs := &atomicfile.Outputs{Stdout: stdout}
+	defer outs.Abort()
+	if err := outs.Add("json", *jsonOut, func(w io.Writer) error { return results.WriteGPU(w, rs) }); err != nil {
 		return err
 	}
-	if err := outs.add("csv", *csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
+	if err := outs.Add("csv", *csvOut, func(w io.Writer) error { return results.WriteGPUCSV(w, rs) }); err != nil {
 		return err
 	}
 	if *plotDir != "" {
@@ -197,12 +200,12 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 		for i, r := range rs {
 			flat[i] = r.Result
 		}
-		if err := plots.StageAll(&outs.batch, *plotDir, flat, plots.Options{Policies: shown}); err != nil {
+		if err := plots.StageAll(&outs.Batch, *plotDir, flat, plots.Options{Policies: shown}); err != nil {
 			return fmt.Errorf("--plots: %w", err)
 		}
 	}
 	if *table || (*jsonOut == "" && *csvOut == "") {
-		if err := outs.add("", "-", func(w io.Writer) error {
+		if err := outs.Add("", "-", func(w io.Writer) error {
 			writeGPUTable(w, rs)
 			flat := make([]*sim.Result, len(rs))
 			for i, r := range rs {
@@ -214,7 +217,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 			return err
 		}
 	}
-	return outs.commit()
+	return outs.Commit()
 }
 
 // simulateOnly replays the traces on the simulated device alone, as the
@@ -244,26 +247,26 @@ func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Optio
 		}
 		rs = append(rs, res...)
 	}
-	writeWarnings(stderr, rs)
-	outs := &outputSet{out: stdout}
-	defer outs.abort()
-	if err := outs.add("json", jsonOut, func(w io.Writer) error { return writeJSON(w, rs) }); err != nil {
+	tables.Warnings(stderr, rs)
+	outs := &atomicfile.Outputs{Stdout: stdout}
+	defer outs.Abort()
+	if err := outs.Add("json", jsonOut, func(w io.Writer) error { return results.WriteSim(w, rs) }); err != nil {
 		return err
 	}
-	if err := outs.add("csv", csvOut, func(w io.Writer) error { return writeCSV(w, rs) }); err != nil {
+	if err := outs.Add("csv", csvOut, func(w io.Writer) error { return results.WriteCSV(w, rs) }); err != nil {
 		return err
 	}
 	if jsonOut == "" && csvOut == "" {
-		if err := outs.add("", "-", func(w io.Writer) error {
+		if err := outs.Add("", "-", func(w io.Writer) error {
 			writeSimOnlyTable(w, rs, cfg.Pace, model.Source)
 			writeSettingsUsed(w, rs, settings)
-			writeNotes(w, rs)
+			tables.Notes(w, rs)
 			return nil
 		}); err != nil {
 			return err
 		}
 	}
-	return outs.commit()
+	return outs.Commit()
 }
 
 // callsPath returns the call log's path for one run: base itself for a

@@ -10,6 +10,7 @@ import (
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/gpu"
 	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 )
 
 // writeSimOnlyTable prints replay gpu --sim-only's table: per trace and
@@ -24,7 +25,7 @@ func writeSimOnlyTable(w io.Writer, rs []*sim.Result, pace bool, model string) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\tdevice allocs\tdevice frees\tretries\tOOMs\tsim alloc ms\tof it wake-ups\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%.3f\t\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%.3f\t\n", cli.Safe(filepath.Base(r.Trace)), cli.Safe(r.Policy), tables.MiB(r.PeakReserved), tables.MiB(r.PeakFootprint),
 			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.SimAllocTimeNS), ms(r.SimWakeTimeNS))
 	}
 	tw.Flush()
@@ -44,7 +45,7 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 	for _, r := range results {
 		simRes, simMS, wakeMS, ratio := "-", "-", "-", "-"
 		if r.SimPolicy != "" {
-			simRes, simMS = mib(r.SimPeakReserved), strconv.FormatFloat(ms(r.SimAllocTimeNS), 'f', 3, 64)
+			simRes, simMS = tables.MiB(r.SimPeakReserved), strconv.FormatFloat(ms(r.SimAllocTimeNS), 'f', 3, 64)
 			wakeMS = strconv.FormatFloat(ms(r.SimWakeTimeNS), 'f', 3, 64)
 			if r.AllocTimeNS > 0 {
 				ratio = strconv.FormatFloat(float64(r.SimAllocTimeNS)/float64(r.AllocTimeNS), 'f', 3, 64)
@@ -55,7 +56,7 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 			target += " (paced)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%.3f\t%s\t%s\t%s\t%.3f\t%.1f\t\n",
-			cli.Safe(filepath.Base(r.Trace)), cli.Safe(target), mib(r.PeakRequested), mib(r.PeakReserved), simRes,
+			cli.Safe(filepath.Base(r.Trace)), cli.Safe(target), tables.MiB(r.PeakRequested), tables.MiB(r.PeakReserved), simRes,
 			r.DeviceAllocs, r.DeviceFrees, r.AllocRetries, r.OOMs, ms(r.AllocTimeNS), simMS, wakeMS, ratio, ms(r.SyncTimeNS), ms(r.ReplayWallNS))
 	}
 	tw.Flush()
@@ -64,9 +65,9 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 		writeLatency(w, r.Latency)
 		d := r.Driver
 		fmt.Fprintf(w, "driver: cudaMemGetInfo free %s MiB at the start, %s MiB at least (%s MiB used), %s MiB at the end; limit %s MiB",
-			mib(d.FreeAtStart), mib(d.MinFree), mib(d.FreeAtStart-min(d.FreeAtStart, d.MinFree)), mib(d.FreeAtEnd), mib(r.MaxBytes))
+			tables.MiB(d.FreeAtStart), tables.MiB(d.MinFree), tables.MiB(d.FreeAtStart-min(d.FreeAtStart, d.MinFree)), tables.MiB(d.FreeAtEnd), tables.MiB(r.MaxBytes))
 		if d.PoolReservedHigh > 0 || d.PoolUsedHigh > 0 {
-			fmt.Fprintf(w, "; pool reserved high %s MiB, used high %s MiB", mib(d.PoolReservedHigh), mib(d.PoolUsedHigh))
+			fmt.Fprintf(w, "; pool reserved high %s MiB, used high %s MiB", tables.MiB(d.PoolReservedHigh), tables.MiB(d.PoolUsedHigh))
 		}
 		fmt.Fprintln(w)
 		if len(r.Runs) > 1 {

@@ -4,12 +4,13 @@ package replaycli
 
 import (
 	"fmt"
+	"io"
+	"os"
+
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/plots"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
-	"io"
-	"os"
 )
 
 // Main is the replay command: it runs the command os.Args name, prints

@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,35 +23,6 @@ func (f *failAfter) Write(p []byte) (int, error) {
 	}
 	f.n -= len(p)
 	return len(p), nil
-}
-
-// TestStagedOutputWriteError: an output whose writer fails is not put in
-// place; the file it would replace keeps its contents (the staticcheck
-// SA4006 of issue 34: the error was shadowed, and an empty file committed).
-func TestStagedOutputWriteError(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "r.json")
-	if err := os.WriteFile(path, []byte("the previous good results\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	o := &outputSet{out: io.Discard}
-	err := o.add("json", path, func(w io.Writer) error {
-		if _, err := w.Write([]byte("half")); err != nil {
-			return err
-		}
-		return errFull
-	})
-	if !errors.Is(err, errFull) || len(o.batch.Paths()) != 0 {
-		t.Fatalf("outputSet.add: %v, %q staged; want the write's error and nothing staged", err, o.batch.Paths())
-	}
-	if err := o.commit(); err != nil {
-		t.Fatalf("commit of nothing: %v", err)
-	}
-	if b, _ := os.ReadFile(path); string(b) != "the previous good results\n" {
-		t.Errorf("the file now holds %q", b)
-	}
-	if m, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "*")); len(m) != 1 {
-		t.Errorf("files left beside it: %q", m)
-	}
 }
 
 // TestStdoutWriteError: a command whose table cannot be written to stdout

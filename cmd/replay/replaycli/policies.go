@@ -3,8 +3,9 @@ package replaycli
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 

@@ -3,10 +3,11 @@ package replaycli
 import (
 	"bytes"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"path/filepath"
 	"slices"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 

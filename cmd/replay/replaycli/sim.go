@@ -1,16 +1,13 @@
 package replaycli
 
 import (
-	"bytes"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
-	"text/tabwriter"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 
@@ -19,8 +16,10 @@ import (
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/sim/sites"
 	"github.com/gpualloc/allocsim/sim/sweep"
+	"github.com/gpualloc/allocsim/sim/viz"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -123,14 +122,14 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 	}
 	// The charts and snapshots go into directories, under names made of
 	// the traces' and the policies': no input may be one of them.
-	if err := checkDirOutput(inputs, "plots", *plotDir, plots.FileSuffixes()); err != nil {
+	if err := atomicfile.CheckDir(inputs, "plots", *plotDir, plots.FileSuffixes()); err != nil {
 		return err
 	}
 	vizSuffixes := make([]string, len(names))
 	for k, n := range names {
 		vizSuffixes[k] = "." + n + ".pickle"
 	}
-	if err := checkDirOutput(inputs, "viz", *vizOut, vizSuffixes); err != nil {
+	if err := atomicfile.CheckDir(inputs, "viz", *vizOut, vizSuffixes); err != nil {
 		return err
 	}
 	shown, err := plotPolicies(*plotList, *plotDir, names)
@@ -143,66 +142,35 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 			return fmt.Errorf("--cost-model: %w", err)
 		}
 	}
-	var results []*sim.Result
 	// Every output (the files of --json, --csv, --sites-csv, --plots and
 	// --viz) is staged and put in place at the end, all together or none.
-	outs := &outputSet{out: stdout}
-	defer outs.abort()
-	vd := newVizDir(*vizOut, &outs.batch)
-	for _, path := range inputs {
-		devs := []int{dev}
-		if allDevices {
-			n, err := deviceCount(path, *from)
-			if err != nil {
-				return err
-			}
-			devs = devs[:0]
-			for d := range n {
-				devs = append(devs, d)
-			}
-		}
-		for _, d := range devs {
-			// Each device of a multi-device snapshot is a rank of a job.
-			name := path
-			if len(devs) > 1 {
-				name = fmt.Sprintf("%s#rank%d", path, d)
-			}
+	outs := &atomicfile.Outputs{Stdout: stdout}
+	defer outs.Abort()
+	vd := viz.NewDir(*vizOut, &outs.Batch)
+	in := sweep.Inputs{Paths: inputs, From: *from, Device: dev, AllDevices: allDevices, Jobs: *jobs, Viz: vd,
+		Configs: func(name string) []sim.Config {
 			cfgs := make([]sim.Config, len(names))
 			for k, n := range names {
 				cfgs[k] = sim.Config{Trace: name, Policy: n, Settings: settings[n], Capacity: capBytes, CardCapacity: !fs.Changed("capacity"), AsRecorded: *asRecorded, Check: *check, Strict: *strict, CostModel: model}
 			}
-			vr, err := vd.start(name, cfgs)
-			if err != nil {
-				return err
-			}
-			j := *jobs
-			if *vizOut != "" {
-				j = 1 // one history recorder for the trace's policies
-			}
-			res, err := sweep.RunFileParallel(path, tracefile.Options{From: *from, Device: d}, j, cfgs...)
-			if err == nil {
-				err = tracefile.NameError(path, vr.finish())
-			} else {
-				vr.abort()
-			}
-			if err == nil && *sitesN > 0 {
-				err = addSites(path, tracefile.Options{From: *from, Device: d}, cfgs, res, sites.Options{Depth: *siteDepth, Top: *sitesN})
-			}
-			if err != nil {
-				return err
-			}
-			results = append(results, res...)
-		}
+			return cfgs
+		}}
+	if *sitesN > 0 {
+		in.Sites = &sites.Options{Depth: *siteDepth, Top: *sitesN}
 	}
-	if w := vd.warning(); w != "" {
+	rs, err := sweep.RunInputs(in)
+	if err != nil {
+		return err
+	}
+	if w := vd.Warning(); w != "" {
 		fmt.Fprintf(stderr, "sim: %s\n", w)
 	}
-	if n := writeWarnings(stderr, results); n > 0 && *strict {
+	if n := tables.Warnings(stderr, rs); n > 0 && *strict {
 		return fmt.Errorf("--strict: %d warning(s); nothing written", n)
 	}
 	// The jobs among the traces: each rank's result says its rank, and
 	// the JSON lists the jobs after the results.
-	jobSums := job.Summarize(results)
+	jobSums := job.Summarize(rs)
 	job.MarkRanks(jobSums)
 	// The outputs are all written or none: the files are staged, the
 	// charts drawn, the table made, and the files committed only then.
@@ -210,224 +178,36 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		flag, path string
 		write      func(io.Writer) error
 	}{
-		{"json", *jsonOut, func(w io.Writer) error { return writeJobsJSON(w, results, jobSums) }},
-		{"csv", *csvOut, func(w io.Writer) error { return writeCSV(w, results) }},
-		{"sites-csv", *sitesCSV, func(w io.Writer) error { return writeSitesCSV(w, results) }},
+		{"json", *jsonOut, func(w io.Writer) error { return writeJobsJSON(w, rs, jobSums) }},
+		{"csv", *csvOut, func(w io.Writer) error { return results.WriteCSV(w, rs) }},
+		{"sites-csv", *sitesCSV, func(w io.Writer) error { return results.WriteSitesCSV(w, rs) }},
 	} {
-		if err := outs.add(o.flag, o.path, o.write); err != nil {
+		if err := outs.Add(o.flag, o.path, o.write); err != nil {
 			return err
 		}
 	}
 	if *plotDir != "" {
-		flat := make([]sim.Result, len(results))
-		for i, r := range results {
+		flat := make([]sim.Result, len(rs))
+		for i, r := range rs {
 			flat[i] = *r
 		}
-		if err := plots.StageAll(&outs.batch, *plotDir, flat, plots.Options{Policies: shown}); err != nil {
+		if err := plots.StageAll(&outs.Batch, *plotDir, flat, plots.Options{Policies: shown}); err != nil {
 			return fmt.Errorf("--plots: %w", err)
 		}
 	}
 	// The table goes to stdout unless the JSON or CSV does.
 	if *jsonOut != "-" && *csvOut != "-" && *sitesCSV != "-" {
-		if err := outs.add("", "-", func(w io.Writer) error {
-			writeTable(w, results, *wide)
-			writeSites(w, results)
-			writeSettingsUsed(w, results, settings)
-			writeJobs(w, jobSums)
+		if err := outs.Add("", "-", func(w io.Writer) error {
+			tables.Sim(w, rs, *wide)
+			tables.Sites(w, rs)
+			writeSettingsUsed(w, rs, settings)
+			tables.Jobs(w, jobSums)
 			return nil
 		}); err != nil {
 			return err
 		}
 	}
-	return outs.commit()
-}
-
-// deviceCount returns the number of devices the trace at path holds: a
-// PyTorch snapshot's device traces (its Metadata "devices"), 1 for the
-// other formats.
-func deviceCount(path, from string) (int, error) {
-	f, err := tracefile.Open(path, tracefile.Options{From: from})
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	if n, err := strconv.Atoi(f.Header().Metadata["devices"]); err == nil && n > 0 {
-		return n, nil
-	}
-	return 1, nil
-}
-
-// writeJobs prints, for each job among the traces (per-rank traces,
-// job.Rank) and each policy, the job's figures: the largest and smallest
-// rank's peak reserved bytes and their spread, the largest footprint, and
-// the ranks that ran out of memory, the first of them in time.
-func writeJobs(w io.Writer, sums []*job.Summary) {
-	if len(sums) == 0 {
-		return
-	}
-	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 2, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "job\tpolicy\tranks\tmax reserved MiB\t(rank)\tmin\t(rank)\tspread\tmax footprint MiB\t(rank)\tOOM ranks\tfirst OOM\t")
-	for _, s := range sums {
-		ooms, first := "-", "-"
-		if len(s.OOMRanks) > 0 {
-			ooms = joinInts(s.OOMRanks)
-			first = "order unknown"
-			if s.FirstOOMRank >= 0 {
-				first = fmt.Sprintf("rank %d, event %d", s.FirstOOMRank, s.FirstOOMEvent)
-			}
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%d\t%.1f%%\t%s\t%d\t%s\t%s\t\n", cli.Safe(filepath.Base(s.Job)), cli.Safe(s.Policy), len(s.Ranks),
-			mib(s.MaxReserved), s.MaxReservedRank, mib(s.MinReserved), s.MinReservedRank, 100*s.Spread(),
-			mib(s.MaxFootprint), s.MaxFootprintRank, ooms, first)
-	}
-	tw.Flush()
-}
-
-func joinInts(xs []int) string {
-	parts := make([]string, len(xs))
-	for i, x := range xs {
-		parts[i] = strconv.Itoa(x)
-	}
-	return strings.Join(parts, ",")
-}
-
-// checkOutputs returns an error naming the flag when one of the output
-// files (pairs of flag name and path) is one of the inputs
-// (atomicfile.CheckOutput), before any work is done.
-func checkOutputs(inputs []string, flagPaths ...string) error {
-	seen := map[string]string{} // a cleaned output path, or "-", -> its flag
-	for i := 0; i+1 < len(flagPaths); i += 2 {
-		flag, path := flagPaths[i], flagPaths[i+1]
-		if err := atomicfile.CheckOutput(path, inputs); err != nil {
-			return fmt.Errorf("--%s: %w", flag, err)
-		}
-		if path == "" {
-			continue
-		}
-		if path == "-" {
-			if other, ok := seen["-"]; ok {
-				return cli.UsageError{Err: fmt.Errorf("--%s -: the --%s output goes to stdout already", flag, other)}
-			}
-			seen["-"] = flag
-			continue
-		}
-		if other, ok := seen[filepath.Clean(path)]; ok {
-			return cli.UsageError{Err: fmt.Errorf("--%s %s: also the --%s output", flag, path, other)}
-		}
-		seen[filepath.Clean(path)] = flag
-	}
-	return nil
-}
-
-// checkDirOutput returns an error naming the flag when dir, a directory
-// an option writes files into, is one of the inputs, or holds an input
-// whose name ends with one of suffixes (the endings of the names of the
-// files it writes there, compared without regard to case, as on a file
-// system that ignores it): an input that a file written there could
-// replace. It is called before any work is done; "" (no directory) and a
-// directory that does not exist yet hold no input.
-func checkDirOutput(inputs []string, flag, dir string, suffixes []string) error {
-	if dir == "" {
-		return nil
-	}
-	if err := atomicfile.CheckOutput(dir, inputs); err != nil {
-		return fmt.Errorf("--%s: %w", flag, err)
-	}
-	di, err := os.Stat(dir)
-	if err != nil || !di.IsDir() {
-		return nil
-	}
-	for _, in := range inputs {
-		pi, err := os.Stat(filepath.Dir(in))
-		if err != nil || !os.SameFile(di, pi) {
-			continue
-		}
-		base := strings.ToLower(filepath.Base(in))
-		for _, s := range suffixes {
-			if strings.HasSuffix(base, strings.ToLower(s)) {
-				return fmt.Errorf("--%s %s: its file %s %w", flag, dir, filepath.Base(in), atomicfile.ErrInput)
-			}
-		}
-	}
-	return nil
-}
-
-// outputSet is a command's outputs, staged and put in place together:
-// files in a batch (atomicfile.Batch) and the bytes for stdout ("-" or the
-// table) in memory, written to out before the files are put in place (a
-// full disk or a closed pipe there leaves the files as they were).
-type outputSet struct {
-	out    io.Writer // stdout
-	batch  atomicfile.Batch
-	stdout []stdoutPart
-}
-
-// stdoutPart is an output for stdout: its flag ("" for the table) and its
-// bytes.
-type stdoutPart struct {
-	flag string
-	buf  *bytes.Buffer
-}
-
-// add stages the output of --flag: the bytes write produces, for a file at
-// path or for stdout when path is "-"; "" is no output. It returns write's
-// error or the file's, naming the flag; the file is then not staged.
-func (o *outputSet) add(flag, path string, write func(io.Writer) error) error {
-	switch path {
-	case "":
-		return nil
-	case "-":
-		b := new(bytes.Buffer)
-		if err := write(b); err != nil {
-			return flagError(flag, err)
-		}
-		o.stdout = append(o.stdout, stdoutPart{flag: flag, buf: b})
-		return nil
-	}
-	if err := o.batch.WriteFile(path, write); err != nil {
-		return flagError(flag, err)
-	}
-	return nil
-}
-
-func flagError(flag string, err error) error {
-	if flag == "" {
-		return err
-	}
-	return fmt.Errorf("--%s: %w", flag, err)
-}
-
-// commit writes the stdout parts in order to out, then puts the staged
-// files in place, all of them or none. It returns the first error, naming
-// the flag of a stdout part that could not be written; the files are then
-// not put in place.
-func (o *outputSet) commit() error {
-	for _, p := range o.stdout {
-		if _, err := o.out.Write(p.buf.Bytes()); err != nil {
-			if p.flag == "" {
-				return fmt.Errorf("writing standard output: %w", err)
-			}
-			return fmt.Errorf("--%s -: %w", p.flag, err)
-		}
-	}
-	o.stdout = nil
-	return o.batch.Commit()
-}
-
-// abort drops the outputs not committed. It is safe to defer.
-func (o *outputSet) abort() {
-	o.batch.Abort()
-	o.stdout = nil
-}
-
-// writeOutput writes an output file atomically, or to stdout when path is
-// "-".
-func writeOutput(stdout io.Writer, path string, write func(io.Writer) error) error {
-	if path == "-" {
-		return write(stdout)
-	}
-	return atomicfile.WriteFile(path, write)
+	return outs.Commit()
 }
 
 // policyNames expands a --policy value (policies.ParseList).
@@ -448,9 +228,6 @@ func parseSets(sets []string, names []string) (map[string]policies.Settings, err
 	return out, nil
 }
 
-// writeJSON writes sim results as a results file of kind "sim".
-func writeJSON(w io.Writer, rs []*sim.Result) error { return results.WriteSim(w, rs) }
-
 // writeJobsJSON writes sim results and the jobs among them (job.Summary)
 // as a results file of kind "sim", the jobs listed after the results.
 func writeJobsJSON(w io.Writer, rs []*sim.Result, sums []*job.Summary) error {
@@ -459,140 +236,4 @@ func writeJobsJSON(w io.Writer, rs []*sim.Result, sums []*job.Summary) error {
 		jobs[i] = s.Record()
 	}
 	return results.WriteSimJobs(w, rs, jobs)
-}
-
-// writeCSV writes sim results as CSV, with the columns of every command.
-func writeCSV(w io.Writer, rs []*sim.Result) error { return results.WriteCSV(w, rs) }
-
-// mib formats bytes as MiB with one decimal (plots.MiBText).
-func mib(b uint64) string { return plots.MiBText(b) }
-
-// ratioText formats a ratio with three decimals, "-" where it is unknown.
-func ratioText(ratio float64, ok bool) string {
-	if !ok {
-		return "-"
-	}
-	return strconv.FormatFloat(ratio, 'f', 3, 64)
-}
-
-// writeTable prints the table of results, rows in the order of their
-// figures (results.ByFigure), every column with wide.
-func writeTable(w io.Writer, rs []*sim.Result, wide bool) {
-	if !wide {
-		writeCompactTable(w, rs)
-		return
-	}
-	names := resultNames(rs)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
-	for _, r := range results.ByFigure(rs) {
-		ratio, vsOffline := ratioText(r.ReservedOverRequested()), ratioText(r.ReservedOverOffline())
-		first := "-"
-		if r.OOMs > 0 {
-			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
-		}
-		frag := r.PeakUnallocatedShare()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%d\t%d\t%.1f\t%d\t%d\t%s\t\n",
-			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakRequested), mib(r.PeakAllocated), mib(r.PeakReserved), mib(r.PeakFootprint),
-			ratio, vsOffline, 100*r.PeakFragmentation, 100*r.IdleAtPeak, 100*frag, r.DeviceAllocs, r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.AllocRetries, r.OOMs, first)
-	}
-	tw.Flush()
-	writeNotes(w, rs)
-}
-
-// writeCompactTable prints the table that fits 120 columns: per trace and
-// policy the peak reserved bytes and footprint (MiB), reserved against
-// the peak requested and against offline, the peak fragmentation
-// (Result.PeakFragmentation) and the idle share at the peak reserved
-// bytes (1 - allocated/reserved), device calls (allocations and frees),
-// simulated allocator time (ms) and OOMs; --wide prints every column.
-func writeCompactTable(w io.Writer, rs []*sim.Result) {
-	names := resultNames(rs)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
-	for _, r := range results.ByFigure(rs) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t\n",
-			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint), ratioText(r.ReservedOverRequested()), ratioText(r.ReservedOverOffline()),
-			100*r.PeakFragmentation, 100*r.IdleAtPeak, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
-	}
-	tw.Flush()
-	writeNotes(w, rs)
-}
-
-// writeNotes prints what a table of results does not say: the bounds and
-// the capacity taken from the card (warnings go to stderr: writeWarnings).
-func writeNotes(w io.Writer, results []*sim.Result) {
-	// The trace's peak requested is the largest of its results' (a
-	// policy's counts the requests it failed too: the program held them).
-	lower, served := map[string]uint64{}, map[string]bool{}
-	for _, r := range results {
-		lower[r.Trace] = max(lower[r.Trace], r.PeakRequested)
-		served[r.Trace] = served[r.Trace] || r.OOMs == 0
-	}
-	bounds := map[string]bool{}
-	for _, r := range results {
-		if r.PeakOffline > 0 && !bounds[r.Trace] {
-			bounds[r.Trace] = true
-			how := "every malloc served"
-			if !served[r.Trace] {
-				how = "at least: every policy ran out of memory"
-			}
-			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column the requests it failed too; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", cli.Safe(r.Trace), how, lower[r.Trace], r.PeakOffline)
-		}
-	}
-	carded := map[string]bool{}
-	for _, r := range results {
-		if r.CapacityFromCard && !carded[r.Trace] {
-			carded[r.Trace] = true
-			fmt.Fprintf(w, "%s: capacity %d bytes: the recorded card's %d bytes less its %d-byte context (--capacity overrides)\n", cli.Safe(r.Trace), r.Capacity, r.Capacity+sim.ContextBytes, uint64(sim.ContextBytes))
-		}
-	}
-
-}
-
-// writeWarnings prints the results' warnings (sim.Result.Warnings) to w,
-// one line each: "TRACE: warning: TEXT" for one that every result of the
-// trace has, "TRACE: POLICY: warning: TEXT" for one of some policies only;
-// a warning several policies have but for their own names ("the P policy
-// keeps ...") is one line naming them all ("TRACE: P, Q: warning: the P,
-// Q policies keep ..."), at the first. It returns how many lines it
-// printed.
-func writeWarnings(w io.Writer, rs []*sim.Result) int {
-	// A warning's text with the policy's own name taken out.
-	generic := func(r *sim.Result, x string) string {
-		return strings.ReplaceAll(x, "the "+r.Policy+" policy ", "the \x00 policy ")
-	}
-	perTrace := map[string]int{}
-	has := map[[2]string][]string{} // the policies with the warning
-	for _, r := range rs {
-		perTrace[r.Trace]++
-		for _, x := range r.Warnings {
-			k := [2]string{r.Trace, generic(r, x)}
-			has[k] = append(has[k], r.Policy)
-		}
-	}
-	n := 0
-	done := map[[2]string]bool{}
-	for _, r := range rs {
-		for _, x := range r.Warnings {
-			k := [2]string{r.Trace, generic(r, x)}
-			if done[k] {
-				continue
-			}
-			done[k] = true
-			switch ps := has[k]; {
-			case len(ps) == perTrace[r.Trace] && k[1] == x:
-				fmt.Fprintf(w, "%s: warning: %s\n", cli.Safe(r.Trace), cli.Safe(x))
-			case len(ps) == 1:
-				fmt.Fprintf(w, "%s: %s: warning: %s\n", cli.Safe(r.Trace), cli.Safe(r.Policy), cli.Safe(x))
-			default:
-				list := strings.Join(ps, ", ")
-				text := strings.ReplaceAll(k[1], "the \x00 policy keeps ", "the "+list+" policies keep ")
-				text = strings.ReplaceAll(text, "the \x00 policy ", "the "+list+" policies ")
-				fmt.Fprintf(w, "%s: %s: warning: %s\n", cli.Safe(r.Trace), cli.Safe(list), cli.Safe(text))
-			}
-			n++
-		}
-	}
-	return n
 }

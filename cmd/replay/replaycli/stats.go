@@ -3,13 +3,14 @@ package replaycli
 import (
 	"cmp"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"maps"
 	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 

@@ -3,7 +3,6 @@ package replaycli
 import (
 	"errors"
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/pflag"
@@ -103,7 +104,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if err := checkOutputs(traces, "out", filepath.Join(*outDir, "plan.json"), "out", filepath.Join(*outDir, "results.json"), "out", filepath.Join(*outDir, "results.csv")); err != nil {
 		return err
 	}
-	if err := checkDirOutput(traces, "out", filepath.Join(*outDir, "cells"), []string{".json"}); err != nil {
+	if err := atomicfile.CheckDir(traces, "out", filepath.Join(*outDir, "cells"), []string{".json"}); err != nil {
 		return err
 	}
 	spec := sweep.Spec{Traces: traces, AsRecorded: *asRecorded}

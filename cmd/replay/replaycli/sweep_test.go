@@ -2,13 +2,14 @@ package replaycli
 
 import (
 	"encoding/csv"
-	"github.com/parquet-go/parquet-go"
 	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/parquet-go/parquet-go"
 
 	"github.com/gpualloc/allocsim/sim"
 )

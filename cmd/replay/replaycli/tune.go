@@ -18,8 +18,10 @@ import (
 	"github.com/gpualloc/allocsim/sim/fit"
 	"github.com/gpualloc/allocsim/sim/job"
 	"github.com/gpualloc/allocsim/sim/results"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/sim/tune"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
@@ -239,7 +241,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		tunes = append(tunes, tuneRecords(recorded, recordedConf(h), cs)...)
 		// The recorded replay's warnings (a failed malloc served for want
 		// of a capacity...) apply to every candidate.
-		writeWarnings(stderr, []*sim.Result{recorded})
+		tables.Warnings(stderr, []*sim.Result{recorded})
 		if *jsonOut != "-" {
 			writeTune(stdout, path, recordedConf(h), recorded, cs, *top)
 		}
@@ -282,7 +284,7 @@ func writeTuneJSON(stdout io.Writer, path string, write func(io.Writer) error) e
 	if cw, ok := stdout.(*cli.CheckedWriter); ok && cw.Err != nil {
 		return fmt.Errorf("writing standard output: %w (--json %s not written)", cw.Err, path)
 	}
-	if err := writeOutput(stdout, path, write); err != nil {
+	if err := atomicfile.WriteOutput(stdout, path, write); err != nil {
 		return fmt.Errorf("--json: %w", err)
 	}
 	return nil
@@ -299,7 +301,7 @@ func writeTune(w io.Writer, path, recConf string, recorded *sim.Result, cs []tun
 		if front {
 			mark = "*"
 		}
-		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d\t%.1f\t%d\t%s\n", rank, conf, mib(r.PeakReserved), tune.Calls(r), float64(r.SimAllocTimeNS)/1e6, r.OOMs, mark)
+		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d\t%.1f\t%d\t%s\n", rank, conf, tables.MiB(r.PeakReserved), tune.Calls(r), float64(r.SimAllocTimeNS)/1e6, r.OOMs, mark)
 	}
 	row("recorded", cli.Safe(recConf), recorded, false)
 	for k := range cs[:min(top, len(cs))] {
@@ -413,7 +415,7 @@ func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, p
 		}
 		tune.Rank(cs)
 		all = append(all, tuneRecords(tr.recorded, tr.recConf, cs)...)
-		writeWarnings(stderr, []*sim.Result{tr.recorded})
+		tables.Warnings(stderr, []*sim.Result{tr.recorded})
 		if print {
 			writeTune(stdout, name, tr.recConf, tr.recorded, cs, top)
 		}

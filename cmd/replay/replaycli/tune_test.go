@@ -2,7 +2,6 @@ package replaycli
 
 import (
 	"errors"
-	"github.com/gpualloc/allocsim/sim/results"
 	"io"
 	"os"
 	"path/filepath"
@@ -10,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/sim/results"
 )
 
 // TestTune: tune recommends a setting string for a snapshot, and its

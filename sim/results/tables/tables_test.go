@@ -1,4 +1,4 @@
-package replaycli
+package tables
 
 import (
 	"reflect"
@@ -6,7 +6,7 @@ import (
 )
 
 func TestTraceNames(t *testing.T) {
-	got := traceNames([]string{"a/x.pickle", "b/x.pickle", "c/y.pickle", "a/x.pickle", "/r/s/a/z.gz", "/q/t/a/z.gz"})
+	got := Names([]string{"a/x.pickle", "b/x.pickle", "c/y.pickle", "a/x.pickle", "/r/s/a/z.gz", "/q/t/a/z.gz"})
 	want := map[string]string{"a/x.pickle": "a/x.pickle", "b/x.pickle": "b/x.pickle", "c/y.pickle": "y.pickle",
 		"/r/s/a/z.gz": "s/a/z.gz", "/q/t/a/z.gz": "t/a/z.gz"}
 	if !reflect.DeepEqual(got, want) {

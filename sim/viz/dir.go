@@ -1,4 +1,4 @@
-package replaycli
+package viz
 
 import (
 	"fmt"
@@ -8,44 +8,43 @@ import (
 
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
-	"github.com/gpualloc/allocsim/sim/viz"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
-// vizDir is the directory of `replay sim --viz`: one PyTorch memory
+// Dir is the directory of `replay sim --viz`: one PyTorch memory
 // snapshot per (trace, policy), DIR/NAME.POLICY.pickle, where NAME is the
-// trace's plots.TraceName (NAME-2, NAME-3, ... for traces that share one).
-// A nil *vizDir writes nothing.
-type vizDir struct {
+// trace's results.TraceName (NAME-2, NAME-3, ... for traces that share one).
+// A nil *Dir writes nothing.
+type Dir struct {
 	dir   string
 	used  map[string]bool
 	batch *atomicfile.Batch // the command's outputs, committed together
 	// written lists the files written, in order; replaced counts their
-	// strings that were not UTF-8 (viz.Recorder.Replaced).
+	// strings that were not UTF-8 (Recorder.Replaced).
 	written  []string
 	replaced int
 }
 
-// newVizDir returns the vizDir of dir, whose snapshots go into batch, to
+// NewDir returns the Dir of dir, whose snapshots go into batch, to
 // appear when the caller commits it; nil for no directory.
-func newVizDir(dir string, batch *atomicfile.Batch) *vizDir {
+func NewDir(dir string, batch *atomicfile.Batch) *Dir {
 	if dir == "" {
 		return nil
 	}
-	return &vizDir{dir: dir, used: map[string]bool{}, batch: batch}
+	return &Dir{dir: dir, used: map[string]bool{}, batch: batch}
 }
 
-// vizRun is the snapshots of one trace being written.
-type vizRun struct {
-	d     *vizDir
+// Run is the snapshots of one trace being written.
+type Run struct {
+	d     *Dir
 	files []*atomicfile.File
-	recs  []*viz.Recorder
+	recs  []*Recorder
 	paths []string
 }
 
-// start opens a snapshot for each of cfgs, all of trace, and sets the
+// Start opens a snapshot for each of cfgs, all of trace, and sets the
 // configs' Observers to their recorders.
-func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
+func (d *Dir) Start(trace string, cfgs []sim.Config) (*Run, error) {
 	if d == nil {
 		return nil, nil
 	}
@@ -55,19 +54,19 @@ func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
 		name = base + "-" + strconv.Itoa(n)
 	}
 	d.used[strings.ToLower(name)] = true
-	v := &vizRun{d: d}
+	v := &Run{d: d}
 	for k := range cfgs {
 		path := filepath.Join(d.dir, name+"."+cfgs[k].Policy+".pickle")
 		f, err := d.batch.Create(path)
 		if err != nil {
-			v.abort()
+			v.Abort()
 			return nil, fmt.Errorf("--viz: %w", err)
 		}
 		settings := map[string]string{"policy": cfgs[k].Policy, "trace": trace, "capacity_bytes": strconv.FormatUint(cfgs[k].Capacity, 10)}
 		for key, val := range cfgs[k].Settings {
 			settings[cfgs[k].Policy+"."+key] = val
 		}
-		rec := viz.NewRecorder(f, settings)
+		rec := NewRecorder(f, settings)
 		cfgs[k].Observer = rec
 		v.files = append(v.files, f)
 		v.recs = append(v.recs, rec)
@@ -76,19 +75,19 @@ func (d *vizDir) start(trace string, cfgs []sim.Config) (*vizRun, error) {
 	return v, nil
 }
 
-// finish completes the snapshots and closes their files, which the
+// Finish completes the snapshots and closes their files, which the
 // batch puts in place with the command's other outputs.
-func (v *vizRun) finish() error {
+func (v *Run) Finish() error {
 	if v == nil {
 		return nil
 	}
 	for k, rec := range v.recs {
 		if err := rec.Close(); err != nil {
-			v.abort()
+			v.Abort()
 			return fmt.Errorf("--viz: %s: %w", v.paths[k], err)
 		}
 		if err := v.files[k].Close(); err != nil {
-			v.abort()
+			v.Abort()
 			return fmt.Errorf("--viz: %w", err)
 		}
 		v.d.written = append(v.d.written, v.paths[k])
@@ -97,21 +96,28 @@ func (v *vizRun) finish() error {
 	return nil
 }
 
-// warning returns the line that says the snapshots hold U+FFFD for
+// Warning returns the line that says the snapshots hold U+FFFD for
 // strings of the traces that were not UTF-8, or "" when none was.
-func (d *vizDir) warning() string {
+func (d *Dir) Warning() string {
 	if d == nil || d.replaced == 0 {
 		return ""
 	}
-	return fmt.Sprintf("--viz: warning: %s of the traces (frame or file names, settings) not valid UTF-8: written with U+FFFD in place of the bad bytes, as Python reads only UTF-8", count(d.replaced, "string"))
+	return fmt.Sprintf("--viz: warning: %s of the traces (frame or file names, settings) not valid UTF-8: written with U+FFFD in place of the bad bytes, as Python reads only UTF-8", plural(d.replaced, "string"))
 }
 
-// abort removes the snapshots not yet in place.
-func (v *vizRun) abort() {
+// Abort removes the snapshots not yet in place.
+func (v *Run) Abort() {
 	if v == nil {
 		return
 	}
 	for _, f := range v.files {
 		f.Abort()
 	}
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
