@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/sim/fidelity"
 )
 
 // copyFiles copies files of the repository into dir: names maps each new
@@ -233,7 +235,7 @@ func TestRankOf(t *testing.T) {
 		"d/frank1/snapshot.pickle":  {"", 0, false, false},
 		"snapshot.pickle":           {"", 0, false, false},
 	} {
-		pattern, rank, inName, ok := rankOf(filepath.FromSlash(path))
+		pattern, rank, inName, ok := fidelity.RankOf(filepath.FromSlash(path))
 		if pattern != filepath.FromSlash(want.pattern) || rank != want.rank || inName != want.inName || ok != want.ok {
 			t.Errorf("rankOf(%q) = %q, %d, %v, %v; want %+v", path, pattern, rank, inName, ok, want)
 		}

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/sim/fidelity"
 )
 
 // The torch.profiler recordings of testdata/profiler (a Chrome trace, the
@@ -71,8 +73,8 @@ func TestMeasuredPath(t *testing.T) {
 		"d/run.trace":                 "d/run.stats.json",
 		"d/churn.jsonl":               "d/churn.stats.json",
 	} {
-		if got := measuredPath(in); got != want {
-			t.Errorf("measuredPath(%q) = %q, want %q", in, got, want)
+		if got := fidelity.MeasuredPath(in); got != want {
+			t.Errorf("fidelity.MeasuredPath(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpualloc/allocsim/sim/fidelity"
 )
 
 // TestFidelityXSpace: replay fidelity on a JAX run's XSpace compares the
@@ -44,8 +46,8 @@ func TestMeasuredPathXSpace(t *testing.T) {
 		"jax/train.bfc.xplane.pb.gz": "jax/train.bfc.json",
 		"run/host.xplane.pb":         "run/host.json",
 	} {
-		if got := measuredPath(path); got != want {
-			t.Errorf("measuredPath(%q) = %q, want %q", path, got, want)
+		if got := fidelity.MeasuredPath(path); got != want {
+			t.Errorf("fidelity.MeasuredPath(%q) = %q, want %q", path, got, want)
 		}
 	}
 }
