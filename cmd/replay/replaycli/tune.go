@@ -5,9 +5,6 @@ import (
 	"io"
 	"path/filepath"
 	"runtime"
-	"slices"
-	"strings"
-	"text/tabwriter"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
@@ -20,9 +17,7 @@ import (
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/sim/tune"
-	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
-	"github.com/gpualloc/allocsim/trace/tracefile"
 )
 
 const tuneUsage = `usage: replay tune [--capacity SIZE | --card SIZE] [--grid KEY=v1,v2,...]... [--top N]
@@ -118,7 +113,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		if *jsonOut == "" || *jsonOut == "-" {
 			return cli.UsageError{Err: fmt.Errorf("tune --shard %d/%d: give the results file with --json FILE", shardI, shardN)}
 		}
-		*jsonOut = shardFile(*jsonOut, shardI, shardN)
+		*jsonOut = tune.ShardFile(*jsonOut, shardI, shardN)
 	}
 	// As recorded: the candidates replace the recorded settings, and the
 	// replay follows the program's own actions (empty_cache, late frees),
@@ -132,36 +127,16 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 		base.Capacity = b
 	case *card != "":
-		c, err := fit.ParseCard(*card)
+		b, line, err := fit.CardFootprint(*card)
 		if err != nil {
 			return cli.UsageError{Err: fmt.Errorf("--card %v", err)}
 		}
-		b := c.Capacity
-		if b <= sim.ContextBytes {
-			return cli.UsageError{Err: fmt.Errorf("--card %q: not above the %d-byte context", *card, uint64(sim.ContextBytes))}
-		}
-		fmt.Fprintf(stderr, "tune: card %s: %d bytes%s, less its %d-byte context: the footprint held to %d bytes\n", cli.Safe(c.Label()), b, nominalNote(c), uint64(sim.ContextBytes), b-sim.ContextBytes)
-		base.Capacity, base.Card = b-sim.ContextBytes, true
+		fmt.Fprintf(stderr, "tune: %s\n", line)
+		base.Capacity, base.Card = b, true
 	}
-	grid := append([]tune.Axis(nil), tune.PyTorchGrid...)
-	for _, g := range *grids {
-		key, vals, ok := strings.Cut(g, "=")
-		if !ok || key == "" {
-			return cli.UsageError{Err: fmt.Errorf("--grid %q: want KEY=VALUES, the values separated by commas", g)}
-		}
-		ax := tune.Axis{Key: strings.TrimSpace(key)}
-		for _, v := range strings.Split(vals, ",") {
-			ax.Values = append(ax.Values, strings.Trim(strings.TrimSpace(v), `"`))
-		}
-		found := false
-		for k := range grid {
-			if grid[k].Key == ax.Key {
-				grid[k], found = ax, true
-			}
-		}
-		if !found {
-			grid = append(grid, ax)
-		}
+	grid, err := tune.ParseGrid(tune.PyTorchGrid, *grids)
+	if err != nil {
+		return cli.UsageError{Err: err}
 	}
 	confs := tune.Candidates(grid)
 	for _, c := range confs {
@@ -179,50 +154,26 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 		}
 		return writeTuneJSON(stdout, *jsonOut, func(w io.Writer) error { return results.WriteTune(w, all) })
 	}
-	mine := confs
-	if shardN > 1 {
-		mine = nil
-		for k, c := range confs {
-			if k%shardN == shardI {
-				mine = append(mine, c)
-			}
-		}
-	}
+	mine := tune.ShardOf(confs, shardI, shardN)
 	var all []*sim.Result     // a shard's results (kind sim, for --from-results)
 	var tunes []*results.Tune // the ranked candidates (kind tune)
 	// The per-rank traces of a job: each rank's candidates in the order
 	// of confs, and its recorded replay, by job.
-	type rankRun struct {
-		rank     int
-		cs       []tune.Candidate
-		recorded *sim.Result
-	}
-	jobRuns := map[string][]rankRun{}
+	jobRuns := map[string][]tune.RankRun{}
 	var jobOrder []string
 	for _, path := range fs.Args() {
-		h, evs, err := tracefile.ReadAll(path, tracefile.Options{})
-		if err != nil {
-			return err
-		}
-		cfg := base
-		cfg.Trace = path
 		counter := newReplayCounter(stderr, "tune "+cli.Safe(filepath.Base(path)), len(mine)+1)
+		cfg := base
 		cfg.Progress = counter.Progress()
-		// The recorded setting: the trace as recorded.
-		rs, err := sim.Run(trace.NewSliceSource(h, evs), cfg)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		recorded := rs[0]
-		cs, err := tune.Run(h, evs, cfg, mine, *jobs, *replayAll)
+		h, recorded, cs, err := tune.File(path, cfg, mine, *jobs, *replayAll)
 		counter.Finish()
 		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
+			return err
 		}
 		if shardN > 1 {
 			// Each shard carries the recorded setting's replay, for the
 			// ranking of --from-results.
-			all = append(all, recordedResult(recorded, recordedConf(h)))
+			all = append(all, tune.ShardRecorded(recorded, tune.RecordedConf(h)))
 		}
 		for _, c := range cs {
 			all = append(all, c.Result)
@@ -235,37 +186,21 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 			if jobRuns[name] == nil {
 				jobOrder = append(jobOrder, name)
 			}
-			jobRuns[name] = append(jobRuns[name], rankRun{rank, append([]tune.Candidate(nil), cs...), recorded})
+			jobRuns[name] = append(jobRuns[name], tune.RankRun{Rank: rank, Candidates: append([]tune.Candidate(nil), cs...), Recorded: recorded})
 		}
 		tune.Rank(cs)
-		tunes = append(tunes, tuneRecords(recorded, recordedConf(h), cs)...)
+		tunes = append(tunes, tune.Records(recorded, tune.RecordedConf(h), cs)...)
 		// The recorded replay's warnings (a failed malloc served for want
 		// of a capacity...) apply to every candidate.
 		tables.Warnings(stderr, []*sim.Result{recorded})
 		if *jsonOut != "-" {
-			writeTune(stdout, path, recordedConf(h), recorded, cs, *top)
+			tune.WriteTable(stdout, path, tune.RecordedConf(h), recorded, cs, *top)
 		}
 	}
-	for _, name := range jobOrder {
-		runs := jobRuns[name]
-		if len(runs) < 2 || *jsonOut == "-" {
-			continue
+	if *jsonOut != "-" {
+		for _, name := range jobOrder {
+			tune.WriteJob(stdout, name, jobRuns[name])
 		}
-		// One setting for the whole job: ranked by its largest rank's
-		// peak and the ranks' OOMs, calls and time together.
-		var ranks, recorded [][]tune.Candidate
-		for _, r := range runs {
-			ranks = append(ranks, r.cs)
-			recorded = append(recorded, []tune.Candidate{{Conf: "recorded", Result: r.recorded}})
-		}
-		cs, rec := tune.Combine(name, ranks), tune.Combine(name, recorded)
-		if cs == nil || rec == nil {
-			continue
-		}
-		tune.Rank(cs)
-		best := cs[0].Result
-		fmt.Fprintf(stdout, "job %s (%d ranks): recommended for every rank: PYTORCH_CUDA_ALLOC_CONF=%q: predicted peak reserved of its largest rank %d bytes, %d OOMs over the ranks, %d device calls (recorded: %d bytes, %d OOMs, %d)\n",
-			cli.Safe(filepath.Base(name)), len(runs), cs[0].Conf, best.PeakReserved, best.OOMs, tune.Calls(best), rec[0].Result.PeakReserved, rec[0].Result.OOMs, tune.Calls(rec[0].Result))
 	}
 	if *jsonOut != "" {
 		if shardN > 1 {
@@ -290,156 +225,22 @@ func writeTuneJSON(stdout io.Writer, path string, write func(io.Writer) error) e
 	return nil
 }
 
-// writeTune prints a trace's ranked candidates, the recorded setting
-// (recConf, as recordedConf says it) and its figures, and the
-// recommendation.
-func writeTune(w io.Writer, path, recConf string, recorded *sim.Result, cs []tune.Candidate, top int) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "%s\trank\tPYTORCH_CUDA_ALLOC_CONF\treserved MiB\tdevice calls\talloc ms\tOOMs\tfront\n", results.TraceName(path))
-	row := func(rank, conf string, r *sim.Result, front bool) {
-		mark := ""
-		if front {
-			mark = "*"
-		}
-		fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d\t%.1f\t%d\t%s\n", rank, conf, tables.MiB(r.PeakReserved), tune.Calls(r), float64(r.SimAllocTimeNS)/1e6, r.OOMs, mark)
-	}
-	row("recorded", cli.Safe(recConf), recorded, false)
-	for k := range cs[:min(top, len(cs))] {
-		row(fmt.Sprint(k+1), tune.Describe(cs[k].Conf), cs[k].Result, cs[k].Front)
-	}
-	tw.Flush()
-	best := cs[0]
-	fmt.Fprintf(w, "%s: %d settings tried; recommended: PYTORCH_CUDA_ALLOC_CONF=%q: predicted peak reserved %d bytes, %d device allocations (cudaMalloc or page maps), %d OOMs (recorded %s: %d bytes, %d, %d OOMs)\n",
-		cli.Safe(path), len(cs), best.Conf, best.Result.PeakReserved, best.Result.DeviceAllocs, best.Result.OOMs,
-		cli.Safe(recConf), recorded.PeakReserved, recorded.DeviceAllocs, recorded.OOMs)
-}
-
-// recordedConf is the setting string the trace was recorded with, as its
-// header says.
-func recordedConf(h trace.Header) string {
-	if c, ok := h.Settings["PYTORCH_CUDA_ALLOC_CONF"]; ok {
-		return tune.Describe(c)
-	}
-	return "(as recorded)"
-}
-
-// shardFile is the results file of shard i of n: path with
-// .shard-i-of-n before its extension.
-func shardFile(path string, i, n int) string {
-	ext := filepath.Ext(path)
-	return strings.TrimSuffix(path, ext) + fmt.Sprintf(".shard-%d-of-%d", i, n) + ext
-}
-
-// Settings keys of the recorded setting's replay in a shard's results.
-const (
-	tuneRecordedKey     = "tune"     // "recorded"
-	tuneRecordedConfKey = "recorded" // the recorded setting string, as recordedConf says it
-)
-
-// recordedResult is the recorded setting's replay as a shard's results
-// file holds it: its settings say so and name the recorded setting.
-func recordedResult(r *sim.Result, conf string) *sim.Result {
-	c := *r
-	c.Settings = map[string]string{tuneRecordedKey: "recorded", tuneRecordedConfKey: conf}
-	return &c
-}
-
 // tuneFromResults ranks the candidates of tune --shard results files
-// (paths) together: per trace, in the order of first appearance, every
-// setting string of confs exactly once and the recorded setting's replay
-// (the same in every shard), then (with print) the output of one tune
-// run. It returns every candidate's result, as one run's --json holds
-// them, or an error naming the trace and the setting string missing or
-// repeated.
+// together (tune.FromShards) and, with print, prints the output of one
+// tune run. It returns every candidate's record, as one run's --json
+// holds them.
 func tuneFromResults(stdout, stderr io.Writer, paths, confs []string, top int, print bool) ([]*results.Tune, error) {
-	type traceRuns struct {
-		byConf   map[string]*sim.Result
-		from     map[string]string // the file of each conf's result
-		recorded *sim.Result
-		recConf  string
-	}
-	runs := map[string]*traceRuns{}
-	var order []string
-	for _, path := range paths {
-		rs, err := results.ReadSim(path)
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range rs {
-			tr := runs[r.Trace]
-			if tr == nil {
-				tr = &traceRuns{byConf: map[string]*sim.Result{}, from: map[string]string{}}
-				runs[r.Trace] = tr
-				order = append(order, r.Trace)
-			}
-			if r.Settings[tuneRecordedKey] == "recorded" {
-				if tr.recorded != nil && (tr.recorded.PeakReserved != r.PeakReserved || tr.recorded.OOMs != r.OOMs || tune.Calls(tr.recorded) != tune.Calls(r)) {
-					return nil, fmt.Errorf("%s: %s: the recorded setting's replay differs from another file's: not shards of one tune", path, r.Trace)
-				}
-				tr.recorded, tr.recConf = r, r.Settings[tuneRecordedConfKey]
-				continue
-			}
-			conf, ok := r.Settings["conf"]
-			if !ok {
-				return nil, fmt.Errorf("%s: %s, policy %s: not a result of replay tune (no set:conf)", path, r.Trace, r.Policy)
-			}
-			if prev, dup := tr.from[conf]; dup {
-				return nil, fmt.Errorf("%s: %s: setting %q is also in %s: a shard given twice", path, r.Trace, tune.Describe(conf), prev)
-			}
-			tr.byConf[conf], tr.from[conf] = r, path
-		}
+	shards, err := tune.FromShards(paths, confs)
+	if err != nil {
+		return nil, err
 	}
 	var all []*results.Tune
-	if len(order) == 0 {
-		return nil, fmt.Errorf("tune --from-results: no results in %s", strings.Join(paths, ", "))
-	}
-	for _, name := range order {
-		tr := runs[name]
-		if tr.recorded == nil {
-			return nil, fmt.Errorf("%s: no recorded setting's replay in the results (not written by tune --shard)", name)
-		}
-		cs := make([]tune.Candidate, 0, len(confs))
-		for _, conf := range confs {
-			r, ok := tr.byConf[conf]
-			if !ok {
-				return nil, fmt.Errorf("%s: setting %q of the grid is in none of the results: a shard missing (or another --grid)", name, tune.Describe(conf))
-			}
-			cs = append(cs, tune.Candidate{Conf: conf, Result: r})
-		}
-		if len(tr.byConf) != len(confs) {
-			for conf := range tr.byConf {
-				if !slices.Contains(confs, conf) {
-					return nil, fmt.Errorf("%s: setting %q of %s is not of the grid (give the --grid of the shards)", name, tune.Describe(conf), tr.from[conf])
-				}
-			}
-		}
-		tune.Rank(cs)
-		all = append(all, tuneRecords(tr.recorded, tr.recConf, cs)...)
-		tables.Warnings(stderr, []*sim.Result{tr.recorded})
+	for _, t := range shards {
+		all = append(all, tune.Records(t.Recorded, t.RecConf, t.Candidates)...)
+		tables.Warnings(stderr, []*sim.Result{t.Recorded})
 		if print {
-			writeTune(stdout, name, tr.recConf, tr.recorded, cs, top)
+			tune.WriteTable(stdout, t.Trace, t.RecConf, t.Recorded, t.Candidates, top)
 		}
 	}
 	return all, nil
-}
-
-// tuneRecords returns a trace's records of kind tune: the recorded
-// setting's replay (recConf), then the candidates cs in their rank order
-// (tune.Rank).
-func tuneRecords(recorded *sim.Result, recConf string, cs []tune.Candidate) []*results.Tune {
-	rec := *recorded
-	rec.Settings = map[string]string{"conf": recConf} // as the candidates'; a shard's says "recorded"
-	out := []*results.Tune{{Result: rec, Conf: recConf, Recorded: true}}
-	for k, c := range cs {
-		out = append(out, &results.Tune{Result: *c.Result, Conf: c.Conf, Rank: k + 1, Front: c.Front, Recommended: k == 0, SameAs: c.Same})
-	}
-	return out
-}
-
-// nominalNote is what a line naming a card adds for a nominal one.
-func nominalNote(c results.Card) string {
-	if c.Nominal {
-		return " (nominal: as sold, not what CUDA reports for it)"
-	}
-	return ""
 }
