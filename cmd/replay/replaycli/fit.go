@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
+	"github.com/gpualloc/allocsim/internal/progress"
 
 	"github.com/spf13/pflag"
 
@@ -84,7 +85,7 @@ func runFit(stdout, stderr io.Writer, args []string) error {
 		return cli.UsageError{Err: fmt.Errorf("--cards %w", err)}
 	}
 	var answers []*results.Fit
-	counter := newReplayCounter(stderr, "fit", -1)
+	counter := progress.NewCounter(stderr, "fit", -1)
 	defer counter.Finish()
 	for _, path := range fs.Args() {
 		h, evs, err := tracefile.ReadAll(path, tracefile.Options{From: *from, Device: *device})

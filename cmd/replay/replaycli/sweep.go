@@ -4,21 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
+	"github.com/gpualloc/allocsim/internal/progress"
 
-	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/pflag"
-	"golang.org/x/term"
 
 	"github.com/gpualloc/allocsim/policies"
-	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
@@ -62,7 +59,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	parquetOut := fs.Bool("parquet", false, "also write DIR/results.parquet: one row per (trace, policy, settings, capacity), typed columns, for DuckDB or pandas")
 	fs.Lookup("jobs").DefValue = "0" // every core, said in the usage: not this machine's count in the help
 	shard := fs.String("shard", "", "run only shard `i/n` of the cells (0 <= i < n); auto takes i and n from a Slurm array task (the default in one) or, as auto/N, i from a Kubernetes Indexed Job's JOB_COMPLETION_INDEX, and writes into DIR/shard-i-of-n")
-	progress := fs.String("progress", "auto", "progress display on stderr, `MODE`: auto (a bar on a terminal, lines otherwise), bar, lines or none")
+	progressMode := fs.String("progress", "auto", "progress display on stderr, `MODE`: auto (a bar on a terminal, lines otherwise), bar, lines or none")
 	from := fs.String("from", "auto", "`FORMAT` of the traces: auto, "+strings.Join(tracefile.Formats, ", "))
 	device := fs.Int("device", 0, cli.DeviceDoc)
 	asRecorded := fs.Bool("as-recorded", true, "replay a recording as recorded, as replay sim does: with the allocator settings it records (--set and --grid override them) and at its recorded addresses")
@@ -150,13 +147,13 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	if err := s.Prepare(); err != nil {
 		return err
 	}
-	pg, err := newProgress(*progress, stderr, len(plan.Cells), s.DoneBefore())
+	pg, err := progress.NewSweep(*progressMode, stderr, len(plan.Cells), s.DoneBefore())
 	if err != nil {
 		return err
 	}
-	s.Progress = pg.jobDone
+	s.Progress = pg.JobDone
 	runErr := s.Run()
-	pg.finish()
+	pg.Finish()
 	if err := s.WriteResults(); err != nil {
 		return err
 	}
@@ -173,7 +170,7 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	} else {
 		fmt.Fprintf(stdout, "sweep: results in %s and %s\n", filepath.Join(*outDir, "results.csv"), filepath.Join(*outDir, "results.json"))
 	}
-	writeSweepWarnings(stderr, s.Results())
+	tables.CellWarnings(stderr, s.Results())
 	if len(failed) > 0 {
 		for _, f := range failed[:min(len(failed), 5)] {
 			fmt.Fprintf(stderr, "sweep: cell %d: %s\n", f.Index, cli.Safe(f.Err.Error()))
@@ -183,149 +180,11 @@ func runSweep(stdout, stderr io.Writer, args []string) error {
 	return runErr
 }
 
-// progress shows a sweep's progress on stderr.
-type progress interface {
-	jobDone(j sweep.Job)
-	finish()
-}
-
-func newProgress(mode string, w io.Writer, total, done int) (progress, error) {
-	if mode == "auto" {
-		mode = "lines"
-		if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-			mode = "bar"
-		}
-	}
-	switch mode {
-	case "none":
-		return noProgress{}, nil
-	case "lines":
-		return &lineProgress{w: w, total: total, done: done}, nil
-	case "bar":
-		bar := progressbar.NewOptions(total,
-			progressbar.OptionSetWriter(w),
-			progressbar.OptionSetDescription("sweep"),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetItsString("cells"),
-			progressbar.OptionShowIts(),
-			progressbar.OptionSetPredictTime(true),
-			progressbar.OptionFullWidth(),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionOnCompletion(func() { fmt.Fprintln(w) }),
-		)
-		if done > 0 {
-			bar.Add(done)
-		}
-		return &barProgress{bar: bar}, nil
-	}
-	return nil, fmt.Errorf("--progress %q: want auto, bar, lines or none", mode)
-}
-
-type noProgress struct{}
-
-func (noProgress) jobDone(sweep.Job) {}
-func (noProgress) finish()           {}
-
-// lineProgress writes a line per finished job.
-type lineProgress struct {
-	w           io.Writer
-	total, done int
-}
-
-func (p *lineProgress) jobDone(j sweep.Job) {
-	p.done += len(j.Cells)
-	status := fmt.Sprintf("%d cells in %.1f s", len(j.Cells), j.Elapsed.Seconds())
-	if j.Err != nil {
-		status = "failed: " + j.Err.Error()
-	}
-	fmt.Fprintf(p.w, "sweep: %d/%d %s: %s\n", p.done, p.total, cli.Safe(filepath.Base(j.Trace)), cli.Safe(status))
-}
-
-func (p *lineProgress) finish() {}
-
-type barProgress struct{ bar *progressbar.ProgressBar }
-
-func (p *barProgress) jobDone(j sweep.Job) {
-	p.bar.Describe("sweep " + cli.Safe(filepath.Base(j.Trace)))
-	p.bar.Add(len(j.Cells))
-}
-
-func (p *barProgress) finish() { p.bar.Finish() }
-
-// writeSweepWarnings prints the cells' warnings (sim.Result.Warnings) to
-// w, one line per trace and warning with the number of cells that have it.
-func writeSweepWarnings(w io.Writer, rs []*sim.Result) {
-	type key struct{ trace, text string }
-	var order []key
-	cells := map[key]int{}
-	for _, r := range rs {
-		for _, x := range r.Warnings {
-			k := key{r.Trace, x}
-			if cells[k] == 0 {
-				order = append(order, k)
-			}
-			cells[k]++
-		}
-	}
-	for _, k := range order {
-		fmt.Fprintf(w, "%s: warning (%d cells): %s\n", cli.Safe(k.trace), cells[k], cli.Safe(k.text))
-	}
-}
-
-// shardFlag returns shard i of n that a --shard value spec names (given:
-// the flag was set): i/n as written ("" for 0 of 1), or, for auto, auto/N
-// or no --shard inside a Slurm array task, the scheduler's
-// (sweep.SchedulerShard), which auto reports. done, when not nil, is told
-// the number of tasks auto/N gives (0 for plain auto) and returns the
-// number of shards an earlier run of the array left (0 if none), or an
-// error to refuse the shard with. Every error is a usage error.
+// shardFlag is sweep.ResolveShard, its errors usage errors.
 func shardFlag(spec string, given bool, done func(count int) (int, error)) (i, n int, auto bool, err error) {
-	autoSpec, count, ok := autoShard(spec, given)
-	if !ok {
-		i, n, err = sweep.ParseShard(spec)
-		if err != nil {
-			return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %w", err)}
-		}
-		return i, n, false, nil
+	i, n, auto, err = sweep.ResolveShard(spec, given, done)
+	if err != nil {
+		return 0, 0, false, cli.UsageError{Err: err}
 	}
-	if count < 0 {
-		return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %q: want auto, auto/N (N > 0) or i/n", autoSpec)}
-	}
-	left := 0
-	if done != nil {
-		if left, err = done(count); err != nil {
-			return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %s: %w", autoSpec, err)}
-		}
-	}
-	i, n, found, err := sweep.SchedulerShard(os.Getenv, count, left)
-	switch {
-	case err != nil:
-		return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard auto: %w", err)}
-	case !found:
-		return 0, 0, false, cli.UsageError{Err: fmt.Errorf("--shard %s: neither SLURM_ARRAY_TASK_ID nor JOB_COMPLETION_INDEX is set (not a Slurm array task or a Kubernetes Indexed Job pod)", autoSpec)}
-	}
-	return i, n, true, nil
-}
-
-// autoShard reports whether the shard comes from the scheduler: --shard
-// auto or auto/N (N the number of tasks, for a Kubernetes Indexed Job), or
-// no --shard inside a Slurm array task.
-func autoShard(shard string, given bool) (spec string, count int, ok bool) {
-	if !given {
-		if os.Getenv("SLURM_ARRAY_TASK_ID") != "" {
-			return "auto", 0, true
-		}
-		return "", 0, false
-	}
-	rest, isAuto := strings.CutPrefix(shard, "auto")
-	if !isAuto {
-		return "", 0, false
-	}
-	if n, err := strconv.Atoi(strings.TrimPrefix(rest, "/")); err == nil && strings.HasPrefix(rest, "/") && n > 0 {
-		return shard, n, true
-	}
-	if rest != "" {
-		return shard, -1, true
-	}
-	return shard, 0, true
+	return i, n, auto, nil
 }

@@ -7,6 +7,7 @@ import (
 	"runtime"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
+	"github.com/gpualloc/allocsim/internal/progress"
 
 	"github.com/spf13/pflag"
 
@@ -162,7 +163,7 @@ func runTune(stdout, stderr io.Writer, args []string) error {
 	jobRuns := map[string][]tune.RankRun{}
 	var jobOrder []string
 	for _, path := range fs.Args() {
-		counter := newReplayCounter(stderr, "tune "+cli.Safe(filepath.Base(path)), len(mine)+1)
+		counter := progress.NewCounter(stderr, "tune "+cli.Safe(filepath.Base(path)), len(mine)+1)
 		cfg := base
 		cfg.Progress = counter.Progress()
 		h, recorded, cs, err := tune.File(path, cfg, mine, *jobs, *replayAll)

@@ -253,3 +253,23 @@ func Sites(w io.Writer, rs []*results.Result) {
 		tw.Flush()
 	}
 }
+
+// CellWarnings prints the cells' warnings (Result.Warnings) to
+// w, one line per trace and warning with the number of cells that have it.
+func CellWarnings(w io.Writer, rs []*results.Result) {
+	type key struct{ trace, text string }
+	var order []key
+	cells := map[key]int{}
+	for _, r := range rs {
+		for _, x := range r.Warnings {
+			k := key{r.Trace, x}
+			if cells[k] == 0 {
+				order = append(order, k)
+			}
+			cells[k]++
+		}
+	}
+	for _, k := range order {
+		fmt.Fprintf(w, "%s: warning (%d cells): %s\n", termsafe.String(k.trace), cells[k], termsafe.String(k.text))
+	}
+}
