@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/plots"
+	"github.com/gpualloc/allocsim/sim/results/tables"
 	"github.com/gpualloc/allocsim/trace"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -78,7 +79,7 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 	}
 	defer f.Close()
 	shown := cli.Safe(path) // the name as printed
-	if n := truncatedNote(f.Header()); n != "" {
+	if n := tables.TruncatedNote(f.Header()); n != "" {
 		fmt.Fprintf(w, "%s: %s\n", shown, cli.Safe(n))
 	}
 	v := trace.NewValidator()
@@ -119,23 +120,14 @@ func checkTrace(w io.Writer, path string, opts tracefile.Options, limit int) (pr
 	case problems == 0 && n == 0:
 		fmt.Fprintf(w, "%s: ok: %d events, no problems, nothing live at the end\n", shown, s.Events)
 	case f.Header().JobEnded():
-		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end of the job: leaks\n", shown, s.Events, count(problems, "problem"), n, humanBytes(b))
+		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end of the job: leaks\n", shown, s.Events, count(problems, "problem"), n, tables.HumanBytes(b))
 		return problems, n, nil
 	default:
 		why := "the trace was taken while the job ran"
 		if sig := f.Header().Metadata["signal"]; sig != "" && f.Header().Source == "record" {
 			why = "a signal ended the program: " + sig
 		}
-		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end (%s)\n", shown, s.Events, count(problems, "problem"), n, humanBytes(b), cli.Safe(why))
+		fmt.Fprintf(w, "%s: %d events, %s, %d allocations (%s) live at the end (%s)\n", shown, s.Events, count(problems, "problem"), n, tables.HumanBytes(b), cli.Safe(why))
 	}
 	return problems, 0, nil
-}
-
-// truncatedNote says that a snapshot's history was cut and rebuilt (the
-// importer's truncated and reconstructed_events), "" for a whole one.
-func truncatedNote(h trace.Header) string {
-	if h.Metadata["truncated"] != "true" {
-		return ""
-	}
-	return fmt.Sprintf("truncated history (it starts mid-run): its first %s events rebuild the state before its first entry", h.Metadata["reconstructed_events"])
 }
