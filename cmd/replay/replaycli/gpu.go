@@ -3,7 +3,6 @@ package replaycli
 import (
 	"fmt"
 	"io"
-	"path/filepath"
 	"strings"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
@@ -16,7 +15,6 @@ import (
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/sim/results"
 	"github.com/gpualloc/allocsim/sim/results/tables"
-	"github.com/gpualloc/allocsim/sim/sweep"
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 	"github.com/gpualloc/allocsim/trace/tracefile"
 )
@@ -105,7 +103,7 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 	if runs := fs.NArg() * len(names); *callsOut != "" && runs > 1 {
 		for _, path := range fs.Args() {
 			for _, n := range names {
-				if err := checkOutputs(fs.Args(), "calls", callsPath(*callsOut, runs, path, n)); err != nil {
+				if err := checkOutputs(fs.Args(), "calls", gpu.CallsPath(*callsOut, runs, path, n)); err != nil {
 					return err
 				}
 			}
@@ -151,19 +149,13 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 
 	var rs []*gpu.Result
 	runs := len(fs.Args()) * len(names)
-	logs := map[string]bool{} // call logs written
-	var logsDone []string     // those of the runs finished, in order
+	logs := gpu.CallLogs{Base: *callsOut, Runs: runs}
+	var logsDone []string // those of the runs finished, in order
 	for _, path := range fs.Args() {
 		for _, name := range names {
 			c := cfg
 			c.Trace, c.Policy, c.Settings = path, name, settings[name]
-			log := callsPath(*callsOut, runs, path, name)
-			for n, first := 2, log; log != "" && logs[log]; n++ {
-				// Two traces of one name: the second log gets a number.
-				ext := filepath.Ext(first)
-				log = fmt.Sprintf("%s-%d%s", strings.TrimSuffix(first, ext), n, ext)
-			}
-			logs[log] = true
+			log := logs.Next(path, name)
 			res, err := gpu.RepeatFile(ctx, rt, path, opts, c, log, *repeat, *cLoop)
 			if res != nil {
 				rs = append(rs, res)
@@ -226,26 +218,11 @@ func runGPU(stdout, stderr io.Writer, args []string) error {
 // writes the results.
 func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Options, cfg gpu.Config, names []string, settings map[string]policies.Settings, model *sim.CostModel, jsonOut, csvOut string) error {
 	cfg.Sim = model
-	var rs []*sim.Result
-	for _, path := range paths {
-		var cfgs []sim.Config
-		for _, n := range names {
-			c := cfg
-			c.Trace, c.Policy, c.Settings = path, n, settings[n]
-			if sc, ok := gpu.ShadowConfig(c, cfg.MaxBytes); ok {
-				cfgs = append(cfgs, sc)
-			} else if path == paths[0] {
-				fmt.Fprintf(stderr, "replay gpu --sim-only: %s has no simulated policy; left out\n", n)
-			}
-		}
-		if len(cfgs) == 0 {
-			return fmt.Errorf("--sim-only: none of %s is a simulated policy", strings.Join(names, ", "))
-		}
-		res, err := sweep.RunFile(path, opts, cfgs...)
-		if err != nil {
-			return err
-		}
-		rs = append(rs, res...)
+	rs, err := gpu.SimulateFiles(paths, opts, cfg, names, settings, func(n string) {
+		fmt.Fprintf(stderr, "replay gpu --sim-only: %s has no simulated policy; left out\n", n)
+	})
+	if err != nil {
+		return err
 	}
 	tables.Warnings(stderr, rs)
 	outs := &atomicfile.Outputs{Stdout: stdout}
@@ -268,19 +245,3 @@ func simulateOnly(stdout, stderr io.Writer, paths []string, opts tracefile.Optio
 	}
 	return outs.Commit()
 }
-
-// callsPath returns the call log's path for one run: base itself for a
-// single run, else base with -TRACE-TARGET before its extension.
-func callsPath(base string, runs int, trace, target string) string {
-	if base == "" || runs == 1 {
-		return base
-	}
-	t := filepath.Base(trace)
-	for _, ext := range []string{".gz", ".pickle", ".trace", ".txt"} {
-		t = strings.TrimSuffix(t, ext)
-	}
-	ext := filepath.Ext(base)
-	return strings.TrimSuffix(base, ext) + "-" + t + "-" + target + ext
-}
-
-func ms(ns int64) float64 { return float64(ns) / 1e6 }

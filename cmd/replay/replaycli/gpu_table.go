@@ -102,3 +102,6 @@ func writeLatency(w io.Writer, rows []sim.LatencyRow) {
 	}
 	tw.Flush()
 }
+
+// ms converts nanoseconds to milliseconds.
+func ms(ns int64) float64 { return float64(ns) / 1e6 }
