@@ -8,10 +8,11 @@ package main
 
 import (
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
 	"strings"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 

@@ -2,11 +2,12 @@ package main
 
 import (
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 

@@ -2,12 +2,13 @@ package main
 
 import (
 	"fmt"
-	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"io"
 	"sort"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
 	"github.com/spf13/pflag"
 
