@@ -356,7 +356,11 @@ func nominalPolicies(p *plot.Plot, labels []string, width, legendW vg.Length) {
 // value). It returns ErrNoResults for no results and an error if the
 // results come from more than one trace.
 // The bars are in the order of their figures (byFigure).
-func Peaks(runs []results.Result) (*plot.Plot, error) {
+func Peaks(runs []results.Result) (*plot.Plot, error) { return peaks(runs, nil) }
+
+// peaks is Peaks, in unit where it is not nil (the unit of the report's
+// section), else in ChooseUnit's.
+func peaks(runs []results.Result, unit *Unit) (*plot.Plot, error) {
 	runs = byFigure(runs)
 	trace, err := traceOf(runs)
 	if err != nil {
@@ -373,6 +377,9 @@ func Peaks(runs []results.Result) (*plot.Plot, error) {
 		bound = max(bound, r.PeakRequested)
 	}
 	u := ChooseUnit(top)
+	if unit != nil {
+		u = *unit
+	}
 
 	p := newPlot()
 	setTitle(p, "peak memory per policy: ", trace)

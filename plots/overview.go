@@ -206,6 +206,21 @@ func formatBytes(b uint64) string {
 // is what a smallest capacity is to be held against. Bytes are in MiB or
 // GiB. It returns ErrNoResults for no rows.
 func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, error) {
+	return fitChart(trace, rows, cards, nil)
+}
+
+// fitUnit is the unit of a trace's fit answers in the report, its table
+// and chart alike: ChooseUnit of the largest capacity, peak or bound.
+func fitUnit(rows []results.Fit) Unit {
+	var top uint64
+	for _, r := range rows {
+		top = max(top, r.MinCapacity, r.UnlimitedPeakReserved, r.LowerBound)
+	}
+	return ChooseUnit(top)
+}
+
+// fitChart is Fit, in unit where it is not nil, else in ChooseUnit's.
+func fitChart(trace string, rows []results.Fit, cards []results.Card, unit *Unit) (*plot.Plot, error) {
 	if len(rows) == 0 {
 		return nil, ErrNoResults
 	}
@@ -248,6 +263,9 @@ func Fit(trace string, rows []results.Fit, cards []results.Card) (*plot.Plot, er
 		drawTop = max(drawTop, c.Capacity)
 	}
 	u := ChooseUnit(drawTop)
+	if unit != nil {
+		u = *unit
+	}
 
 	p := newPlot()
 	setTitle(p, "smallest capacity without OOM: ", trace)

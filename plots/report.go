@@ -78,6 +78,7 @@ func (c ReportChart) render(w io.Writer, format string) error {
 type reportGroup struct {
 	id       string
 	trace    string
+	short    string // the trace as the page names it (results.ShortNames)
 	capacity uint64
 	multiCap bool
 	results  []ReportResult
@@ -96,7 +97,7 @@ func (g *reportGroup) sim() []results.Result {
 }
 
 func (g *reportGroup) name() string {
-	name := baseName(g.trace)
+	name := g.short
 	if g.multiCap || g.capacity > 0 {
 		name += " on " + formatBytes(g.capacity)
 	}
@@ -117,6 +118,16 @@ func (r *Report) groups() []*reportGroup {
 		caps[res.Trace][res.Capacity] = true
 	}
 	used := map[string]bool{}
+	// A trace is named by its file name, or as much of its path as tells
+	// it from another trace of the same file name.
+	var paths []string
+	for _, res := range r.Results {
+		paths = append(paths, res.Trace)
+	}
+	for _, f := range r.Fits {
+		paths = append(paths, f.Trace)
+	}
+	short := results.ShortNames(paths)
 	get := func(trace string, capacity uint64) *reportGroup {
 		k := trace + "\x00" + strconv.FormatUint(capacity, 10)
 		if g := byKey[k]; g != nil {
@@ -131,7 +142,7 @@ func (r *Report) groups() []*reportGroup {
 			id = base + "-" + strconv.Itoa(n)
 		}
 		used[strings.ToLower(id)] = true
-		g := &reportGroup{id: id, trace: trace, capacity: capacity, multiCap: len(caps[trace]) > 1}
+		g := &reportGroup{id: id, trace: trace, short: short[trace], capacity: capacity, multiCap: len(caps[trace]) > 1}
 		byKey[k] = g
 		out = append(out, g)
 		return g
@@ -194,13 +205,14 @@ func (r *Report) Charts() ([]ReportChart, error) {
 	for _, g := range groups {
 		if len(g.results) > 0 {
 			rs := g.sim()
+			unit := g.unit()
 			charts := []struct {
 				suffix, caption string
 				build           func([]results.Result) (*plot.Plot, error)
 			}{
-				{"memory", "Reserved (thick) and allocated (thin) bytes over the trace of the recorded allocator, the lowest peaks and the cuda baseline (or the policies --plot-policy names), against the requested bytes, the lower bound.", func(rs []results.Result) (*plot.Plot, error) { return MemoryOf(rs, r.Policies) }},
+				{"memory", "Reserved (thick) and allocated (thin) bytes over the trace of the recorded allocator, the lowest peaks and the cuda baseline (or the policies --plot-policy names), against the requested bytes, the lower bound.", func(rs []results.Result) (*plot.Plot, error) { return memoryOf(rs, r.Policies, &unit) }},
 				{"fragmentation", "Fragmentation (dots: the free reserved memory that could not serve a malloc the policy grew for) and the idle share (lines: 1 − allocated / reserved), over the trace, of the same policies.", func(rs []results.Result) (*plot.Plot, error) { return FragmentationOf(rs, r.Policies) }},
-				{"peaks", "Peak reserved and allocated bytes per policy against the lower bound, the peak requested bytes.", Peaks},
+				{"peaks", "Peak reserved and allocated bytes per policy against the lower bound, the peak requested bytes.", func(rs []results.Result) (*plot.Plot, error) { return peaks(rs, &unit) }},
 				{"calls", "Device allocations and frees (cudaMalloc and cudaFree calls) per policy.", Calls},
 			}
 			if hasLatency(g.results) {
@@ -225,7 +237,8 @@ func (r *Report) Charts() ([]ReportChart, error) {
 			}
 		}
 		if len(g.fits) > 0 {
-			p, err := Fit(g.trace, g.fits, fitCards(g.fits))
+			fu := fitUnit(g.fits)
+			p, err := fitChart(g.trace, g.fits, fitCards(g.fits), &fu)
 			if err != nil {
 				return nil, err
 			}
@@ -660,6 +673,7 @@ func tuneSections(ts []results.Tune) []section {
 // both against the largest peak of the table, in the policy's colour.
 func sitesTable(g *reportGroup) *fitTable {
 	rs := g.sim()
+	un := g.unit()
 	labels, looks := policyLabels(rs), resultLooks(rs)
 	var top uint64
 	for _, r := range rs {
@@ -671,7 +685,7 @@ func sitesTable(g *reportGroup) *fitTable {
 		return nil
 	}
 	t := &fitTable{
-		Head: []string{"policy", "peak reserved MiB", "peak event", "site", "live MiB", "live allocations", "unused MiB", "live and unused"},
+		Head: []string{"policy", "peak reserved " + un.Name, "peak event", "site", "live " + un.Name, "live allocations", "unused " + un.Name, "live and unused"},
 		Bars: []legendItem{{"fill", "live bytes"}, {"light", "its share of the reserved bytes no live allocation uses"}},
 	}
 	u := func(v uint64) string { return strconv.FormatUint(v, 10) }
@@ -684,13 +698,13 @@ func sitesTable(g *reportGroup) *fitTable {
 		for _, site := range st.Sites {
 			t.Rows = append(t.Rows, row{Cells: []cell{
 				{Text: labels[i]},
-				{Text: MiBText(st.Reserved), Class: "num", Title: u(st.Reserved) + " bytes", Sort: u(st.Reserved)},
+				{Text: un.Text(st.Reserved), Class: "num", Title: u(st.Reserved) + " bytes", Sort: u(st.Reserved)},
 				{Text: strconv.FormatInt(st.Event, 10), Class: "num", Sort: strconv.FormatInt(st.Event, 10)},
 				{Text: site.Site, Class: "set"},
-				{Text: MiBText(site.LiveBytes), Class: "num", Title: u(site.LiveBytes) + " bytes", Sort: u(site.LiveBytes)},
+				{Text: un.Text(site.LiveBytes), Class: "num", Title: u(site.LiveBytes) + " bytes", Sort: u(site.LiveBytes)},
 				{Text: strconv.FormatInt(site.Count, 10), Class: "num", Sort: strconv.FormatInt(site.Count, 10)},
-				{Text: MiBText(site.UnusedBytes), Class: "num", Title: u(site.UnusedBytes) + " bytes", Sort: u(site.UnusedBytes)},
-				{Class: "barcell", Sort: u(site.LiveBytes + site.UnusedBytes), Title: fmt.Sprintf("%s MiB live, %s MiB unused", MiBText(site.LiveBytes), MiBText(site.UnusedBytes)), Bar: []barPart{
+				{Text: un.Text(site.UnusedBytes), Class: "num", Title: u(site.UnusedBytes) + " bytes", Sort: u(site.UnusedBytes)},
+				{Class: "barcell", Sort: u(site.LiveBytes + site.UnusedBytes), Title: fmt.Sprintf("%s %s live, %s %[2]s unused", un.Text(site.LiveBytes), un.Name, un.Text(site.UnusedBytes)), Bar: []barPart{
 					{Class: "light", Style: barStyle(site.LiveBytes+site.UnusedBytes, top, c, 0.6)},
 					{Class: "fill", Style: barStyle(site.LiveBytes, top, c, 0)},
 				}},
@@ -829,6 +843,16 @@ func DiffCells(f results.DiffFigure) [4]string {
 
 // lowerBound returns the group's trace's peak requested bytes: the largest
 // of its results' (each counts the requests it failed too).
+// unit is the unit of a trace's section, its tables and charts alike:
+// ChooseUnit of the largest peak of its results.
+func (g *reportGroup) unit() Unit {
+	var top uint64
+	for _, r := range g.results {
+		top = max(top, r.PeakReserved, r.PeakAllocated, r.PeakRequested, r.PeakFootprint)
+	}
+	return ChooseUnit(top)
+}
+
 func (g *reportGroup) lowerBound() uint64 {
 	var lower uint64
 	for _, r := range g.results {
@@ -839,6 +863,7 @@ func (g *reportGroup) lowerBound() uint64 {
 
 func traceFacts(g *reportGroup) ([]fact, []string) {
 	r0 := g.results[0]
+	un := g.unit()
 	lower := g.lowerBound()
 	var sourceOOMs, anomalies int64
 	var first string
@@ -852,7 +877,7 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 		{"trace", g.trace},
 		{"events", strconv.FormatInt(r0.Events, 10)},
 		{"device mallocs / frees", fmt.Sprintf("%d / %d", r0.Mallocs, r0.Frees)},
-		{"lower bound (peak requested)", MiBText(lower) + " MiB (" + strconv.FormatUint(lower, 10) + " bytes)"},
+		{"lower bound (peak requested)", un.Text(lower) + " " + un.Name + " (" + strconv.FormatUint(lower, 10) + " bytes)"},
 		{"device capacity", formatBytes(g.capacity)},
 		{"mallocs that failed in the recording", strconv.FormatInt(sourceOOMs, 10)},
 	}
@@ -861,10 +886,10 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 		offline = max(offline, r.PeakOffline)
 	}
 	if offline > 0 {
-		facts = append(facts, fact{"offline placement (clairvoyant heuristic, not the optimum)", MiBText(offline) + " MiB (" + strconv.FormatFloat(float64(offline)/float64(max(lower, 1)), 'f', 3, 64) + " × lower bound)"})
+		facts = append(facts, fact{"offline placement (clairvoyant heuristic, not the optimum)", un.Text(offline) + " " + un.Name + " (" + strconv.FormatFloat(float64(offline)/float64(max(lower, 1)), 'f', 3, 64) + " × lower bound)"})
 	}
 	if r0.PeakPinned > 0 || r0.PeakManaged > 0 {
-		facts = append(facts, fact{"peak pinned / managed host memory", MiBText(r0.PeakPinned) + " / " + MiBText(r0.PeakManaged) + " MiB"})
+		facts = append(facts, fact{"peak pinned / managed host memory", un.Text(r0.PeakPinned) + " / " + un.Text(r0.PeakManaged) + " " + un.Name})
 	}
 	var notes []string
 	if anomalies > 0 {
@@ -902,7 +927,8 @@ func traceFacts(g *reportGroup) ([]fact, []string) {
 // reserved bytes, its peak footprint (a black tick), against the lower
 // bound (a black line), on one scale for the section.
 func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
-	head := []string{"policy", "settings", "peak reserved MiB", "÷ lower bound", "peak allocated MiB", "peaks against the lower bound", "fragmentation", "idle at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
+	un := g.unit()
+	head := []string{"policy", "settings", "peak reserved " + un.Name, "÷ lower bound", "peak allocated " + un.Name, "peaks against the lower bound", "fragmentation", "idle at peak", "device allocs", "device frees", "retries", "OOMs", "first OOM (event, bytes)", "allocator time ms"}
 	labels := policyLabels(g.sim())
 	looks := resultLooks(g.sim())
 	best := uint64(math.MaxUint64)
@@ -948,21 +974,21 @@ func comparisonTable(g *reportGroup) ([]string, []row, []legendItem) {
 			{Class: "fill", Style: barStyle(r.PeakReserved, top, c, 0)},
 			{Class: "light", Style: barStyle(r.PeakAllocated, top, c, 0.6)},
 		}
-		title := fmt.Sprintf("peak reserved %s MiB, peak allocated %s MiB, lower bound %s MiB", MiBText(r.PeakReserved), MiBText(r.PeakAllocated), MiBText(r.PeakRequested))
+		title := fmt.Sprintf("peak reserved %s %s, peak allocated %[3]s %[2]s, lower bound %[4]s %[2]s", un.Text(r.PeakReserved), un.Name, un.Text(r.PeakAllocated), un.Text(r.PeakRequested))
 		if r.PeakRequested > 0 {
 			bar = append(bar, barPart{Class: "bound", Style: markStyle(r.PeakRequested, top)})
 		}
 		if r.PeakFootprint > r.PeakReserved {
 			bar = append(bar, barPart{Class: "tick", Style: markStyle(r.PeakFootprint, top)})
-			title += ", peak footprint " + MiBText(r.PeakFootprint) + " MiB"
+			title += ", peak footprint " + un.Text(r.PeakFootprint) + " " + un.Name
 		}
 		u := func(v uint64) string { return strconv.FormatUint(v, 10) }
 		i64 := func(v int64) string { return strconv.FormatInt(v, 10) }
 		rows = append(rows, row{Cells: []cell{
 			{Text: labels[i]}, {Text: settings, Class: "set"},
-			{Text: MiBText(r.PeakReserved), Class: reservedClass, Title: u(r.PeakReserved) + " bytes", Sort: u(r.PeakReserved)},
+			{Text: un.Text(r.PeakReserved), Class: reservedClass, Title: u(r.PeakReserved) + " bytes", Sort: u(r.PeakReserved)},
 			{Text: ratio, Class: "num", Sort: ratioSort},
-			{Text: MiBText(r.PeakAllocated), Class: "num", Title: u(r.PeakAllocated) + " bytes", Sort: u(r.PeakAllocated)},
+			{Text: un.Text(r.PeakAllocated), Class: "num", Title: u(r.PeakAllocated) + " bytes", Sort: u(r.PeakAllocated)},
 			{Class: "barcell", Title: title, Sort: u(r.PeakReserved), Bar: bar},
 			fragCell(r.Result),
 			{Text: strconv.FormatFloat(100*r.IdleAtPeak, 'f', 1, 64) + "%", Class: "num", Sort: num(r.IdleAtPeak)},
@@ -1010,7 +1036,8 @@ func msText(ns int64) string { return strconv.FormatFloat(float64(ns)/1e6, 'f', 
 // column per card saying whether it fits.
 func fitRows(fits []results.Fit) *fitTable {
 	cards := fitCards(fits)
-	t := &fitTable{Head: []string{"policy", "smallest capacity MiB", "bytes", "over lower bound", "peak reserved, unlimited MiB", "capacities against the lower bound"}}
+	un := fitUnit(fits)
+	t := &fitTable{Head: []string{"policy", "smallest capacity " + un.Name, "bytes", "over lower bound", "peak reserved, unlimited " + un.Name, "capacities against the lower bound"}}
 	for _, c := range cards {
 		t.Head = append(t.Head, c.Label())
 	}
@@ -1052,7 +1079,7 @@ func fitRows(fits []results.Fit) *fitTable {
 		minText, bytesText, over := "never", "-", "-"
 		minSort, overSort := "", ""
 		if f.Fits {
-			minText, bytesText = MiBText(f.MinCapacity), strconv.FormatUint(f.MinCapacity, 10)
+			minText, bytesText = un.Text(f.MinCapacity), strconv.FormatUint(f.MinCapacity, 10)
 			minSort = bytesText
 			if !f.Monotone {
 				minText += " *"
@@ -1072,17 +1099,17 @@ func fitRows(fits []results.Fit) *fitTable {
 			bar = append(bar, barPart{Class: "bound", Style: markStyle(f.LowerBound, scale)})
 		}
 		for _, m := range shown {
-			bar = append(bar, barPart{Class: "card", Title: m.name + " less the context: " + MiBText(m.capacity) + " MiB", Style: markStyle(m.capacity, scale)})
+			bar = append(bar, barPart{Class: "card", Title: m.name + " less the context: " + un.Text(m.capacity) + " " + un.Name, Style: markStyle(m.capacity, scale)})
 		}
-		title := "smallest capacity: " + minText + " MiB, peak reserved on an unlimited device " + MiBText(f.UnlimitedPeakReserved) + " MiB, lower bound " + MiBText(f.LowerBound) + " MiB"
+		title := "smallest capacity: " + minText + " " + un.Name + ", peak reserved on an unlimited device " + un.Text(f.UnlimitedPeakReserved) + " " + un.Name + ", lower bound " + un.Text(f.LowerBound) + " " + un.Name
 		if !f.Fits {
-			title = "no capacity tried fits; peak reserved on an unlimited device " + MiBText(f.UnlimitedPeakReserved) + " MiB, lower bound " + MiBText(f.LowerBound) + " MiB"
+			title = "no capacity tried fits; peak reserved on an unlimited device " + un.Text(f.UnlimitedPeakReserved) + " " + un.Name + ", lower bound " + un.Text(f.LowerBound) + " " + un.Name
 		}
 		for _, m := range shown {
-			title += "; " + m.name + " leaves " + MiBText(m.capacity) + " MiB"
+			title += "; " + m.name + " leaves " + un.Text(m.capacity) + " " + un.Name
 		}
 		cells := []cell{{Text: labels[i]}, {Text: minText, Class: "num", Sort: minSort}, {Text: bytesText, Class: "num", Sort: minSort}, {Text: over, Class: "num", Sort: overSort},
-			{Text: MiBText(f.UnlimitedPeakReserved), Class: "num", Sort: strconv.FormatUint(f.UnlimitedPeakReserved, 10)},
+			{Text: un.Text(f.UnlimitedPeakReserved), Class: "num", Sort: strconv.FormatUint(f.UnlimitedPeakReserved, 10)},
 			{Class: "barcell", Title: title, Sort: minSort, Bar: bar}}
 		fitsOn := map[uint64]bool{}
 		known := map[uint64]bool{}
@@ -1103,9 +1130,9 @@ func fitRows(fits []results.Fit) *fitTable {
 		if f.Fits && !f.Monotone {
 			var caps []string
 			for _, c := range f.NonMonotone[:min(len(f.NonMonotone), 4)] {
-				caps = append(caps, MiBText(c.Capacity)+" MiB")
+				caps = append(caps, un.Text(c.Capacity)+" "+un.Name)
 			}
-			t.Notes = append(t.Notes, fmt.Sprintf("* %s is not monotone in capacity: it runs out of memory at %s although %s MiB fits.", labels[i], strings.Join(caps, ", "), MiBText(f.MinCapacity)))
+			t.Notes = append(t.Notes, fmt.Sprintf("* %s is not monotone in capacity: it runs out of memory at %s although %s %s fits.", labels[i], strings.Join(caps, ", "), un.Text(f.MinCapacity), un.Name))
 		}
 	}
 	t.Bars = []legendItem{{"fill", "smallest capacity without an OOM"}, {"light", "peak reserved, unlimited device"}, {"bound", "lower bound"}}

@@ -144,7 +144,7 @@ func TestReportHTML(t *testing.T) {
 		"measured on the GPU for the (gpu) policies",                                                     // the latency caption
 		"Memory over the trace, measured on the GPU for the (gpu) policies and simulated for the others", // the memory caption
 		"Memory over the trace, simulated:",
-		"not monotone in capacity: it runs out of memory at 18432.0 MiB although 17408.0 MiB fits",
+		"not monotone in capacity: it runs out of memory at 18.00 GiB although 17.00 GiB fits", // the section's unit: its figures pass 1 GiB
 		`<td class="yn no">OOM</td>`, "never",
 		"offline placement (clairvoyant heuristic, not the optimum)</th><td>", "1.050 × lower bound",
 		"best_fit could not be built on this device (device alloc of 80 GiB refused)",
@@ -228,12 +228,13 @@ func TestReportSortable(t *testing.T) {
 	if pg.tables[0].class != "cmp" || pg.tables[0].heads != 14 || pg.tables[1].class != "fit" || pg.tables[1].heads != 6+3 {
 		t.Errorf("tables %+v", pg.tables)
 	}
-	const th = `<th class="sortable" tabindex="0" aria-sort="none">peak reserved MiB</th>`
+	// One unit for the section, its table and charts: GiB, as its peaks
+	// pass 1 GiB (9458037198 bytes = 8.808 GiB).
+	const th = `<th class="sortable" tabindex="0" aria-sort="none">peak reserved GiB</th>`
 	if !strings.Contains(page, th) {
 		t.Errorf("no %s", th)
 	}
-	r := trainingResults()[0]
-	cell := fmt.Sprintf(`<td class="num" title="%d bytes" data-v="%d">%s</td>`, r.PeakReserved, r.PeakReserved, plots.MiBText(r.PeakReserved))
+	const cell = `<td class="num" title="9458037198 bytes" data-v="9458037198">8.81</td>`
 	if !strings.Contains(page, cell) {
 		t.Errorf("no %s", cell)
 	}
@@ -684,6 +685,80 @@ func TestReportSites(t *testing.T) {
 	for _, s := range []string{">a.py:3:f<", `title="2097152 bytes"`, `title="524288 bytes"`, ">(no stack)<"} {
 		if !strings.Contains(p, s) {
 			t.Errorf("the sites table lacks %s", s)
+		}
+	}
+}
+
+// TestReportSectionUnit: a trace's section shows its bytes in one unit,
+// its table's and its memory chart's alike. Of two policies, one peaking
+// at 900 MiB and one at 1536 MiB (above 1 GiB), the memory chart drawn
+// alone shows only the lower (the lowest peak and cuda), in MiB; in the
+// report it takes the section's unit, GiB, as the table does (900 MiB =
+// 0.88 GiB, 1536 MiB = 1.50 GiB).
+func TestReportSectionUnit(t *testing.T) {
+	const mib = 1 << 20
+	mk := func(policy string, peak uint64) results.Result {
+		return results.Result{Trace: "t.pickle.gz", Policy: policy, FirstOOMEvent: -1, PeakReserved: peak, PeakAllocated: peak / 2, PeakRequested: peak / 2,
+			Series: []results.Point{{Event: 0}, {Event: 1, Reserved: peak, Allocated: peak / 2, Requested: 400 * mib}, {Event: 2}}}
+	}
+	rs := []results.Result{mk("cuda", 900*mib), mk("buddy", 1536*mib)}
+	alone, err := plots.MemoryOf(rs, []string{"cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := alone.Y.Label.Text; got != "memory (MiB)" {
+		t.Errorf("MemoryOf alone: %q, want memory (MiB)", got)
+	}
+	rep := &plots.Report{Policies: []string{"cuda"}}
+	for _, r := range rs {
+		rep.Results = append(rep.Results, plots.ReportResult{Result: r})
+	}
+	charts, err := rep.Charts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range charts {
+		if strings.HasSuffix(c.ID, "memory") {
+			found = true
+			if got := c.Plot.Y.Label.Text; got != "memory (GiB)" {
+				t.Errorf("report chart %s: %q, want memory (GiB)", c.ID, got)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no memory chart among %d", len(charts))
+	}
+	var page bytes.Buffer
+	if err := plots.WriteReport(&page, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{">peak reserved GiB</th>", ">0.88</td>", ">1.50</td>"} {
+		if !strings.Contains(page.String(), want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	if strings.Contains(page.String(), ">peak reserved MiB</th>") {
+		t.Errorf("the page has a MiB column beside the GiB chart")
+	}
+}
+
+// TestReportTraceNames: two traces of one file name in different folders
+// are told apart on the page by their folders (results.ShortNames), a
+// trace whose file name is its own by its file name.
+func TestReportTraceNames(t *testing.T) {
+	rep := &plots.Report{}
+	for _, tr := range []string{"/runs/a/x.pickle.gz", "/runs/b/x.pickle.gz", "/runs/b/y.pickle.gz"} {
+		rep.Results = append(rep.Results, plots.ReportResult{Result: results.Result{Trace: tr, Policy: "cuda", FirstOOMEvent: -1, PeakReserved: 1 << 20, PeakRequested: 1 << 20,
+			Series: []results.Point{{Event: 0}, {Event: 1, Reserved: 1 << 20, Requested: 1 << 20}}}})
+	}
+	var page bytes.Buffer
+	if err := plots.WriteReport(&page, rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`<a href="#t-x">a/x.pickle.gz</a>`, `<a href="#t-x-2">b/x.pickle.gz</a>`, `<a href="#t-y">y.pickle.gz</a>`} {
+		if !strings.Contains(page.String(), want) {
+			t.Errorf("the page lacks %s", want)
 		}
 	}
 }

@@ -404,6 +404,12 @@ func requestedOnly(s []results.Point) []results.Point {
 // an error if the results come from more than one trace or a name has no
 // result.
 func MemoryOf(runs []results.Result, names []string) (*plot.Plot, error) {
+	return memoryOf(runs, names, nil)
+}
+
+// memoryOf is MemoryOf, in unit where it is not nil (the unit of the
+// report's section), else in ChooseUnit's.
+func memoryOf(runs []results.Result, names []string, unit *Unit) (*plot.Plot, error) {
 	c, err := newSeriesChart(runs, names)
 	if err != nil {
 		return nil, err
@@ -419,6 +425,9 @@ func MemoryOf(runs []results.Result, names []string) (*plot.Plot, error) {
 		drawn = append(drawn, results.Result{Capacity: runs[req].Capacity, Series: requestedOnly(runs[req].Series)})
 	}
 	top, capacity, u := memoryScale(drawn)
+	if unit != nil {
+		u = *unit
+	}
 
 	p := newPlot()
 	setTitle(p, "memory over the trace: ", trace)

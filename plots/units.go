@@ -32,6 +32,16 @@ func ChooseUnit(maxBytes uint64) Unit {
 	return MiB
 }
 
+// Text formats b bytes in the unit, as a table of the report shows them:
+// MiB with one decimal, GiB with two.
+func (u Unit) Text(b uint64) string {
+	d := 1
+	if u.Bytes >= 1<<30 {
+		d = 2
+	}
+	return strconv.FormatFloat(u.Of(b), 'f', d, 64)
+}
+
 // Of returns b bytes in the unit.
 func (u Unit) Of(b uint64) float64 { return float64(b) / u.Bytes }
 

@@ -1,6 +1,9 @@
 package results
 
-import "strings"
+import (
+	"path/filepath"
+	"strings"
+)
 
 // traceSuffixes are the file name extensions TraceName removes: compression
 // first, then the trace formats.
@@ -43,4 +46,42 @@ func TraceName(trace string) string {
 		return "trace"
 	}
 	return name
+}
+
+// ShortNames returns, for each trace path, the shortest tail of its path (its
+// file name, or the folders above it as far as needed) that no other of
+// the paths ends with, so that rows of two traces with one file name in
+// different folders tell apart (a/x.pickle and b/x.pickle show as such; a
+// lone x.pickle as x.pickle).
+func ShortNames(paths []string) map[string]string {
+	split := func(p string) []string {
+		return strings.Split(filepath.ToSlash(filepath.Clean(p)), "/")
+	}
+	tail := func(parts []string, n int) string {
+		return strings.Join(parts[max(0, len(parts)-n):], "/")
+	}
+	uniq := map[string][]string{}
+	for _, p := range paths {
+		if _, ok := uniq[p]; !ok {
+			uniq[p] = split(p)
+		}
+	}
+	out := make(map[string]string, len(uniq))
+	for p, parts := range uniq {
+		n := 1
+		for ; n < len(parts); n++ {
+			clash := false
+			for q, other := range uniq {
+				if q != p && tail(other, n) == tail(parts, n) {
+					clash = true
+					break
+				}
+			}
+			if !clash {
+				break
+			}
+		}
+		out[p] = tail(parts, n)
+	}
+	return out
 }
