@@ -102,6 +102,20 @@ var ptAcceptance = []struct {
 	{name: "profiler/prof_mlp_expandable"},
 	{name: "profiler/prof_churn"},
 	{name: "profiler/prof_churn_oom"},
+	// Llama-architecture training on the H200 (testdata/llama/record.py):
+	// pre-training at three sequence lengths, LoRA and full fine-tuning on
+	// batches of random lengths, each under the default allocator and
+	// with expandable segments.
+	{name: "llama/train_s1024"},
+	{name: "llama/train_s1024_expandable"},
+	{name: "llama/train_s2048"},
+	{name: "llama/train_s2048_expandable"},
+	{name: "llama/train_s4096"},
+	{name: "llama/train_s4096_expandable"},
+	{name: "llama/lora_var"},
+	{name: "llama/lora_var_expandable"},
+	{name: "llama/full_var"},
+	{name: "llama/full_var_expandable"},
 }
 
 // ptTruth is what the real allocator reported.
