@@ -36,20 +36,22 @@ import (
 // A predicted growth of a buffer held in a range of its own extends that
 // range in place: the pages that the new size lacks are mapped (one device
 // allocation), and the new tensor is the range's top n bytes (rounded up
-// to 512 B), its address below the old one's, since the range grows
-// downward from its top: the old tensor and the new one, both live between
-// torch.cat's malloc and the old one's free, keep distinct addresses while
-// sharing their pages (their blocks overlap; the replay's invariant checker
-// forbids that, and this mode is not run under it). The old buffer's free,
-// expected as the next call, then gives back nothing. If the next call is
-// anything else, the prediction missed: the old buffer is a tensor of its
-// own after all, and from that call on its pages are charged again, mapped
-// in a range of its own until its free (the replay's reserved bytes miss
-// them for the events between the malloc and that call). A predicted
-// growth of a buffer in pytorch's pool, and every predicted growth with
-// in_place off, gets a new range with the pages of its whole size mapped:
-// the copy still happens, as torch.cat makes it. A freed buffer's pages
-// are unmapped and its range given back at once.
+// to 512 B; 512 B more where a tensor live in the range has that size),
+// its address below the old one's, since the range grows downward from its
+// top: the old tensor and the new one, both live between torch.cat's
+// malloc and the old one's free, keep distinct addresses while sharing
+// their pages. Their blocks overlap, which the replay's invariant checker
+// forbids (the conformance kit runs the policy with in_place off), and the
+// replay's allocated bytes count both until the old one's free, expected
+// as the next call, which gives back nothing. If the next call is anything
+// else, the prediction missed: the old buffer is a tensor of its own after
+// all, and from that call on its pages are charged again, mapped in a
+// range of its own until its free, whatever the capacity (the replay's
+// reserved bytes lack them at the growth's malloc). A predicted growth of
+// a buffer in pytorch's pool, and every predicted growth with in_place
+// off, gets a new range with the pages of its whole size mapped: the copy
+// still happens, as torch.cat makes it. A freed buffer's pages are
+// unmapped and its range given back at once.
 //
 // Each range reserves 143000 MiB of address space (as pytorch's
 // expandable segments size theirs), so no buffer outgrows it before the
@@ -127,12 +129,17 @@ type vaBuf struct {
 	indexed     bool     // in growing
 	pt          bool     // placed by pytorch
 	rng         *vaRange // the range whose pages it holds, nil if none
+	in          *vaRange // the range its address lies in, nil if pytorch's
 	shadow      *vaRange // pages charged for it after a missed growth
 }
 
-// vaRange is a reserved address range with pages mapped at its top:
-// [base+size-mapped, base+size).
-type vaRange struct{ base, size, mapped uint64 }
+// vaRange is a reserved address range with pages mapped at its top,
+// [base+size-mapped, base+size), and the block sizes of the tensors live
+// in it, each at the top less its size.
+type vaRange struct {
+	base, size, mapped uint64
+	taken              map[uint64]bool
+}
 
 func (r *vaRange) top() uint64 { return r.base + r.size }
 
@@ -240,9 +247,11 @@ func (p *VAttention) Malloc(size, stream uint64) (Block, error) {
 	var err error
 	switch {
 	case p.inPlace && x.rng != nil:
-		// At least one step of 512 B below the old tensor: the two are
-		// told apart by their addresses.
-		y.block = max(y.block, x.block+vaAlign)
+		// Not at the address of a tensor live in the range (the old
+		// one, or one whose growth missed): 512 B lower.
+		for x.rng.taken[y.block] {
+			y.block += vaAlign
+		}
 		var ok bool
 		if ok, err = p.extend(x.rng, y.block); ok {
 			y.rng, x.rng = x.rng, nil
@@ -264,7 +273,9 @@ func (p *VAttention) Malloc(size, stream uint64) (Block, error) {
 		return p.ptMalloc(size, stream)
 	}
 	p.unindex(x)
+	y.in = y.rng
 	y.addr = y.rng.top() - y.block
+	y.rng.taken[y.block] = true
 	p.live[y.addr] = y
 	p.last = y
 	return Block{Addr: y.addr, Size: y.block}, nil
@@ -303,6 +314,9 @@ func (p *VAttention) Free(addr, stream uint64) error {
 	p.last = nil
 	p.unindex(x)
 	delete(p.live, addr)
+	if x.in != nil {
+		delete(x.in.taken, x.block)
+	}
 	if x.pt {
 		return p.pt.Free(addr, stream)
 	}
@@ -391,7 +405,7 @@ func (p *VAttention) newRange(n uint64) (*vaRange, error) {
 		}
 		return nil, fmt.Errorf("vattention: reserving %d bytes of address space: %w", uint64(vaReserve), err)
 	}
-	r := &vaRange{base: base, size: vaReserve}
+	r := &vaRange{base: base, size: vaReserve, taken: map[uint64]bool{}}
 	ok, err := p.extend(r, n)
 	if !ok || err != nil {
 		if rerr := p.mapper.Release(base); err == nil {
