@@ -278,10 +278,11 @@ func (pl *stPlan) findIterations(evs []trace.Event, lives []uint64, marker strin
 // stPeriod finds where a trace of calls with keys repeats: the key that
 // recurs at regular gaps over most of the trace, and returns the calls
 // where it recurs (nil if no key does) and the key. A key qualifies when
-// it recurs at least 3 times, its gaps (in calls) after the first are
-// within 5/4 of each other, the first (the first iteration, which may make
-// state the others reuse) is from 4/5 of the shortest to twice the longest
-// of the others, and its occurrences span at least half of the calls.
+// it recurs at least 4 times (so that two gaps after the first compare),
+// its gaps (in calls) after the first are within 5/4 of each other, the
+// first (the first iteration, which may make state the others reuse) is
+// from 4/5 of the shortest to twice the longest of the others, and its
+// occurrences span at least half of the calls.
 // Of those, the one whose calls find the fewest live bytes on average
 // (lives[k], the live requested bytes before call k: where an iteration
 // starts, its activations are freed) wins; then the one that recurs most,
@@ -316,7 +317,7 @@ func stPeriod(keys []stKey, lives []uint64) ([]int, stKey) {
 	}
 	for _, key := range order {
 		pos := occ[key]
-		if len(pos) < 3 {
+		if len(pos) < 4 {
 			continue
 		}
 		lo, hi := pos[2]-pos[1], pos[2]-pos[1]
