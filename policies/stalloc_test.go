@@ -10,6 +10,7 @@ import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/gpualloc/allocsim/trace/synth"
 )
 
 // runSTAlloc replays evs against stalloc with settings s through sim.Run
@@ -211,4 +212,45 @@ func genTraining(t *rapid.T) ([]trace.Event, bool) {
 		}
 	}
 	return evs, exact
+}
+
+// TestSTAllocFixedShapes: on the training loop STAlloc is made for, every
+// iteration alike (trace/synth's train workload with batch and sequence
+// fixed, markers at the iterations), every malloc of iterations 2 on
+// follows the plan, and the peak reserved bytes come within 2 MiB (the
+// online manager's segment for the requests of at most 512 bytes) of the
+// offline placement's, which sees the whole trace; with batch and sequence
+// drawn anew each iteration, mallocs part from the plan and go online.
+func TestSTAllocFixedShapes(t *testing.T) {
+	run := func(set map[string]string) (*sim.Result, *sim.Result, *policies.STAlloc) {
+		src, err := synth.New("train", 1, set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := trace.ReadAll(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, p, err := runSTAlloc(evs, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := sim.Run(trace.NewSliceSource(src.Header(), evs), sim.Config{Trace: "t", Policy: policies.OfflineName, Settings: policies.Settings{"nodes": "0"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, rs[0], p
+	}
+	r, off, p := run(map[string]string{"iterations": "8", "layers": "4", "batch-min": "8", "batch-max": "8", "seq-min": "256", "seq-max": "256"})
+	st := p.Stats()
+	if st.Found != "markers" || len(st.Starts) != 8 || st.Deviations != 0 || st.Dynamic != 0 {
+		t.Errorf("fixed shapes: %+v: want 8 iterations from markers, no deviation, no dynamic position", st)
+	}
+	if r.PeakReserved > off.PeakReserved+2<<20 {
+		t.Errorf("fixed shapes: peak reserved %d, offline %d", r.PeakReserved, off.PeakReserved)
+	}
+	_, _, p = run(map[string]string{"iterations": "8", "layers": "4"})
+	if st := p.Stats(); st.Deviations == 0 && st.Dynamic == 0 {
+		t.Errorf("shapes drawn each iteration: %+v: want deviations or dynamic positions", st)
+	}
 }
