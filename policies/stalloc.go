@@ -104,10 +104,9 @@ type STAlloc struct {
 	small     uint64
 	nodes     int64
 
-	plan      stPlan
-	planned   bool
-	planStats PlanStats
-	next      int // index of the next malloc call
+	plan    stPlan
+	planned bool
+	next    int // index of the next malloc call
 
 	region     uint64 // region address, valid when hasRegion
 	hasRegion  bool

@@ -182,7 +182,6 @@ func (pl *stPlan) make(p *STAlloc, evs []trace.Event) {
 		}
 	}
 	pl.height = pk.height
-	p.planStats = pk.stats
 }
 
 // collect makes the calls of evs, following the replay's rules for which
