@@ -926,6 +926,9 @@ func (r *Replay) Finish() *Result {
 		res.Parted, res.PartedAtOOM = w.parted.String(), w.partedOOM
 	}
 	res.Warnings = results.WarningsOf(&res)
+	if w, ok := r.policy.(policies.Warner); ok {
+		res.Warnings = append(res.Warnings, w.Warnings()...)
+	}
 	return &res
 }
 
