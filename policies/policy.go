@@ -115,6 +115,17 @@ type Releaser interface {
 	EmptyCache() error
 }
 
+// Aliaser is implemented by a policy that may hand out a block sharing
+// memory with a live block that it extends in place (vattention: a
+// growing tensor's range extended by pages, the old tensor's free
+// expected next). Aliases, asked right after a malloc returned b, reports
+// the live block b extends, which lies inside b; ok is false for none. The
+// invariant checker then lets the two overlap, and counts the old block's
+// bytes once, until its free.
+type Aliaser interface {
+	Aliases(b Block) (old Block, ok bool)
+}
+
 // FreeSpacer is implemented by policies that can report their free space,
 // for the external fragmentation metric.
 type FreeSpacer interface {

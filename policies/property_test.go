@@ -15,12 +15,9 @@ import (
 
 // kitSettings are the settings the kit gives a policy: none, but for the
 // offline search's node budget, kept small so that a hundred traces plan
-// in well under a second (the search runs all the same), and vattention's
-// growth in place, whose old and new tensors share pages and so overlap,
-// as the invariant checker forbids (vattention_test.go checks that mode).
+// in well under a second (the search runs all the same).
 var kitSettings = map[string]policies.Settings{
 	policies.OfflineName: {"nodes": "2000"},
-	"vattention":         {"in_place": "false"},
 }
 
 func TestConformanceAllPolicies(t *testing.T) {

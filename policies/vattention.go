@@ -40,8 +40,8 @@ import (
 // its address below the old one's, since the range grows downward from its
 // top: the old tensor and the new one, both live between torch.cat's
 // malloc and the old one's free, keep distinct addresses while sharing
-// their pages. Their blocks overlap, which the replay's invariant checker
-// forbids (the conformance kit runs the policy with in_place off), and the
+// their pages. Their blocks overlap, which the policy says (Aliases), so that
+// the replay's invariant checker allows it; the
 // replay's allocated bytes count both until the old one's free, expected
 // as the next call, which gives back nothing. If the next call is anything
 // else, the prediction missed: the old buffer is a tensor of its own after
@@ -324,6 +324,17 @@ func (p *VAttention) Free(addr, stream uint64) error {
 		return err
 	}
 	return p.release(x.shadow)
+}
+
+// Aliases implements Aliaser: after a malloc that extended a buffer's
+// range in place, the old buffer's block, which the new block covers (the
+// range grows downward from its top), until the next call settles it.
+func (p *VAttention) Aliases(b Block) (Block, bool) {
+	x := p.pending
+	if x == nil {
+		return Block{}, false
+	}
+	return Block{Addr: x.addr, Size: x.block}, true
 }
 
 // resolve settles the in-place growth of the last call at the next call,

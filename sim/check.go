@@ -54,7 +54,8 @@ func (e *CheckError) Unwrap() error { return ErrInvariant }
 
 // Checker checks a policy's placements against the device it runs on,
 // after each malloc and free of a replay:
-//   - no two live blocks overlap, and a block is never handed out while it
+//   - no two live blocks overlap (but a block that extends a live one in
+//     place, policies.Aliaser, and that one), and a block is never handed out while it
 //     is live (a freed block handed out twice shows as this);
 //   - every live block lies inside a live device segment, from the malloc
 //     that hands it out to its free (a segment freed to the device with a
@@ -79,7 +80,12 @@ type Checker struct {
 	reserved uint64                // bytes in segments
 	live     uint64                // bytes in live blocks
 	mapped   map[uint64]bool       // segments that are runs of mapped pages (check_map.go)
-	err      *CheckError
+	// aliased are the live blocks that a later block extends in place
+	// (policies.Aliaser), by address: out of blocks, so that the block
+	// extending one may overlap it, and out of live, so that their bytes
+	// count once.
+	aliased map[uint64]liveBlock
+	err     *CheckError
 }
 
 // liveBlock is a block handed out and not yet freed.
@@ -128,6 +134,21 @@ func (c *Checker) Malloc(b policies.Block, size uint64) error {
 	if c.err != nil {
 		return c.err
 	}
+	if al, ok := c.policy.(policies.Aliaser); ok {
+		if old, ok := al.Aliases(b); ok {
+			lb, live := c.blocks.Get(old.Addr)
+			if !live || lb.size != old.Size || old.Addr < b.Addr || old.Addr+old.Size > b.Addr+b.Size {
+				c.fail(b, old, "block %s said to extend block %s in place, which is not a live block inside it", fmtBlock(b), fmtBlock(old))
+				return c.err
+			}
+			c.blocks.Delete(old.Addr)
+			if c.aliased == nil {
+				c.aliased = map[uint64]liveBlock{}
+			}
+			c.aliased[old.Addr] = lb
+			c.live -= old.Size
+		}
+	}
 	if a, lb, ok := c.blocks.Floor(b.Addr); ok && a+lb.size > b.Addr {
 		o := policies.Block{Addr: a, Size: lb.size}
 		if a == b.Addr {
@@ -165,6 +186,10 @@ func (c *Checker) Free(b policies.Block) error {
 		return c.err
 	}
 	if b.Size == 0 {
+		return nil
+	}
+	if lb, ok := c.aliased[b.Addr]; ok && lb.size == b.Size {
+		delete(c.aliased, b.Addr) // its bytes left live when it was extended
 		return nil
 	}
 	lb, ok := c.blocks.Get(b.Addr)

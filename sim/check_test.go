@@ -270,3 +270,75 @@ func TestCheckByDefault(t *testing.T) {
 		t.Error("ALLOCSIM_CHECK=1 leaves the checker off")
 	}
 }
+
+// fakeAlias is a policy that says which live block the last block extends
+// in place (policies.Aliaser), for TestCheckerAliases.
+type fakeAlias struct {
+	fakeSpace
+	old *policies.Block
+}
+
+func (f *fakeAlias) Aliases(b policies.Block) (policies.Block, bool) {
+	if f.old == nil {
+		return policies.Block{}, false
+	}
+	return *f.old, true
+}
+
+// TestCheckerAliases: a block that extends a live one in place (a
+// growing range's top 2048 bytes over the old tensor's top 1024) may
+// overlap it when the policy says so, and the old one's bytes count once
+// (live 2048 of 4096 reserved with 2048 free: no violation); the old
+// one's free and the new one's are then accepted. The same overlap unsaid
+// is a violation, and so is an alias to a block outside the new one.
+func TestCheckerAliases(t *testing.T) {
+	run := func(alias *policies.Block, oldAt uint64) error {
+		dev := NewDevice(0)
+		c := NewChecker(dev)
+		p := &fakeAlias{fakeSpace: fakeSpace{total: 2048, largest: 2048}}
+		c.SetPolicy(p)
+		seg, err := c.Wrap().Alloc(4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old := policies.Block{Addr: seg + oldAt, Size: 1024}
+		c.Begin(0)
+		if err := c.Malloc(old, 1000); err != nil {
+			return err
+		}
+		if err := c.Step(); err != nil {
+			return err
+		}
+		c.Begin(1)
+		if alias != nil {
+			a := *alias
+			a.Addr += seg
+			p.old = &a
+		}
+		grown := policies.Block{Addr: seg + 1024, Size: 2048}
+		if err := c.Malloc(grown, 2000); err != nil {
+			return err
+		}
+		if err := c.Step(); err != nil {
+			return err
+		}
+		c.Begin(2)
+		p.old = nil
+		if err := c.Free(old); err != nil {
+			return err
+		}
+		if err := c.Free(grown); err != nil {
+			return err
+		}
+		return c.Step()
+	}
+	if err := run(&policies.Block{Addr: 2048, Size: 1024}, 2048); err != nil {
+		t.Errorf("an overlap the policy says: %v", err)
+	}
+	if err := run(nil, 2048); err == nil || !strings.Contains(err.Error(), "overlaps block") {
+		t.Errorf("an overlap unsaid: %v, want an overlap", err)
+	}
+	if err := run(&policies.Block{Addr: 0, Size: 1024}, 0); err == nil || !strings.Contains(err.Error(), "said to extend") {
+		t.Errorf("an alias outside the new block: %v, want refused", err)
+	}
+}
