@@ -75,7 +75,11 @@ const (
 // they were, a map there), and back home when an original block holding
 // them is handed out or the stitched block is collected. The memory
 // reserved is GMLake's (each page counted once); the device allocations
-// and frees, and their cost, are those moves rather than GMLake's maps.
+// and frees, and their cost (a map is charged as a cudaMalloc of its size,
+// an unmap as a cudaFree), are those moves rather than GMLake's maps of
+// retained chunks, which allocate nothing; and a replay's fragmentation
+// figure, which takes a malloc that made a device allocation while its
+// free bytes sufficed as fragmented, takes a malloc that moved pages so.
 //
 // Not modelled: PYTORCH_CUDA_ALLOC_CONF (max_split_size_mb,
 // roundup_power2_divisions, garbage_collection_threshold: their defaults
@@ -85,7 +89,11 @@ const (
 // cuMemCreate triggers (address space never runs out here, and stitched
 // blocks hold no memory of their own), and the reAlloc and vmmDefragment
 // variables (both at their defaults: reAlloc=0, vmmDefragment=1; the pytorch
-// policy is vmmDefragment=0 but for the 2 MiB rounding).
+// policy is vmmDefragment=0 but for the 2 MiB rounding). Not followed:
+// release_block takes only the first page of a segment given back out of a
+// stitched block in use (a slip that keeps the other pages' memory until
+// that block is freed, while GMLake's reserved bytes no longer count it);
+// here all of them leave it.
 type GMLake struct {
 	dev      Device
 	mapper   Mapper
