@@ -24,6 +24,10 @@ import (
 const (
 	gmChunk = 2 << 20 // a physical chunk (kGranularity); large requests are rounded up to it
 	gmGiB   = 1 << 30 // the unit of autoGC
+	// gmMaxStitch is the largest segment whose pages may be stitched (2
+	// TiB, more than any device holds): the pages of a segment are
+	// tracked one by one once stitched.
+	gmMaxStitch = 1 << 41
 )
 
 // The keys of GMLake's settings: its environment variables' names.
@@ -93,7 +97,9 @@ const (
 // release_block takes only the first page of a segment given back out of a
 // stitched block in use (a slip that keeps the other pages' memory until
 // that block is freed, while GMLake's reserved bytes no longer count it);
-// here all of them leave it.
+// here all of them leave it. Added: a segment over 2 TiB (more than any
+// device holds) is never stitched, as its pages would be tracked one by
+// one.
 type GMLake struct {
 	dev      Device
 	mapper   Mapper
@@ -212,10 +218,10 @@ type gmBlock struct {
 type gmSeg struct {
 	base, size uint64
 	first      *gmBlock // the block at base
-	pages      []gmPage
-	refs       int  // stitched blocks' references to its pages
-	away       int  // pages not mapped at home
-	dropping   bool // being given back (release)
+	pages      []gmPage // nil until a stitched block is over some: all at home
+	refs       int      // stitched blocks' references to its pages
+	away       int      // pages not mapped at home
+	dropping   bool     // being given back (release)
 }
 
 // gmPage is a 2 MiB physical chunk of a segment.
@@ -427,7 +433,7 @@ func (p *GMLake) newSegment(small bool, stream, segSize uint64) (*gmBlock, error
 		return nil, fmt.Errorf("gmlake: mapping %d bytes at %#x: %w", segSize, base, err)
 	}
 	p.reserved += segSize
-	seg := &gmSeg{base: base, size: segSize, pages: make([]gmPage, segSize/gmChunk)}
+	seg := &gmSeg{base: base, size: segSize}
 	b := &gmBlock{addr: base, size: segSize, stream: stream, seg: seg}
 	seg.first = b
 	return b, nil

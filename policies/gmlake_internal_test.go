@@ -199,6 +199,13 @@ func (p *GMLake) check(dev *gmFakeDevice) error {
 			return fmt.Errorf("segment at %#x: blocks end at %#x", seg.base, end)
 		}
 		refs, away := 0, 0
+		if seg.pages == nil {
+			for a := seg.base; a < seg.base+seg.size; a += gmChunk {
+				if !dev.mapped[a] {
+					return fmt.Errorf("segment at %#x, never stitched: page at %#x not mapped", seg.base, a)
+				}
+			}
+		}
 		for i := range seg.pages {
 			pg := &seg.pages[i]
 			refs += len(pg.refs)
@@ -234,7 +241,7 @@ func (p *GMLake) check(dev *gmFakeDevice) error {
 		if !b.allocated {
 			return fmt.Errorf("handed-out block at %#x not allocated", b.addr)
 		}
-		if b.seg != nil {
+		if b.seg != nil && b.seg.pages != nil {
 			for i := p.pageOf(b); i < p.pageOf(b)+int(b.size/gmChunk); i++ {
 				if b.seg.pages[i].at != nil {
 					return fmt.Errorf("handed-out block at %#x: page %d not at home", b.addr, i)

@@ -176,6 +176,11 @@ func (p *GMLake) stitch(stream, rsize uint64) (Block, bool, error) {
 	if sum < rsize {
 		return Block{}, false, nil
 	}
+	for _, b := range p.large.vals[j:hi] {
+		if b.seg.size > gmMaxStitch {
+			return Block{}, false, nil // more pages than to track
+		}
+	}
 	taken := slices.Clone(p.large.vals[j:hi])
 	slices.Reverse(taken)
 	size := sum
@@ -205,6 +210,9 @@ func (p *GMLake) stitch(stream, rsize uint64) (Block, bool, error) {
 		}
 	}
 	for ix, r := range st.pages {
+		if r.seg.pages == nil {
+			r.seg.pages = make([]gmPage, r.seg.size/gmChunk)
+		}
 		pg := r.page()
 		pg.refs = append(pg.refs, gmRef{st, ix})
 		r.seg.refs++
@@ -332,6 +340,9 @@ func (p *GMLake) releaseSegment(b *gmBlock) error {
 	seg := b.seg
 	p.removeFree(b)
 	var un gmRuns
+	if seg.pages == nil {
+		un = gmRuns{{seg.base, seg.base, seg.size}} // never stitched: all at home
+	}
 	for i := range seg.pages {
 		if seg.pages[i].at == nil {
 			un.add(seg.base, seg.base+uint64(i)*gmChunk)

@@ -369,6 +369,26 @@ free id=5`,
 			"unmap 32+22", "map 0+12", "map 22+10", "release 32"),
 		peak: 32 * M, end: 22 * M, allocs: 6, frees: 6,
 		freeTotal: 22 * M, freeLargest: 12 * M,
+	}, {
+		// 3.5 GiB fits neither free segment (3 GiB at 0, 1 GiB at 3072)
+		// and stitches them (the 1 GiB split: 512 MiB taken) into a
+		// range at 4096; 512 MiB left free at 3584.
+		name:   "stitch at the default fragLimit",
+		trace:  "malloc id=1 size=3GiB\nmalloc id=2 size=1GiB\nfree id=1\nfree id=2\nmalloc id=3 size=3584MiB",
+		blocks: []blk{{0, 3072 * M}, {3072 * M, 1024 * M}, {4096 * M, 3584 * M}},
+		calls: []string{"reserve 0+3072", "map 0+3072", "reserve 3072+1024", "map 3072+1024",
+			"reserve 4096+3584", "unmap 0+3072", "unmap 3072+512", "map 4096+3584"},
+		peak: 4096 * M, end: 4096 * M, allocs: 3, frees: 2,
+		freeTotal: 512 * M, freeLargest: 512 * M,
+	}, {
+		// The same in TiB: a segment over 2 TiB is never stitched (its
+		// pages would be tracked one by one), so 3.5 TiB gets a segment.
+		name:   "no stitching over a segment past 2 TiB",
+		trace:  "malloc id=1 size=3TiB\nmalloc id=2 size=1TiB\nfree id=1\nfree id=2\nmalloc id=3 size=3584GiB",
+		blocks: []blk{{0, 3 << 40}, {3 << 40, 1 << 40}, {4 << 40, 3584 << 30}},
+		calls:  []string{"reserve 0+3145728", "map 0+3145728", "reserve 3145728+1048576", "map 3145728+1048576", "reserve 4194304+3670016", "map 4194304+3670016"},
+		peak:   7680 << 30, end: 7680 << 30, allocs: 3,
+		freeTotal: 4 << 40, freeLargest: 3 << 40,
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { runGMCase(t, tc) })
