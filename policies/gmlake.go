@@ -91,9 +91,11 @@ const (
 // time (a stitched block's last event is always complete), the garbage
 // collection of stitched blocks that a failed cuMemAddressReserve or
 // cuMemCreate triggers (address space never runs out here, and stitched
-// blocks hold no memory of their own), and the reAlloc and vmmDefragment
-// variables (both at their defaults: reAlloc=0, vmmDefragment=1; the pytorch
-// policy is vmmDefragment=0 but for the 2 MiB rounding). Not followed:
+// blocks hold no memory of their own), and the variables reAlloc (0 by
+// default: the paper's case of free blocks too few to cover a request,
+// stitched with a new segment only as large as the rest) and vmmDefragment
+// (1 by default; 0 is the same allocator without stitching, near the
+// pytorch policy but for the 2 MiB rounding and split). Not followed:
 // release_block takes only the first page of a segment given back out of a
 // stitched block in use (a slip that keeps the other pages' memory until
 // that block is freed, while GMLake's reserved bytes no longer count it);
