@@ -10,20 +10,7 @@ import (
 	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
-// failAfter is a writer that takes n bytes, then fails as a full disk does.
-type failAfter struct{ n int }
-
 var errFull = errors.New("no space left on device")
-
-func (f *failAfter) Write(p []byte) (int, error) {
-	if len(p) > f.n {
-		k := f.n
-		f.n = 0
-		return k, errFull
-	}
-	f.n -= len(p)
-	return len(p), nil
-}
 
 // TestStagedOutputWriteError: an output whose writer fails is not put in
 // place; the file it would replace keeps its contents (the staticcheck
