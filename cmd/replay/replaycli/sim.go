@@ -484,9 +484,10 @@ func writeTable(w io.Writer, rs []*sim.Result, wide bool) {
 	}
 	names := resultNames(rs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+	best, vsBest := bestColumn(rs)
+	fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/"+best+"\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	for _, r := range results.ByFigure(rs) {
-		ratio, vsOffline := ratioText(r.ReservedOverRequested()), ratioText(r.ReservedOverOffline())
+		ratio, vsOffline := ratioText(r.ReservedOverRequested()), ratioText(vsBest(r))
 		first := "-"
 		if r.OOMs > 0 {
 			first = fmt.Sprintf("%d, %d", r.FirstOOMEvent, r.FirstOOMSize)
@@ -502,21 +503,38 @@ func writeTable(w io.Writer, rs []*sim.Result, wide bool) {
 
 // writeCompactTable prints the table that fits 120 columns: per trace and
 // policy the peak reserved bytes and footprint (MiB), reserved against
-// the peak requested and against offline, the peak fragmentation
+// the peak requested and against offline (against the proven optimum
+// instead where the optimal policy proved one: bestColumn), the peak
+// fragmentation
 // (Result.PeakFragmentation) and the idle share at the peak reserved
 // bytes (1 - allocated/reserved), device calls (allocations and frees),
 // simulated allocator time (ms) and OOMs; --wide prints every column.
 func writeCompactTable(w io.Writer, rs []*sim.Result) {
 	names := resultNames(rs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
+	best, vsBest := bestColumn(rs)
+	fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×"+best+"\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
 	for _, r := range results.ByFigure(rs) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t\n",
-			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint), ratioText(r.ReservedOverRequested()), ratioText(r.ReservedOverOffline()),
+			names[r.Trace], cli.Safe(r.Policy), mib(r.PeakReserved), mib(r.PeakFootprint), ratioText(r.ReservedOverRequested()), ratioText(vsBest(r)),
 			100*r.PeakFragmentation, 100*r.IdleAtPeak, r.DeviceAllocs+r.DeviceFrees, float64(r.SimAllocTimeNS)/1e6, r.OOMs)
 	}
 	tw.Flush()
 	writeNotes(w, rs)
+}
+
+// bestColumn returns the name of the table's column that measures peak
+// reserved bytes against the best known placement, and its figure: the
+// proven optimum (Result.PeakOptimum, the optimal policy's) where some
+// result has one, "-" for a trace without; else the offline heuristic's
+// peak.
+func bestColumn(rs []*sim.Result) (string, func(*sim.Result) (float64, bool)) {
+	for _, r := range rs {
+		if r.PeakOptimum > 0 {
+			return "optimum", (*sim.Result).ReservedOverOptimum
+		}
+	}
+	return "offline", (*sim.Result).ReservedOverOffline
 }
 
 // writeNotes prints what a table of results does not say: the bounds and
@@ -538,6 +556,16 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 				how = "at least: every policy ran out of memory"
 			}
 			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column the requests it failed too; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", cli.Safe(r.Trace), how, lower[r.Trace], r.PeakOffline)
+		}
+	}
+	for _, r := range results {
+		if p := r.Plan; p != nil {
+			if p.Proven {
+				fmt.Fprintf(w, "%s: %s: least peak of any fixed-address placement %d bytes, proven (%.1f s, %d search nodes)\n", cli.Safe(r.Trace), cli.Safe(r.Policy), p.Height, p.Seconds, p.Nodes)
+			} else {
+				gap, _ := p.Gap()
+				fmt.Fprintf(w, "%s: %s: best placement found %d bytes, proven lower bound %d bytes (gap %.2f%%), not proven within its limit (%.1f s, %d search nodes)\n", cli.Safe(r.Trace), cli.Safe(r.Policy), p.Height, p.LowerBound, 100*gap, p.Seconds, p.Nodes)
+			}
 		}
 	}
 	carded := map[string]bool{}
