@@ -101,6 +101,10 @@ type PlanBound struct {
 	// Elapsed is the time the plan took; Nodes the search nodes it used.
 	Elapsed time.Duration
 	Nodes   int64
+	// Stopped says, when not Proven, what ended the search: "time" (its
+	// time limit), "nodes" (its node budget), "pairs" (too many blocks
+	// live at once to search).
+	Stopped string
 }
 
 func init() {
@@ -176,7 +180,7 @@ func (p *Optimal) Stats() OptimalStats { return p.stats }
 // they meet, and the time and nodes the plan took.
 func (p *Optimal) PlanBound() PlanBound {
 	st := p.stats
-	return PlanBound{Height: st.Height, LowerBound: st.LowerBound, Proven: st.Proven, Elapsed: st.Elapsed, Nodes: st.Nodes}
+	return PlanBound{Height: st.Height, LowerBound: st.LowerBound, Proven: st.Proven, Elapsed: st.Elapsed, Nodes: st.Nodes, Stopped: st.Stopped}
 }
 
 // Plan places every malloc of the trace evs, by the rules of Offline's

@@ -72,7 +72,6 @@ type exactSearch struct {
 	affected         []int32
 	stamp            []int32
 	query            int32
-	cands            []cand
 }
 
 // exactPreorders are MiniMalloc's default static preorders.
@@ -141,7 +140,7 @@ func (s *exactSearch) decide(capacity uint64, budget int64) ([]uint64, int) {
 			ok := true
 			for _, p := range parts {
 				s.reset(p, pre)
-				if !s.dfs(p, 0, -1, -1, 0) {
+				if !s.dfs(p, slices.Clone(p.bufs), len(p.bufs), 0, -1) {
 					ok = false
 					break
 				}
@@ -180,7 +179,7 @@ func (s *exactSearch) reset(p partition, pre int) {
 	}
 	s.pre = pre
 	s.rankBlocks(p.bufs, pre)
-	s.minLog, s.floorLog, s.cands = s.minLog[:0], s.floorLog[:0], s.cands[:0]
+	s.minLog, s.floorLog = s.minLog[:0], s.floorLog[:0]
 }
 
 // rankBlocks sets the rank of each block of bufs by preorder pre, ties
@@ -235,91 +234,98 @@ func (s *exactSearch) tick() bool {
 	return true
 }
 
-// dfs places the blocks of p still to place, each offset at least lastOff
-// (and, at lastOff, of a rank above lastRank). When from >= 0 they are
-// among s.cands[from:from+fromN], the parent level's candidates, nearly in
-// order already. It reports whether it found a placement (its offsets in
+// dfs places the blocks of p still to place, list[:left] in any order
+// (dfs sorts it, and the levels below reorder it), each offset at least
+// lastOff (and, at lastOff, of a rank above lastRank): the levels of one
+// subproblem share one list, so the search holds the blocks once, not
+// once a level. It reports whether it found a placement (its offsets in
 // s.sol); s.stopped says whether the run stopped.
-func (s *exactSearch) dfs(p partition, lastOff uint64, lastRank int32, from, fromN int) bool {
-	base := len(s.cands)
-	minTop := ^uint64(0)
-	add := func(b int32) {
-		if !s.placed[b] {
-			s.cands = append(s.cands, cand{off: s.minOff[b], rank: s.rank[b], b: b})
-			minTop = min(minTop, s.minOff[b]+s.pp.bufs[b].size)
-		}
-	}
-	if from < 0 {
-		for _, b := range p.bufs {
-			add(b)
-		}
-	} else {
-		for i := from; i < from+fromN; i++ {
-			add(s.cands[i].b)
-		}
-	}
-	cands := s.cands[base:]
-	if len(cands) == 0 {
+func (s *exactSearch) dfs(p partition, list []int32, left int, lastOff uint64, lastRank int32) bool {
+	if left == 0 {
 		return true
 	}
-	less := func(x, y cand) bool { return x.off < y.off || x.off == y.off && x.rank < y.rank }
-	if from < 0 {
-		slices.SortFunc(cands, func(x, y cand) int {
-			return cmpChain(cmp.Compare(x.off, y.off), cmp.Compare(x.rank, y.rank))
-		})
-	} else {
-		// A placement only raises minimum offsets: few moves.
-		for i := 1; i < len(cands); i++ {
-			x, j := cands[i], i-1
-			for ; j >= 0 && less(x, cands[j]); j-- {
-				cands[j+1] = cands[j]
-			}
-			cands[j+1] = x
-		}
+	cur := list[:left]
+	s.sortBlocks(cur)
+	minTop := ^uint64(0)
+	for _, b := range cur {
+		minTop = min(minTop, s.minOff[b]+s.pp.bufs[b].size)
 	}
 	// Every block still to place goes at or above the offset tried, so
 	// the bytes still to place at any section of p stack above it.
 	most := s.totals.max(int(p.lo), int(p.hi))
-	found := false
-	m := len(cands)
-	for k := 0; k < m; k++ {
-		c := s.cands[base+k] // s.cands grows (and may move) below
-		if c.off < lastOff || c.off == lastOff && c.rank < lastRank {
-			continue // not canonical
+	// Candidates in order of (minimum offset, rank); the canonical ones
+	// come after the block placed last.
+	for k := s.after(cur, lastOff, lastRank); k < left; {
+		b := cur[k]
+		off, rank := s.minOff[b], s.rank[b]
+		if off >= minTop {
+			break // dominated: a block still to place fits below off
 		}
-		if c.off >= minTop {
-			break // dominated: a block still to place fits below c.off
-		}
-		if c.off > s.capacity || most > s.capacity-c.off {
+		if off > s.capacity || most > s.capacity-off {
 			break // spatial inference, for this and every later candidate
 		}
 		if !s.tick() {
 			break
 		}
 		ml, fl := len(s.minLog), len(s.floorLog)
-		hatless := s.place(c.b, c.off)
-		ok := s.floorsFit(fl) && s.next(p, c, base, m)
-		s.unplace(c.b, ml, fl)
+		hatless := s.place(b, off)
+		cur[k], cur[left-1] = cur[left-1], cur[k]
+		ok := s.floorsFit(fl) && s.next(p, list, left-1, b, off, rank)
+		s.unplace(b, ml, fl)
 		if ok {
-			s.sol[c.b] = c.off
-			found = true
-			break
+			s.sol[b] = off
+			return true
 		}
 		if s.stopped || hatless {
-			break
+			return false
 		}
+		// The minimum offsets are as they were: sorted again, the
+		// list is in this level's order; go on after b.
+		s.sortBlocks(cur)
+		k = s.after(cur, off, rank)
 	}
-	s.cands = s.cands[:base]
-	return found
+	return false
 }
 
-// next goes on after c was placed in p: with the rest of p, or, where no
-// block still to place is live across a section boundary inside c's
-// lifetime any more, with each part of p between such boundaries on its
-// own.
-func (s *exactSearch) next(p partition, c cand, base, m int) bool {
+// sortBlocks sorts list by minimum offset, then rank: by insertion while
+// it is nearly in order (a placement raises a few minimum offsets), else
+// by a sort of its own.
+func (s *exactSearch) sortBlocks(list []int32) {
+	less := func(a, b int32) bool {
+		return s.minOff[a] < s.minOff[b] || s.minOff[a] == s.minOff[b] && s.rank[a] < s.rank[b]
+	}
+	moves := 0
+	for i := 1; i < len(list); i++ {
+		x, j := list[i], i-1
+		for ; j >= 0 && less(x, list[j]); j-- {
+			list[j+1] = list[j]
+			moves++
+		}
+		list[j+1] = x
+		if moves > 4*len(list) {
+			slices.SortFunc(list, func(a, b int32) int {
+				return cmpChain(cmp.Compare(s.minOff[a], s.minOff[b]), cmp.Compare(s.rank[a], s.rank[b]))
+			})
+			return
+		}
+	}
+}
+
+// after returns the index of the first block of sorted whose (minimum
+// offset, rank) is above (off, rank).
+func (s *exactSearch) after(sorted []int32, off uint64, rank int32) int {
+	k, _ := slices.BinarySearchFunc(sorted, off, func(b int32, off uint64) int {
+		return cmpChain(cmp.Compare(s.minOff[b], off), cmp.Compare(s.rank[b], rank+1)) // rank+1: above rank
+	})
+	return k
+}
+
+// next goes on after block b was placed at off in p, list[:left] the
+// blocks of p still to place: with the rest of p, or, where no block
+// still to place is live across a section boundary inside b's lifetime
+// any more, with each part of p between such boundaries on its own.
+func (s *exactSearch) next(p partition, list []int32, left int, b int32, off uint64, rank int32) bool {
 	pp := s.pp
-	b := c.b
 	var cut []int32
 	for k := pp.secLo[b]; k+1 < pp.secHi[b]; k++ {
 		s.cuts[k]--
@@ -333,7 +339,7 @@ func (s *exactSearch) next(p partition, c cand, base, m int) bool {
 		}
 	}()
 	if len(cut) == 0 {
-		return s.dfs(p, c.off, c.rank, base, m)
+		return s.dfs(p, list, left, off, rank)
 	}
 	parts := make([]partition, 0, len(cut)+1)
 	lo := p.lo
@@ -342,10 +348,7 @@ func (s *exactSearch) next(p partition, c cand, base, m int) bool {
 		lo = k
 	}
 	parts = append(parts, partition{lo: lo, hi: p.hi})
-	for _, o := range p.bufs {
-		if s.placed[o] {
-			continue
-		}
+	for _, o := range list[:left] {
 		// The part that holds o's first section (o crosses no cut).
 		i, _ := slices.BinarySearchFunc(parts, pp.secLo[o], func(q partition, sec int32) int {
 			switch {
@@ -374,7 +377,7 @@ func (s *exactSearch) subSolve(q partition) bool {
 		s.saved = append(s.saved, s.rank[b])
 	}
 	s.rankBlocks(q.bufs, s.pre)
-	ok := s.dfs(q, 0, -1, -1, 0)
+	ok := s.dfs(q, slices.Clone(q.bufs), len(q.bufs), 0, -1)
 	for k, b := range q.bufs {
 		s.rank[b] = s.saved[base+k]
 	}

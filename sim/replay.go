@@ -920,7 +920,7 @@ func (r *Replay) Finish() *Result {
 	}
 	if b, ok := r.policy.(policies.PlanBounder); ok {
 		pb := b.PlanBound()
-		res.Plan = &results.PlanBound{Height: pb.Height, LowerBound: pb.LowerBound, Proven: pb.Proven, Seconds: pb.Elapsed.Seconds(), Nodes: pb.Nodes}
+		res.Plan = &results.PlanBound{Height: pb.Height, LowerBound: pb.LowerBound, Proven: pb.Proven, Seconds: pb.Elapsed.Seconds(), Nodes: pb.Nodes, Stopped: pb.Stopped}
 	}
 	res.PrivatePools = unpooledPools(r.unpooled, r.poolNames)
 	if u := r.unshown; u != nil {

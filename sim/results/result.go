@@ -484,6 +484,10 @@ type PlanBound struct {
 	// it); Nodes the search nodes it used.
 	Seconds float64 `json:"seconds"`
 	Nodes   int64   `json:"nodes"`
+	// Stopped says, when not Proven, what ended the search: "time",
+	// "nodes" (its limits), "pairs" (too many blocks live at once to
+	// search).
+	Stopped string `json:"stopped,omitempty"`
 }
 
 // Gap is the plan's height over its proven lower bound, less 1 (0 when

@@ -564,7 +564,11 @@ func writeNotes(w io.Writer, results []*sim.Result) {
 				fmt.Fprintf(w, "%s: %s: least peak of any fixed-address placement %d bytes, proven (%.1f s, %d search nodes)\n", cli.Safe(r.Trace), cli.Safe(r.Policy), p.Height, p.Seconds, p.Nodes)
 			} else {
 				gap, _ := p.Gap()
-				fmt.Fprintf(w, "%s: %s: best placement found %d bytes, proven lower bound %d bytes (gap %.2f%%), not proven within its limit (%.1f s, %d search nodes)\n", cli.Safe(r.Trace), cli.Safe(r.Policy), p.Height, p.LowerBound, 100*gap, p.Seconds, p.Nodes)
+				why := map[string]string{"time": "its time limit", "nodes": "its node budget", "pairs": "too many blocks live at once to search"}[p.Stopped]
+				if why == "" {
+					why = cli.Safe(p.Stopped)
+				}
+				fmt.Fprintf(w, "%s: %s: best placement found %d bytes, proven lower bound %d bytes (gap %.4f%%), not proven: stopped by %s (%.1f s, %d search nodes)\n", cli.Safe(r.Trace), cli.Safe(r.Policy), p.Height, p.LowerBound, 100*gap, why, p.Seconds, p.Nodes)
 			}
 		}
 	}
