@@ -1,6 +1,7 @@
 package policies
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -96,7 +97,7 @@ func solveOptimal(bufs []packBuf, width []int64, nodes int64, limit time.Duratio
 	if !placedAll || res.height == pp.lb {
 		return res, nil
 	}
-	if pp.adj == nil {
+	if pp.adj == nil && !listPairs(pp, optimalMaxPairs) {
 		st.Stopped = "pairs"
 		return res, nil
 	}
@@ -170,6 +171,53 @@ func solveOptimal(bufs []packBuf, width []int64, nodes int64, limit time.Duratio
 		return res, err
 	}
 	return res, nil
+}
+
+// optimalMaxPairs bounds the pairs of blocks live at once that the search
+// lists (8 bytes a pair: 256 MiB), above the greedy placements' bound
+// (maxPairs); above it the search does not run.
+const optimalMaxPairs = 32 << 20
+
+// listPairs sets pp.adj, the blocks that overlap each block in time, when
+// there are at most limit such pairs, and reports whether it did.
+func listPairs(pp *packProblem, limit int64) bool {
+	n := len(pp.bufs)
+	order := make([]int32, n)
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortStableFunc(order, func(a, b int32) int { return cmp.Compare(pp.bufs[a].start, pp.bufs[b].start) })
+	// Count first: each block meets the blocks live at its start.
+	var pairs int64
+	deg := make([]int32, n)
+	var active []int32
+	for _, i := range order {
+		active = slices.DeleteFunc(active, func(j int32) bool { return pp.bufs[j].end <= pp.bufs[i].start })
+		pairs += int64(len(active))
+		if pairs > limit {
+			return false
+		}
+		for _, j := range active {
+			deg[j]++
+		}
+		deg[i] += int32(len(active))
+		active = append(active, i)
+	}
+	adj := make([][]int32, n)
+	for i := range adj {
+		adj[i] = make([]int32, 0, deg[i])
+	}
+	active = active[:0]
+	for _, i := range order {
+		active = slices.DeleteFunc(active, func(j int32) bool { return pp.bufs[j].end <= pp.bufs[i].start })
+		for _, j := range active {
+			adj[i] = append(adj[i], j)
+			adj[j] = append(adj[j], i)
+		}
+		active = append(active, i)
+	}
+	pp.adj = adj
+	return true
 }
 
 // checkPlacement returns an error if two blocks of pp live at the same
