@@ -1023,15 +1023,15 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 // setPeakOffline gives every result the peak reserved bytes of the offline
 // result among them that served every malloc, if there is one, else 0;
 // and the least peak that a result's plan proved (the optimal policy's:
-// Result.Plan, Proven), if one did, else 0.
+// Result.Plan, Proven; the lowest if several did), else 0.
 func setPeakOffline(rs []*Result) {
 	var peak, optimum uint64
 	for _, r := range rs {
 		if r.Policy == policies.OfflineName && r.OOMs == 0 && peak == 0 {
 			peak = r.PeakReserved
 		}
-		if r.Plan != nil && r.Plan.Proven && r.Plan.Height > 0 && optimum == 0 {
-			optimum = r.Plan.Height
+		if p := r.Plan; p != nil && p.Proven && p.Height > 0 && (optimum == 0 || p.Height < optimum) {
+			optimum = p.Height
 		}
 	}
 	for _, r := range rs {
