@@ -237,6 +237,26 @@ func (p *Offline) Plan(evs []trace.Event) error {
 
 // plan is Plan without the cache.
 func (p *Offline) plan(evs []trace.Event) error {
+	bufs, err := p.blocks(evs)
+	if err != nil {
+		return err
+	}
+	pk := solvePacking(bufs, p.orders, p.nodes)
+	for k, b := range bufs {
+		p.mallocs[b.call].offset = pk.offsets[k]
+	}
+	p.height = pk.height
+	p.stats = pk.stats
+	p.planned = true
+	p.next = 0
+	return nil
+}
+
+// blocks sets p.mallocs to the malloc calls of evs, in order, and returns
+// the blocks to place, in order of their start (the rules of Plan), with
+// those that would take the bytes live at once past maxPlanHeight left
+// out (dropOverflow).
+func (p *Offline) blocks(evs []trace.Event) ([]packBuf, error) {
 	type liveEntry struct {
 		buf    int // index into bufs, -1 for host memory or a size of 0
 		device bool
@@ -268,7 +288,7 @@ func (p *Offline) plan(evs []trace.Event) error {
 			}
 			b, err := addBuf(ev.Size, t, n)
 			if err != nil {
-				return fmt.Errorf("event %d: %w", i, err)
+				return nil, fmt.Errorf("event %d: %w", i, err)
 			}
 			live[ev.Addr] = liveEntry{buf: b, device: ev.Kind.OnDevice()}
 		case trace.OpMallocFailed:
@@ -276,7 +296,7 @@ func (p *Offline) plan(evs []trace.Event) error {
 				continue
 			}
 			if _, err := addBuf(ev.Size, t, t+1); err != nil {
-				return fmt.Errorf("event %d: %w", i, err)
+				return nil, fmt.Errorf("event %d: %w", i, err)
 			}
 		case trace.OpFree:
 			e, ok := live[ev.Addr]
@@ -289,16 +309,7 @@ func (p *Offline) plan(evs []trace.Event) error {
 			}
 		}
 	}
-	bufs = p.dropOverflow(bufs)
-	pk := solvePacking(bufs, p.orders, p.nodes)
-	for k, b := range bufs {
-		p.mallocs[b.call].offset = pk.offsets[k]
-	}
-	p.height = pk.height
-	p.stats = pk.stats
-	p.planned = true
-	p.next = 0
-	return nil
+	return p.dropOverflow(bufs), nil
 }
 
 // dropOverflow returns bufs (in order of their start) without the blocks

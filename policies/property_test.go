@@ -14,10 +14,13 @@ import (
 // another module must.
 
 // kitSettings are the settings the kit gives a policy: none, but for the
-// offline search's node budget, kept small so that a hundred traces plan
-// in well under a second (the search runs all the same).
+// offline and optimal searches' node budgets, kept small so that a
+// hundred traces plan in well under a second (the search runs all the
+// same); optimal's without a time limit, so that its plans are
+// deterministic.
 var kitSettings = map[string]policies.Settings{
 	policies.OfflineName: {"nodes": "2000"},
+	policies.OptimalName: {"nodes": "2000", "time": "0"},
 }
 
 func TestConformanceAllPolicies(t *testing.T) {

@@ -918,6 +918,10 @@ func (r *Replay) Finish() *Result {
 	if c, ok := r.policy.(policies.Counter); ok {
 		res.AllocRetries = c.Retries()
 	}
+	if b, ok := r.policy.(policies.PlanBounder); ok {
+		pb := b.PlanBound()
+		res.Plan = &results.PlanBound{Height: pb.Height, LowerBound: pb.LowerBound, Proven: pb.Proven, Seconds: pb.Elapsed.Seconds(), Nodes: pb.Nodes, Stopped: pb.Stopped}
+	}
 	res.PrivatePools = unpooledPools(r.unpooled, r.poolNames)
 	if u := r.unshown; u != nil {
 		res.PeakUnshown = u.bytes()
@@ -1020,17 +1024,21 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 }
 
 // setPeakOffline gives every result the peak reserved bytes of the offline
-// result among them that served every malloc, if there is one, else 0.
+// result among them that served every malloc, if there is one, else 0;
+// and the least peak that a result's plan proved (the optimal policy's:
+// Result.Plan, Proven; the lowest if several did), else 0.
 func setPeakOffline(rs []*Result) {
-	var peak uint64
+	var peak, optimum uint64
 	for _, r := range rs {
-		if r.Policy == policies.OfflineName && r.OOMs == 0 {
+		if r.Policy == policies.OfflineName && r.OOMs == 0 && peak == 0 {
 			peak = r.PeakReserved
-			break
+		}
+		if p := r.Plan; p != nil && p.Proven && p.Height > 0 && (optimum == 0 || p.Height < optimum) {
+			optimum = p.Height
 		}
 	}
 	for _, r := range rs {
-		r.PeakOffline = peak
+		r.PeakOffline, r.PeakOptimum = peak, optimum
 	}
 }
 

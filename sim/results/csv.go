@@ -37,6 +37,7 @@ var columns = []column{
 	{"peak_reserved_bytes", func(r *Result) string { return u(r.PeakReserved) }},
 	{"peak_footprint_bytes", func(r *Result) string { return u(r.PeakFootprint) }},
 	{"offline_peak_reserved_bytes", func(r *Result) string { return u(r.PeakOffline) }},
+	{"optimum_peak_reserved_bytes", func(r *Result) string { return u(r.PeakOptimum) }},
 	{"peak_fragmented_bytes", func(r *Result) string { return unknownIf(r.FragmentationUnknown, u(r.PeakFragmentedBytes)) }},
 	{"peak_fragmentation", func(r *Result) string { return unknownIf(r.FragmentationUnknown, f(r.PeakFragmentation)) }},
 	{"fragmentation_at_peak", func(r *Result) string { return unknownIf(r.FragmentationUnknown, f(r.FragmentationAtPeak)) }},

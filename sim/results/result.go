@@ -56,6 +56,14 @@ type Result struct {
 	// the hard lower bound). It is 0 when the offline policy was not
 	// replayed with this result.
 	PeakOffline uint64 `json:"offline_peak_reserved_bytes,omitempty"`
+	// PeakOptimum is the least peak reserved bytes of any fixed-address
+	// placement of the trace's mallocs (sizes rounded to the optimal
+	// policy's alignment), proven by the optimal policy replayed with
+	// this result (its Plan, Proven); 0 where unknown.
+	PeakOptimum uint64 `json:"optimum_peak_reserved_bytes,omitempty"`
+	// Plan is what a clairvoyant policy that bounds its plan (the optimal
+	// policy) knows of it; nil for the other policies.
+	Plan *PlanBound `json:"plan,omitempty"`
 	// PeakFragmentedBytes is the most fragmented bytes of the run: at a
 	// malloc of the policy that had to allocate from the device although
 	// its free reserved bytes, reserved - allocated, were at least the
@@ -451,6 +459,44 @@ func (r *Result) ReservedOverOffline() (ratio float64, ok bool) {
 		return 0, false
 	}
 	return float64(r.PeakReserved) / float64(r.PeakOffline), true
+}
+
+// ReservedOverOptimum is the peak reserved bytes over the proven least
+// peak (PeakOptimum), ok false where it is unknown: ×optimum.
+func (r *Result) ReservedOverOptimum() (ratio float64, ok bool) {
+	if r.PeakOptimum == 0 {
+		return 0, false
+	}
+	return float64(r.PeakReserved) / float64(r.PeakOptimum), true
+}
+
+// PlanBound is what a clairvoyant policy knows of its plan
+// (policies.PlanBounder), in bytes after its rounding.
+type PlanBound struct {
+	// Height is the plan's peak: its arena.
+	Height uint64 `json:"height_bytes"`
+	// LowerBound is proven: no placement of the trace's mallocs has a
+	// lower peak.
+	LowerBound uint64 `json:"lower_bound_bytes"`
+	// Proven reports that Height is the least (Height == LowerBound).
+	Proven bool `json:"proven"`
+	// Seconds is the time the plan took (a time limit may have ended
+	// it); Nodes the search nodes it used.
+	Seconds float64 `json:"seconds"`
+	Nodes   int64   `json:"nodes"`
+	// Stopped says, when not Proven, what ended the search: "time",
+	// "nodes" (its limits), "pairs" (too many blocks live at once to
+	// search).
+	Stopped string `json:"stopped,omitempty"`
+}
+
+// Gap is the plan's height over its proven lower bound, less 1 (0 when
+// proven), ok false where the bound is 0.
+func (b *PlanBound) Gap() (gap float64, ok bool) {
+	if b.LowerBound == 0 {
+		return 0, false
+	}
+	return float64(b.Height)/float64(b.LowerBound) - 1, true
 }
 
 // PeakUnallocatedShare is GMLake's fragmentation figure: 1 - peak

@@ -297,7 +297,7 @@ func (s *Runner) runJob(j Job) Job {
 	for _, r := range j.results {
 		// sim.Run gives it from an offline cell of the same job, which
 		// depends on the grouping: FillOffline sets it from the plan.
-		r.PeakOffline = 0
+		r.PeakOffline, r.PeakOptimum = 0, 0
 	}
 	j.Elapsed = time.Since(start)
 	return j
@@ -306,22 +306,33 @@ func (s *Runner) runJob(j Job) Job {
 // FillOffline sets each result's PeakOffline to the peak reserved bytes of
 // the offline policy's result among rs on the same trace at the same
 // capacity, where it served every malloc; a result with none keeps its
-// own. So a sweep's figures do not depend on how its cells were grouped
-// into jobs or shards.
+// own; and each result's PeakOptimum to the least peak that a result of
+// the same trace proved (its Plan, Proven: the optimal policy's, at any
+// capacity, as a plan does not depend on it). So a sweep's figures do not
+// depend on how its cells were grouped into jobs or shards.
 func FillOffline(rs []*sim.Result) {
 	type key struct {
 		trace    string
 		capacity uint64
 	}
 	peak := map[key]uint64{}
+	optimum := map[string]uint64{}
 	for _, r := range rs {
 		if r.Policy == policies.OfflineName && r.OOMs == 0 {
 			peak[key{r.Trace, r.Capacity}] = r.PeakReserved
+		}
+		if p := r.Plan; p != nil && p.Proven && p.Height > 0 {
+			if o, ok := optimum[r.Trace]; !ok || p.Height < o {
+				optimum[r.Trace] = p.Height
+			}
 		}
 	}
 	for _, r := range rs {
 		if p, ok := peak[key{r.Trace, r.Capacity}]; ok {
 			r.PeakOffline = p
+		}
+		if o, ok := optimum[r.Trace]; ok {
+			r.PeakOptimum = o
 		}
 	}
 }

@@ -63,7 +63,9 @@ func ResultNames(rs []*results.Result) map[string]string {
 // Sim prints the table of a sim run, rows in the order of their figures
 // (results.ByFigure), then its notes (Notes). The compact table fits 120
 // columns: per trace and policy the peak reserved bytes and footprint
-// (MiB), reserved against the peak requested and against offline, the
+// (MiB), reserved against the peak requested and against offline (against
+// the proven optimum instead where the optimal policy proved one:
+// bestColumn), the
 // peak fragmentation (Result.PeakFragmentation) and the idle share at the
 // peak reserved bytes (1 - allocated/reserved), device calls (allocations
 // and frees), simulated allocator time (ms) and OOMs; wide prints every
@@ -71,13 +73,14 @@ func ResultNames(rs []*results.Result) map[string]string {
 func Sim(w io.Writer, rs []*results.Result, wide bool) {
 	names := ResultNames(rs)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	best, vsBest := bestColumn(rs)
 	if wide {
-		fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/offline\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
+		fmt.Fprintln(tw, "trace\tpolicy\trequested MiB\tallocated MiB\treserved MiB\tfootprint MiB\treserved/requested\treserved/"+best+"\tfragmentation\tidle at peak\t1-peak allocated/peak reserved\tdevice allocs\tdevice frees\talloc ms\tretries\tOOMs\tfirst OOM (event, bytes)\t")
 	} else {
-		fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×offline\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
+		fmt.Fprintln(tw, "trace\tpolicy\treserved MiB\tfootprint MiB\t×req\t×"+best+"\tfrag\tidle\tcalls\talloc ms\tOOMs\t")
 	}
 	for _, r := range results.ByFigure(rs) {
-		ratio, vsOffline := Ratio(r.ReservedOverRequested()), Ratio(r.ReservedOverOffline())
+		ratio, vsOffline := Ratio(r.ReservedOverRequested()), Ratio(vsBest(r))
 		if !wide {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%d\t%.1f\t%d\t\n",
 				names[r.Trace], termsafe.String(r.Policy), MiB(r.PeakReserved), MiB(r.PeakFootprint), ratio, vsOffline,
@@ -118,6 +121,22 @@ func Notes(w io.Writer, rs []*results.Result) {
 			fmt.Fprintf(w, "%s: hard lower bound (peak requested, %s) %d bytes; a row with OOMs counts in its requested column the requests it failed too; offline (clairvoyant heuristic placement, not the optimum) %d bytes\n", termsafe.String(r.Trace), how, lower[r.Trace], r.PeakOffline)
 		}
 	}
+	for _, r := range rs {
+		if p := r.Plan; p != nil {
+			if p.Proven {
+				// (No time: the line stays the same from run to run; the
+				// JSON has it.)
+				fmt.Fprintf(w, "%s: %s: least peak of any fixed-address placement %d bytes, proven (%d search nodes)\n", termsafe.String(r.Trace), termsafe.String(r.Policy), p.Height, p.Nodes)
+			} else {
+				gap, _ := p.Gap()
+				why := map[string]string{"time": "its time limit", "nodes": "its node budget", "pairs": "too many blocks live at once to search"}[p.Stopped]
+				if why == "" {
+					why = termsafe.String(p.Stopped)
+				}
+				fmt.Fprintf(w, "%s: %s: best placement found %d bytes, proven lower bound %d bytes (gap %.4f%%), not proven: stopped by %s (%.1f s, %d search nodes)\n", termsafe.String(r.Trace), termsafe.String(r.Policy), p.Height, p.LowerBound, 100*gap, why, p.Seconds, p.Nodes)
+			}
+		}
+	}
 	carded := map[string]bool{}
 	for _, r := range rs {
 		if r.CapacityFromCard && !carded[r.Trace] {
@@ -125,6 +144,20 @@ func Notes(w io.Writer, rs []*results.Result) {
 			fmt.Fprintf(w, "%s: capacity %d bytes: the recorded card's %d bytes less its %d-byte context (--capacity overrides)\n", termsafe.String(r.Trace), r.Capacity, r.Capacity+results.ContextBytes, uint64(results.ContextBytes))
 		}
 	}
+}
+
+// bestColumn returns the name of the table's column that measures peak
+// reserved bytes against the best known placement, and its figure: the
+// proven optimum (Result.PeakOptimum, the optimal policy's) where some
+// result has one, "-" for a trace without; else the offline heuristic's
+// peak.
+func bestColumn(rs []*results.Result) (string, func(*results.Result) (float64, bool)) {
+	for _, r := range rs {
+		if r.PeakOptimum > 0 {
+			return "optimum", (*results.Result).ReservedOverOptimum
+		}
+	}
+	return "offline", (*results.Result).ReservedOverOffline
 }
 
 // Warnings prints the results' warnings (Result.Warnings) to w, one line
