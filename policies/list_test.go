@@ -30,6 +30,23 @@ func TestParseList(t *testing.T) {
 	}
 }
 
+// TestParseListExplicit: all leaves out a registered policy marked
+// Explicit (optimal), which runs when named beside it.
+func TestParseListExplicit(t *testing.T) {
+	known := []string{"cuda", OptimalName, "pytorch"}
+	for list, want := range map[string][]string{
+		"all":                 {"cuda", "pytorch"},
+		"all," + OptimalName:  {"cuda", "pytorch", OptimalName},
+		OptimalName + ",all":  {OptimalName, "cuda", "pytorch"},
+		"pytorch,all,pytorch": {"pytorch", "cuda"},
+	} {
+		got, err := ParseList(list, known)
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("%q: %v, %v; want %v", list, got, err, want)
+		}
+	}
+}
+
 func TestParseSets(t *testing.T) {
 	known := []string{"a", "b", "c"}
 	got, err := ParseSets([]string{"a.x=1", "b.y=2MiB", "a.x=3", "a.z="}, known, []string{"a", "b"})

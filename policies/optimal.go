@@ -120,6 +120,9 @@ func init() {
 			{Key: "time", Default: "60s", Doc: "the search's time limit, as a duration (60s, 500ms) or seconds; 0: none, the node budget alone"},
 			{Key: "nodes", Default: "0", Doc: "the search's budget in nodes, placements tried (0: none, the time limit alone), at most 2^40"},
 		},
+		// Up to its time limit on each trace, and its figures depend
+		// on the machine where the limit ends the search.
+		Explicit: true,
 	}, func(dev Device, s Settings) (Policy, error) { return NewOptimal(dev, s) })
 }
 

@@ -25,6 +25,10 @@ type Info struct {
 	Settings []Setting `json:"settings"`
 	// Abilities are the optional interfaces the policy implements.
 	Abilities Abilities `json:"abilities"`
+	// Explicit leaves the policy out of --policy all: it runs when named
+	// (all,NAME). Set for a search that may run for its time limit on
+	// each trace (optimal), which would make every default replay wait.
+	Explicit bool `json:"explicit,omitempty"`
 }
 
 // Setting describes one key of a policy's settings.
@@ -172,6 +176,9 @@ func WriteTable(w io.Writer, infos []Info) error {
 		fmt.Fprintf(tw, "%s: %s\n", in.Name, in.Design)
 		if ab := in.Abilities.List(); len(ab) > 0 {
 			fmt.Fprintf(tw, "  abilities: %s\n", strings.Join(ab, ", "))
+		}
+		if in.Explicit {
+			fmt.Fprintf(tw, "  not in --policy all: name it (all,%s)\n", in.Name)
 		}
 		if len(in.Settings) == 0 {
 			fmt.Fprintf(tw, "  no settings\n")

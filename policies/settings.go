@@ -169,18 +169,25 @@ func SplitList(s string) []string {
 	return out
 }
 
-// ParseList expands a comma-separated list of names (a --policy value), or
-// "all" for every name of known, into the names in the order given without
-// duplicates. It returns an error for a name not in known and for a list
+// ParseList expands a comma-separated list of names (a --policy value),
+// where "all" stands for every name of known but the registered policies
+// marked Explicit (optimal: "all,optimal" adds it), into the names in the
+// order given without duplicates. It returns an error for a name not in known and for a list
 // that names none.
 func ParseList(list string, known []string) ([]string, error) {
-	if list == "all" {
-		return append([]string(nil), known...), nil
-	}
 	var names []string
 	seen := map[string]bool{}
 	for _, n := range strings.Split(list, ",") {
 		n = strings.TrimSpace(n)
+		if n == "all" {
+			for _, k := range known {
+				if in, ok := Lookup(k); (!ok || !in.Explicit) && !seen[k] {
+					seen[k] = true
+					names = append(names, k)
+				}
+			}
+			continue
+		}
 		if n == "" || seen[n] {
 			continue
 		}
