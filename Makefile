@@ -44,9 +44,14 @@ demo: build
 # writes one recorded with stacks ($$ALLOCSIM_BIG_SNAPSHOT, or the ~1 GiB one
 # `make bigsnap` writes to $$TMPDIR/allocsim-big-snapshot.pickle; skipped
 # without either), and once, in processes of their own, the same import and
-# CPython's pickle.load of it, with their peak RSS.
+# CPython's pickle.load of it, with their peak RSS. BenchmarkExec
+# (policies/execpolicy) times events through the exec protocol with a Go
+# and a Python child that answer at once (malloc and free by turns, frees
+# only) beside a plain round trip over the same pipes (pattern=pipe), each
+# for a second, since an op there is one event, not a whole trace.
 bench:
 	$(GO) test ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
+	$(GO) test ./policies/execpolicy -run '^$$' -bench Exec -benchtime 1s
 
 # lint runs staticcheck (honnef.co/go/tools, installed by .ci/run) on
 # every package, the example policy module's too.

@@ -151,14 +151,18 @@ class _Engine:
         self.out = out
         self.held = []  # lines written at the next answer
         self.answering = False  # handling an event the engine waits for
-        self.event = b""  # the event being handled, for errors
+        self.event = b""  # the line of the event being handled, for errors
+
+    def event_text(self):
+        """The event being handled, without its line end."""
+        return self.event.rstrip(b"\r\n").decode(errors="replace")
 
     def device_alloc(self, size):
         if not self.answering:
             raise ProtocolError(
                 "device_alloc while handling %r, which the engine does not wait for: "
                 "only malloc and empty_cache may ask for device memory, unless the policy sets ack = True"
-                % self.event.decode(errors="replace"))
+                % self.event_text())
         size = int(size)
         if size <= 0:
             raise ProtocolError("device_alloc of %d bytes" % size)
@@ -181,8 +185,14 @@ class _Engine:
         self.out.flush()
 
     def answer(self, line):
-        self.held.append(line)
-        self.flush()
+        # One write and one flush (a system call) per answer; lines held
+        # since the last answer go first.
+        if self.held:
+            self.held.append(line)
+            line = b"".join(self.held)
+            self.held.clear()
+        self.out.write(line)
+        self.out.flush()
 
 
 def run(policy, inp=None, out=None):
@@ -208,7 +218,7 @@ def run(policy, inp=None, out=None):
         sys.stderr.flush()
         msg = "%s: %s" % (type(e).__name__, e)
         if eng.event:
-            msg = "%s: %s" % (eng.event.decode(errors="replace"), msg)
+            msg = "%s: %s" % (eng.event_text(), msg)
         eng.held.append(("error %s\n" % " ".join(msg.split())).encode())
         try:
             eng.flush()
@@ -219,15 +229,19 @@ def run(policy, inp=None, out=None):
 
 
 def _serve(policy, eng):
+    # The loop runs once per event: names are local, the most frequent
+    # events (malloc, free) are tested first, and the line is kept as read
+    # (eng.event), stripped only for an error message.
     readline = eng.readline
     ack = bool(policy.ack)
     malloc, free = policy.malloc, policy.free
+    answer = eng.answer
     eng.answering = ack
     while True:
         line = readline()
         if not line:
             return
-        eng.event = line.rstrip(b"\r\n")
+        eng.event = line
         parts = line.split()
         op = parts[0]
         if op == b"malloc":
@@ -237,15 +251,15 @@ def _serve(policy, eng):
                 r = malloc(size, int(parts[2]))
             except OutOfMemory as e:
                 eng.answering = ack
-                eng.answer(b"oom %s\n" % " ".join(str(e).split()).encode())
+                answer(b"oom %s\n" % " ".join(str(e).split()).encode())
                 continue
             eng.answering = ack
             if r is None:
-                eng.answer(b"oom\n")
+                answer(b"oom\n")
             elif isinstance(r, tuple):
-                eng.answer(b"ok %d %d\n" % (r[0], r[1]))
+                answer(b"ok %d %d\n" % (r[0], r[1]))
             else:
-                eng.answer(b"ok %d %d\n" % (r, size))
+                answer(b"ok %d %d\n" % (r, size))
             continue
         if op == b"free":
             free(int(parts[1]), int(parts[2]))
@@ -270,9 +284,9 @@ def _serve(policy, eng):
             eng.answering = True
             policy.empty_cache()
             eng.answering = ack
-            eng.answer(b"ok\n")
+            answer(b"ok\n")
             continue
         else:
-            raise ProtocolError("unknown event %r" % eng.event.decode(errors="replace"))
+            raise ProtocolError("unknown event %r" % eng.event_text())
         if ack:
-            eng.answer(b"ok\n")
+            answer(b"ok\n")

@@ -1,8 +1,14 @@
 package execpolicy_test
 
 import (
+	"bufio"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,15 +21,28 @@ import (
 // with children that answer at once: testdata/instant.py (allocsim_policy's
 // loop) and testdata/gochild.go (built here). An op is one event: in
 // malloc+free a malloc (a round trip) and its free (written without
-// waiting) by turns; in free only frees, none waited for but the last.
+// waiting) by turns; in free only frees, none waited for but the last. In
+// pipe an op is one round trip of a line over the same kind of pipes to a
+// child that echoes it and speaks no protocol (gochild.go echo,
+// testdata/echo.py): the machine's floor, whose events/s (two events per
+// round trip) is the ceiling of malloc+free by turns.
+//
+// Besides Go's benchmark output, `make bench` prints after the run one line
+// per sub-benchmark (the last b.N round's figures):
+//
+//	BENCH trace=synthetic stage=exec child=C pattern=P events_per_s=N ns_per_event=T ns_per_roundtrip=R
+//
+// where C is go or python, P is malloc+free, free or pipe, and R (for
+// malloc+free and pipe) is the wall-clock nanoseconds per round trip.
 func BenchmarkExec(b *testing.B) {
 	gochild := filepath.Join(b.TempDir(), "gochild")
 	if out, err := exec.Command("go", "build", "-o", gochild, "testdata/gochild.go").CombinedOutput(); err != nil {
 		b.Fatalf("go build testdata/gochild.go: %v\n%s", err, out)
 	}
-	children := []struct{ name, command string }{{"go", gochild}}
+	type child struct{ name, command, echo string }
+	children := []child{{"go", gochild, gochild + " echo"}}
 	if _, err := exec.LookPath("python3"); err == nil {
-		children = append(children, struct{ name, command string }{"python", "python3 testdata/instant.py"})
+		children = append(children, child{"python", "python3 testdata/instant.py", "python3 testdata/echo.py"})
 	} else {
 		b.Log("python3 is not installed: the Python child is not measured")
 	}
@@ -54,7 +73,7 @@ func BenchmarkExec(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			reportExec(b, c.name, "malloc+free", 2)
 		})
 		b.Run(c.name+"/free", func(b *testing.B) {
 			p := start(b)
@@ -68,7 +87,111 @@ func BenchmarkExec(b *testing.B) {
 			if _, err := p.Malloc(1, 0); err != nil { // the child has taken them all
 				b.Fatal(err)
 			}
-			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+			reportExec(b, c.name, "free", 0)
+		})
+		b.Run(c.name+"/pipe", func(b *testing.B) {
+			argv, err := execpolicy.Split(c.echo)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e := startEcho(b, argv)
+			defer e.close()
+			e.roundTrip(b) // started, not timed
+			b.ResetTimer()
+			for range b.N {
+				e.roundTrip(b)
+			}
+			b.StopTimer()
+			reportExec(b, c.name, "pipe", 1)
 		})
 	}
+}
+
+// reportExec reports the events per second of b and records its BENCH
+// line; perTrip is the number of ops per round trip, 0 for none.
+func reportExec(b *testing.B, child, pattern string, perTrip int) {
+	sec := b.Elapsed().Seconds()
+	ns := sec * 1e9 / float64(b.N)
+	eps := float64(b.N) / sec
+	line := fmt.Sprintf("BENCH trace=synthetic stage=exec child=%s pattern=%s", child, pattern)
+	if pattern == "pipe" {
+		eps *= 2 // two events, a malloc and its free, per round trip
+	}
+	b.ReportMetric(eps, "events/s")
+	line += fmt.Sprintf(" events_per_s=%.0f ns_per_event=%.1f", eps, 1e9/eps)
+	if perTrip > 0 {
+		b.ReportMetric(ns*float64(perTrip), "ns/roundtrip")
+		line += fmt.Sprintf(" ns_per_roundtrip=%.0f", ns*float64(perTrip))
+	}
+	benchReport("exec "+child+" "+pattern, line)
+}
+
+// echo is a child that echoes lines, over blocking pipes as the engine's.
+type echo struct {
+	cmd     *exec.Cmd
+	in, raw *os.File // the engine's ends of the child's stdin and stdout
+	out     *bufio.Reader
+}
+
+func startEcho(b *testing.B, argv []string) *echo {
+	var in, out [2]int
+	if err := syscall.Pipe2(in[:], syscall.O_CLOEXEC); err != nil {
+		b.Fatal(err)
+	}
+	if err := syscall.Pipe2(out[:], syscall.O_CLOEXEC); err != nil {
+		b.Fatal(err)
+	}
+	inR, inW := os.NewFile(uintptr(in[0]), "|0"), os.NewFile(uintptr(in[1]), "|1")
+	outR, outW := os.NewFile(uintptr(out[0]), "|0"), os.NewFile(uintptr(out[1]), "|1")
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, os.Stderr
+	err := cmd.Start()
+	inR.Close()
+	outW.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &echo{cmd: cmd, in: inW, raw: outR, out: bufio.NewReaderSize(outR, 64<<10)}
+}
+
+var echoLine = []byte("malloc 4096 0\n")
+
+func (e *echo) roundTrip(b *testing.B) {
+	if _, err := e.in.Write(echoLine); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := e.out.ReadSlice('\n'); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func (e *echo) close() {
+	e.in.Close()
+	e.cmd.Wait()
+	e.raw.Close()
+}
+
+// benchLines are the BENCH lines, printed by TestMain after the run.
+var benchLines = struct {
+	sync.Mutex
+	m map[string]string
+}{m: map[string]string{}}
+
+func benchReport(key, line string) {
+	benchLines.Lock()
+	benchLines.m[key] = line
+	benchLines.Unlock()
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	keys := make([]string, 0, len(benchLines.m))
+	for k := range benchLines.m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Println(benchLines.m[k])
+	}
+	os.Exit(code)
 }

@@ -1,7 +1,9 @@
 // Command gochild is the benchmark's Go child: one huge segment, bump
 // placement, frees ignored, answers written as the protocol allows (flushed
 // only when the engine waits): the protocol's cost with a child that
-// costs next to nothing. The test builds it from this file.
+// costs next to nothing. The test builds it from this file. With the
+// argument "echo" it speaks no protocol and echoes each line at once,
+// flushed: the floor of a round trip over the pipes.
 package main
 
 import (
@@ -14,6 +16,16 @@ import (
 func main() {
 	in := bufio.NewReaderSize(os.Stdin, 64<<10)
 	out := bufio.NewWriterSize(os.Stdout, 64<<10)
+	if len(os.Args) > 1 && os.Args[1] == "echo" {
+		for {
+			line, err := in.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			out.Write(line)
+			out.Flush()
+		}
+	}
 	out.WriteString("allocsim-policy 1 gochild\n")
 	out.Flush()
 	var top uint64
