@@ -102,6 +102,10 @@ var policyLooks = map[string]look{
 	"workspace":      {Color: okabeIto[5], Dash: 2},
 	// dash-dot
 	"greedy-by-lifetime": {Color: okabeIto[2], Dash: 3},
+	"gmlake":             {Color: okabeIto[5], Dash: 3},
+	"vattention":         {Color: okabeIto[1], Dash: 3},
+	"stalloc":            {Color: okabeIto[3], Dash: 3},
+	"optimal":            {Color: okabeIto[4], Dash: 3},
 }
 
 // chartLooks returns the look of each policy name of a chart (names may

@@ -106,7 +106,7 @@ func TestFiveLiveMallocsOf4EiB(t *testing.T) {
 			res := results[0]
 			ooms, overflows, firstOOM, reserved := int64(2), int64(2), int64(3), 3*eib4
 			switch p {
-			case "greedy-by-lifetime", "greedy-by-size", "offline":
+			case "greedy-by-lifetime", "greedy-by-size", "offline", "optimal":
 				ooms, overflows, firstOOM, reserved = 3, 3, 2, 2*eib4
 			case "bfc":
 				overflows = 0

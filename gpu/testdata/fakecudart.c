@@ -644,8 +644,19 @@ int cuMemAddressReserve(uint64_t *p, size_t size, size_t align, uint64_t addr, u
 	(void)flags;
 	if (size == 0 || size % VMM_PAGE)
 		return ret(1);
-	*p = next_device;
-	next_device += size;
+	if (nomap) {
+		*p = next_device;
+		next_device += size;
+	} else {
+		// The range is mapped without access, so that the kernel places no
+		// later device allocation inside it: a hint past the end of the
+		// address space (many large reservations) is not kept.
+		void *v = mmap((void *)next_device, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (v == MAP_FAILED)
+			return ret(2);
+		*p = (uint64_t)(uintptr_t)v;
+		next_device = (uintptr_t)v + size;
+	}
 	insert((void *)*p, size, KIND_VA, NULL);
 	return 0;
 }
@@ -676,6 +687,8 @@ int cuMemAddressFree(uint64_t p, size_t size) {
 	if (!a || a->kind != KIND_VA || a->size != size || mapped_in(p, size))
 		return ret(1);
 	removea(a);
+	if (!nomap)
+		munmap((void *)p, size);
 	return 0;
 }
 
