@@ -224,7 +224,10 @@ func LoadCostModel(path string) (*CostModel, error) {
 // ParseCostModel reads a cost model in CSV form: a header naming at least
 // the columns api, size_bytes and median_us, then one row per call and size
 // (other columns, such as n, first_us, p90_us and min_us, are ignored; a
-// row whose median is empty is skipped). In the wake-up rows (CostWake and
+// row whose median is empty is skipped). Where the file has a mean_us
+// column (replay calibrate writes one) a row's mean, when given, is its
+// latency instead of its median: the model sums latencies, and the mean
+// is what a sum of calls takes per call. In the wake-up rows (CostWake and
 // the like) size_bytes is an idle time in nanoseconds and the median the
 // extra latency, which may be 0. name names the source in errors.
 // It returns a *CostError for a malformed file, and one wrapping
@@ -265,16 +268,21 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 		if api == "" || med == "" {
 			continue
 		}
+		which := "median_us"
+		if _, has := col["mean_us"]; has && get("mean_us") != "" {
+			mean := get("mean_us")
+			med, which = mean, "mean_us"
+		}
 		size, err := strconv.ParseUint(get("size_bytes"), 10, 64)
 		if err != nil {
 			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("size_bytes %q: not an unsigned integer", get("size_bytes"))}
 		}
 		us, err := strconv.ParseFloat(med, 64)
 		if err != nil || us < 0 || math.IsInf(us, 0) || math.IsNaN(us) {
-			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("median_us %q: not a latency", med)}
+			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("%s %q: not a latency", which, med)}
 		}
 		if us*1000 > maxCallNS {
-			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("median_us %q: more than an hour, not a call's latency", med)}
+			return nil, &CostError{File: name, Line: line, Msg: fmt.Sprintf("%s %q: more than an hour, not a call's latency", which, med)}
 		}
 		if isWakeRow(api) {
 			if size == 0 {

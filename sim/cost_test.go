@@ -528,3 +528,28 @@ func TestWakeCurve(t *testing.T) {
 		t.Errorf("a wake-up row at idle time 0: %v", err)
 	}
 }
+
+// TestCostModelMean: a model with a mean_us column (replay calibrate's)
+// charges a row's mean where given, its median where the cell is empty,
+// and names the column of a bad value.
+func TestCostModelMean(t *testing.T) {
+	m, err := ParseCostModel(strings.NewReader(`api,size_bytes,n,first_us,median_us,p90_us,min_us,mean_us
+cudaMalloc,2097152,10,1,40.00,50,30,55.50
+cudaFree,2097152,10,1,20.00,30,10,
+cudaMalloc_suballoc,4096,10,1,3.00,4,2,3.50
+cudaFree_suballoc,4096,10,1,3.00,4,2,
+`), "m.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns, _ := m.Latency(CostMalloc, 2<<20); ns != 55500 {
+		t.Errorf("cudaMalloc of 2 MiB: %d ns, want the mean 55500", ns)
+	}
+	if ns, _ := m.Latency(CostFree, 2<<20); ns != 20000 {
+		t.Errorf("cudaFree of 2 MiB: %d ns, want the median 20000 (no mean)", ns)
+	}
+	_, err = ParseCostModel(strings.NewReader("api,size_bytes,median_us,mean_us\ncudaMalloc,1,2,x\n"), "bad.csv")
+	if err == nil || !strings.Contains(err.Error(), `mean_us "x": not a latency`) {
+		t.Errorf("a bad mean: %v", err)
+	}
+}

@@ -4,7 +4,7 @@ in a process of its own, recorded as the README tells users to
 (torch.cuda.memory._record_memory_history() with PyTorch's defaults,
 _dump_snapshot at the end):
 
-    python3 testdata/calib/record.py OUTDIR
+    python3 testdata/calib/record.py OUTDIR [NAME...]
 
   ckpt_accum     a 12-layer MLP-and-attention stack trained with activation
                  checkpointing and gradient accumulation (4 micro-batches
@@ -29,13 +29,27 @@ import time
 def ckpt_accum(torch):
     from torch.utils.checkpoint import checkpoint
     d = 1024
-    layers = torch.nn.ModuleList([torch.nn.TransformerEncoderLayer(d, 16, 4 * d, batch_first=True) for _ in range(12)]).cuda()
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(d, 3 * d)
+            self.up = torch.nn.Linear(d, 4 * d)
+            self.down = torch.nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 16, d // 16).unbind(2)
+            a = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            x = x + a.transpose(1, 2).reshape(x.shape)
+            return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+    layers = torch.nn.ModuleList([Block() for _ in range(12)]).cuda()
     opt = torch.optim.AdamW(layers.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(3)
     for _ in range(6):
         for _ in range(4):
             seq = int(torch.randint(128, 1024, (1,), generator=g))
-            x = torch.randn(8, seq, d, device="cuda")
+            x = torch.randn(8, seq, d, device="cuda", requires_grad=True)
             for layer in layers:
                 x = checkpoint(layer, x, use_reentrant=False)
             x.float().pow(2).mean().backward()
@@ -132,7 +146,8 @@ def main():
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
     env.pop("PYTORCH_ALLOC_CONF", None)
-    procs = [(n, subprocess.Popen([sys.executable, __file__, "--child", n, outdir], env=env)) for n in WORKLOADS]
+    names = sys.argv[2:] or list(WORKLOADS)
+    procs = [(n, subprocess.Popen([sys.executable, __file__, "--child", n, outdir], env=env)) for n in names]
     bad = [n for n, p in procs if p.wait() != 0]
     if bad:
         sys.exit("failed: " + ", ".join(bad))
