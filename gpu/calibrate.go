@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
@@ -797,8 +798,14 @@ func (c *calibration) release() error {
 }
 
 // WriteCostModel writes rows as a cost model CSV, in the columns of
-// shared/reference/h200_cuda_latency.csv.
-func WriteCostModel(w io.Writer, rows []CostRow) error {
+// shared/reference/h200_cuda_latency.csv and a mean_us column, after a
+// first line "# made" (sim.CostModel.Made) unless made is "".
+func WriteCostModel(w io.Writer, made string, rows []CostRow) error {
+	if made != "" {
+		if _, err := fmt.Fprintf(w, "# %s\n", strings.ReplaceAll(made, "\n", " ")); err != nil {
+			return err
+		}
+	}
 	cw := csv.NewWriter(w)
 	cw.Write([]string{"api", "size_bytes", "n", "first_us", "median_us", "p90_us", "min_us", "mean_us"})
 	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) }

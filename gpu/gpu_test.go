@@ -526,7 +526,7 @@ func TestCalibrate(t *testing.T) {
 		}
 	}
 	var csv bytes.Buffer
-	if err := WriteCostModel(&csv, rows); err != nil {
+	if err := WriteCostModel(&csv, "", rows); err != nil {
 		t.Fatal(err)
 	}
 	m, err := sim.ParseCostModel(&csv, "calibrated")
@@ -616,7 +616,7 @@ func TestCalibrateWake(t *testing.T) {
 	// The rows written read back as a cost model (with the rows of
 	// cudaMalloc and cudaFree it needs).
 	var csv bytes.Buffer
-	if err := WriteCostModel(&csv, append([]CostRow{{API: sim.CostMalloc, Size: 1, N: 1, MedianUS: 1}, {API: sim.CostFree, Size: 1, N: 1, MedianUS: 1},
+	if err := WriteCostModel(&csv, "", append([]CostRow{{API: sim.CostMalloc, Size: 1, N: 1, MedianUS: 1}, {API: sim.CostFree, Size: 1, N: 1, MedianUS: 1},
 		{API: sim.CostMallocSuballoc, Size: 1, N: 1, MedianUS: 1}, {API: sim.CostFreeSuballoc, Size: 1, N: 1, MedianUS: 1}}, rows...)); err != nil {
 		t.Fatal(err)
 	}

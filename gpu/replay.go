@@ -207,7 +207,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	r.rep = reps[0]
 	if len(reps) > 1 {
 		r.shadow = reps[1]
-		r.res.SimPolicy, r.res.SimCostModel = r.shadow.Policy().Name(), cfg.Sim.Source
+		r.res.SimPolicy, r.res.SimCostModel = r.shadow.Policy().Name(), cfg.Sim.Describe()
 	}
 
 	buf := make([]trace.Event, 0, chunkEvents)

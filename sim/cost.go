@@ -106,10 +106,22 @@ type CostModel struct {
 	// Source names where the model came from: a file name or
 	// DefaultCostModelName.
 	Source string
+	// Made says where and when the model was measured, from the comment
+	// line ("# ...") replay calibrate writes first; "" for none.
+	Made   string
 	curves map[string][]costPoint
 	// wake holds the wake-up curves (the CostWake rows) by row, each
 	// sorted by idle time.
 	wake map[string][]wakePoint
+}
+
+// Describe names the model for a table or a results file: its Source,
+// and in parentheses where and when it was made, where it says so.
+func (m *CostModel) Describe() string {
+	if m.Made == "" {
+		return m.Source
+	}
+	return m.Source + " (" + m.Made + ")"
 }
 
 // wakePoint is one point of a wake-up curve: after gap nanoseconds idle, a
@@ -163,7 +175,7 @@ func (m *CostModel) Wake(row string, gap int64) (int64, bool) {
 // WithoutWake returns a copy of m that charges no wake-up: the model of
 // calls made back to back, whatever the idle time between them.
 func (m *CostModel) WithoutWake() *CostModel {
-	return &CostModel{Source: m.Source, curves: m.curves}
+	return &CostModel{Source: m.Source, Made: m.Made, curves: m.curves}
 }
 
 type costPoint struct {
@@ -221,7 +233,9 @@ func LoadCostModel(path string) (*CostModel, error) {
 	return ParseCostModel(bufio.NewReader(f), path)
 }
 
-// ParseCostModel reads a cost model in CSV form: a header naming at least
+// ParseCostModel reads a cost model in CSV form, after an optional first
+// line "# TEXT" that says where and when it was made (CostModel.Made): a
+// header naming at least
 // the columns api, size_bytes and median_us, then one row per call and size
 // (other columns, such as n, first_us, p90_us and min_us, are ignored; a
 // row whose median is empty is skipped). Where the file has a mean_us
@@ -233,12 +247,27 @@ func LoadCostModel(path string) (*CostModel, error) {
 // It returns a *CostError for a malformed file, and one wrapping
 // ErrNoCostRow when cudaMalloc or cudaFree rows are missing.
 func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
-	cr := csv.NewReader(r)
+	// A first line "# TEXT" (replay calibrate's) says where and when the
+	// model was made.
+	br := bufio.NewReader(r)
+	made := ""
+	if b, err := br.Peek(1); err == nil && b[0] == '#' {
+		line, err := br.ReadString('\n')
+		if err != nil && err != io.EOF {
+			return nil, &CostError{File: name, Line: 1, Msg: err.Error()}
+		}
+		made = strings.TrimSpace(strings.TrimPrefix(line, "#"))
+	}
+	hl := 1 // the header's line
+	if made != "" {
+		hl = 2
+	}
+	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = -1
 	cr.TrimLeadingSpace = true
 	head, err := cr.Read()
 	if err != nil {
-		return nil, &CostError{File: name, Line: 1, Msg: fmt.Sprintf("reading the header: %v", err)}
+		return nil, &CostError{File: name, Line: hl, Msg: fmt.Sprintf("reading the header: %v", err)}
 	}
 	col := map[string]int{}
 	for i, h := range head {
@@ -246,11 +275,11 @@ func ParseCostModel(r io.Reader, name string) (*CostModel, error) {
 	}
 	for _, c := range []string{"api", "size_bytes", "median_us"} {
 		if _, ok := col[c]; !ok {
-			return nil, &CostError{File: name, Line: 1, Msg: fmt.Sprintf("no column %q in the header %q", c, strings.Join(head, ","))}
+			return nil, &CostError{File: name, Line: hl, Msg: fmt.Sprintf("no column %q in the header %q", c, strings.Join(head, ","))}
 		}
 	}
-	m := &CostModel{Source: name, curves: map[string][]costPoint{}, wake: map[string][]wakePoint{}}
-	for line := 2; ; line++ {
+	m := &CostModel{Source: name, Made: made, curves: map[string][]costPoint{}, wake: map[string][]wakePoint{}}
+	for line := hl + 1; ; line++ {
 		rec, err := cr.Read()
 		if err == io.EOF {
 			break

@@ -553,3 +553,25 @@ cudaFree_suballoc,4096,10,1,3.00,4,2,
 		t.Errorf("a bad mean: %v", err)
 	}
 }
+
+// TestCostModelMade: replay calibrate's first line says where and when
+// the model was made; Describe adds it to the model's name, and errors
+// count it as the file's first line.
+func TestCostModelMade(t *testing.T) {
+	const body = "api,size_bytes,median_us\ncudaMalloc,1,2\ncudaFree,1,2\ncudaMalloc_suballoc,1,2\ncudaFree_suballoc,1,2\n"
+	m, err := ParseCostModel(strings.NewReader("# made by replay calibrate on NVIDIA H200 (CUDA runtime 13000, driver 13000), 2026-12-03T17:25:00Z\n"+body), "cal.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "cal.csv (made by replay calibrate on NVIDIA H200 (CUDA runtime 13000, driver 13000), 2026-12-03T17:25:00Z)"; m.Describe() != want {
+		t.Errorf("Describe: %q, want %q", m.Describe(), want)
+	}
+	if m, _ := ParseCostModel(strings.NewReader(body), "old.csv"); m.Made != "" || m.Describe() != "old.csv" {
+		t.Errorf("a model without the line: made %q, described %q", m.Made, m.Describe())
+	}
+	_, err = ParseCostModel(strings.NewReader("# note\napi,size_bytes,median_us\ncudaMalloc,x,2\n"), "bad.csv")
+	var ce *CostError
+	if !errors.As(err, &ce) || ce.Line != 3 {
+		t.Errorf("a bad size on the third line: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"text/tabwriter"
+	"time"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 
@@ -108,7 +109,8 @@ func runCalibrate(stdout, stderr io.Writer, args []string) error {
 		return err
 	}
 	var buf bytes.Buffer
-	if err := gpu.WriteCostModel(&buf, rows); err != nil {
+	made := fmt.Sprintf("made by replay calibrate on %s (CUDA runtime %d, driver %d), %s", rt.DeviceName, rt.Version, rt.DriverVersion, time.Now().UTC().Format(time.RFC3339))
+	if err := gpu.WriteCostModel(&buf, made, rows); err != nil {
 		return err
 	}
 	// The file must read back as a cost model.

@@ -40,6 +40,9 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 		return
 	}
 	fmt.Fprintf(w, "%s on %s\n", cli.Safe(results[0].Runtime), cli.Safe(results[0].Device))
+	if m := results[0].SimCostModel; m != "" {
+		fmt.Fprintf(w, "simulated alongside with cost model %s; sim/measured is the simulated allocator time over the measured\n", cli.Safe(m))
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "trace\ttarget\trequested MiB\treserved MiB\tsim reserved MiB\tdevice allocs\tdevice frees\tretries\tOOMs\talloc ms\tsim alloc ms\tof it wake-ups\tsim/measured\tsync ms\twall ms\t")
 	for _, r := range results {

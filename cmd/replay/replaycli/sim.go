@@ -141,6 +141,11 @@ func runSim(stdout, stderr io.Writer, args []string) error {
 		if model, err = sim.LoadCostModel(*costModel); err != nil {
 			return fmt.Errorf("--cost-model: %w", err)
 		}
+		made := model.Made
+		if made == "" {
+			made = "no note of where or when it was measured (replay calibrate writes one)"
+		}
+		fmt.Fprintf(stderr, "sim: cost model %s: %s\n", cli.Safe(*costModel), cli.Safe(made))
 	}
 	// Every output (the files of --json, --csv, --sites-csv, --plots and
 	// --viz) is staged and put in place at the end, all together or none.
