@@ -51,7 +51,6 @@ package pytorch
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +59,7 @@ import (
 	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/klauspost/compress/gzip"
 )
 
 // Options select what to import.
