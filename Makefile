@@ -43,12 +43,16 @@ demo: build
 # BenchmarkImportBig imports a large synthetic snapshot shaped as PyTorch
 # writes one recorded with stacks ($$ALLOCSIM_BIG_SNAPSHOT, or the ~1 GiB one
 # `make bigsnap` writes to $$TMPDIR/allocsim-big-snapshot.pickle; skipped
-# without either), and once, in processes of their own, the same import and
-# CPython's pickle.load of it, with their peak RSS. BenchmarkExec
-# (policies/execpolicy) times events through the exec protocol with a Go
-# and a Python child that answer at once (malloc and free by turns, frees
-# only) beside a plain round trip over the same pipes (pattern=pipe), each
-# for a second, since an op there is one event, not a whole trace.
+# without either), and in processes of their own, side by side, the same
+# import and CPython's pickle.load of it: the median of 5 rounds
+# ($$ALLOCSIM_IMPORT_ROUNDS) of their wall and CPU time and peak RSS, and
+# the ratios (stage=import-vs-cpython); BenchmarkImport does the same on
+# kv_decode, of the gzip file (both gunzip it) and of its pickle.
+# BenchmarkExec (policies/execpolicy) times events through the exec protocol
+# with a Go and a Python child that answer at once (malloc and free by
+# turns, frees only) beside a plain round trip over the same pipes
+# (pattern=pipe), each for a second, since an op there is one event, not a
+# whole trace.
 bench:
 	$(GO) test ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
 	$(GO) test ./policies/execpolicy -run '^$$' -bench Exec -benchtime 1s

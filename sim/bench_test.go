@@ -1,6 +1,7 @@
 package sim_test
 
 import (
+	"compress/gzip"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -169,7 +170,10 @@ func kvDecodeTrace(b *testing.B, kv string) *benchTrace {
 }
 
 // BenchmarkImport measures importing the kv_decode snapshot, pickle to
-// events, without writing them.
+// events, without writing them, and then (compareImport) the same import
+// and CPython's pickle.load side by side, each in a process of its own:
+// of the gzip file (both gunzip it: input=gz) and of its pickle
+// decompressed beforehand (input=pickle).
 func BenchmarkImport(b *testing.B) {
 	kv := kvDecodePath(b)
 	b.ReportAllocs()
@@ -189,6 +193,40 @@ func BenchmarkImport(b *testing.B) {
 	sec := b.Elapsed().Seconds() / float64(b.N)
 	benchReport("kv_decode 1import", fmt.Sprintf("BENCH trace=kv_decode stage=import seconds=%.4f", sec))
 	b.ReportMetric(float64(n)/sec, "events/s")
+	kvOnce.Do(func() {
+		// Like with like: both gunzip the file, then both read the
+		// same pickle decompressed beforehand.
+		compareImport(b, "kv_decode", kv, true)
+		plain := filepath.Join(b.TempDir(), "kv_decode.pickle")
+		if err := gunzipTo(plain, kv); err != nil {
+			b.Fatal(err)
+		}
+		compareImport(b, "kv_decode", plain, false)
+	})
+}
+
+var kvOnce sync.Once
+
+// gunzipTo writes the decompressed content of the gzip file src to dst.
+func gunzipTo(dst, src string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return err
+	}
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, zr); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 func drain(b *testing.B, src trace.Source) int {

@@ -165,14 +165,13 @@ func (d *decoder) stackOf(v value) (uint32, error) {
 	if c == nil || c.kind != pyList || d.seen == nil {
 		return 0, nil
 	}
-	fids := d.fids[:0]
+	var fids []uint32
 	switch c.role {
 	case roleFrames:
-		for _, it := range c.items {
-			fids = append(fids, uint32(it.n))
-		}
+		fids = c.fids
 	case roleKeep:
 		// Kept whole (an entry of a device trace not streamed).
+		fids = d.fids[:0]
 		for _, it := range c.items {
 			fid, err := d.frameOf(it)
 			if err != nil {
@@ -180,10 +179,10 @@ func (d *decoder) stackOf(v value) (uint32, error) {
 			}
 			fids = append(fids, fid)
 		}
+		d.fids = fids
 	default:
 		return 0, nil
 	}
-	d.fids = fids
 	id := d.seen.Add(fids)
 	if c.role == roleFrames {
 		if c.memo > 0 && id < memoStack {

@@ -61,10 +61,10 @@ type container struct {
 	kind  pyKind
 	role  role
 	gen   uint32
-	n     int     // items appended or keys set, kept or not
-	items []value // kept items (dict: key, value, key, value...)
-	dev   value   // roleTraces: the item at the device, k 0 if none yet
-	segs  []snapSegment
+	n     int      // items appended or keys set, kept or not
+	items []value  // kept items (dict: key, value, key, value...)
+	fids  []uint32 // roleFrames: the frame ids of its items
+	dev   value    // roleTraces: the item at the device, k 0 if none yet
 	blks  []snapBlock
 	// memo is 1 + the memo index of a frames container, 0 if it was
 	// not memoized: its slot is set to its id once converted.
@@ -191,11 +191,17 @@ func (in *input) offset() int64 { return in.base + int64(in.pos) }
 func (in *input) total() int64 { return in.base + int64(in.end) }
 
 // more makes at least n (at most len(buf)) bytes available at buf[pos:]
-// and reports whether the input had them.
+// and reports whether the input had them. Its test of the bytes at hand
+// is inlined; fill reads more.
 func (in *input) more(n int) bool {
 	if in.end-in.pos >= n {
 		return true
 	}
+	return in.fill(n)
+}
+
+// fill is more when the buffer holds fewer than n bytes.
+func (in *input) fill(n int) bool {
 	if in.err != nil {
 		return false
 	}
@@ -221,9 +227,12 @@ func (in *input) more(n int) bool {
 }
 
 // u8, u16, u32 and u64 read a little-endian unsigned integer of 1, 2, 4 or
-// 8 bytes and report whether the input had it.
+// 8 bytes and report whether the input had it. They read the first
+// argument of an opcode only: run has then made 16 bytes available after
+// the opcode's, or all that the input holds (in.err is set), so that the
+// bytes at hand say it all and the reads are inlined.
 func (in *input) u8() (uint64, bool) {
-	if !in.more(1) {
+	if in.end-in.pos < 1 {
 		return 0, false
 	}
 	in.pos++
@@ -231,7 +240,7 @@ func (in *input) u8() (uint64, bool) {
 }
 
 func (in *input) u16() (uint64, bool) {
-	if !in.more(2) {
+	if in.end-in.pos < 2 {
 		return 0, false
 	}
 	in.pos += 2
@@ -239,7 +248,7 @@ func (in *input) u16() (uint64, bool) {
 }
 
 func (in *input) u32() (uint64, bool) {
-	if !in.more(4) {
+	if in.end-in.pos < 4 {
 		return 0, false
 	}
 	in.pos += 4
@@ -247,7 +256,7 @@ func (in *input) u32() (uint64, bool) {
 }
 
 func (in *input) u64() (uint64, bool) {
-	if !in.more(8) {
+	if in.end-in.pos < 8 {
 		return 0, false
 	}
 	in.pos += 8
@@ -322,9 +331,16 @@ func indexByte(b []byte, c byte) int {
 }
 
 // memoTable maps memo indexes to values in 4 bytes a slot: 0 unset, else a
-// tag in the top two bits and a payload below.
+// tag in the top two bits and a payload below. The dense slots are in
+// chunks of memoChunk, allocated as the memo grows (CPython's pickler
+// counts its indexes up from 0), so that a slot is two loads away and the
+// table never copies itself; indexes out of that order go to sparse.
 type memoTable struct {
-	chunks [][]uint32 // dense slots, memoChunk a chunk
+	chunks []*[memoChunk]uint32 // dense slots
+	// spare are chunks to reuse: the first reading's, for the second
+	// (source.fill), which would otherwise hold as many new ones while
+	// those are not yet collected.
+	spare  []*[memoChunk]uint32
 	sparse map[uint64]uint32
 	n      int // slots set (MEMOIZE's index)
 	vals   []value
@@ -338,21 +354,15 @@ const (
 	tagMask   = 3 << 30
 )
 
-func (m *memoTable) slot(idx uint64, create bool) *uint32 {
-	c := idx / memoChunk
-	if c < uint64(len(m.chunks)) {
-		return &m.chunks[c][idx%memoChunk]
-	}
-	if create && c == uint64(len(m.chunks)) {
-		m.chunks = append(m.chunks, make([]uint32, memoChunk))
-		return &m.chunks[c][idx%memoChunk]
-	}
-	return nil
-}
-
+// get returns slot idx and whether it is set.
 func (m *memoTable) get(idx uint64) (uint32, bool) {
-	if p := m.slot(idx, false); p != nil && *p != 0 {
-		return *p, true
+	if c := idx / memoChunk; c < uint64(len(m.chunks)) {
+		if x := m.chunks[c][idx%memoChunk]; x != 0 {
+			return x, true
+		}
+	}
+	if len(m.sparse) == 0 {
+		return 0, false
 	}
 	x, ok := m.sparse[idx]
 	return x, ok
@@ -362,7 +372,20 @@ func (m *memoTable) get(idx uint64) (uint32, bool) {
 func (m *memoTable) dense(idx uint64) bool { return idx/memoChunk <= uint64(len(m.chunks)) }
 
 func (m *memoTable) put(idx uint64, x uint32) {
-	if p := m.slot(idx, true); p != nil {
+	c := idx / memoChunk
+	if c == uint64(len(m.chunks)) {
+		var ch *[memoChunk]uint32
+		if k := len(m.spare); k > 0 {
+			ch, m.spare[k-1] = m.spare[k-1], nil
+			m.spare = m.spare[:k-1]
+			*ch = [memoChunk]uint32{}
+		} else {
+			ch = new([memoChunk]uint32)
+		}
+		m.chunks = append(m.chunks, ch)
+	}
+	if c < uint64(len(m.chunks)) {
+		p := &m.chunks[c][idx%memoChunk]
 		if *p == 0 {
 			m.n++
 		}
@@ -407,9 +430,9 @@ func (d *decoder) newContainer(kind pyKind, r role) value {
 	c := &d.conts[i]
 	c.gen++
 	c.kind, c.role, c.n = kind, r, 0
-	c.items = c.items[:0]
+	c.items, c.fids = c.items[:0], c.fids[:0]
 	c.dev = value{}
-	c.segs, c.blks = nil, c.blks[:0]
+	c.blks = c.blks[:0]
 	c.memo = 0
 	return value{k: vCont, g: c.gen, n: int64(i)}
 }
@@ -464,6 +487,8 @@ func (d *decoder) run() error {
 	in := d.in
 	d.paused = false
 	for !d.stopped && !d.paused {
+		// 16 bytes at hand (the opcode and up to 15 of its first
+		// argument, for u8 to u64), or all there are.
 		if in.end-in.pos < 16 && !in.more(16) && in.pos == in.end {
 			return d.eof()
 		}

@@ -51,7 +51,6 @@ package pytorch
 import (
 	"bufio"
 	"bytes"
-	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
@@ -60,6 +59,7 @@ import (
 	"strings"
 
 	"github.com/gpualloc/allocsim/trace"
+	"github.com/klauspost/compress/gzip"
 )
 
 // Options select what to import.
@@ -222,6 +222,7 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
 	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw, stacks: stacks, final: d.segments}
+	src.spare, d.memo.chunks = d.memo.chunks, nil
 	ids, final, keyed, err := finalPools(d.segments, opts.Device)
 	if err != nil {
 		return nil, fmt.Errorf("%s: segments: %w", name, err)
@@ -651,6 +652,9 @@ type source struct {
 
 	// final is the snapshot's final segments, for Slice.
 	final []snapSegment
+
+	// spare is the first reading's memo, for the second to reuse.
+	spare []*[memoChunk]uint32
 }
 
 var _ trace.StackSource = (*source)(nil)
@@ -726,6 +730,7 @@ func (s *source) fill() error {
 			return err
 		}
 		s.d = newDecoder(pr, s.device, &s.q)
+		s.d.memo.spare, s.spare = s.spare, nil
 		s.d.readFrames(s.stacks, true, false)
 		s.d.pauseAfterAppend = true
 		s.d.stopAtTraces = true

@@ -2,6 +2,7 @@ package pytorch
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/gpualloc/allocsim/trace"
@@ -66,8 +67,10 @@ import (
 type history struct {
 	// blocks holds the state of every block address the trace touches
 	// (allocated, free requested or freed) and the event that touched it
-	// first.
-	blocks   map[uint64]addrSeen
+	// first: blockAt[addr] indexes blocks, so that an event looks its
+	// address up once, and blocks is in chunks, never copied as it grows.
+	blockAt  map[uint64]uint32
+	blocks   [][]addrSeen
 	pre      map[uint64]preBlock
 	segs     map[uint64]bool     // every segment address the trace touches: true while live
 	segSizes map[uint64]addrSeen // the size of each segment the trace allocates
@@ -108,7 +111,7 @@ type preSegment struct{ size, stream uint64 }
 
 func newHistory() *history {
 	return &history{
-		blocks:   map[uint64]addrSeen{},
+		blockAt:  map[uint64]uint32{},
 		pre:      map[uint64]preBlock{},
 		segs:     map[uint64]bool{},
 		segSizes: map[uint64]addrSeen{},
@@ -130,44 +133,44 @@ func (h *history) observe(ev *trace.Event) error {
 	h.n++
 	switch ev.Op {
 	case trace.OpMalloc:
-		s, ok := h.blocks[a]
+		j, ok := h.blockAt[a]
 		if !ok {
-			s.first = i
+			j = h.newBlock(a, addrSeen{first: i})
 		}
+		s := h.blockRef(j)
 		s.state, s.size, s.stream, s.at = seenAllocated, ev.Size, ev.Stream, i
-		h.blocks[a] = s
 	case trace.OpFreeRequested:
-		if s, ok := h.blocks[a]; ok {
+		if j, ok := h.blockAt[a]; ok {
+			s := h.blockRef(j)
 			if s.state == seenAllocated {
-				if err := sameSize("block", a, ev.Size, s); err != nil {
+				if err := sameSize("block", a, ev.Size, *s); err != nil {
 					return err
 				}
-				if err := sameStream(a, ev.Stream, s); err != nil {
+				if err := sameStream(a, ev.Stream, *s); err != nil {
 					return err
 				}
 				s.state = seenFreeRequested
-				h.blocks[a] = s
 			}
 			return nil
 		}
 		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, first: i}
-		h.blocks[a] = addrSeen{state: seenFreeRequested, first: i}
+		h.newBlock(a, addrSeen{state: seenFreeRequested, first: i})
 	case trace.OpFree:
-		if s, ok := h.blocks[a]; ok {
+		if j, ok := h.blockAt[a]; ok {
+			s := h.blockRef(j)
 			if s.state != seenFreed {
-				if err := sameSize("block", a, ev.Size, s); err != nil {
+				if err := sameSize("block", a, ev.Size, *s); err != nil {
 					return err
 				}
-				if err := sameStream(a, ev.Stream, s); err != nil {
+				if err := sameStream(a, ev.Stream, *s); err != nil {
 					return err
 				}
 			}
 			s.state = seenFreed
-			h.blocks[a] = s
 			return nil
 		}
 		h.pre[a] = preBlock{size: ev.Size, stream: ev.Stream, pending: true, first: i}
-		h.blocks[a] = addrSeen{state: seenFreed, first: i}
+		h.newBlock(a, addrSeen{state: seenFreed, first: i})
 	case trace.OpSegmentAlloc:
 		h.segs[a] = true
 		h.segSizes[a] = addrSeen{size: ev.Size, at: i}
@@ -188,6 +191,33 @@ func (h *history) observe(ev *trace.Event) error {
 		h.mapped = true
 	}
 	return nil
+}
+
+// newBlock adds the block address a, not seen before, with s, and returns
+// its index in h.blocks.
+func (h *history) newBlock(a uint64, s addrSeen) uint32 {
+	j := uint32(len(h.blockAt))
+	h.blockAt[a] = j
+	if j%blockChunk == 0 {
+		h.blocks = append(h.blocks, make([]addrSeen, 0, blockChunk))
+	}
+	c := &h.blocks[len(h.blocks)-1]
+	*c = append(*c, s)
+	return j
+}
+
+// blockChunk is the length of a chunk of history.blocks.
+const blockChunk = 4096
+
+// blockRef returns the state of block j.
+func (h *history) blockRef(j uint32) *addrSeen { return &h.blocks[j/blockChunk][j%blockChunk] }
+
+// block returns the state of block address a, if the trace touches it.
+func (h *history) block(a uint64) (addrSeen, bool) {
+	if j, ok := h.blockAt[a]; ok {
+		return *h.blockRef(j), true
+	}
+	return addrSeen{}, false
 }
 
 // sameSize returns an error when a free of the block or segment at addr
@@ -262,7 +292,7 @@ func reconstruct(h *history, final []snapSegment, device int) []trace.Event {
 				addr = b.addr
 			}
 			if b.state == blockAllocated || b.state == blockPendingFree {
-				if _, seen := h.blocks[addr]; !seen {
+				if _, seen := h.blockAt[addr]; !seen {
 					blocks = append(blocks, startBlock{addr: addr, size: b.size, requested: b.requested, stream: s.stream, pending: b.state == blockPendingFree, stack: b.stack})
 				}
 			}
@@ -324,7 +354,7 @@ func (h *history) freedFirst(addr uint64) bool {
 func (h *history) touchedBefore(lo, hi uint64, i uint32) (uint64, bool) {
 	sorted := h.addrs()
 	for k := sort.Search(len(sorted), func(k int) bool { return sorted[k] >= lo }); k < len(sorted) && sorted[k] <= hi; k++ {
-		if h.blocks[sorted[k]].first < i {
+		if s, _ := h.block(sorted[k]); s.first < i {
 			return sorted[k], true
 		}
 	}
@@ -335,11 +365,11 @@ func (h *history) touchedBefore(lo, hi uint64, i uint32) (uint64, bool) {
 // called once the trace has been observed to its end.
 func (h *history) addrs() []uint64 {
 	if h.sorted == nil {
-		h.sorted = make([]uint64, 0, len(h.blocks))
-		for a := range h.blocks {
+		h.sorted = make([]uint64, 0, len(h.blockAt))
+		for a := range h.blockAt {
 			h.sorted = append(h.sorted, a)
 		}
-		sort.Slice(h.sorted, func(i, j int) bool { return h.sorted[i] < h.sorted[j] })
+		slices.Sort(h.sorted)
 	}
 	return h.sorted
 }
@@ -464,7 +494,7 @@ func (h *history) consistent(final []snapSegment, device int) error {
 		return i < len(spans) && spans[i].lo <= addr
 	}
 	for _, addr := range h.addrs() {
-		s := h.blocks[addr]
+		s, _ := h.block(addr)
 		switch {
 		case !listed(addr):
 		case s.state == seenAllocated && !active[addr]:

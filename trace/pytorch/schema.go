@@ -373,7 +373,7 @@ func (d *decoder) appendItems(at int64, op byte, target value, items []value) er
 			if err != nil {
 				return d.fail(at, op, "%v", err)
 			}
-			c.items = append(c.items, value{k: vInt, n: int64(fid)})
+			c.fids = append(c.fids, fid)
 			c.n++
 		}
 		for _, v := range items {
