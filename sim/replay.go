@@ -204,6 +204,10 @@ type Replay struct {
 	// history is the number of events that rebuild the state before a
 	// truncated trace's history (see truncated.go), 0 if none.
 	history int64
+
+	// plain says the replay needs none of step's optional work (plainOK):
+	// Run steps its mallocs and frees through stepPlain.
+	plain bool
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device, or
@@ -409,6 +413,78 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 	return nil
 }
 
+// plainOK reports whether the replay needs none of the work that step does
+// only for some replays: the simulated device, no checker, observer, watch on a recording, policy timer, recorded ties or
+// inferred calls, and no reconstructed history. Prepare sets plain from it.
+func (r *Replay) plainOK() bool {
+	return r.dev != nil && r.check == nil && r.obs == nil && r.watch == nil &&
+		r.unshown == nil && r.timer == nil && r.rec.ties == nil && r.rec.inferrer == nil && r.history == 0
+}
+
+// stepPlain is step for a plain replay (Replay.plain), with the common
+// events on a path of their own: a malloc of device memory in the default
+// pools, of a valid size, at a live-free address, and a free of a live
+// address, each in time order. On such an event every branch of step for
+// the optional work is known not taken (plainOK), no semantic problem is
+// found (so none is counted), so what stepPlain does is what step does,
+// without asking. Any other event
+// goes to step, before anything is changed: the checks below read only.
+func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
+	if ev.Time < r.lastTime || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
+		return r.step(i, ev)
+	}
+	switch ev.Op {
+	case trace.OpMalloc:
+		// A Label may name a direct malloc (trace.IsDirect); size 0 or
+		// over trace.MaxSize is a problem.
+		if ev.Label != "" || !ev.Kind.OnDevice() || ev.Size-1 >= trace.MaxSize {
+			return r.step(i, ev)
+		}
+		// A duplicate leaves the table as it was: step finds it again.
+		slot, dup := r.live.Ref(ev.Addr)
+		if dup {
+			return r.step(i, ev)
+		}
+		r.plainBegin(i, ev)
+		if err := r.mallocSlot(i, ev, slot); err != nil {
+			return err
+		}
+	case trace.OpFree:
+		// A free of an address not live leaves the table as it was.
+		a, ok := r.live.Take(ev.Addr)
+		if !ok {
+			return r.step(i, ev)
+		}
+		r.plainBegin(i, ev)
+		if err := r.freed(i, ev, a); err != nil {
+			return err
+		}
+	default:
+		return r.step(i, ev)
+	}
+	r.observePlain(i, ev.Time)
+	return nil
+}
+
+// plainBegin is what step does before an event of stepPlain's own: the
+// count, the time in order (checkTime with no problem) and the device's
+// clock.
+func (r *Replay) plainBegin(i int64, ev *trace.Event) {
+	r.res.Events++
+	r.problem = nil
+	r.lastTime, r.lastIdx, r.timed = ev.Time, i, true
+	r.dev.SetTime(ev.Time)
+}
+
+// observePlain is observe on the simulated device, with no watch on a
+// recording.
+func (r *Replay) observePlain(i, t int64) {
+	fp := r.dev.Footprint()
+	r.res.PeakFootprint = max(r.res.PeakFootprint, fp)
+	r.series.Footprint(fp)
+	r.series.Observe(&r.res, r.policy, i, t, r.requested.sat(), r.allocated, r.dev.reserved)
+}
+
 // checkTime sets the event's problem to time going backwards, as
 // trace.Clock finds it; the clock is called only then, so that the event
 // is not copied into it at every step.
@@ -442,6 +518,12 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	if ev.Label != "" && trace.IsDirect(ev.Kind, ev.Label) {
 		return r.directMalloc(i, ev, slot)
 	}
+	return r.mallocSlot(i, ev, slot)
+}
+
+// mallocSlot replays a malloc of device memory through the policy, its
+// live allocation to be written at slot, a new entry of the live table.
+func (r *Replay) mallocSlot(i int64, ev *trace.Event, slot *liveAlloc) error {
 	r.res.Mallocs++
 	// The trace's own live bytes: the lower bound, whatever the policy does.
 	r.requested.add(ev.Size)
@@ -732,6 +814,11 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 		r.problem = r.frees.NotLive(i, *ev)
 		return nil
 	}
+	return r.freed(i, ev, a)
+}
+
+// freed replays free ev of live allocation a, taken out of the live table.
+func (r *Replay) freed(i int64, ev *trace.Event, a liveAlloc) error {
 	r.frees.Add(ev.Addr, i)
 	if !a.released() {
 		r.release(a)
@@ -973,8 +1060,12 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		var first error
 		firstAt := int64(len(evs))
 		for _, rep := range reps {
+			step := rep.step
+			if rep.plain {
+				step = rep.stepPlain
+			}
 			for k := int64(0); k < firstAt; k++ {
-				if err := rep.step(k, &evs[k]); err != nil {
+				if err := step(k, &evs[k]); err != nil {
 					first, firstAt = stepErr(rep, err), k
 					break
 				}
@@ -1126,6 +1217,9 @@ func Prepare(src trace.Source, cfgs ...Config) (_ []*Replay, _ trace.Source, err
 	src, err = plan(src, reps)
 	if err != nil {
 		return nil, nil, err
+	}
+	for _, rep := range reps {
+		rep.plain = rep.plainOK()
 	}
 	for _, c := range cfgs {
 		if so, ok := c.Observer.(SourceObserver); ok {
