@@ -468,20 +468,8 @@ func (d *decoder) key(c *capture) error {
 // next call; nil for a key longer than maxKept) and the reader before the
 // value, which f reads.
 func (d *decoder) members(f func(key []byte) error) error {
-	if _, err := d.next(nil); err != nil {
+	if empty, err := d.open('{', '}'); empty || err != nil {
 		return err
-	}
-	if err := d.push(nil, '{'); err != nil {
-		return err
-	}
-	b, err := d.next(nil)
-	if err != nil {
-		return err
-	}
-	if b == '}' {
-		d.take(nil)
-		d.stack = d.stack[:len(d.stack)-1]
-		return nil
 	}
 	for {
 		if d.buf[d.pos] != '"' {
@@ -497,6 +485,7 @@ func (d *decoder) members(f func(key []byte) error) error {
 		}
 		var key []byte
 		if !d.keyBuf.cut {
+			var err error
 			if key, err = unquote(d.keyBuf.b); err != nil {
 				return err
 			}
@@ -504,22 +493,8 @@ func (d *decoder) members(f func(key []byte) error) error {
 		if err := f(key); err != nil {
 			return err
 		}
-		b, err := d.next(nil)
-		if err != nil {
+		if end, err := d.after('}', "after object key:value pair"); end || err != nil {
 			return err
-		}
-		switch b {
-		case ',':
-			d.take(nil)
-			if _, err := d.next(nil); err != nil {
-				return err
-			}
-		case '}':
-			d.take(nil)
-			d.stack = d.stack[:len(d.stack)-1]
-			return nil
-		default:
-			return d.syntax(b, "after object key:value pair")
 		}
 	}
 }
@@ -527,43 +502,59 @@ func (d *decoder) members(f func(key []byte) error) error {
 // elements reads the elements of an array whose '[' is next, calling f
 // with the reader before each element, which f reads.
 func (d *decoder) elements(f func() error) error {
-	if _, err := d.next(nil); err != nil {
+	if empty, err := d.open('[', ']'); empty || err != nil {
 		return err
-	}
-	if err := d.push(nil, '['); err != nil {
-		return err
-	}
-	b, err := d.next(nil)
-	if err != nil {
-		return err
-	}
-	if b == ']' {
-		d.take(nil)
-		d.stack = d.stack[:len(d.stack)-1]
-		return nil
 	}
 	for {
 		if err := f(); err != nil {
 			return err
 		}
-		b, err := d.next(nil)
-		if err != nil {
+		if end, err := d.after(']', "after array element"); end || err != nil {
 			return err
 		}
-		switch b {
-		case ',':
-			d.take(nil)
-			if _, err := d.next(nil); err != nil {
-				return err
-			}
-		case ']':
-			d.take(nil)
-			d.stack = d.stack[:len(d.stack)-1]
-			return nil
-		default:
-			return d.syntax(b, "after array element")
-		}
 	}
+}
+
+// open reads the opener of an object or array ('{' or '[', next), and
+// reports whether closer follows at once (an empty one, read whole).
+func (d *decoder) open(opener, closer byte) (empty bool, err error) {
+	if _, err := d.next(nil); err != nil {
+		return false, err
+	}
+	if err := d.push(nil, opener); err != nil {
+		return false, err
+	}
+	b, err := d.next(nil)
+	if err != nil {
+		return false, err
+	}
+	if b != closer {
+		return false, nil
+	}
+	d.take(nil)
+	d.stack = d.stack[:len(d.stack)-1]
+	return true, nil
+}
+
+// after reads what follows a member or element: a ',' and the next
+// byte (more follow), or closer, which ends the object or array (end
+// true); anything else is a syntax error, what saying where.
+func (d *decoder) after(closer byte, what string) (end bool, err error) {
+	b, err := d.next(nil)
+	if err != nil {
+		return false, err
+	}
+	switch b {
+	case ',':
+		d.take(nil)
+		_, err := d.next(nil)
+		return false, err
+	case closer:
+		d.take(nil)
+		d.stack = d.stack[:len(d.stack)-1]
+		return true, nil
+	}
+	return false, d.syntax(b, what)
 }
 
 // unquote returns the text of a JSON string read whole (with its quotes):
