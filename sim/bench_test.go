@@ -11,12 +11,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/gpualloc/allocsim/internal/benchline"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
@@ -39,30 +39,15 @@ import (
 
 var synthEvents = flag.Int("bench.synth", 10_000_000, "events in the synthetic benchmark trace")
 
-var benchLines = struct {
-	sync.Mutex
-	m map[string]string
-}{m: map[string]string{}}
-
-func benchReport(key, line string) {
-	benchLines.Lock()
-	benchLines.m[key] = line
-	benchLines.Unlock()
-}
+// benchReport keeps a BENCH line, printed by TestMain after the run.
+func benchReport(key, line string) { benchline.Report(key, line) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
 	for _, bt := range benchOnce {
 		os.RemoveAll(filepath.Dir(bt.file)) // the native trace files, ~150 MB for synth10M
 	}
-	keys := make([]string, 0, len(benchLines.m))
-	for k := range benchLines.m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Println(benchLines.m[k])
-	}
+	benchline.Print(os.Stdout)
 	os.Exit(code)
 }
 

@@ -6,12 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gpualloc/allocsim/internal/benchline"
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/policies/execpolicy"
 	"github.com/gpualloc/allocsim/sim"
@@ -171,27 +170,11 @@ func (e *echo) close() {
 	e.raw.Close()
 }
 
-// benchLines are the BENCH lines, printed by TestMain after the run.
-var benchLines = struct {
-	sync.Mutex
-	m map[string]string
-}{m: map[string]string{}}
-
-func benchReport(key, line string) {
-	benchLines.Lock()
-	benchLines.m[key] = line
-	benchLines.Unlock()
-}
+// benchReport keeps a BENCH line, printed by TestMain after the run.
+func benchReport(key, line string) { benchline.Report(key, line) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	keys := make([]string, 0, len(benchLines.m))
-	for k := range benchLines.m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Println(benchLines.m[k])
-	}
+	benchline.Print(os.Stdout)
 	os.Exit(code)
 }
