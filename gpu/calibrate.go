@@ -358,15 +358,7 @@ var calibrationWorkloads = []string{"train", "inference", "kvcache", "service"}
 var churnPoints = []uint64{512, 4 << 10, 64 << 10, 1 << 20}
 
 func (c *calibration) workloads() error {
-	point := func(s uint64) uint64 {
-		best := churnPoints[0]
-		for _, p := range churnPoints {
-			if math.Abs(math.Log(float64(s))-math.Log(float64(p))) < math.Abs(math.Log(float64(s))-math.Log(float64(best))) {
-				best = p
-			}
-		}
-		return best
-	}
+	point := func(s uint64) uint64 { return nearest(churnPoints, s) }
 	samples := map[subKey][]int64{}
 	workloads := c.opt.Workloads
 	if len(workloads) == 0 {

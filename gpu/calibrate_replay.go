@@ -111,7 +111,7 @@ func (c *calibration) replayWorkload(w Workload, target string, samples map[subK
 		default:
 			row = sim.CostMallocBatch
 		}
-		k := subKey{row, nearestSize(size)}
+		k := subKey{row, nearest(CalibrationSizes, size)}
 		samples[k] = append(samples[k], ns)
 		n++
 	}
@@ -121,10 +121,10 @@ func (c *calibration) replayWorkload(w Workload, target string, samples map[subK
 	return nil
 }
 
-// nearestSize returns the size of CalibrationSizes nearest to s, in log.
-func nearestSize(s uint64) uint64 {
-	best := CalibrationSizes[0]
-	for _, p := range CalibrationSizes {
+// nearest returns the size of points nearest to s, in log.
+func nearest(points []uint64, s uint64) uint64 {
+	best := points[0]
+	for _, p := range points {
 		if math.Abs(math.Log(float64(s))-math.Log(float64(p))) < math.Abs(math.Log(float64(s))-math.Log(float64(best))) {
 			best = p
 		}

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpualloc/allocsim/sim/results"
 	"gonum.org/v1/plot"
 )
 
@@ -240,4 +241,4 @@ func formatPow10(e int) string {
 
 // MiBText formats bytes as MiB with one decimal ("1536.0"), as the tables
 // of the report and of replay show them.
-func MiBText(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+func MiBText(b uint64) string { return results.MiBText(b) }

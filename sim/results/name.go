@@ -2,6 +2,7 @@ package results
 
 import (
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -85,3 +86,7 @@ func ShortNames(paths []string) map[string]string {
 	}
 	return out
 }
+
+// MiBText formats bytes as MiB with one decimal ("1.5"), as the tables of
+// the commands and of the report show sizes.
+func MiBText(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }

@@ -22,7 +22,7 @@ import (
 )
 
 // MiB formats bytes as MiB with one decimal ("1.5").
-func MiB(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', 1, 64) }
+func MiB(b uint64) string { return results.MiBText(b) }
 
 // Ratio formats a ratio with three decimals, "-" where it is unknown
 // (ok false).
