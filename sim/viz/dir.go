@@ -90,7 +90,6 @@ func (v *Run) Finish() error {
 			v.Abort()
 			return fmt.Errorf("--viz: %w", err)
 		}
-		v.d.written = append(v.d.written, v.paths[k])
 		v.d.replaced += rec.Replaced()
 	}
 	return nil
