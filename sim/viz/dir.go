@@ -19,9 +19,8 @@ type Dir struct {
 	dir   string
 	used  map[string]bool
 	batch *atomicfile.Batch // the command's outputs, committed together
-	// written lists the files written, in order; replaced counts their
-	// strings that were not UTF-8 (Recorder.Replaced).
-	written  []string
+	// replaced counts the strings of the files written that were not
+	// UTF-8 (Recorder.Replaced).
 	replaced int
 }
 
