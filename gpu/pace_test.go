@@ -117,14 +117,15 @@ func callNS(t *testing.T, log string) []int64 {
 // TestRepeatWarmsUp checks that each run of Repeat starts with the driver
 // warmed up: the harness's own pause before the first call (its rest, the
 // opening and decoding of the trace, a garbage collection) must not wake
-// the first call up. Opening the trace takes 30 ms here, as importing a
-// snapshot does; the fake runtime plants a 2 ms wake-up after 25 ms idle
+// the first call up. Opening the trace takes 100 ms here, as importing a
+// snapshot does; the fake runtime plants a 2 ms wake-up after 60 ms idle
 // (below the pause, above what a loaded machine puts between the trace's
-// back-to-back calls: 10 ms woke a call on a busy 2-core machine).
+// back-to-back calls: 10 ms woke a call on a busy 2-core machine, 25 ms
+// did once with two test runs on it).
 func TestRepeatWarmsUp(t *testing.T) {
-	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=25000000:2000000")
+	rt := fakeRuntime(t, "", "FAKECUDA_WAKE=60000000:2000000")
 	open := func() (trace.Source, io.Closer, error) {
-		time.Sleep(30 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 		return textTrace(t, pacedTrace), io.NopCloser(nil), nil
 	}
 	for _, policy := range []string{TargetCUDA, "pytorch"} {

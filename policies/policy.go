@@ -126,6 +126,34 @@ type Aliaser interface {
 	Aliases(b Block) (old Block, ok bool)
 }
 
+// Pipeliner is implemented by a policy that can be told the engine's next
+// Malloc and Free calls before they are made, so that it can work ahead
+// of them: an exec policy sends them to its child at once, which answers
+// them while the engine works, instead of a round trip between two
+// processes per malloc.
+//
+// After Ahead(calls), the engine's next calls of the policy are exactly
+// these, in order, and no other call of the policy comes between them,
+// except that the Free of a block whose malloc (calls[Of]) failed is not
+// made. The engine calls Ahead again only after the last of them. A
+// policy that finds a call differ from the one it was told returns an
+// error from that call.
+type Pipeliner interface {
+	Ahead(calls []Call) error
+}
+
+// Call is a Malloc or a Free that the engine tells a Pipeliner ahead.
+type Call struct {
+	Free   bool   // a Free; else a Malloc
+	Size   uint64 // a Malloc's size in bytes
+	Stream uint64
+	// A Free's block: calls[Of] is its malloc, among the same calls; Of is
+	// -1 when the malloc returned before Ahead, and Addr is the block's
+	// address.
+	Of   int
+	Addr uint64
+}
+
 // FreeSpacer is implemented by policies that can report their free space,
 // for the external fragmentation metric.
 type FreeSpacer interface {

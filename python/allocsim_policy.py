@@ -38,11 +38,17 @@ Frees, synchronizations and markers are not answered, so that the engine
 sends them without waiting: while handling them a policy may give memory
 back (device_free) but not ask for it (device_alloc), unless it sets
 ``ack = True``, which makes the engine wait for every event (slower, and
-each device call is then counted at its own event). Only standard output
+each device call is then counted at its own event). Mallocs are
+pipelined (the hook ``pipeline``): the engine sends the mallocs and frees
+it knows are coming without waiting for each answer, and this module
+answers them in order, so that a replay costs no round trip per malloc;
+the policy sees the same calls in the same order either way. Set
+``pipeline = False`` for a round trip per malloc. Only standard output
 is the protocol's: print diagnostics to standard error, which the engine
 passes on to the user's (its last line is quoted in the engine's errors).
 """
 
+import collections
 import sys
 import traceback
 
@@ -66,11 +72,13 @@ class Policy:
 
     name is the name the policy gives in its handshake (one word); the
     class name when None. ack = True asks the engine to wait for every
-    event (see the module doc).
+    event; pipeline = False asks it to wait for each malloc's answer before
+    it sends the next event (see the module doc).
     """
 
     name = None
     ack = False
+    pipeline = True
 
     # The optional hooks: a subclass that defines one is sent its events.
     stream_sync = None
@@ -126,6 +134,8 @@ class Policy:
             out.append("empty_cache")
         if self.ack:
             out.append("ack")
+        elif self.pipeline:
+            out.append("pipeline")
         return out
 
 
@@ -143,15 +153,44 @@ def _unescape(label):
     return "".join(out)
 
 
+# The engine names the block of a free whose malloc it has not read the
+# answer to by that malloc's number (free_malloc N), one of the last
+# _PIPELINE_WINDOW mallocs (docs/exec-protocol.md, "Pipelined mallocs").
+_PIPELINE_WINDOW = 256
+
+
 class _Engine:
     """The engine's end of the pipes, as the policy sees it."""
 
-    def __init__(self, inp, out):
-        self.readline = inp.readline
+    def __init__(self, inp, out, pipeline):
+        self.read1 = getattr(inp, "read1", None) or inp.read
         self.out = out
+        self.pipeline = pipeline
+        self.lines = collections.deque()  # lines read, not handled yet
+        self.tail = b""  # the start of a line not read whole yet
         self.held = []  # lines written at the next answer
         self.answering = False  # handling an event the engine waits for
         self.event = b""  # the line of the event being handled, for errors
+        self.mallocs = 0  # malloc lines read, which number them from 1
+        self.blocks = {}  # the last mallocs' blocks by number (None: oom)
+
+    def readline(self):
+        """The next line from the engine, b"" at the end of its input.
+
+        Answers are flushed before waiting: the engine may be waiting for
+        them (with pipeline they are not flushed one by one).
+        """
+        lines = self.lines
+        while not lines:
+            self.flush()
+            chunk = self.read1(65536)
+            if not chunk:
+                tail, self.tail = self.tail, b""
+                return tail
+            parts = (self.tail + chunk).split(b"\n")
+            self.tail = parts.pop()
+            lines.extend(p + b"\n" for p in parts)
+        return lines.popleft()
 
     def event_text(self):
         """The event being handled, without its line end."""
@@ -168,12 +207,20 @@ class _Engine:
             raise ProtocolError("device_alloc of %d bytes" % size)
         self.held.append(b"device_alloc %d\n" % size)
         self.flush()
-        line = self.readline()
+        # With pipeline, the events sent ahead may come before the answer:
+        # they are kept, in order, for after the event being handled.
+        early = []
+        while True:
+            line = self.readline()
+            if line.startswith(b"ok ") or line.startswith(b"oom"):
+                break
+            if not line or not self.pipeline:
+                raise ProtocolError("want the answer to device_alloc (ok ADDR or oom), got %r" % line)
+            early.append(line)
+        self.lines.extendleft(reversed(early))
         if line.startswith(b"ok "):
             return int(line[3:])
-        if line.startswith(b"oom"):
-            return None
-        raise ProtocolError("want the answer to device_alloc (ok ADDR or oom), got %r" % line)
+        return None
 
     def device_free(self, addr):
         self.held.append(b"device_free %d\n" % addr)
@@ -185,14 +232,29 @@ class _Engine:
         self.out.flush()
 
     def answer(self, line):
-        # One write and one flush (a system call) per answer; lines held
-        # since the last answer go first.
+        # Lines held since the last answer go first. Without pipeline, one
+        # write and one flush (a system call) per answer, which the engine
+        # waits for; with it, answers are flushed before the next wait.
         if self.held:
             self.held.append(line)
             line = b"".join(self.held)
             self.held.clear()
         self.out.write(line)
-        self.out.flush()
+        if not self.pipeline:
+            self.out.flush()
+
+    def numbered(self, block):
+        """Keeps the block (None for oom) of the malloc just answered."""
+        n = self.mallocs
+        blocks = self.blocks
+        blocks[n] = block
+        blocks.pop(n - _PIPELINE_WINDOW, None)
+
+    def block_of(self, n):
+        """The block of malloc n (free_malloc), None if it was answered oom."""
+        if n not in self.blocks:
+            raise ProtocolError("free_malloc %d: no malloc %d among the last %d" % (n, n, _PIPELINE_WINDOW))
+        return self.blocks.pop(n)
 
 
 def run(policy, inp=None, out=None):
@@ -205,12 +267,13 @@ def run(policy, inp=None, out=None):
     """
     inp = inp if inp is not None else sys.stdin.buffer
     out = out if out is not None else sys.stdout.buffer
-    eng = _Engine(inp, out)
+    hooks = policy.hooks()
+    eng = _Engine(inp, out, "pipeline" in hooks)
     policy._engine = eng
     name = policy.name or type(policy).__name__
     if not name or any(c.isspace() for c in name):
         raise ValueError("policy name %r: want one word" % name)
-    eng.answer(("allocsim-policy %d %s %s\n" % (PROTOCOL_VERSION, name, " ".join(policy.hooks()))).encode())
+    eng.answer(("allocsim-policy %d %s %s\n" % (PROTOCOL_VERSION, name, " ".join(hooks))).encode())
     try:
         _serve(policy, eng)
     except Exception as e:  # reported to the engine, which stops the replay
@@ -236,6 +299,7 @@ def _serve(policy, eng):
     ack = bool(policy.ack)
     malloc, free = policy.malloc, policy.free
     answer = eng.answer
+    numbered = eng.numbered if eng.pipeline else None
     eng.answering = ack
     while True:
         line = readline()
@@ -246,23 +310,37 @@ def _serve(policy, eng):
         op = parts[0]
         if op == b"malloc":
             size = int(parts[1])
+            eng.mallocs += 1
             eng.answering = True
             try:
                 r = malloc(size, int(parts[2]))
             except OutOfMemory as e:
                 eng.answering = ack
+                if numbered:
+                    numbered(None)
                 answer(b"oom %s\n" % " ".join(str(e).split()).encode())
                 continue
             eng.answering = ack
             if r is None:
+                if numbered:
+                    numbered(None)
                 answer(b"oom\n")
-            elif isinstance(r, tuple):
-                answer(b"ok %d %d\n" % (r[0], r[1]))
+                continue
+            if isinstance(r, tuple):
+                addr = r[0]
+                answer(b"ok %d %d\n" % (addr, r[1]))
             else:
-                answer(b"ok %d %d\n" % (r, size))
+                addr = r
+                answer(b"ok %d %d\n" % (addr, size))
+            if numbered:
+                numbered(addr)
             continue
         if op == b"free":
             free(int(parts[1]), int(parts[2]))
+        elif op == b"free_malloc":
+            addr = eng.block_of(int(parts[1]))
+            if addr is not None:
+                free(addr, int(parts[2]))
         elif op == b"stream_sync":
             if policy.stream_sync is not None:
                 policy.stream_sync(int(parts[1]))

@@ -208,6 +208,9 @@ type Replay struct {
 	// plain says the replay needs none of step's optional work (plainOK):
 	// Run steps its mallocs and frees through stepPlain.
 	plain bool
+	// ahead tells a policies.Pipeliner the coming calls (ahead.go); nil
+	// for other policies.
+	ahead *ahead
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device, or
@@ -1064,6 +1067,15 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 			if rep.plain {
 				step = rep.stepPlain
 			}
+			if rep.ahead != nil {
+				step1 := step
+				step = func(k int64, ev *trace.Event) error {
+					if err := rep.tellAhead(k, evs[k:]); err != nil {
+						return err
+					}
+					return step1(k, ev)
+				}
+			}
 			for k := int64(0); k < firstAt; k++ {
 				if err := step(k, &evs[k]); err != nil {
 					first, firstAt = stepErr(rep, err), k
@@ -1078,17 +1090,13 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 			return nil, first
 		}
 	} else {
-		for i := int64(0); ; i++ {
-			ev, err := src.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return nil, err
-			}
-			if err := step(i, &ev); err != nil {
-				return nil, err
-			}
+		if slices.ContainsFunc(reps, func(rep *Replay) bool { return rep.ahead != nil }) {
+			err = runAhead(src, reps, stepErr)
+		} else {
+			err = runEach(src, step)
+		}
+		if err != nil {
+			return nil, err
 		}
 		for _, rep := range reps {
 			if rep.cfg.Progress != nil {
@@ -1220,6 +1228,7 @@ func Prepare(src trace.Source, cfgs ...Config) (_ []*Replay, _ trace.Source, err
 	}
 	for _, rep := range reps {
 		rep.plain = rep.plainOK()
+		rep.ahead = newAhead(rep)
 	}
 	for _, c := range cfgs {
 		if so, ok := c.Observer.(SourceObserver); ok {

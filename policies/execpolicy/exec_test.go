@@ -127,8 +127,8 @@ malloc id=7 size=1         # segment full: a second one at devBase+2MiB
 	if dev.PeakReserved() != 2*seg || dev.Allocs() != 2 || dev.Frees() != 0 {
 		t.Errorf("device: peak reserved %d, %d allocs, %d frees; want %d, 2, 0", dev.PeakReserved(), dev.Allocs(), dev.Frees(), 2*seg)
 	}
-	if p.ChildName() != "firstfit.py" || p.Hooks() != (execpolicy.Hooks{EmptyCache: true}) {
-		t.Errorf("handshake: name %q, hooks %+v; want firstfit.py and empty_cache", p.ChildName(), p.Hooks())
+	if p.ChildName() != "firstfit.py" || p.Hooks() != (execpolicy.Hooks{EmptyCache: true, Pipeline: true}) {
+		t.Errorf("handshake: name %q, hooks %+v; want firstfit.py, empty_cache and pipeline", p.ChildName(), p.Hooks())
 	}
 }
 
@@ -303,7 +303,7 @@ malloc id=3 size=4096
 		{"raises in malloc", "python3 testdata/raises.py", two, execpolicy.ErrChild,
 			[]string{`output line 4 "error malloc 4096 0: ValueError: no second malloc here": the child failed`, "(its stderr: ValueError: no second malloc here)"}},
 		{"raises in a free", "python3 testdata/raises.py", "malloc id=1 size=10\nfree id=1\n", execpolicy.ErrChild,
-			[]string{"error free 139637976727552 0: KeyError: 139637976727552"}},
+			[]string{"error free_malloc 1 0: KeyError: 139637976727552"}},
 		{"hangs", "python3 -S testdata/bad.py hang", two, execpolicy.ErrTimeout,
 			[]string{`no answer to "malloc 4096 0" within 2s: killed`}},
 		{"hangs before its handshake", "python3 -S testdata/bad.py hang-hello", two, execpolicy.ErrTimeout,

@@ -103,6 +103,12 @@ type Hooks struct {
 	// memory while handling any of them and its device calls are counted
 	// at their own event.
 	Ack bool
+	// Pipeline: the engine may send mallocs before it has read the
+	// answers to earlier ones (when the replay tells the policy its calls
+	// ahead: policies.Pipeliner), and names the block of a free whose
+	// malloc it has not read the answer to by the malloc's number
+	// (free_malloc N STREAM). Without Ack only.
+	Pipeline bool
 }
 
 // Policy is an allocator run as a child process (see the package doc). The
@@ -128,6 +134,11 @@ type Policy struct {
 
 	line   int                // lines of the child's output read so far
 	req    []byte             // the request being answered, for errors
+	// mallocs counts the malloc lines sent, which number them from 1;
+	// told are the calls told ahead (Ahead) and sent, made from next on.
+	mallocs uint64
+	told    []toldCall
+	toldAt  int
 	num    []byte             // scratch for numbers
 	blocks ordmap.Map[uint64] // live blocks the child handed out: address -> bytes
 	segs   ordmap.Map[uint64] // segments the child holds: address -> bytes
@@ -137,8 +148,9 @@ var (
 	_ policies.Policy   = (*Policy)(nil)
 	_ policies.Syncer   = (*Policy)(nil)
 	_ policies.Marker   = (*Policy)(nil)
-	_ policies.Releaser = (*Policy)(nil)
-	_ io.Closer         = (*Policy)(nil)
+	_ policies.Releaser  = (*Policy)(nil)
+	_ policies.Pipeliner = (*Policy)(nil)
+	_ io.Closer          = (*Policy)(nil)
 )
 
 // New returns the policy exec:command on dev. It starts nothing (see
@@ -213,8 +225,20 @@ func (p *Policy) Malloc(size, stream uint64) (policies.Block, error) {
 	if err := p.ready(); err != nil {
 		return policies.Block{}, err
 	}
-	p.request2("malloc", size, stream)
-	verb, rest, line, err := p.ask()
+	t, err := p.toldNext(policies.Call{Size: size, Stream: stream})
+	if err != nil {
+		return policies.Block{}, err
+	}
+	var verb, rest, line []byte
+	if t != nil {
+		// Sent by Ahead: its answer is read here, at its event.
+		p.request2("malloc", size, stream)
+		verb, rest, line, err = p.await()
+	} else {
+		p.mallocs++
+		p.request2("malloc", size, stream)
+		verb, rest, line, err = p.ask()
+	}
 	if err != nil {
 		return policies.Block{}, err
 	}
@@ -224,8 +248,14 @@ func (p *Policy) Malloc(size, stream uint64) (policies.Block, error) {
 		if err != nil {
 			return policies.Block{}, err
 		}
+		if t != nil {
+			t.addr = b.Addr
+		}
 		return b, nil
 	case "oom":
+		if t != nil {
+			t.failed = true
+		}
 		msg := "the child's allocator is out of memory"
 		if len(rest) > 0 {
 			msg = string(rest)
@@ -280,14 +310,21 @@ func (p *Policy) Free(addr, stream uint64) error {
 	if err := p.ready(); err != nil {
 		return err
 	}
+	t, err := p.toldNext(policies.Call{Free: true, Stream: stream, Addr: addr})
+	if err != nil {
+		return err
+	}
 	p.blocks.Delete(addr) // absent for a block of 0 bytes
+	if t != nil {
+		return nil // sent by Ahead
+	}
 	p.request2("free", addr, stream)
 	return p.send()
 }
 
 // StreamSync sends "stream_sync STREAM" to a child that asked for sync.
 func (p *Policy) StreamSync(stream uint64) {
-	if p.ready() == nil && p.hooks.Sync {
+	if p.ready() == nil && p.hooks.Sync && p.untold("a synchronization") == nil {
 		p.request1("stream_sync", stream)
 		p.send()
 	}
@@ -295,7 +332,7 @@ func (p *Policy) StreamSync(stream uint64) {
 
 // DeviceSync sends "device_sync" to a child that asked for sync.
 func (p *Policy) DeviceSync() {
-	if p.ready() == nil && p.hooks.Sync {
+	if p.ready() == nil && p.hooks.Sync && p.untold("a synchronization") == nil {
 		p.req = append(p.req[:0], "device_sync"...)
 		p.send()
 	}
@@ -304,7 +341,7 @@ func (p *Policy) DeviceSync() {
 // EventRecord sends "event_record EVENT STREAM" to a child that asked for
 // sync.
 func (p *Policy) EventRecord(ev, stream uint64) {
-	if p.ready() == nil && p.hooks.Sync {
+	if p.ready() == nil && p.hooks.Sync && p.untold("a synchronization") == nil {
 		p.request2("event_record", ev, stream)
 		p.send()
 	}
@@ -313,7 +350,7 @@ func (p *Policy) EventRecord(ev, stream uint64) {
 // StreamWaitEvent sends "stream_wait_event STREAM EVENT" to a child that
 // asked for sync.
 func (p *Policy) StreamWaitEvent(stream, ev uint64) {
-	if p.ready() == nil && p.hooks.Sync {
+	if p.ready() == nil && p.hooks.Sync && p.untold("a synchronization") == nil {
 		p.request2("stream_wait_event", stream, ev)
 		p.send()
 	}
@@ -321,7 +358,7 @@ func (p *Policy) StreamWaitEvent(stream, ev uint64) {
 
 // EventSync sends "event_sync EVENT" to a child that asked for sync.
 func (p *Policy) EventSync(ev uint64) {
-	if p.ready() == nil && p.hooks.Sync {
+	if p.ready() == nil && p.hooks.Sync && p.untold("a synchronization") == nil {
 		p.request1("event_sync", ev)
 		p.send()
 	}
@@ -333,6 +370,9 @@ func (p *Policy) Mark(label string) error {
 	if err := p.ready(); err != nil || !p.hooks.Marker {
 		return err
 	}
+	if err := p.untold("a marker"); err != nil {
+		return err
+	}
 	p.req = append(append(p.req[:0], "marker "...), EscapeLabel(label)...)
 	return p.send()
 }
@@ -341,6 +381,9 @@ func (p *Policy) Mark(label string) error {
 // its "ok", serving the device frees it makes meanwhile.
 func (p *Policy) EmptyCache() error {
 	if err := p.ready(); err != nil || !p.hooks.EmptyCache {
+		return err
+	}
+	if err := p.untold("empty_cache"); err != nil {
 		return err
 	}
 	p.req = append(p.req[:0], "empty_cache"...)
@@ -365,6 +408,9 @@ func (p *Policy) Close() error {
 			p.child.shutdown()
 		}
 		return p.err
+	}
+	if err := p.untold("the end of the events"); err != nil {
+		return err
 	}
 	p.req = append(p.req[:0], "the end of the events (its standard input closed)"...)
 	if err := p.in.Flush(); err != nil {
@@ -446,6 +492,11 @@ func (p *Policy) ask() (verb, rest, line []byte, err error) {
 	if err := p.in.Flush(); err != nil {
 		return nil, nil, nil, p.lost("cannot write to it")
 	}
+	return p.await()
+}
+
+// await is ask for a request already sent (by Ahead).
+func (p *Policy) await() (verb, rest, line []byte, err error) {
 	for {
 		line, err := p.readLine()
 		if err != nil {

@@ -191,9 +191,14 @@ func (p *Policy) handshake(line []byte) error {
 			p.hooks.EmptyCache = true
 		case "ack":
 			p.hooks.Ack = true
+		case "pipeline":
+			p.hooks.Pipeline = true
 		default:
-			return p.fail(line, ErrProtocol, fmt.Sprintf("unknown hook %q (known: sync, marker, empty_cache, ack)", h))
+			return p.fail(line, ErrProtocol, fmt.Sprintf("unknown hook %q (known: sync, marker, empty_cache, ack, pipeline)", h))
 		}
+	}
+	if p.hooks.Ack && p.hooks.Pipeline {
+		return p.fail(line, ErrProtocol, "hooks ack and pipeline together: ack waits for every event, pipeline for none")
 	}
 	return nil
 }
