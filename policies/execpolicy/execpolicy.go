@@ -132,22 +132,22 @@ type Policy struct {
 	hooks           Hooks
 	childName       string // the name in the handshake
 
-	line   int                // lines of the child's output read so far
-	req    []byte             // the request being answered, for errors
+	line int    // lines of the child's output read so far
+	req  []byte // the request being answered, for errors
 	// mallocs counts the malloc lines sent, which number them from 1;
 	// told are the calls told ahead (Ahead) and sent, made from next on.
 	mallocs uint64
 	told    []toldCall
 	toldAt  int
-	num    []byte             // scratch for numbers
-	blocks ordmap.Map[uint64] // live blocks the child handed out: address -> bytes
-	segs   ordmap.Map[uint64] // segments the child holds: address -> bytes
+	num     []byte             // scratch for numbers
+	blocks  ordmap.Map[uint64] // live blocks the child handed out: address -> bytes
+	segs    ordmap.Map[uint64] // segments the child holds: address -> bytes
 }
 
 var (
-	_ policies.Policy   = (*Policy)(nil)
-	_ policies.Syncer   = (*Policy)(nil)
-	_ policies.Marker   = (*Policy)(nil)
+	_ policies.Policy    = (*Policy)(nil)
+	_ policies.Syncer    = (*Policy)(nil)
+	_ policies.Marker    = (*Policy)(nil)
 	_ policies.Releaser  = (*Policy)(nil)
 	_ policies.Pipeliner = (*Policy)(nil)
 	_ io.Closer          = (*Policy)(nil)
