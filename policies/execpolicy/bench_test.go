@@ -20,7 +20,10 @@ import (
 // with children that answer at once: testdata/instant.py (allocsim_policy's
 // loop) and testdata/gochild.go (built here). An op is one event: in
 // malloc+free a malloc (a round trip) and its free (written without
-// waiting) by turns; in free only frees, none waited for but the last. In
+// waiting) by turns; in malloc+free-ahead the same told ahead (Ahead) in
+// windows of 256 mallocs as the engine tells them, so that a child that
+// asked for the hook pipeline answers them without a round trip each; in
+// free only frees, none waited for but the last. In
 // pipe an op is one round trip of a line over the same kind of pipes to a
 // child that echoes it and speaks no protocol (gochild.go echo,
 // testdata/echo.py): the machine's floor, whose events/s (two events per
@@ -31,7 +34,8 @@ import (
 //
 //	BENCH trace=synthetic stage=exec child=C pattern=P events_per_s=N ns_per_event=T ns_per_roundtrip=R
 //
-// where C is go or python, P is malloc+free, free or pipe, and R (for
+// where C is go or python, P is malloc+free, malloc+free-ahead, free or
+// pipe, and R (for
 // malloc+free and pipe) is the wall-clock nanoseconds per round trip.
 func BenchmarkExec(b *testing.B) {
 	gochild := filepath.Join(b.TempDir(), "gochild")
@@ -73,6 +77,41 @@ func BenchmarkExec(b *testing.B) {
 				}
 			}
 			reportExec(b, c.name, "malloc+free", 2)
+		})
+		b.Run(c.name+"/malloc+free-ahead", func(b *testing.B) {
+			p := start(b)
+			defer p.Close()
+			// Windows as the engine tells them (sim's ahead.go): 256
+			// mallocs, each freed by the next call.
+			const window = 512
+			calls := make([]policies.Call, window)
+			for k := range calls {
+				calls[k] = policies.Call{Size: 4096}
+				if k%2 == 1 {
+					calls[k] = policies.Call{Free: true, Of: k - 1}
+				}
+			}
+			var blk policies.Block
+			var err error
+			b.ResetTimer()
+			for i := range b.N {
+				k := i % window
+				if k == 0 {
+					n := min(window, b.N-i)
+					err = p.Ahead(calls[:n])
+				}
+				if err == nil {
+					if k%2 == 0 {
+						blk, err = p.Malloc(4096, 0)
+					} else {
+						err = p.Free(blk.Addr, 0)
+					}
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportExec(b, c.name, "malloc+free-ahead", 0)
 		})
 		b.Run(c.name+"/free", func(b *testing.B) {
 			p := start(b)
