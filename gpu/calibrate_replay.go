@@ -1,13 +1,9 @@
 package gpu
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"io"
 	"math"
-	"strconv"
-	"strings"
 
 	"github.com/gpualloc/allocsim/sim"
 	"github.com/gpualloc/allocsim/trace"
@@ -72,38 +68,27 @@ func (c *calibration) replayWorkload(w Workload, target string, samples map[subK
 		return fmt.Errorf("workload %s: %w", w.Name, err)
 	}
 	defer closer.Close()
-	var log bytes.Buffer
-	cfg := Config{Trace: w.Name, Policy: target, MaxBytes: c.limit, CallLog: &log, warm: true}
-	if _, err := Replay(c.ctx, c.rt, &limitSource{src: src, left: c.opt.WorkloadEvents}, cfg); err != nil {
-		return fmt.Errorf("workload %s, %s: %w", w.Name, target, err)
-	}
 	freed := map[uint64]int{} // large sizes freed and not taken again
 	live := map[uint64]uint64{}
 	n := 0
-	sc := bufio.NewScanner(&log)
-	for sc.Scan() {
-		f := strings.Split(sc.Text(), ",")
-		if len(f) < 4 || (f[0] != "cudaMalloc" && f[0] != "cudaFree") {
-			continue
-		}
-		size, err1 := strconv.ParseUint(f[1], 10, 64)
-		ns, err2 := strconv.ParseInt(f[3], 10, 64)
-		ptr, err3 := strconv.ParseUint(strings.TrimPrefix(f[2], "0x"), 16, 64)
-		if err1 != nil || err2 != nil || err3 != nil {
-			continue
-		}
-		if f[0] == "cudaMalloc" {
+	onCall := func(call string, size, ptr uint64, ns int64) {
+		switch call {
+		case "cudaMalloc":
 			live[ptr] = size
-		} else if s, ok := live[ptr]; ok {
-			size = s
-			delete(live, ptr)
+		case "cudaFree":
+			if s, ok := live[ptr]; ok {
+				size = s
+				delete(live, ptr)
+			}
+		default:
+			return
 		}
 		if size <= sim.SubAllocMax {
-			continue
+			return
 		}
 		row := sim.CostFree
 		switch {
-		case f[0] == "cudaFree":
+		case call == "cudaFree":
 			freed[size]++
 		case freed[size] > 0:
 			freed[size]--
@@ -114,6 +99,10 @@ func (c *calibration) replayWorkload(w Workload, target string, samples map[subK
 		k := subKey{row, nearest(CalibrationSizes, size)}
 		samples[k] = append(samples[k], ns)
 		n++
+	}
+	cfg := Config{Trace: w.Name, Policy: target, MaxBytes: c.limit, warm: true, onCall: onCall}
+	if _, err := Replay(c.ctx, c.rt, &limitSource{src: src, left: c.opt.WorkloadEvents}, cfg); err != nil {
+		return fmt.Errorf("workload %s, %s: %w", w.Name, target, err)
 	}
 	if c.opt.Progress != nil {
 		fmt.Fprintf(c.opt.Progress, "workload %s, %s: %d large cudaMalloc/cudaFree calls timed\n", w.Name, target, n)

@@ -36,9 +36,10 @@ type Device struct {
 	vm   *vmm      // reserved ranges and mapped pages (vmm.go), nil before the first Reserve
 	play *playback // the outcomes of a batch's calls, made in C (batch.go); nil: call the runtime
 
-	log     *bufio.Writer // per-call log, nil for none
-	logPool uint64        // the memory pool whose reserved bytes the log carries, 0 for none
-	seq     *Seq          // cudaMalloc/cudaFree sequence being recorded, nil for none
+	log     *bufio.Writer                                 // per-call log, nil for none
+	onCall  func(call string, size, ptr uint64, ns int64) // told each call, nil for none
+	logPool uint64                                        // the memory pool whose reserved bytes the log carries, 0 for none
+	seq     *Seq                                          // cudaMalloc/cudaFree sequence being recorded, nil for none
 
 	// Pacing (SetPace): the trace time in nanoseconds of the event being
 	// replayed and of the event of the previous allocation call.
@@ -215,6 +216,9 @@ const (
 func (d *Device) record(call string, class int, size, ptr uint64, ns int64) {
 	d.calls++
 	d.lat.Add(call, size, ns)
+	if d.onCall != nil {
+		d.onCall(call, size, ptr, ns)
+	}
 	switch class {
 	case classAlloc:
 		d.allocNS += ns

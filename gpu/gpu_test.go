@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -510,6 +512,15 @@ func TestCalibrate(t *testing.T) {
 	rows, err := Calibrate(context.Background(), rt, CalibrateOptions{MaxSize: 2 << 20, MaxBytes: 512 << 20, N: 5, WorkloadEvents: 3000, WakeReps: 1, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The workloads' replays time their large calls (calibrate_replay.go).
+	timed := 0
+	for _, m := range regexp.MustCompile(`(\d+) large cudaMalloc/cudaFree calls timed`).FindAllStringSubmatch(progress.String(), -1) {
+		n, _ := strconv.Atoi(m[1])
+		timed += n
+	}
+	if timed == 0 {
+		t.Errorf("no large call timed in the workloads' replays:\n%s", progress.String())
 	}
 	wake := map[string]int{}
 	for _, r := range rows {

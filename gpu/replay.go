@@ -80,6 +80,9 @@ type Config struct {
 	// the decoding and the garbage collection before them: the driver's
 	// first call after the harness's own pause would be slow.
 	warm bool
+	// onCall, if not nil, is told each runtime call as the call log has
+	// it (Device.OnCall).
+	onCall func(call string, size, ptr uint64, ns int64)
 	// Sim, if not nil, replays the same events on the simulated device in
 	// step with the real one, charged to this cost model, for the
 	// comparison in Result.SimAllocTimeNS and Result.SimPeakReserved. A
@@ -154,6 +157,7 @@ func Replay(ctx context.Context, rt *Runtime, src trace.Source, cfg Config) (res
 	if cfg.CallLog != nil {
 		dev.LogCalls(cfg.CallLog)
 	}
+	dev.onCall = cfg.onCall
 	if cfg.RecordSeq {
 		dev.RecordSeq()
 	}
