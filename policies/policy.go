@@ -93,6 +93,23 @@ type Policy interface {
 	Free(addr, stream uint64) error
 }
 
+// Handler is implemented by a policy that gives each block it places a
+// handle, a number by which it finds the block again at its free without
+// looking its address up. The replay engine keeps the handle with its own
+// record of the trace's live allocation, found by the trace's address,
+// so that a free costs one lookup, not two. A block placed by MallocHandle
+// is freed by FreeHandle only, never by Free or FreeLate (Follower); the
+// blocks of Malloc, of a Pooler's calls and of a malloc that failed in the
+// source go through Free as before.
+type Handler interface {
+	// MallocHandle is Malloc that also returns the block's handle.
+	MallocHandle(size, stream uint64) (Block, uint64, error)
+	// FreeHandle is Free, issued on stream, of the block that MallocHandle
+	// returned with handle h; with late, it is a Follower's FreeLate of
+	// it instead. It returns an error if h is no allocated block's.
+	FreeHandle(h, stream uint64, late bool) error
+}
+
 // Syncer is implemented by policies that act on synchronization (for
 // example a stream-ordered pool that releases memory at a synchronize).
 type Syncer interface {

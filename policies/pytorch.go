@@ -118,8 +118,9 @@ type PyTorch struct {
 	roundup  bool // some roundup_power2_divisions above 1: roundSize's slow path
 
 	large, small ptPool
-	active       ptActive // allocated blocks by address
-	tops         ptTops   // the sets of free blocks of every pool, by their largest
+	active       ptActive  // allocated blocks by address
+	handles      ptHandles // allocated blocks by handle (MallocHandle)
+	tops         ptTops    // the sets of free blocks of every pool, by their largest
 
 	// Private pools (pytorch_pools.go): by id, and those released, in the
 	// order of their release (graph_pools, graph_pools_freeable).
@@ -165,6 +166,7 @@ var (
 	_ Follower   = (*PyTorch)(nil)
 	_ Inferrer   = (*PyTorch)(nil)
 	_ Pooler     = (*PyTorch)(nil)
+	_ Handler    = (*PyTorch)(nil)
 )
 
 func init() {
@@ -454,14 +456,60 @@ func (p *PyTorch) Malloc(size, stream uint64) (Block, error) {
 // malloc is Malloc into the private pool priv, or the default pools when
 // priv is nil.
 func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
+	b, err := p.place(size, stream, priv)
+	if b == nil {
+		return Block{}, err
+	}
+	p.active.put(b.addr, b)
+	return Block{Addr: b.addr, Size: b.size}, nil
+}
+
+// MallocHandle is Malloc that also returns the block's handle, for its
+// FreeHandle (Handler): 0 for the null pointer of a 0-byte malloc.
+func (p *PyTorch) MallocHandle(size, stream uint64) (Block, uint64, error) {
+	b, err := p.place(size, stream, nil)
+	if b == nil {
+		return Block{}, 0, err
+	}
+	return Block{Addr: b.addr, Size: b.size}, p.handles.put(b), nil
+}
+
+// FreeHandle is Free, or with late FreeLate, of the block that MallocHandle
+// returned with handle h; handle 0 (a 0-byte malloc's) frees nothing. It
+// returns an error if h is no allocated block's.
+func (p *PyTorch) FreeHandle(h, stream uint64, late bool) error {
+	if h == 0 {
+		return nil
+	}
+	if p.releasesSeen > 0 || !late && len(p.staged) > 0 {
+		// As Free and FreeLate do.
+		if err := p.settle(); err != nil {
+			return err
+		}
+	}
+	b := p.handles.take(h)
+	if b == nil {
+		return fmt.Errorf("pytorch: free of handle %d on stream %#x: not an allocated block", h, stream)
+	}
+	if late {
+		p.staged = append(p.staged, b) // allocated until taken back
+		return nil
+	}
+	p.freeBlock(b)
+	return nil
+}
+
+// place is malloc's placement: the block allocated for a request of size
+// bytes, nil for 0 bytes or an error.
+func (p *PyTorch) place(size, stream uint64, priv *ptPrivate) (*ptBlock, error) {
 	if size == 0 {
 		// PyTorch hands out a null pointer for 0 bytes and allocates
 		// nothing (NativeCachingAllocator::allocate).
-		return Block{}, nil
+		return nil, nil
 	}
 	if size > maxRequest {
 		// No device holds it (and its rounding would wrap around).
-		return Block{}, errRequestTooLarge(p.Name(), size)
+		return nil, errRequestTooLarge(p.Name(), size)
 	}
 	rsize := p.roundSize(size)
 	p.reach.split = max(p.reach.split, rsize)
@@ -478,7 +526,7 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 	segSize := allocationSize(rsize)
 	if len(p.staged) > 0 || p.releasesSeen > 0 {
 		if err := p.processEvents(pool, stream, rsize, segSize); err != nil {
-			return Block{}, err
+			return nil, err
 		}
 	}
 	b := p.getFreeBlock(pool, stream, rsize)
@@ -497,18 +545,17 @@ func (p *PyTorch) malloc(size, stream uint64, priv *ptPrivate) (Block, error) {
 		p.completePending()
 	}
 	if err != nil {
-		return Block{}, err
+		return nil, err
 	}
 	if b == nil {
-		return Block{}, fmt.Errorf("pytorch: malloc of %d bytes on stream %#x: segment of %d bytes with %d reserved, %d cached free: %w",
+		return nil, fmt.Errorf("pytorch: malloc of %d bytes on stream %#x: segment of %d bytes with %d reserved, %d cached free: %w",
 			size, stream, segSize, p.reserved, p.freeBytes, ErrOutOfMemory)
 	}
 	if p.shouldSplit(b, rsize) {
 		b = p.splitOff(b, rsize)
 	}
 	b.allocated = true
-	p.active.put(b.addr, b)
-	return Block{Addr: b.addr, Size: b.size}, nil
+	return b, nil
 }
 
 // splitOff splits the free block b, out of its pool, into a block of its

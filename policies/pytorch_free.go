@@ -355,3 +355,38 @@ func (m *ptActive) grow() {
 		}
 	}
 }
+
+// ptHandles is the table of the blocks that MallocHandle placed, by
+// handle: slot h-1 holds the block of handle h, and the slots of the
+// handles freed are reused, last freed first. A handle's lookup is an
+// index, where ptActive's is a probe. The zero value is ready to use.
+type ptHandles struct {
+	slots []*ptBlock
+	free  []uint32 // the handles of empty slots
+}
+
+// put stores b under a handle, which it returns (never 0).
+func (t *ptHandles) put(b *ptBlock) uint64 {
+	if n := len(t.free); n > 0 {
+		h := t.free[n-1]
+		t.free = t.free[:n-1]
+		t.slots[h-1] = b
+		return uint64(h)
+	}
+	t.slots = append(t.slots, b)
+	return uint64(len(t.slots))
+}
+
+// take removes the block of handle h and returns it, nil if there is none.
+func (t *ptHandles) take(h uint64) *ptBlock {
+	if h-1 >= uint64(len(t.slots)) {
+		return nil
+	}
+	b := t.slots[h-1]
+	if b == nil {
+		return nil
+	}
+	t.slots[h-1] = nil
+	t.free = append(t.free, uint32(h))
+	return b
+}

@@ -117,8 +117,13 @@ func (r *Replay) followed(ev *trace.Event) {
 // freeBlock gives the block of a back to the policy at event i, the free
 // (free_completed) ev: through FreeLate when the program asked for the free
 // (free_requested) before other events than this one, or long before it
-// (lateGap).
+// (lateGap); by its handle (FreeHandle, late or not) when the policy
+// placed it with one.
 func (r *Replay) freeBlock(i int64, ev *trace.Event, a liveAlloc) error {
+	if a.bits&liveHandle != 0 {
+		late := r.rec.follower != nil && a.released() && r.rec.late(i, ev)
+		return r.handler.FreeHandle(a.block.Addr, ev.Stream, late)
+	}
 	if f := r.rec.follower; f != nil && a.released() && r.rec.late(i, ev) {
 		if r.timer != nil {
 			r.timer.BeginPolicy()

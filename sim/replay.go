@@ -119,7 +119,7 @@ func (b bytes128) sat() uint64 {
 // liveAlloc is a malloc of the trace that is live in the replay: 32 bytes,
 // the index of its event, its kind and two flags packed in one word.
 type liveAlloc struct {
-	block     policies.Block // placement by the policy (zero for host kinds)
+	block     policies.Block // placement by the policy (zero for host kinds); its Addr the handle with liveHandle
 	requested uint64         // requested bytes
 	// bits is the index of the malloc's event over 8 bits of flags: the
 	// kind in the low 4, then failed and released.
@@ -137,6 +137,10 @@ const (
 	// liveDirect is set for a device malloc that a CUDA library made
 	// around the allocator (trace.DirectSite): no policy holds it.
 	liveDirect = 0x40
+	// liveHandle is set for a block that the policy placed with a handle
+	// (policies.Handler): block.Addr holds the handle, not the address,
+	// and the free goes through FreeHandle.
+	liveHandle = 0x80
 )
 
 // newLive returns the live allocation of the malloc at event i (at most
@@ -211,6 +215,10 @@ type Replay struct {
 	// ahead tells a policies.Pipeliner the coming calls (ahead.go); nil
 	// for other policies.
 	ahead *ahead
+	// handler is the policy as a policies.Handler, in a plain replay
+	// only (where nothing but the free reads a live block's address),
+	// else nil.
+	handler policies.Handler
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device, or
@@ -539,7 +547,15 @@ func (r *Replay) mallocSlot(i int64, ev *trace.Event, slot *liveAlloc) error {
 	}
 	reserved, allocs := r.deviceState()
 	overflows := r.devOverflows()
-	b, err := r.policyMalloc(ev)
+	var b policies.Block
+	var h uint64
+	var err error
+	handled := r.handler != nil && ev.Pool == 0
+	if handled {
+		b, h, err = r.handler.MallocHandle(ev.Size, ev.Stream)
+	} else {
+		b, err = r.policyMalloc(ev)
+	}
 	if r.rec.inferrer != nil {
 		r.noteInferred(i, ev.Size)
 	}
@@ -555,6 +571,10 @@ func (r *Replay) mallocSlot(i int64, ev *trace.Event, slot *liveAlloc) error {
 		return nil
 	}
 	*slot = newLive(b, ev.Size, ev.Kind, i)
+	if handled {
+		slot.block.Addr = h
+		slot.bits |= liveHandle
+	}
 	if r.check != nil {
 		if err := r.check.Malloc(b, ev.Size); err != nil {
 			return err
@@ -1228,6 +1248,9 @@ func Prepare(src trace.Source, cfgs ...Config) (_ []*Replay, _ trace.Source, err
 	}
 	for _, rep := range reps {
 		rep.plain = rep.plainOK()
+		if rep.plain {
+			rep.handler, _ = rep.policy.(policies.Handler)
+		}
 		rep.ahead = newAhead(rep)
 	}
 	for _, c := range cfgs {
