@@ -35,12 +35,15 @@ type ahead struct {
 
 // newAhead returns the ahead of a replay whose policy is a Pipeliner and
 // whose calls the trace's events decide alone: not a policy following a
-// recording, whose calls depend on the recording's device calls, and no
-// Observer, which may stop the trace's source at an event of its
+// recording, whose calls depend on the recording's device calls (nor one
+// told its ties, nor a history rebuilt), nor one called by handle
+// (Replay.handler: the live table holds its blocks by their handles), and
+// no Observer, which may stop the trace's source at an event of its
 // choosing (fit at the first OOM) where windows read the source ahead.
 func newAhead(r *Replay) *ahead {
 	p, ok := r.policy.(policies.Pipeliner)
-	if !ok || r.rec.follower != nil || r.cfg.Observer != nil || r.unshown != nil {
+	if !ok || r.handler != nil || r.rec.follower != nil || r.rec.ties != nil || r.rec.inferrer != nil ||
+		r.cfg.Observer != nil || r.unshown != nil || r.history != 0 {
 		return nil
 	}
 	return &ahead{p: p, mallocs: map[uint64]int{}, freed: map[uint64]bool{}}
