@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/gpualloc/allocsim/trace/atomicfile"
 )
 
 // The kinds of failure an *Error wraps: match them with errors.Is.
@@ -264,6 +266,10 @@ type proc struct {
 	exited   chan struct{} // closed when the child has exited
 	waitErr  error         // cmd.Wait's, once exited is closed
 	shutOnce sync.Once
+	// unhook removes the kill at an interrupt of the command
+	// (atomicfile.OnInterrupt): the child's process group is its own, so
+	// the terminal's Ctrl-C does not reach it.
+	unhook func()
 }
 
 // startProc starts argv with blocking pipes as its standard input and
@@ -295,6 +301,7 @@ func startProc(argv []string, stderr io.Writer, timeout time.Duration) (*proc, e
 		outR.Close()
 		return nil, err
 	}
+	c.unhook = atomicfile.OnInterrupt(c.kill)
 	go func() {
 		c.waitErr = cmd.Wait()
 		close(c.exited)
@@ -370,6 +377,7 @@ func (c *proc) shutdown() {
 	c.shutOnce.Do(func() {
 		c.kill()
 		<-c.exited
+		c.unhook()
 		close(c.stop)
 		c.in.Close()
 		c.out.Close()

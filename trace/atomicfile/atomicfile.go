@@ -28,7 +28,28 @@ var pending = struct {
 	// committed lists the paths this process put in place, for the
 	// message of an interrupt.
 	committed []string
-}{names: map[string]bool{}}
+	// cleanups run at an interrupt, by key (OnInterrupt).
+	cleanups map[int]func()
+	nextKey  int
+}{names: map[string]bool{}, cleanups: map[int]func(){}}
+
+// OnInterrupt makes RemoveOnInterrupt run f before the command exits, as
+// it removes the outputs being written: for what the command started
+// outside itself and must not leave running (an exec policy's child
+// process, in a process group of its own that the terminal's signal does
+// not reach). The cancel it returns, called when that is ended, removes f.
+func OnInterrupt(f func()) (cancel func()) {
+	pending.Lock()
+	defer pending.Unlock()
+	k := pending.nextKey
+	pending.nextKey++
+	pending.cleanups[k] = f
+	return func() {
+		pending.Lock()
+		delete(pending.cleanups, k)
+		pending.Unlock()
+	}
+}
 
 // RemoveOnInterrupt makes SIGINT and SIGTERM delete the temporary files of
 // the outputs being written, then exit with status 130 (SIGINT) or 143
@@ -42,6 +63,9 @@ func RemoveOnInterrupt() {
 		pending.Lock()
 		for name := range pending.names {
 			os.Remove(name)
+		}
+		for _, f := range pending.cleanups {
+			f()
 		}
 		what := keptNote(pending.committed)
 		if f, _ := interruptNote.Load().(func() string); f != nil {

@@ -129,3 +129,44 @@ func TestSimInterruptLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// An interrupted replay ends its exec policy's child, which runs in a
+// process group of its own that the terminal's Ctrl-C does not reach: it
+// was left running, an orphan. The child writes its pid and hangs before
+// its handshake.
+func TestExecInterruptEndsTheChild(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cmd := exec.Command(os.Args[0], "sim", "--policy", "exec:sh -c 'echo $$ > "+pidFile+"; exec sleep 1000'", trainGPT)
+	cmd.Env = append(os.Environ(), "ALLOCSIM_REPLAY_MAIN=1", "ALLOCSIM_EXEC_TIMEOUT=60s")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for range 600 {
+		if b, err := os.ReadFile(pidFile); err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
+			fmt.Sscan(string(b), &pid)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if pid == 0 {
+		cmd.Process.Kill()
+		t.Fatalf("the child wrote no pid; stderr:\n%s", stderr.String())
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Fatalf("exit %v, want 130; stderr:\n%s", err, stderr.String())
+	}
+	for range 200 {
+		if syscall.Kill(pid, 0) != nil {
+			return // gone
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	t.Errorf("the exec child %d still runs after the interrupt", pid)
+}
