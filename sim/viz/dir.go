@@ -13,11 +13,15 @@ import (
 
 // Dir is the directory of `replay sim --viz`: one PyTorch memory
 // snapshot per (trace, policy), DIR/NAME.POLICY.pickle, where NAME is the
-// trace's results.TraceName (NAME-2, NAME-3, ... for traces that share one).
+// trace's results.TraceName (NAME-2, NAME-3, ... for traces that share one)
+// and POLICY the policy's name with every character but letters, digits
+// and ._+- made _ (an exec: policy's command holds spaces and slashes),
+// POLICY-2, ... where two such names meet.
 // A nil *Dir writes nothing.
 type Dir struct {
 	dir   string
-	used  map[string]bool
+	used  map[string]bool   // trace names given, lower case
+	files map[string]bool   // file names given, lower case, without .pickle
 	batch *atomicfile.Batch // the command's outputs, committed together
 	// replaced counts the strings of the files written that were not
 	// UTF-8 (Recorder.Replaced).
@@ -30,7 +34,7 @@ func NewDir(dir string, batch *atomicfile.Batch) *Dir {
 	if dir == "" {
 		return nil
 	}
-	return &Dir{dir: dir, used: map[string]bool{}, batch: batch}
+	return &Dir{dir: dir, used: map[string]bool{}, files: map[string]bool{}, batch: batch}
 }
 
 // Run is the snapshots of one trace being written.
@@ -55,7 +59,12 @@ func (d *Dir) Start(trace string, cfgs []sim.Config) (*Run, error) {
 	d.used[strings.ToLower(name)] = true
 	v := &Run{d: d}
 	for k := range cfgs {
-		path := filepath.Join(d.dir, name+"."+cfgs[k].Policy+".pickle")
+		file := name + "." + fileSafe(cfgs[k].Policy)
+		for n := 2; d.files[strings.ToLower(file)]; n++ {
+			file = name + "." + fileSafe(cfgs[k].Policy) + "-" + strconv.Itoa(n)
+		}
+		d.files[strings.ToLower(file)] = true
+		path := filepath.Join(d.dir, file+".pickle")
 		f, err := d.batch.Create(path)
 		if err != nil {
 			v.Abort()
@@ -118,4 +127,19 @@ func plural(n int, noun string) string {
 		return "1 " + noun
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// fileSafe returns policy with every byte but ASCII letters, digits and
+// "._+-" made '_', for a file name in the directory: no separator, no
+// space, nothing a shell or another system reads otherwise.
+func fileSafe(policy string) string {
+	b := []byte(policy)
+	for i, c := range b {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '.', c == '_', c == '+', c == '-':
+		default:
+			b[i] = '_'
+		}
+	}
+	return string(b)
 }

@@ -1,9 +1,13 @@
 package replaycli
 
 import (
+	"bytes"
 	"errors"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -148,5 +152,37 @@ func TestReportPageAndChartsTogether(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(page); string(b) != "the previous page\n" {
 		t.Errorf("the page now holds %.40q", b)
+	}
+}
+
+// TestVizFileNamesOfExecPolicies: --viz names each snapshot by the policy,
+// and an exec: policy's name is its command, with spaces and slashes: the
+// file was put under folders named by the command, or outside DIR
+// ("a/../../escaped"). Each is one flat file in DIR, and two commands
+// whose names meet once made safe get two files.
+func TestVizFileNamesOfExecPolicies(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 is not installed: the exec policy runs a Python child")
+	}
+	dir := t.TempDir()
+	vizDir := filepath.Join(dir, "a", "viz")
+	const child = "exec:sh -c 'exec python3 ../../../python/examples/firstfit.py' "
+	const mlp = "../../../testdata/pytorch/mlp.pickle.gz"
+	var out, errb bytes.Buffer
+	if err := run(&out, &errb, []string{"sim", "--policy", child + "x/../../../escaped," + child + "x_.._.._.._escaped,first-fit", "--viz", vizDir, mlp}); err != nil {
+		t.Fatalf("%v\n%s", err, errb.String())
+	}
+	var got []string
+	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			rel, _ := filepath.Rel(dir, path)
+			got = append(got, rel)
+		}
+		return nil
+	})
+	safe := "exec_sh_-c__exec_python3_.._.._.._python_examples_firstfit.py__x_.._.._.._escaped"
+	want := []string{"a/viz/mlp." + safe + "-2.pickle", "a/viz/mlp." + safe + ".pickle", "a/viz/mlp.first-fit.pickle"}
+	if !slices.Equal(got, want) {
+		t.Errorf("files %q, want %q", got, want)
 	}
 }
