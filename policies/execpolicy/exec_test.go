@@ -306,6 +306,10 @@ malloc id=3 size=4096
 			[]string{"error free_malloc 1 0: KeyError: 139637976727552"}},
 		{"hangs", "python3 -S testdata/bad.py hang", two, execpolicy.ErrTimeout,
 			[]string{`no answer to "malloc 4096 0" within 2s: killed`}},
+		{"asks again and again for what the device refuses", "python3 testdata/bad.py retry-device", two, execpolicy.ErrProtocol,
+			[]string{"4096 device_alloc refused while handling one event"}},
+		{"hangs after its input closed", "python3 -S testdata/bad.py hang-exit", "marker label=iteration\n", execpolicy.ErrTimeout,
+			[]string{"did not exit within 2s of the end of its input: killed"}},
 		{"hangs before its handshake", "python3 -S testdata/bad.py hang-hello", two, execpolicy.ErrTimeout,
 			[]string{`no answer to "the handshake" within 2s: killed`}},
 	} {

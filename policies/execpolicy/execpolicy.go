@@ -438,6 +438,9 @@ func (p *Policy) Close() error {
 		}
 	}
 	if err := p.child.reap(p.timeout); err != nil {
+		if p.child.timedOut.Load() {
+			return p.fail(nil, ErrTimeout, fmt.Sprintf("did not exit within %v of the end of its input: killed", p.timeout))
+		}
 		return p.fail(nil, ErrExited, err.Error())
 	}
 	p.child.shutdown()
@@ -495,8 +498,15 @@ func (p *Policy) ask() (verb, rest, line []byte, err error) {
 	return p.await()
 }
 
+// maxRefused is the most device_alloc lines refused (oom) that a child
+// may write while handling one event: a child that asks again and again
+// for what the device refuses gets an error, where the timeout, which
+// bounds each line, never came.
+const maxRefused = 1 << 12
+
 // await is ask for a request already sent (by Ahead).
 func (p *Policy) await() (verb, rest, line []byte, err error) {
+	refused := 0
 	for {
 		line, err := p.readLine()
 		if err != nil {
@@ -505,8 +515,14 @@ func (p *Policy) await() (verb, rest, line []byte, err error) {
 		verb, rest, _ := cut(line)
 		switch string(verb) {
 		case "device_alloc":
-			if err := p.deviceAlloc(line, rest); err != nil {
+			ok, err := p.deviceAlloc(line, rest)
+			if err != nil {
 				return nil, nil, nil, err
+			}
+			if !ok {
+				if refused++; refused == maxRefused {
+					return nil, nil, nil, p.fail(line, ErrProtocol, fmt.Sprintf("%d device_alloc refused while handling one event: a child that asks again for what the device refuses never answers", maxRefused))
+				}
 			}
 		case "device_free":
 			if err := p.deviceFree(line, rest); err != nil {
@@ -520,19 +536,21 @@ func (p *Policy) await() (verb, rest, line []byte, err error) {
 	}
 }
 
-// deviceAlloc serves "device_alloc SIZE".
-func (p *Policy) deviceAlloc(line, rest []byte) error {
+// deviceAlloc serves "device_alloc SIZE"; ok is false when the device
+// refused it (answered oom).
+func (p *Policy) deviceAlloc(line, rest []byte) (ok bool, err error) {
 	size, ok := parseUint(rest)
 	if !ok || size == 0 {
-		return p.fail(line, ErrProtocol, "want device_alloc SIZE, SIZE a number above 0")
+		return false, p.fail(line, ErrProtocol, "want device_alloc SIZE, SIZE a number above 0")
 	}
 	addr, err := p.dev.Alloc(size)
 	switch {
 	case errors.Is(err, policies.ErrOutOfMemory):
 		p.in.WriteString("oom ")
 		p.in.WriteString(oneLine(err.Error()))
+		ok = false
 	case err != nil:
-		return p.fail(line, ErrDevice, "the device failed: "+err.Error())
+		return false, p.fail(line, ErrDevice, "the device failed: "+err.Error())
 	default:
 		p.segs.Put(addr, size)
 		p.in.WriteString("ok ")
@@ -540,9 +558,9 @@ func (p *Policy) deviceAlloc(line, rest []byte) error {
 	}
 	p.in.WriteByte('\n')
 	if err := p.in.Flush(); err != nil {
-		return p.lost("cannot write to it")
+		return false, p.lost("cannot write to it")
 	}
-	return nil
+	return ok, nil
 }
 
 // deviceFree serves "device_free ADDR".

@@ -64,6 +64,17 @@ elif mode == "hang":
     hello()
     for line in sys.stdin:  # takes every event, answers none
         pass
+elif mode == "retry-device":
+    hello()
+    expect("malloc")
+    while True:  # asks again for what the device refuses (2^64 bytes at once), forever
+        print("device_alloc %d" % (1 << 63), flush=True)
+        sys.stdin.readline()
+elif mode == "hang-exit":
+    hello()
+    for line in sys.stdin:  # takes every event, to the end of its input
+        pass
+    time.sleep(60)  # and does not exit, its output open
 elif mode == "hang-hello":
     time.sleep(60)
 elif mode == "exit-after-hello":
