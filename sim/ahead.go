@@ -126,26 +126,10 @@ func (r *Replay) window(evs []trace.Event) int {
 	return len(evs)
 }
 
-// runEach steps each event of src, from its first, with step.
-func runEach(src trace.Source, step func(int64, *trace.Event) error) error {
-	for i := int64(0); ; i++ {
-		ev, err := src.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := step(i, &ev); err != nil {
-			return err
-		}
-	}
-}
-
-// runAhead is runEach for reps of which some tell a Pipeliner their calls
-// ahead: the events read from src a window at a time, each stepped
-// through every replay in turn. The events read before a failure of src
-// are stepped before it is returned, as runEach would.
+// runAhead is Run's loop over src for reps of which some tell a Pipeliner
+// their calls ahead: the events read from src a window at a time, each
+// stepped through every replay in turn. The events read before a failure
+// of src are stepped before it is returned, as Run's own loop would.
 func runAhead(src trace.Source, reps []*Replay, stepErr func(*Replay, error) error) error {
 	buf := make([]trace.Event, 0, aheadEvents)
 	var i int64 // the index of buf[0]

@@ -1111,12 +1111,24 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		}
 	} else {
 		if slices.ContainsFunc(reps, func(rep *Replay) bool { return rep.ahead != nil }) {
-			err = runAhead(src, reps, stepErr)
+			if err := runAhead(src, reps, stepErr); err != nil {
+				return nil, err
+			}
 		} else {
-			err = runEach(src, step)
-		}
-		if err != nil {
-			return nil, err
+			// The loop stays here: step given &ev through a call of
+			// another function would move every event to the heap.
+			for i := int64(0); ; i++ {
+				ev, err := src.Next()
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					return nil, err
+				}
+				if err := step(i, &ev); err != nil {
+					return nil, err
+				}
+			}
 		}
 		for _, rep := range reps {
 			if rep.cfg.Progress != nil {
