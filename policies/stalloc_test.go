@@ -254,3 +254,38 @@ func TestSTAllocFixedShapes(t *testing.T) {
 		t.Errorf("shapes drawn each iteration: %+v: want deviations or dynamic positions", st)
 	}
 }
+
+// TestSTAllocPlanMemo: a plan is made once for the same events and
+// settings (replay fit replays a trace at many capacities), and never
+// given for other events or other settings: two training traces and a
+// change of alignment, replayed in turn, each get their own plan.
+func TestSTAllocPlanMemo(t *testing.T) {
+	stats := func(set map[string]string, s policies.Settings) (policies.STAllocStats, uint64) {
+		src, err := synth.New("train", 1, set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := trace.ReadAll(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, p, err := runSTAlloc(evs, s, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Stats(), r.PeakReserved
+	}
+	a := map[string]string{"iterations": "6", "layers": "4", "batch-min": "8", "batch-max": "8", "seq-min": "256", "seq-max": "256"}
+	b := map[string]string{"iterations": "6", "layers": "5", "batch-min": "8", "batch-max": "8", "seq-min": "256", "seq-max": "256"}
+	sa, pa := stats(a, nil)
+	sb, pb := stats(b, nil)
+	if sa.Height == sb.Height || pa == pb {
+		t.Fatalf("traces of 4 and 5 layers planned alike: heights %d and %d, peaks %d and %d", sa.Height, sb.Height, pa, pb)
+	}
+	if sa2, pa2 := stats(a, nil); sa2.Height != sa.Height || pa2 != pa {
+		t.Errorf("4 layers again: height %d, peak %d; first %d, %d", sa2.Height, pa2, sa.Height, pa)
+	}
+	if s4k, _ := stats(a, policies.Settings{"alignment": "2MiB"}); s4k.Height == sa.Height {
+		t.Errorf("alignment 2MiB: height %d, as with 512 B: the plan of other settings", s4k.Height)
+	}
+}

@@ -1450,9 +1450,14 @@ func plan(src trace.Source, reps []*Replay) (trace.Source, error) {
 	if len(planners) == 0 {
 		return src, nil
 	}
-	evs, err := trace.ReadAll(src)
-	if err != nil {
-		return nil, err
+	var evs []trace.Event
+	if ss, ok := src.(*trace.SliceSource); ok {
+		evs = ss.Rest() // read only: no copy
+	} else {
+		var err error
+		if evs, err = trace.ReadAll(src); err != nil {
+			return nil, err
+		}
 	}
 	planned := withoutDirect(evs)
 	for _, rep := range planners {

@@ -135,14 +135,21 @@ type ReplayFunc func(capacity uint64, card bool) (*sim.Result, error)
 
 // Replayer returns the ReplayFunc that replays h and evs against cfg's
 // policy (cfg.Capacity, cfg.Card and cfg.Observer are its own), stopping a
-// replay at its first OOM.
+// replay at its first OOM; but for a policy that plans from the whole
+// trace (policies.Planner), whose replay reads every event before the
+// first, and is given them in place.
 func Replayer(h trace.Header, evs []trace.Event, cfg sim.Config) ReplayFunc {
+	info, _ := policies.Lookup(cfg.Policy)
 	return func(capacity uint64, card bool) (*sim.Result, error) {
 		c := cfg
 		c.Capacity, c.Card = capacity, card
 		stop := &oomStop{}
 		c.Observer = stop
-		rs, err := sim.Run(stopSource{trace.NewSliceSource(h, evs), stop}, c)
+		var src trace.Source = stopSource{trace.NewSliceSource(h, evs), stop}
+		if info.Abilities.Planner {
+			src = trace.NewSliceSource(h, evs)
+		}
+		rs, err := sim.Run(src, c)
 		if err != nil {
 			return nil, err
 		}
