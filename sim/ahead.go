@@ -40,9 +40,11 @@ type ahead struct {
 // (Replay.handler: the live table holds its blocks by their handles), and
 // no Observer, which may stop the trace's source at an event of its
 // choosing (fit at the first OOM) where windows read the source ahead.
+// Nor on a backend that times the policy's calls (replay gpu: a call told
+// ahead would be timed without the work its policy did before it).
 func newAhead(r *Replay) *ahead {
 	p, ok := r.policy.(policies.Pipeliner)
-	if !ok || r.handler != nil || r.rec.follower != nil || r.rec.ties != nil || r.rec.inferrer != nil ||
+	if !ok || r.handler != nil || r.timer != nil || r.rec.follower != nil || r.rec.ties != nil || r.rec.inferrer != nil ||
 		r.cfg.Observer != nil || r.unshown != nil || r.history != 0 {
 		return nil
 	}
