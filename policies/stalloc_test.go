@@ -223,19 +223,12 @@ func genTraining(t *rapid.T) ([]trace.Event, bool) {
 // drawn anew each iteration, mallocs part from the plan and go online.
 func TestSTAllocFixedShapes(t *testing.T) {
 	run := func(set map[string]string) (*sim.Result, *sim.Result, *policies.STAlloc) {
-		src, err := synth.New("train", 1, set)
-		if err != nil {
-			t.Fatal(err)
-		}
-		evs, err := trace.ReadAll(src)
-		if err != nil {
-			t.Fatal(err)
-		}
+		h, evs := trainTrace(t, set)
 		r, p, err := runSTAlloc(evs, nil, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rs, err := sim.Run(trace.NewSliceSource(src.Header(), evs), sim.Config{Trace: "t", Policy: policies.OfflineName, Settings: policies.Settings{"nodes": "0"}})
+		rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Trace: "t", Policy: policies.OfflineName, Settings: policies.Settings{"nodes": "0"}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,14 +254,7 @@ func TestSTAllocFixedShapes(t *testing.T) {
 // change of alignment, replayed in turn, each get their own plan.
 func TestSTAllocPlanMemo(t *testing.T) {
 	stats := func(set map[string]string, s policies.Settings) (policies.STAllocStats, uint64) {
-		src, err := synth.New("train", 1, set)
-		if err != nil {
-			t.Fatal(err)
-		}
-		evs, err := trace.ReadAll(src)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, evs := trainTrace(t, set)
 		r, p, err := runSTAlloc(evs, s, 0)
 		if err != nil {
 			t.Fatal(err)
@@ -288,4 +274,19 @@ func TestSTAllocPlanMemo(t *testing.T) {
 	if s4k, _ := stats(a, policies.Settings{"alignment": "2MiB"}); s4k.Height == sa.Height {
 		t.Errorf("alignment 2MiB: height %d, as with 512 B: the plan of other settings", s4k.Height)
 	}
+}
+
+// trainTrace returns the header and events of synth's "train" generator
+// (seed 1) with the settings set.
+func trainTrace(t *testing.T, set map[string]string) (trace.Header, []trace.Event) {
+	t.Helper()
+	src, err := synth.New("train", 1, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := trace.ReadAll(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return src.Header(), evs
 }

@@ -2,7 +2,6 @@ package execpolicy_test
 
 import (
 	"flag"
-	"reflect"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -40,17 +39,8 @@ func TestPipelineSameOnRandomTraces(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v\ntrace:\n%s", err, policytest.TraceText(evs, -1))
 		}
-		ff := *rs[2]
 		for _, r := range rs[:2] {
-			ex := *r
-			ex.Policy, ex.Series, ex.AllocRetries, ex.Warnings = ff.Policy, ff.Series, ff.AllocRetries, ff.Warnings
-			if !reflect.DeepEqual(ex, ff) {
-				ev, fv := reflect.ValueOf(ex), reflect.ValueOf(ff)
-				for i := range ev.NumField() {
-					if a, b := ev.Field(i).Interface(), fv.Field(i).Interface(); !reflect.DeepEqual(a, b) {
-						t.Errorf("%s: %s %v, first-fit %v", ev.Type().Field(i).Name, r.Policy, a, b)
-					}
-				}
+			if !sameFigures(t, r, rs[2]) {
 				t.Fatalf("trace:\n%s", policytest.TraceText(evs, -1))
 			}
 		}
