@@ -3,6 +3,8 @@ package gpu
 import (
 	"context"
 	"io"
+	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,5 +83,31 @@ func TestCalibrationWorkload(t *testing.T) {
 				t.Errorf("samples %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestTrimmedMean checks a row's mean: the slowest 5% of a series of 20
+// calls or more left out, a shorter series whole.
+func TestTrimmedMean(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ns   []int64
+		want float64
+	}{
+		// 19 calls of 10 ns and one of 1000: ceil(0.95*20) = 19 kept.
+		{"20 calls, one slow", append(slices.Repeat([]int64{10}, 19), 1000), 10},
+		// 40 calls: 38 kept, the two slowest (500, 900) out: (37*10 + 30) / 38.
+		{"40 calls, three slow", append(append(slices.Repeat([]int64{10}, 37), 30), 500, 900), 400.0 / 38},
+		// 10 calls: all kept, (9*10 + 1000) / 10.
+		{"10 calls", append(slices.Repeat([]int64{10}, 9), 1000), 109},
+	} {
+		c := &calibration{}
+		c.add("cudaMalloc", 1<<20, tc.ns)
+		if got := c.rows[0].MeanUS * 1e3; math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: mean %v ns, want %v", tc.name, got, tc.want)
+		}
+		if got, want := c.rows[0].MedianUS*1e3, 10.0; got != want {
+			t.Errorf("%s: median %v ns, want %v", tc.name, got, want)
+		}
 	}
 }
