@@ -78,7 +78,13 @@ func writeGPUTable(w io.Writer, results []*gpu.Result) {
 			for _, run := range r.Runs {
 				fmt.Fprintf(w, " %.3f", ms(run.AllocTimeNS))
 			}
-			fmt.Fprintln(w, " (the median run is shown)")
+			fmt.Fprint(w, " (the median run is shown)")
+			if lo, hi, ok := simOverRuns(r); ok {
+				// The measurement's own spread beside the model's error:
+				// runs minutes apart differ by up to half on an H200.
+				fmt.Fprintf(w, "; sim/measured %.2f to %.2f over the runs", lo, hi)
+			}
+			fmt.Fprintln(w)
 		}
 		if c := r.CLoop; c != nil {
 			fmt.Fprintf(w, "C loop of the same %d calls: %.3f ms plain (median; %.3f ms timing each call, %.3f ms in the calls); harness %.3f ms (median): %.0f ns per call over the plain loop (median of the runs, each against its own loop); outside the calls %.0f ns per call in the harness, %.0f in the timed loop\n",
@@ -108,3 +114,25 @@ func writeLatency(w io.Writer, rows []sim.LatencyRow) {
 
 // ms converts nanoseconds to milliseconds.
 func ms(ns int64) float64 { return float64(ns) / 1e6 }
+
+// simOverRuns returns the least and the most simulated allocator time
+// over a run's measured one among r's runs, and false when r was not
+// simulated alongside or a run measured no allocator time.
+func simOverRuns(r *gpu.Result) (lo, hi float64, ok bool) {
+	if r.SimAllocTimeNS <= 0 {
+		return 0, 0, false
+	}
+	for i, run := range r.Runs {
+		if run.AllocTimeNS <= 0 {
+			return 0, 0, false
+		}
+		x := float64(r.SimAllocTimeNS) / float64(run.AllocTimeNS)
+		if i == 0 || x < lo {
+			lo = x
+		}
+		if i == 0 || x > hi {
+			hi = x
+		}
+	}
+	return lo, hi, len(r.Runs) > 0
+}

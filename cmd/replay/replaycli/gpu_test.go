@@ -142,9 +142,29 @@ func TestGPUReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"sim/measured", "measured latency by call", "cudaMalloc", "driver: cudaMemGetInfo free", "C loop of the same", "3 runs, allocator ms:"} {
+	for _, s := range []string{"sim/measured", "measured latency by call", "cudaMalloc", "driver: cudaMemGetInfo free", "C loop of the same", "3 runs, allocator ms:", "over the runs"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)
 		}
+	}
+}
+
+// TestSimOverRuns checks the spread of simulated over measured that the
+// table prints beside the runs: 100 ns simulated against runs of 80, 125
+// and 100 ns is 0.80 to 1.25.
+func TestSimOverRuns(t *testing.T) {
+	r := &gpu.Result{Runs: []gpu.Run{{AllocTimeNS: 80}, {AllocTimeNS: 125}, {AllocTimeNS: 100}}}
+	r.SimAllocTimeNS = 100
+	lo, hi, ok := simOverRuns(r)
+	if !ok || lo != 0.8 || hi != 1.25 {
+		t.Errorf("simOverRuns = %v, %v, %v; want 0.8, 1.25, true", lo, hi, ok)
+	}
+	r.Runs[1].AllocTimeNS = 0
+	if _, _, ok := simOverRuns(r); ok {
+		t.Error("a run that measured no allocator time: ok")
+	}
+	r.Runs[1].AllocTimeNS, r.SimAllocTimeNS = 125, 0
+	if _, _, ok := simOverRuns(r); ok {
+		t.Error("not simulated alongside: ok")
 	}
 }
