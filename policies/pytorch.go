@@ -351,7 +351,7 @@ func (p *PyTorch) insertFree(b *ptBlock) {
 	b.gcBase = b.pool.gcCalls
 	t := &b.pool.blocks(b.stream, true).free
 	t.insert(b)
-	p.tops.inserted(t, b)
+	p.tops.touch(t)
 	p.freeBytes += b.size
 }
 
@@ -359,7 +359,7 @@ func (p *PyTorch) insertFree(b *ptBlock) {
 func (p *PyTorch) removeFree(b *ptBlock) {
 	t := b.set
 	t.delete(b)
-	p.tops.deleted(t, b)
+	p.tops.touch(t)
 	p.freeBytes -= b.size
 }
 
@@ -630,14 +630,13 @@ func (p *PyTorch) getFreeBlock(pool *ptPool, stream, size uint64) *ptBlock {
 		return nil
 	}
 	sb.free.delete(b)
-	p.tops.deleted(&sb.free, b)
+	p.tops.touch(&sb.free)
 	if len(p.pending) == 0 && p.shouldSplit(b, size) {
 		// Split here, as malloc would right after (no late free to take
 		// back in between).
 		front := p.split(b, size)
 		b.gcBase = pool.gcCalls
 		sb.free.insert(b)
-		p.tops.inserted(&sb.free, b)
 		p.freeBytes -= size
 		return front
 	}
@@ -978,7 +977,8 @@ func (p *PyTorch) EmptyCache() error {
 }
 
 // FreeSpace returns the bytes in cached free blocks and the size in bytes
-// of the largest, in O(1): the largest is kept as blocks come and go.
+// of the largest: the sets of free blocks changed since the last call
+// settle into a heap by their largest (ptTops), in O(log sets) each.
 func (p *PyTorch) FreeSpace() (total, largest uint64) {
 	return p.freeBytes, p.tops.largest()
 }

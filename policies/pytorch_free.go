@@ -27,9 +27,11 @@ type ptFree struct {
 	used    [ptBins / 64]uint64 // bit i%64 of word i/64: bin i holds blocks
 	summary uint64              // bit w: used[w] is not 0
 	// top is the size of the largest block while the set holds any, and
-	// at is its place in the policy's ptTops plus one (0: not there).
-	top uint64
-	at  int
+	// at is its place in the policy's ptTops plus one (0: not there), as
+	// of the last settle; touched says the set changed since.
+	top     uint64
+	at      int
+	touched bool
 }
 
 // ptBins is the number of bins: ptBin(math.MaxUint64) is 975.
@@ -181,50 +183,64 @@ func (t *ptFree) delete(b *ptBlock) {
 
 // ptTops is a max-heap of the sets of free blocks that hold any, by the
 // size of their largest block: the largest free block of the whole policy
-// (FreeSpace) at its root, kept as blocks come and go in O(log sets) for a
-// set whose largest changes, instead of a pass over every set of every
-// stream and pool at each event (which made N streams or pools cost N^2).
-type ptTops []*ptFree
+// (FreeSpace) at its root. A set whose blocks change is only noted
+// (touched); largest settles the noted sets first, each in O(log sets),
+// so that the heap costs nothing per malloc and free between two calls
+// of FreeSpace (the replay asks at the end of each point of its series),
+// and no pass over every set of every stream and pool (which made N
+// streams or pools cost N^2). The zero value is empty.
+type ptTops struct {
+	heap    []*ptFree
+	touched []*ptFree // the sets changed since the last settle, each once
+}
+
+// touch notes that t's blocks changed.
+func (h *ptTops) touch(t *ptFree) {
+	if !t.touched {
+		t.touched = true
+		h.touched = append(h.touched, t)
+	}
+}
 
 // largest returns the size of the largest free block, 0 if there is none.
-func (h ptTops) largest() uint64 {
-	if len(h) == 0 {
+func (h *ptTops) largest() uint64 {
+	h.settle()
+	if len(h.heap) == 0 {
 		return 0
 	}
-	return h[0].top
+	return h.heap[0].top
 }
 
-// inserted updates h after b was inserted into t.
-func (h *ptTops) inserted(t *ptFree, b *ptBlock) {
-	if t.at == 0 {
-		t.top = b.size
-		*h = append(*h, t)
-		t.at = len(*h)
-		h.up(t.at - 1)
-	} else if b.size > t.top {
-		t.top = b.size
-		h.up(t.at - 1)
+// settle puts each touched set at its place in the heap by its largest
+// block now, or takes it out if it holds none.
+func (h *ptTops) settle() {
+	for k, t := range h.touched {
+		h.touched[k] = nil
+		t.touched = false
+		switch m := t.max(); {
+		case m == nil:
+			if t.at != 0 {
+				h.remove(t)
+			}
+		case t.at == 0:
+			t.top = m.size
+			h.heap = append(h.heap, t)
+			t.at = len(h.heap)
+			h.up(t.at - 1)
+		case m.size > t.top:
+			t.top = m.size
+			h.up(t.at - 1)
+		case m.size < t.top:
+			t.top = m.size
+			h.down(t.at - 1)
+		}
 	}
-}
-
-// deleted updates h after b was deleted from t.
-func (h *ptTops) deleted(t *ptFree, b *ptBlock) {
-	if b.size != t.top {
-		return // b was not the largest (or one of equals): top holds
-	}
-	if t.summary == 0 {
-		h.remove(t)
-		return
-	}
-	if m := t.max().size; m != t.top {
-		t.top = m
-		h.down(t.at - 1)
-	}
+	h.touched = h.touched[:0]
 }
 
 // remove takes t, which is in h, out of it.
 func (h *ptTops) remove(t *ptFree) {
-	s := *h
+	s := h.heap
 	i, n := t.at-1, len(s)-1
 	t.at, t.top = 0, 0
 	if i != n {
@@ -232,22 +248,24 @@ func (h *ptTops) remove(t *ptFree) {
 		s[i].at = i + 1
 	}
 	s[n] = nil
-	*h = s[:n]
+	h.heap = s[:n]
 	if i != n {
 		h.down(i)
 		h.up(i)
 	}
 }
 
-func (h ptTops) swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].at, h[j].at = i+1, j+1
+func (h *ptTops) swap(i, j int) {
+	s := h.heap
+	s[i], s[j] = s[j], s[i]
+	s[i].at, s[j].at = i+1, j+1
 }
 
-func (h ptTops) up(i int) {
+func (h *ptTops) up(i int) {
+	s := h.heap
 	for i > 0 {
 		parent := (i - 1) / 2
-		if h[parent].top >= h[i].top {
+		if s[parent].top >= s[i].top {
 			return
 		}
 		h.swap(i, parent)
@@ -255,17 +273,18 @@ func (h ptTops) up(i int) {
 	}
 }
 
-func (h ptTops) down(i int) {
+func (h *ptTops) down(i int) {
+	s := h.heap
 	for {
 		l := 2*i + 1
-		if l >= len(h) {
+		if l >= len(s) {
 			return
 		}
 		c := l
-		if r := l + 1; r < len(h) && h[r].top > h[l].top {
+		if r := l + 1; r < len(s) && s[r].top > s[l].top {
 			c = r
 		}
-		if h[i].top >= h[c].top {
+		if s[i].top >= s[c].top {
 			return
 		}
 		h.swap(i, c)

@@ -164,3 +164,50 @@ func TestPtActive(t *testing.T) {
 		t.Fatal("the end: not empty")
 	}
 }
+
+// TestPtTops checks the heap of the sets' largest free blocks against a
+// scan of every set, asked after runs of 0 to 30 random inserts and
+// deletes over 40 sets (so that a set can fill, empty and fill again
+// between two asks, or be touched many times), with sizes that tie.
+func TestPtTops(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	sets := make([]ptFree, 40)
+	held := make([][]*ptBlock, len(sets))
+	var h ptTops
+	addr := uint64(0)
+	for step := range 20000 {
+		k := rng.Intn(len(sets))
+		if len(held[k]) == 0 || rng.Intn(2) == 0 {
+			addr += 512
+			b := &ptBlock{size: uint64(1+rng.Intn(40)) * 512, addr: addr}
+			sets[k].insert(b)
+			held[k] = append(held[k], b)
+		} else {
+			j := rng.Intn(len(held[k]))
+			sets[k].delete(held[k][j])
+			held[k] = slices.Delete(held[k], j, j+1)
+		}
+		h.touch(&sets[k])
+		if rng.Intn(30) != 0 {
+			continue
+		}
+		var want uint64
+		for _, bs := range held {
+			for _, b := range bs {
+				want = max(want, b.size)
+			}
+		}
+		if got := h.largest(); got != want {
+			t.Fatalf("step %d: largest = %d, the sets' largest block is %d", step, got, want)
+		}
+		n := 0
+		for _, bs := range held {
+			if len(bs) > 0 {
+				n++
+			}
+		}
+		if len(h.heap) != n {
+			t.Fatalf("step %d: %d sets in the heap, %d hold blocks", step, len(h.heap), n)
+		}
+	}
+}

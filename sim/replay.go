@@ -477,6 +477,73 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 	return nil
 }
 
+// stepHandled is stepPlain for a replay whose policy places with handles
+// (Replay.handler), with the commonest events' work in one function: a
+// malloc that the policy serves, and the free of a block that was placed
+// with a handle and not released before by a free request. It does what
+// mallocSlot and freed do on those events in a plain replay (no checker,
+// observer, watch or follower there); any other event goes to stepPlain's
+// paths, before anything is changed.
+func (r *Replay) stepHandled(i int64, ev *trace.Event) error {
+	if ev.Time < r.lastTime || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
+		return r.step(i, ev)
+	}
+	switch ev.Op {
+	case trace.OpMalloc:
+		if ev.Label != "" || !ev.Kind.OnDevice() || ev.Size-1 >= trace.MaxSize {
+			return r.step(i, ev)
+		}
+		slot, dup := r.live.Ref(ev.Addr)
+		if dup {
+			return r.step(i, ev)
+		}
+		r.plainBegin(i, ev)
+		r.res.Mallocs++
+		r.requested.add(ev.Size)
+		r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
+		dev := r.dev
+		reserved, allocs, overflows := dev.reserved, dev.allocs, dev.overflows
+		b, h, err := r.handler.MallocHandle(ev.Size, ev.Stream)
+		if err != nil {
+			r.fragmented(ev.Size, reserved, allocs, true)
+			if err := r.mallocRefused(i, ev, slot, overflows, err); err != nil {
+				return err
+			}
+			break
+		}
+		if reserved > r.allocated && dev.allocs != allocs {
+			r.fragmented(ev.Size, reserved, allocs, false)
+		}
+		*slot = liveAlloc{block: policies.Block{Addr: h, Size: b.Size}, requested: ev.Size,
+			bits: uint64(i)<<8 | uint64(ev.Kind)&liveKindMask | liveHandle}
+		r.allocated += b.Size
+		r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	case trace.OpFree:
+		a, ok := r.live.Take(ev.Addr)
+		if !ok {
+			return r.step(i, ev)
+		}
+		r.plainBegin(i, ev)
+		if a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) != liveHandle || !a.kind().OnDevice() {
+			if err := r.freed(i, ev, a); err != nil {
+				return err
+			}
+			break
+		}
+		r.frees.Add(ev.Addr, i)
+		r.allocated -= a.block.Size
+		r.requested.sub(a.requested)
+		r.res.Frees++
+		if err := r.handler.FreeHandle(a.block.Addr, ev.Stream, false); err != nil {
+			return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
+		}
+	default:
+		return r.step(i, ev)
+	}
+	r.observePlain(i, ev.Time)
+	return nil
+}
+
 // plainBegin is what step does before an event of stepPlain's own: the
 // count, the time in order (checkTime with no problem) and the device's
 // clock.
@@ -561,14 +628,7 @@ func (r *Replay) mallocSlot(i int64, ev *trace.Event, slot *liveAlloc) error {
 	}
 	r.fragmented(ev.Size, reserved, allocs, err != nil)
 	if err != nil {
-		if !errors.Is(err, policies.ErrOutOfMemory) {
-			return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
-		}
-		r.overflow(i, ev, err, overflows)
-		r.oom(i, ev.Size)
-		// The requested bytes stay counted: the source had them live.
-		*slot = failedLive(ev.Size, ev.Kind, i)
-		return nil
+		return r.mallocRefused(i, ev, slot, overflows, err)
 	}
 	*slot = newLive(b, ev.Size, ev.Kind, i)
 	if handled {
@@ -586,6 +646,21 @@ func (r *Replay) mallocSlot(i int64, ev *trace.Event, slot *liveAlloc) error {
 	if r.watch != nil {
 		r.watch.placed, r.watch.addr = true, b.Addr
 	}
+	return nil
+}
+
+// mallocRefused ends the malloc of event i that the policy refused with
+// err, its live allocation to be written at slot: an OOM (an overflow too
+// if the device refused one since overflows, devOverflows before the
+// call), or the error for any other.
+func (r *Replay) mallocRefused(i int64, ev *trace.Event, slot *liveAlloc, overflows int64, err error) error {
+	if !errors.Is(err, policies.ErrOutOfMemory) {
+		return fmt.Errorf("event %d: malloc of %d bytes: %w", i, ev.Size, err)
+	}
+	r.overflow(i, ev, err, overflows)
+	r.oom(i, ev.Size)
+	// The requested bytes stay counted: the source had them live.
+	*slot = failedLive(ev.Size, ev.Kind, i)
 	return nil
 }
 
@@ -1086,6 +1161,9 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 			step := rep.step
 			if rep.plain {
 				step = rep.stepPlain
+				if rep.handler != nil {
+					step = rep.stepHandled
+				}
 			}
 			if rep.ahead != nil {
 				step1 := step

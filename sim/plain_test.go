@@ -1,0 +1,80 @@
+package sim_test
+
+import (
+	"reflect"
+	"testing"
+
+	"pgregory.net/rapid"
+
+	"github.com/gpualloc/allocsim/policies/policytest"
+	"github.com/gpualloc/allocsim/sim"
+	"github.com/gpualloc/allocsim/trace"
+)
+
+// TestPlainPathsSame replays random traces, with events that leave the
+// common paths mixed in (a malloc at a live address, a free of none, a
+// double free, time going back, private pools, labels, mallocs of 0
+// bytes), under a capacity or none, from memory (where Run steps a plain
+// replay through stepPlain, and a Handler policy's through stepHandled)
+// and read an event at a time (where every event takes step's general
+// path): the results are the same, for pytorch (a Handler), best-fit and
+// cuda. The checker is off (ALLOCSIM_CHECK=0): a test binary runs it by
+// default, and a checked replay is not plain.
+func TestPlainPathsSame(t *testing.T) {
+	t.Setenv("ALLOCSIM_CHECK", "0")
+	rapid.Check(t, func(t *rapid.T) {
+		evs := policytest.GenTrace(t)
+		for k := range evs {
+			ev := &evs[k]
+			switch rapid.IntRange(0, 40).Draw(t, "odd") {
+			case 0:
+				if ev.Op == trace.OpMalloc && k > 0 {
+					ev.Addr = evs[rapid.IntRange(0, k-1).Draw(t, "dupOf")].Addr
+				}
+			case 1:
+				if ev.Op == trace.OpFree {
+					ev.Addr = 1 << 40
+				}
+			case 2:
+				ev.Time -= 15
+			case 3:
+				if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
+					ev.Pool = 1
+				}
+			case 4:
+				if ev.Op == trace.OpMalloc {
+					ev.Label = "cublas workspace"
+				}
+			case 5:
+				if ev.Op == trace.OpMalloc {
+					ev.Size = 0
+				}
+			case 6:
+				if ev.Op == trace.OpFree && k > 0 {
+					// Again the address of an earlier event: a double
+					// free, or a free of a live one out of turn.
+					ev.Addr = evs[rapid.IntRange(0, k-1).Draw(t, "againOf")].Addr
+				}
+			}
+		}
+		var capacity uint64
+		if rapid.Bool().Draw(t, "capped") {
+			capacity = uint64(rapid.IntRange(8, 160).Draw(t, "capacityMiB")) << 20
+		}
+		h := trace.Header{Source: "synthetic"}
+		for _, p := range []string{"pytorch", "best-fit", "cuda"} {
+			cfg := sim.Config{Trace: "random", Policy: p, Capacity: capacity}
+			mem, errMem := sim.Run(trace.NewSliceSource(h, evs), cfg)
+			str, errStr := sim.Run(streamed{trace.NewSliceSource(h, evs)}, cfg)
+			if (errMem == nil) != (errStr == nil) || errMem != nil && errMem.Error() != errStr.Error() {
+				t.Fatalf("%s: from memory: %v; streamed: %v\ntrace:\n%s", p, errMem, errStr, policytest.TraceText(evs, -1))
+			}
+			if errMem != nil {
+				continue
+			}
+			if !reflect.DeepEqual(*mem[0], *str[0]) {
+				t.Fatalf("%s: from memory %+v\nstreamed %+v\ntrace:\n%s", p, *mem[0], *str[0], policytest.TraceText(evs, -1))
+			}
+		}
+	})
+}
