@@ -14,12 +14,13 @@ import (
 // TestPlainPathsSame replays random traces, with events that leave the
 // common paths mixed in (a malloc at a live address, a free of none, a
 // double free, time going back, private pools, labels, mallocs of 0
-// bytes), under a capacity or none, from memory (where Run steps a plain
-// replay through stepPlain, and a Handler policy's through stepHandled)
-// and read an event at a time (where every event takes step's general
-// path): the results are the same, for pytorch (a Handler), best-fit and
-// cuda. The checker is off (ALLOCSIM_CHECK=0): a test binary runs it by
-// default, and a checked replay is not plain.
+// bytes), under a capacity or none, from memory and read an event at a
+// time, where Run steps a plain replay through stepPlain and a Handler
+// policy's through stepHandled, and with an Observer that does nothing,
+// which makes every event take step's general path: the results are the
+// same, for pytorch (a Handler), best-fit and cuda. The checker is off
+// (ALLOCSIM_CHECK=0): a test binary runs it by default, and a checked
+// replay is not plain.
 func TestPlainPathsSame(t *testing.T) {
 	t.Setenv("ALLOCSIM_CHECK", "0")
 	rapid.Check(t, func(t *rapid.T) {
@@ -64,17 +65,29 @@ func TestPlainPathsSame(t *testing.T) {
 		h := trace.Header{Source: "synthetic"}
 		for _, p := range []string{"pytorch", "best-fit", "cuda"} {
 			cfg := sim.Config{Trace: "random", Policy: p, Capacity: capacity}
-			mem, errMem := sim.Run(trace.NewSliceSource(h, evs), cfg)
-			str, errStr := sim.Run(streamed{trace.NewSliceSource(h, evs)}, cfg)
-			if (errMem == nil) != (errStr == nil) || errMem != nil && errMem.Error() != errStr.Error() {
-				t.Fatalf("%s: from memory: %v; streamed: %v\ntrace:\n%s", p, errMem, errStr, policytest.TraceText(evs, -1))
-			}
-			if errMem != nil {
-				continue
-			}
-			if !reflect.DeepEqual(*mem[0], *str[0]) {
-				t.Fatalf("%s: from memory %+v\nstreamed %+v\ntrace:\n%s", p, *mem[0], *str[0], policytest.TraceText(evs, -1))
+			general := cfg
+			general.Observer = nopObserver{}
+			want, errWant := sim.Run(trace.NewSliceSource(h, evs), general)
+			for name, src := range map[string]trace.Source{
+				"from memory": trace.NewSliceSource(h, evs),
+				"streamed":    streamed{trace.NewSliceSource(h, evs)},
+			} {
+				got, err := sim.Run(src, cfg)
+				if (err == nil) != (errWant == nil) || err != nil && err.Error() != errWant.Error() {
+					t.Fatalf("%s %s: %v; on the general path: %v\ntrace:\n%s", p, name, err, errWant, policytest.TraceText(evs, -1))
+				}
+				if err != nil {
+					continue
+				}
+				if !reflect.DeepEqual(*got[0], *want[0]) {
+					t.Fatalf("%s %s: %+v\non the general path: %+v\ntrace:\n%s", p, name, *got[0], *want[0], policytest.TraceText(evs, -1))
+				}
 			}
 		}
 	})
 }
+
+// nopObserver observes nothing: a replay with an Observer is not plain.
+type nopObserver struct{}
+
+func (nopObserver) Observe(sim.Action) {}

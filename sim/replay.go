@@ -424,6 +424,19 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 	return nil
 }
 
+// next steps event i through the path that Prepare chose for the replay:
+// stepHandled for a plain replay of a Handler policy (Replay.handler is
+// set only then), stepPlain for another plain one, else step.
+func (r *Replay) next(i int64, ev *trace.Event) error {
+	switch {
+	case r.handler != nil:
+		return r.stepHandled(i, ev)
+	case r.plain:
+		return r.stepPlain(i, ev)
+	}
+	return r.step(i, ev)
+}
+
 // plainOK reports whether the replay needs none of the work that step does
 // only for some replays: the simulated device, no checker, observer, watch on a recording, policy timer, recorded ties or
 // inferred calls, and no reconstructed history. Prepare sets plain from it.
@@ -1142,7 +1155,7 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 	}
 	step := func(i int64, ev *trace.Event) error {
 		for _, rep := range reps {
-			if err := rep.step(i, ev); err != nil {
+			if err := rep.next(i, ev); err != nil {
 				return stepErr(rep, err)
 			}
 		}
@@ -1159,11 +1172,11 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		firstAt := int64(len(evs))
 		for _, rep := range reps {
 			step := rep.step
-			if rep.plain {
+			switch {
+			case rep.handler != nil:
+				step = rep.stepHandled
+			case rep.plain:
 				step = rep.stepPlain
-				if rep.handler != nil {
-					step = rep.stepHandled
-				}
 			}
 			if rep.ahead != nil {
 				step1 := step
