@@ -495,8 +495,9 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 // malloc that the policy serves, and the free of a block that was placed
 // with a handle and not released before by a free request. It does what
 // mallocSlot and freed do on those events in a plain replay (no checker,
-// observer, watch or follower there); any other event goes to stepPlain's
-// paths, before anything is changed.
+// observer, watch or follower there). As in stepPlain, any other event
+// goes to step before anything is changed, and the free of any other
+// block to freed.
 func (r *Replay) stepHandled(i int64, ev *trace.Event) error {
 	if ev.Time < r.lastTime || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
 		return r.step(i, ev)
