@@ -15,8 +15,9 @@ import (
 // common paths mixed in (a malloc at a live address, a free of none, a
 // double free, time going back, private pools, labels, mallocs of 0
 // bytes), under a capacity or none, from memory and read an event at a
-// time, where Run steps a plain replay through stepPlain and a Handler
-// policy's through stepHandled, and with an Observer that does nothing,
+// time, where Run steps a plain replay through stepPlain (and a Handler
+// policy's mallocs and frees through mallocHandled and freeHandled), and
+// with an Observer that does nothing,
 // which makes every event take step's general path: the results are the
 // same, for pytorch (a Handler), best-fit and cuda. The checker is off
 // (ALLOCSIM_CHECK=0): a test binary runs it by default, and a checked
@@ -25,39 +26,20 @@ func TestPlainPathsSame(t *testing.T) {
 	t.Setenv("ALLOCSIM_CHECK", "0")
 	rapid.Check(t, func(t *rapid.T) {
 		evs := policytest.GenTrace(t)
-		for k := range evs {
-			ev := &evs[k]
-			switch rapid.IntRange(0, 40).Draw(t, "odd") {
-			case 0:
-				if ev.Op == trace.OpMalloc && k > 0 {
-					ev.Addr = evs[rapid.IntRange(0, k-1).Draw(t, "dupOf")].Addr
-				}
-			case 1:
-				if ev.Op == trace.OpFree {
-					ev.Addr = 1 << 40
-				}
-			case 2:
-				ev.Time -= 15
-			case 3:
-				if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
-					ev.Pool = 1
-				}
-			case 4:
+		mixOdd(t, evs, map[int]func(k int, ev *trace.Event){
+			4: func(k int, ev *trace.Event) {
 				if ev.Op == trace.OpMalloc {
 					ev.Label = "cublas workspace"
 				}
-			case 5:
-				if ev.Op == trace.OpMalloc {
-					ev.Size = 0
-				}
-			case 6:
+			},
+			6: func(k int, ev *trace.Event) {
 				if ev.Op == trace.OpFree && k > 0 {
 					// Again the address of an earlier event: a double
 					// free, or a free of a live one out of turn.
 					ev.Addr = evs[rapid.IntRange(0, k-1).Draw(t, "againOf")].Addr
 				}
-			}
-		}
+			},
+		})
 		var capacity uint64
 		if rapid.Bool().Draw(t, "capped") {
 			capacity = uint64(rapid.IntRange(8, 160).Draw(t, "capacityMiB")) << 20

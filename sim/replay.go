@@ -425,13 +425,9 @@ func (r *Replay) step(i int64, ev *trace.Event) error {
 }
 
 // next steps event i through the path that Prepare chose for the replay:
-// stepHandled for a plain replay of a Handler policy (Replay.handler is
-// set only then), stepPlain for another plain one, else step.
+// stepPlain for a plain one, else step.
 func (r *Replay) next(i int64, ev *trace.Event) error {
-	switch {
-	case r.handler != nil:
-		return r.stepHandled(i, ev)
-	case r.plain:
+	if r.plain {
 		return r.stepPlain(i, ev)
 	}
 	return r.step(i, ev)
@@ -451,8 +447,10 @@ func (r *Replay) plainOK() bool {
 // address, each in time order. On such an event every branch of step for
 // the optional work is known not taken (plainOK), no semantic problem is
 // found (so none is counted), so what stepPlain does is what step does,
-// without asking. Any other event
-// goes to step, before anything is changed: the checks below read only.
+// without asking; with a Handler policy (Replay.handler) its mallocs, and
+// the frees of blocks it placed and no free request released, take
+// mallocHandled and freeHandled. Any other event goes to step, before
+// anything is changed: the checks below read only.
 func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 	if ev.Time < r.lastTime || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
 		return r.step(i, ev)
@@ -470,7 +468,13 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 			return r.step(i, ev)
 		}
 		r.plainBegin(i, ev)
-		if err := r.mallocSlot(i, ev, slot); err != nil {
+		var err error
+		if r.handler != nil {
+			err = r.mallocHandled(i, ev, slot)
+		} else {
+			err = r.mallocSlot(i, ev, slot)
+		}
+		if err != nil {
 			return err
 		}
 	case trace.OpFree:
@@ -480,7 +484,13 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 			return r.step(i, ev)
 		}
 		r.plainBegin(i, ev)
-		if err := r.freed(i, ev, a); err != nil {
+		var err error
+		if a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle && a.kind().OnDevice() {
+			err = r.freeHandled(i, ev, a) // liveHandle: r.handler placed it
+		} else {
+			err = r.freed(i, ev, a)
+		}
+		if err != nil {
 			return err
 		}
 	default:
@@ -490,71 +500,43 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 	return nil
 }
 
-// stepHandled is stepPlain for a replay whose policy places with handles
-// (Replay.handler), with the commonest events' work in one function: a
-// malloc that the policy serves, and the free of a block that was placed
-// with a handle and not released before by a free request. It does what
-// mallocSlot and freed do on those events in a plain replay (no checker,
-// observer, watch or follower there). As in stepPlain, any other event
-// goes to step before anything is changed, and the free of any other
-// block to freed.
-func (r *Replay) stepHandled(i int64, ev *trace.Event) error {
-	if ev.Time < r.lastTime || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
-		return r.step(i, ev)
+// mallocHandled is mallocSlot in a plain replay of a Handler policy
+// (Replay.handler; no checker, observer, watch, ties or inferred calls
+// there), for stepPlain: the malloc ev of event i, in the default pools,
+// its live allocation written at slot.
+func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error {
+	r.res.Mallocs++
+	r.requested.add(ev.Size)
+	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
+	dev := r.dev
+	reserved, allocs, overflows := dev.reserved, dev.allocs, dev.overflows
+	b, h, err := r.handler.MallocHandle(ev.Size, ev.Stream)
+	if err != nil {
+		r.fragmented(ev.Size, reserved, allocs, true)
+		return r.mallocRefused(i, ev, slot, overflows, err)
 	}
-	switch ev.Op {
-	case trace.OpMalloc:
-		if ev.Label != "" || !ev.Kind.OnDevice() || ev.Size-1 >= trace.MaxSize {
-			return r.step(i, ev)
-		}
-		slot, dup := r.live.Ref(ev.Addr)
-		if dup {
-			return r.step(i, ev)
-		}
-		r.plainBegin(i, ev)
-		r.res.Mallocs++
-		r.requested.add(ev.Size)
-		r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
-		dev := r.dev
-		reserved, allocs, overflows := dev.reserved, dev.allocs, dev.overflows
-		b, h, err := r.handler.MallocHandle(ev.Size, ev.Stream)
-		if err != nil {
-			r.fragmented(ev.Size, reserved, allocs, true)
-			if err := r.mallocRefused(i, ev, slot, overflows, err); err != nil {
-				return err
-			}
-			break
-		}
-		if reserved > r.allocated && dev.allocs != allocs {
-			r.fragmented(ev.Size, reserved, allocs, false)
-		}
-		*slot = liveAlloc{block: policies.Block{Addr: h, Size: b.Size}, requested: ev.Size,
-			bits: uint64(i)<<8 | uint64(ev.Kind)&liveKindMask | liveHandle}
-		r.allocated += b.Size
-		r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
-	case trace.OpFree:
-		a, ok := r.live.Take(ev.Addr)
-		if !ok {
-			return r.step(i, ev)
-		}
-		r.plainBegin(i, ev)
-		if a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) != liveHandle || !a.kind().OnDevice() {
-			if err := r.freed(i, ev, a); err != nil {
-				return err
-			}
-			break
-		}
-		r.frees.Add(ev.Addr, i)
-		r.allocated -= a.block.Size
-		r.requested.sub(a.requested)
-		r.res.Frees++
-		if err := r.handler.FreeHandle(a.block.Addr, ev.Stream, false); err != nil {
-			return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
-		}
-	default:
-		return r.step(i, ev)
+	if reserved > r.allocated && dev.allocs != allocs {
+		r.fragmented(ev.Size, reserved, allocs, false)
 	}
-	r.observePlain(i, ev.Time)
+	*slot = liveAlloc{block: policies.Block{Addr: h, Size: b.Size}, requested: ev.Size,
+		bits: uint64(i)<<8 | uint64(ev.Kind)&liveKindMask | liveHandle}
+	r.allocated += b.Size
+	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	return nil
+}
+
+// freeHandled is freed in a plain replay, for stepPlain, of a live
+// allocation a of device memory that the policy placed with a handle and
+// that no free request released: what freed does for it, with no checker,
+// observer or follower there.
+func (r *Replay) freeHandled(i int64, ev *trace.Event, a liveAlloc) error {
+	r.frees.Add(ev.Addr, i)
+	r.allocated -= a.block.Size
+	r.requested.sub(a.requested)
+	r.res.Frees++
+	if err := r.handler.FreeHandle(a.block.Addr, ev.Stream, false); err != nil {
+		return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
+	}
 	return nil
 }
 
@@ -1173,10 +1155,7 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		firstAt := int64(len(evs))
 		for _, rep := range reps {
 			step := rep.step
-			switch {
-			case rep.handler != nil:
-				step = rep.stepHandled
-			case rep.plain:
+			if rep.plain {
 				step = rep.stepPlain
 			}
 			if rep.ahead != nil {
