@@ -307,28 +307,33 @@ func BenchmarkReplayMallocFree(b *testing.B) {
 		if theirs == nil {
 			return
 		}
-		loop := policyLoop(b, evs, want)
+		loop := policyLoop(b, evs, want, false)
+		handleLoop := policyLoop(b, evs, want, true)
 		replay := func() {
 			if _, err := sim.Run(trace.NewSliceSource(bt.h, evs), sim.Config{Trace: bt.name, Policy: "pytorch"}); err != nil {
 				b.Fatal(err)
 			}
 		}
 		// Rounds of one pass of theirs, then ours for a second or more
-		// (the loop, then the whole replay): this machine's speed drifts
-		// by a third within minutes, for Python and Go alike, so a ratio
-		// is of figures taken seconds apart, and the median of the
-		// rounds' is reported with the least and the most.
+		// (the loop, the loop through handles, then the whole replay):
+		// this machine's speed drifts by a third within minutes, for
+		// Python and Go alike, so a ratio is of figures taken seconds
+		// apart, and the median of the rounds' is reported with the least
+		// and the most. The loop through handles is the policy's part of
+		// the replay: its ratio is the most the whole replay could reach
+		// with an engine that cost nothing.
 		const rounds = 5
-		var ns, loopNs, replayNs, ratio, replayRatio []float64
+		var ns, loopNs, handleNs, replayNs, ratio, handleRatio, replayRatio []float64
 		for range rounds {
 			t := theirs()
 			l := timeLoop(len(evs), loop)
+			h := timeLoop(len(evs), handleLoop)
 			r := timeLoop(len(evs), replay)
-			ns, loopNs, replayNs = append(ns, t), append(loopNs, l), append(replayNs, r)
-			ratio, replayRatio = append(ratio, t/l), append(replayRatio, t/r)
+			ns, loopNs, handleNs, replayNs = append(ns, t), append(loopNs, l), append(handleNs, h), append(replayNs, r)
+			ratio, handleRatio, replayRatio = append(ratio, t/l), append(handleRatio, t/h), append(replayRatio, t/r)
 		}
-		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=%d ns_per_op=%.0f policy_loop_ns_per_op=%.1f ratio=%.1f ratio_min=%.1f ratio_max=%.1f replay_ns_per_op=%.1f replay_ratio=%.1f replay_ratio_min=%.1f replay_ratio_max=%.1f",
-			rounds, median(ns), median(loopNs), median(ratio), slices.Min(ratio), slices.Max(ratio), median(replayNs), median(replayRatio), slices.Min(replayRatio), slices.Max(replayRatio)))
+		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=%d ns_per_op=%.0f policy_loop_ns_per_op=%.1f ratio=%.1f ratio_min=%.1f ratio_max=%.1f handle_loop_ns_per_op=%.1f handle_ratio=%.1f replay_ns_per_op=%.1f replay_ratio=%.1f replay_ratio_min=%.1f replay_ratio_max=%.1f",
+			rounds, median(ns), median(loopNs), median(ratio), slices.Min(ratio), slices.Max(ratio), median(handleNs), median(handleRatio), median(replayNs), median(replayRatio), slices.Min(replayRatio), slices.Max(replayRatio)))
 	})
 }
 
@@ -345,10 +350,13 @@ func median(xs []float64) float64 {
 // loop.py gives DynaPipe's free its block), on a simulated device, one
 // pass a call. The replay (sim.Run) does more per event than either loop:
 // the live table by address, the peaks, series and fragmentation, the
-// cost model's clock and the trace's checks. A pass fails the benchmark if
-// its peak reserved bytes or device allocations differ from want's, the
-// replay's (pytorchReplay).
-func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result) func() {
+// cost model's clock and the trace's checks. With handles the loop calls
+// MallocHandle and FreeHandle instead, the calls the replay makes (the
+// policy's own table of blocks by address left out): what the policy
+// costs inside the whole replay, the least the replay can take. A pass
+// fails the benchmark if its peak reserved bytes or device allocations
+// differ from want's, the replay's (pytorchReplay).
+func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result, handles bool) func() {
 	type op struct {
 		size uint64
 		of   int // the malloc freed, -1 for a malloc
@@ -364,24 +372,38 @@ func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result) func() {
 		}
 	}
 	blocks := make([]policies.Block, len(ops))
+	hs := make([]uint64, len(ops))
 	return func() {
 		dev := sim.NewDevice(0)
 		p, err := policies.NewPyTorch(dev, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		for k, o := range ops {
-			if o.of < 0 {
-				blocks[k], err = p.Malloc(o.size, 0)
-			} else {
-				err = p.Free(blocks[o.of].Addr, 0)
+		if handles {
+			for k, o := range ops {
+				if o.of < 0 {
+					_, hs[k], err = p.MallocHandle(o.size, 0)
+				} else {
+					err = p.FreeHandle(hs[o.of], 0, false)
+				}
+				if err != nil {
+					b.Fatalf("op %d: %v", k, err)
+				}
 			}
-			if err != nil {
-				b.Fatalf("op %d: %v", k, err)
+		} else {
+			for k, o := range ops {
+				if o.of < 0 {
+					blocks[k], err = p.Malloc(o.size, 0)
+				} else {
+					err = p.Free(blocks[o.of].Addr, 0)
+				}
+				if err != nil {
+					b.Fatalf("op %d: %v", k, err)
+				}
 			}
 		}
 		if dev.PeakReserved() != want.PeakReserved || dev.Allocs() != want.DeviceAllocs {
-			b.Fatalf("policy loop: peak reserved %d, %d device allocations; replay %d, %d", dev.PeakReserved(), dev.Allocs(), want.PeakReserved, want.DeviceAllocs)
+			b.Fatalf("policy loop (handles %v): peak reserved %d, %d device allocations; replay %d, %d", handles, dev.PeakReserved(), dev.Allocs(), want.PeakReserved, want.DeviceAllocs)
 		}
 	}
 }
@@ -435,7 +457,7 @@ func mallocsAndFrees(evs []trace.Event) []trace.Event {
 func BenchmarkPolicyLoop(b *testing.B) {
 	bt := kvDecodeTrace(b, kvDecodePath(b))
 	evs := mallocsAndFrees(bt.evs)
-	loop := policyLoop(b, evs, pytorchReplay(b, bt.h, evs))
+	loop := policyLoop(b, evs, pytorchReplay(b, bt.h, evs), false)
 	b.ResetTimer()
 	var ns float64
 	for i := 0; i < b.N; i++ {
@@ -453,11 +475,13 @@ var dynaPipeOnce sync.Once
 // that $DYNAPIPE names, in nanoseconds per op, for
 // BenchmarkReplayMallocFree's loop-against-loop ratio:
 //
-//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=5 ns_per_op=N policy_loop_ns_per_op=M ratio=R ratio_min=R0 ratio_max=R1 replay_ns_per_op=P replay_ratio=Q replay_ratio_min=Q0 replay_ratio_max=Q1
+//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=5 ns_per_op=N policy_loop_ns_per_op=M ratio=R ratio_min=R0 ratio_max=R1 handle_loop_ns_per_op=H handle_ratio=HR replay_ns_per_op=P replay_ratio=Q replay_ratio_min=Q0 replay_ratio_max=Q1
 //
 // ratio is loop against loop: loop.py's against policyLoop's, the same
-// calls in Go; replay_ratio is loop.py's against the whole replay's; each
-// the median of 5 rounds, a pass of theirs and then a second or more of
+// calls in Go; handle_ratio is loop.py's against policyLoop's through
+// handles (the policy's part of the replay, so the most replay_ratio could
+// be); replay_ratio is loop.py's against the whole replay's; each the
+// median of 5 rounds, a pass of theirs and then a second or more of
 // ours, with the least and the most.
 //
 // A pass fails the benchmark if the port's peak reserved bytes or device
