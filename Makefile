@@ -38,7 +38,10 @@ demo: build
 # (and Python's sortedcontainers), it also times DynaPipe's Python port of
 # PyTorch's caching allocator on kv_decode's mallocs and frees beside our
 # replay of them (sim/testdata/dynapipe/loop.py): the loop-against-loop
-# ratio, the median of 5 rounds of a pass of theirs and then ours. BenchmarkTune (sim/tune) times replay tune's 180 candidates on
+# ratio, the median of 5 rounds of a pass of theirs and then ours, for our
+# policy's calls alone (ratio), through the handles the replay uses
+# (handle_ratio: the most the whole replay could reach) and the whole
+# replay (replay_ratio). BenchmarkTune (sim/tune) times replay tune's 180 candidates on
 # kv_decode on one core: each replayed, and as tune runs by default.
 # BenchmarkImportBig imports a large synthetic snapshot shaped as PyTorch
 # writes one recorded with stacks ($$ALLOCSIM_BIG_SNAPSHOT, or the ~1 GiB one
