@@ -40,7 +40,8 @@ demo: build
 # replay of them (sim/testdata/dynapipe/loop.py): the loop-against-loop
 # ratio, the median of 5 rounds of a pass of theirs and then ours, for our
 # policy's calls alone (ratio), through the handles the replay uses
-# (handle_ratio: the most the whole replay could reach) and the whole
+# (handle_ratio: the most the whole replay could reach), the same with the
+# replay's live table by address (live_loop_ns_per_op) and the whole
 # replay (replay_ratio). BenchmarkTune (sim/tune) times replay tune's 180 candidates on
 # kv_decode on one core: each replayed, and as tune runs by default.
 # BenchmarkImportBig imports a large synthetic snapshot shaped as PyTorch

@@ -307,33 +307,36 @@ func BenchmarkReplayMallocFree(b *testing.B) {
 		if theirs == nil {
 			return
 		}
-		loop := policyLoop(b, evs, want, false)
-		handleLoop := policyLoop(b, evs, want, true)
+		loop := policyLoop(b, evs, want, loopAddrs)
+		handleLoop := policyLoop(b, evs, want, loopHandles)
+		liveLoop := policyLoop(b, evs, want, loopLive)
 		replay := func() {
 			if _, err := sim.Run(trace.NewSliceSource(bt.h, evs), sim.Config{Trace: bt.name, Policy: "pytorch"}); err != nil {
 				b.Fatal(err)
 			}
 		}
 		// Rounds of one pass of theirs, then ours for a second or more
-		// (the loop, the loop through handles, then the whole replay):
-		// this machine's speed drifts by a third within minutes, for
-		// Python and Go alike, so a ratio is of figures taken seconds
-		// apart, and the median of the rounds' is reported with the least
-		// and the most. The loop through handles is the policy's part of
-		// the replay: its ratio is the most the whole replay could reach
-		// with an engine that cost nothing.
+		// (the loop, the loop through handles, with the live table, then
+		// the whole replay): this machine's speed drifts by a third within
+		// minutes, for Python and Go alike, so a ratio is of figures taken
+		// seconds apart, and the median of the rounds' is reported with
+		// the least and the most. The loop through handles is the policy's
+		// part of the replay: its ratio is the most the whole replay could
+		// reach with an engine that cost nothing; the live table's loop
+		// adds the engine's lookup by address.
 		const rounds = 5
-		var ns, loopNs, handleNs, replayNs, ratio, handleRatio, replayRatio []float64
+		var ns, loopNs, handleNs, liveNs, replayNs, ratio, handleRatio, replayRatio []float64
 		for range rounds {
 			t := theirs()
 			l := timeLoop(len(evs), loop)
 			h := timeLoop(len(evs), handleLoop)
+			lv := timeLoop(len(evs), liveLoop)
 			r := timeLoop(len(evs), replay)
-			ns, loopNs, handleNs, replayNs = append(ns, t), append(loopNs, l), append(handleNs, h), append(replayNs, r)
+			ns, loopNs, handleNs, liveNs, replayNs = append(ns, t), append(loopNs, l), append(handleNs, h), append(liveNs, lv), append(replayNs, r)
 			ratio, handleRatio, replayRatio = append(ratio, t/l), append(handleRatio, t/h), append(replayRatio, t/r)
 		}
-		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=%d ns_per_op=%.0f policy_loop_ns_per_op=%.1f ratio=%.1f ratio_min=%.1f ratio_max=%.1f handle_loop_ns_per_op=%.1f handle_ratio=%.1f replay_ns_per_op=%.1f replay_ratio=%.1f replay_ratio_min=%.1f replay_ratio_max=%.1f",
-			rounds, median(ns), median(loopNs), median(ratio), slices.Min(ratio), slices.Max(ratio), median(handleNs), median(handleRatio), median(replayNs), median(replayRatio), slices.Min(replayRatio), slices.Max(replayRatio)))
+		benchReport("kv_decode-mallocfree 4dynapipe", fmt.Sprintf("BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=%d ns_per_op=%.0f policy_loop_ns_per_op=%.1f ratio=%.1f ratio_min=%.1f ratio_max=%.1f handle_loop_ns_per_op=%.1f handle_ratio=%.1f live_loop_ns_per_op=%.1f replay_ns_per_op=%.1f replay_ratio=%.1f replay_ratio_min=%.1f replay_ratio_max=%.1f",
+			rounds, median(ns), median(loopNs), median(ratio), slices.Min(ratio), slices.Max(ratio), median(handleNs), median(handleRatio), median(liveNs), median(replayNs), median(replayRatio), slices.Min(replayRatio), slices.Max(replayRatio)))
 	})
 }
 
@@ -344,19 +347,30 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
-// policyLoop returns the loop that loop.py times, in Go: the pytorch
-// policy's Malloc and Free called straight on the same mallocs and frees
-// (a free given the block of its malloc by the malloc's index, as
+// The loops of policyLoop, from the policy's calls alone to the part of
+// the replay that is the policy and its live table.
+const (
+	loopAddrs   = iota // Malloc and Free, the free given its malloc's block by index
+	loopHandles        // MallocHandle and FreeHandle, the calls the replay makes
+	loopLive           // loopHandles with each handle kept in a live table by address
+)
+
+// policyLoop returns the loop that loop.py times, in Go (loopAddrs): the
+// pytorch policy's Malloc and Free called straight on the same mallocs and
+// frees (a free given the block of its malloc by the malloc's index, as
 // loop.py gives DynaPipe's free its block), on a simulated device, one
-// pass a call. The replay (sim.Run) does more per event than either loop:
+// pass a call. The replay (sim.Run) does more per event than that loop:
 // the live table by address, the peaks, series and fragmentation, the
-// cost model's clock and the trace's checks. With handles the loop calls
+// cost model's clock and the trace's checks. loopHandles calls
 // MallocHandle and FreeHandle instead, the calls the replay makes (the
 // policy's own table of blocks by address left out): what the policy
-// costs inside the whole replay, the least the replay can take. A pass
+// costs inside the whole replay, the least the replay can take. loopLive
+// finds each free's handle as the replay does, in a trace.AddrMap by the
+// event's address whose values are the size of the replay's (32 bytes):
+// the policy and the live table, without the rest of the engine. A pass
 // fails the benchmark if its peak reserved bytes or device allocations
 // differ from want's, the replay's (pytorchReplay).
-func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result, handles bool) func() {
+func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result, mode int) func() {
 	type op struct {
 		size uint64
 		of   int // the malloc freed, -1 for a malloc
@@ -373,24 +387,15 @@ func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result, handles bool)
 	}
 	blocks := make([]policies.Block, len(ops))
 	hs := make([]uint64, len(ops))
+	type live struct{ h, size, requested, event uint64 } // as the replay's liveAlloc
 	return func() {
 		dev := sim.NewDevice(0)
 		p, err := policies.NewPyTorch(dev, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if handles {
-			for k, o := range ops {
-				if o.of < 0 {
-					_, hs[k], err = p.MallocHandle(o.size, 0)
-				} else {
-					err = p.FreeHandle(hs[o.of], 0, false)
-				}
-				if err != nil {
-					b.Fatalf("op %d: %v", k, err)
-				}
-			}
-		} else {
+		switch mode {
+		case loopAddrs:
 			for k, o := range ops {
 				if o.of < 0 {
 					blocks[k], err = p.Malloc(o.size, 0)
@@ -401,9 +406,43 @@ func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result, handles bool)
 					b.Fatalf("op %d: %v", k, err)
 				}
 			}
+		case loopHandles:
+			for k, o := range ops {
+				if o.of < 0 {
+					_, hs[k], err = p.MallocHandle(o.size, 0)
+				} else {
+					err = p.FreeHandle(hs[o.of], 0, false)
+				}
+				if err != nil {
+					b.Fatalf("op %d: %v", k, err)
+				}
+			}
+		case loopLive:
+			var table trace.AddrMap[live]
+			for k := range evs {
+				ev := &evs[k]
+				if ev.Op == trace.OpMalloc {
+					a, dup := table.Ref(ev.Addr)
+					if dup {
+						b.Fatalf("op %d: malloc of live %#x", k, ev.Addr)
+					}
+					var blk policies.Block
+					blk, a.h, err = p.MallocHandle(ev.Size, ev.Stream)
+					a.size, a.requested, a.event = blk.Size, ev.Size, uint64(k)
+				} else {
+					a, ok := table.Take(ev.Addr)
+					if !ok {
+						b.Fatalf("op %d: free of %#x, not live", k, ev.Addr)
+					}
+					err = p.FreeHandle(a.h, ev.Stream, false)
+				}
+				if err != nil {
+					b.Fatalf("op %d: %v", k, err)
+				}
+			}
 		}
 		if dev.PeakReserved() != want.PeakReserved || dev.Allocs() != want.DeviceAllocs {
-			b.Fatalf("policy loop (handles %v): peak reserved %d, %d device allocations; replay %d, %d", handles, dev.PeakReserved(), dev.Allocs(), want.PeakReserved, want.DeviceAllocs)
+			b.Fatalf("policy loop (mode %d): peak reserved %d, %d device allocations; replay %d, %d", mode, dev.PeakReserved(), dev.Allocs(), want.PeakReserved, want.DeviceAllocs)
 		}
 	}
 }
@@ -457,7 +496,7 @@ func mallocsAndFrees(evs []trace.Event) []trace.Event {
 func BenchmarkPolicyLoop(b *testing.B) {
 	bt := kvDecodeTrace(b, kvDecodePath(b))
 	evs := mallocsAndFrees(bt.evs)
-	loop := policyLoop(b, evs, pytorchReplay(b, bt.h, evs), false)
+	loop := policyLoop(b, evs, pytorchReplay(b, bt.h, evs), loopAddrs)
 	b.ResetTimer()
 	var ns float64
 	for i := 0; i < b.N; i++ {
@@ -475,14 +514,16 @@ var dynaPipeOnce sync.Once
 // that $DYNAPIPE names, in nanoseconds per op, for
 // BenchmarkReplayMallocFree's loop-against-loop ratio:
 //
-//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=5 ns_per_op=N policy_loop_ns_per_op=M ratio=R ratio_min=R0 ratio_max=R1 handle_loop_ns_per_op=H handle_ratio=HR replay_ns_per_op=P replay_ratio=Q replay_ratio_min=Q0 replay_ratio_max=Q1
+//	BENCH trace=kv_decode-mallocfree stage=loop impl=dynapipe rounds=5 ns_per_op=N policy_loop_ns_per_op=M ratio=R ratio_min=R0 ratio_max=R1 handle_loop_ns_per_op=H handle_ratio=HR live_loop_ns_per_op=L replay_ns_per_op=P replay_ratio=Q replay_ratio_min=Q0 replay_ratio_max=Q1
 //
 // ratio is loop against loop: loop.py's against policyLoop's, the same
 // calls in Go; handle_ratio is loop.py's against policyLoop's through
 // handles (the policy's part of the replay, so the most replay_ratio could
-// be); replay_ratio is loop.py's against the whole replay's; each the
-// median of 5 rounds, a pass of theirs and then a second or more of
-// ours, with the least and the most.
+// be); live_loop_ns_per_op is that loop's with the replay's lookup of each
+// free's handle by address (the engine's live table) added; replay_ratio
+// is loop.py's against the whole replay's; each the median of 5 rounds,
+// a pass of theirs and then a second or more of ours, with the least and
+// the most.
 //
 // A pass fails the benchmark if the port's peak reserved bytes or device
 // mallocs differ from the pytorch policy's (they agree on kv_decode). It
