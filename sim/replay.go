@@ -149,6 +149,14 @@ func newLive(b policies.Block, requested uint64, k trace.Kind, i int64) liveAllo
 	return liveAlloc{block: b, requested: requested, bits: uint64(i)<<8 | uint64(k)&liveKindMask}
 }
 
+// handledLive returns newLive's live allocation for block b that a
+// policies.Handler placed under handle h: h kept in place of b's address.
+func handledLive(b policies.Block, h, requested uint64, k trace.Kind, i int64) liveAlloc {
+	a := newLive(policies.Block{Addr: h, Size: b.Size}, requested, k, i)
+	a.bits |= liveHandle
+	return a
+}
+
 // failedLive returns the live allocation of a malloc at event i that
 // failed in the replay.
 func failedLive(requested uint64, k trace.Kind, i int64) liveAlloc {
@@ -518,8 +526,7 @@ func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error 
 	if reserved > r.allocated && dev.allocs != allocs {
 		r.fragmented(ev.Size, reserved, allocs, false)
 	}
-	*slot = liveAlloc{block: policies.Block{Addr: h, Size: b.Size}, requested: ev.Size,
-		bits: uint64(i)<<8 | uint64(ev.Kind)&liveKindMask | liveHandle}
+	*slot = handledLive(b, h, ev.Size, ev.Kind, i)
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	return nil
@@ -626,10 +633,10 @@ func (r *Replay) mallocSlot(i int64, ev *trace.Event, slot *liveAlloc) error {
 	if err != nil {
 		return r.mallocRefused(i, ev, slot, overflows, err)
 	}
-	*slot = newLive(b, ev.Size, ev.Kind, i)
 	if handled {
-		slot.block.Addr = h
-		slot.bits |= liveHandle
+		*slot = handledLive(b, h, ev.Size, ev.Kind, i)
+	} else {
+		*slot = newLive(b, ev.Size, ev.Kind, i)
 	}
 	if r.check != nil {
 		if err := r.check.Malloc(b, ev.Size); err != nil {
