@@ -2,7 +2,7 @@
 GO ?= go
 BIN := bin
 
-.PHONY: build test demo bench bigsnap fuzz lint clean
+.PHONY: build test demo bench bigsnap fuzz lint clean pgo
 
 # The commit and the build date go into --version (cmd/internal/cli) even
 # where the go command stamps no VCS information.
@@ -57,9 +57,29 @@ demo: build
 # turns, frees only) beside a plain round trip over the same pipes
 # (pattern=pipe), each for a second, since an op there is one event, not a
 # whole trace.
+# The benchmarks of sim and sim/tune are compiled with the replay
+# command's profile (PGO, below), as `make build` compiles the command.
 bench:
-	$(GO) test ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
+	$(GO) test -pgo=$(CURDIR)/$(PGO) ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
 	$(GO) test ./policies/execpolicy -run '^$$' -bench Exec -benchtime 1s
+
+# pgo writes $(PGO), the CPU profile that `go build` optimizes the replay
+# command with (Go's profile-guided optimization: hot calls inlined and
+# interface calls devirtualized), from the main job on real snapshots: the
+# profiles (ALLOCSIM_CPUPROFILE) of `replay sim --policy all` on kv_decode
+# and on the embedded train_gpt and of `replay fit --policy all` on
+# hf_llama_train (under ../shared/traces, or $$ALLOCSIM_TRACES), merged.
+# Run it again after a change to the replay's or a policy's hot paths.
+PGO := cmd/replay/default.pgo
+PGO_TRACES = $(or $(ALLOCSIM_TRACES),../shared/traces)
+pgo: build
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	ALLOCSIM_CPUPROFILE=$$tmp/sim.prof $(BIN)/replay sim --policy all $(PGO_TRACES)/pytorch/kv_decode.pickle.gz >/dev/null; \
+	ALLOCSIM_CPUPROFILE=$$tmp/demo.prof $(BIN)/replay sim --policy all testdata/pytorch/train_gpt.pickle.gz >/dev/null; \
+	ALLOCSIM_CPUPROFILE=$$tmp/fit.prof $(BIN)/replay fit --policy all $(PGO_TRACES)/pytorch/hf_llama_train.pickle.gz >/dev/null; \
+	$(GO) tool pprof -proto $$tmp/sim.prof $$tmp/demo.prof $$tmp/fit.prof > $$tmp/default.pgo; \
+	mv $$tmp/default.pgo $(PGO)
+	@echo "wrote $(PGO)"
 
 # lint runs staticcheck (honnef.co/go/tools, installed by .ci/run) on
 # every package, the example policy module's too.

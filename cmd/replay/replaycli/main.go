@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 
 	"github.com/gpualloc/allocsim/cmd/internal/cli"
 	"github.com/gpualloc/allocsim/plots"
@@ -32,9 +33,45 @@ func Main() {
 	if len(os.Args) > 1 && os.Args[1] != "gpu" && os.Args[1] != "calibrate" {
 		atomicfile.RemoveOnInterrupt()
 	}
-	if err := Run(os.Stdout, os.Stderr, os.Args[1:]); err != nil {
+	stop, err := startCPUProfile(os.Getenv("ALLOCSIM_CPUPROFILE"))
+	if err != nil {
 		cli.Exit("replay", err)
 	}
+	err = Run(os.Stdout, os.Stderr, os.Args[1:])
+	if serr := stop(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		cli.Exit("replay", err)
+	}
+}
+
+// startCPUProfile starts Go's CPU profile of the whole command into the
+// file named by path (the environment variable ALLOCSIM_CPUPROFILE), as
+// `go test -cpuprofile` writes one, for `go tool pprof` and for the
+// profile that `make pgo` merges into cmd/replay/default.pgo. It returns
+// the function that stops the profile and closes the file, and an error
+// naming the file if it cannot be created. An empty path profiles
+// nothing.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("ALLOCSIM_CPUPROFILE: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("ALLOCSIM_CPUPROFILE %s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("ALLOCSIM_CPUPROFILE: %w", err)
+		}
+		return nil
+	}, nil
 }
 
 const usage = `usage: replay COMMAND [flags] ARGS...
