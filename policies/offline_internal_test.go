@@ -1,8 +1,10 @@
 package policies
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -148,6 +150,49 @@ func TestPackingProperty(t *testing.T) {
 		s := newSearch(pp)
 		if offs, h, _ := s.minimize(res.stats.Greedy+256, 5000); offs != nil {
 			check("search", offs, h, pp.lb)
+		}
+	})
+}
+
+// TestSortByLo checks sortByLo against a comparison sort: the same
+// intervals in an order of ascending lo, and bestFit's answer on it the
+// same for every size, on lists of random length (both sides of the
+// radix sort's threshold) whose los share some high bytes, repeat, and
+// are aligned as a planner's offsets are.
+func TestSortByLo(t *testing.T) {
+	var scratch []interval
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(0, 300).Draw(t, "n")
+		base := rapid.Uint64Range(0, 1<<40).Draw(t, "base")
+		spread := rapid.Uint64Range(1, 1<<rapid.IntRange(0, 63).Draw(t, "spreadLog2")).Draw(t, "spread")
+		align := uint64(1) << rapid.IntRange(0, 12).Draw(t, "alignLog2")
+		ivs := make([]interval, n)
+		for k := range ivs {
+			lo := (base + rapid.Uint64Range(0, spread).Draw(t, "lo")) &^ (align - 1)
+			if k > 0 && rapid.IntRange(0, 4).Draw(t, "repeat") == 0 {
+				lo = ivs[rapid.IntRange(0, k-1).Draw(t, "of")].lo
+			}
+			ivs[k] = interval{lo, lo + rapid.Uint64Range(0, 1<<30).Draw(t, "size")}
+		}
+		want := slices.Clone(ivs)
+		slices.SortFunc(want, func(a, b interval) int { return cmp.Or(cmp.Compare(a.lo, b.lo), cmp.Compare(a.hi, b.hi)) })
+		got := slices.Clone(ivs)
+		scratch = sortByLo(got, scratch)
+		for k := 1; k < len(got); k++ {
+			if got[k].lo < got[k-1].lo {
+				t.Fatalf("sortByLo: lo %#x at %d after %#x", got[k].lo, k, got[k-1].lo)
+			}
+		}
+		same := slices.Clone(got)
+		slices.SortStableFunc(same, func(a, b interval) int { return cmp.Compare(a.hi, b.hi) })
+		slices.SortStableFunc(same, func(a, b interval) int { return cmp.Compare(a.lo, b.lo) })
+		if !slices.Equal(same, want) {
+			t.Fatalf("sortByLo changed the intervals: got %v, want %v", got, want)
+		}
+		for _, size := range []uint64{0, 1, 512, 1 << 20, rapid.Uint64Range(0, 1<<34).Draw(t, "size")} {
+			if g, w := bestFit(got, size), bestFit(want, size); g != w {
+				t.Fatalf("bestFit(%d) = %#x after sortByLo, %#x after a comparison sort", size, g, w)
+			}
 		}
 	})
 }
