@@ -63,7 +63,7 @@ bench:
 	$(GO) test -pgo=$(CURDIR)/$(PGO) ./sim ./sim/tune -run '^$$' -bench . -benchtime 2x -timeout 60m
 	$(GO) test ./policies/execpolicy -run '^$$' -bench Exec -benchtime 1s
 
-# pgo writes $(PGO), the CPU profile that `go build` optimizes the replay
+# pgo writes cmd/replay/default.pgo, the CPU profile that `go build` optimizes the replay
 # command with (Go's profile-guided optimization: hot calls inlined and
 # interface calls devirtualized), from the main job on real snapshots: the
 # profiles (ALLOCSIM_CPUPROFILE) of `replay sim --policy all` on kv_decode

@@ -52,7 +52,7 @@ func Main() {
 // profile that `make pgo` merges into cmd/replay/default.pgo. It returns
 // the function that stops the profile and closes the file, and an error
 // naming the file if it cannot be created. An empty path profiles
-// nothing.
+// nothing; a command interrupted (Ctrl-C) leaves the file unfinished.
 func startCPUProfile(path string) (stop func() error, err error) {
 	if path == "" {
 		return func() error { return nil }, nil
