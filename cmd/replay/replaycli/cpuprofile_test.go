@@ -2,13 +2,12 @@ package replaycli
 
 import (
 	"bytes"
+	"compress/gzip"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"compress/gzip"
 )
 
 // TestStartCPUProfile checks ALLOCSIM_CPUPROFILE's profile: written whole
