@@ -1174,10 +1174,19 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 					return step1(k, ev)
 				}
 			}
-			for k := int64(0); k < firstAt; k++ {
-				if err := step(k, &evs[k]); err != nil {
-					first, firstAt = stepErr(rep, err), k
-					break
+			if rep.plain && rep.ahead == nil {
+				for k := int64(0); k < firstAt; k++ {
+					if err := rep.stepPlain(k, &evs[k]); err != nil {
+						first, firstAt = stepErr(rep, err), k
+						break
+					}
+				}
+			} else {
+				for k := int64(0); k < firstAt; k++ {
+					if err := step(k, &evs[k]); err != nil {
+						first, firstAt = stepErr(rep, err), k
+						break
+					}
 				}
 			}
 			if rep.cfg.Progress != nil {
