@@ -3,6 +3,7 @@ package sim
 import (
 	"github.com/gpualloc/allocsim/policies"
 	"github.com/gpualloc/allocsim/trace"
+	"runtime"
 )
 
 // NewReplayOn returns a replay configured by cfg whose policy is p, for the
@@ -18,3 +19,17 @@ func NewReplayOn(cfg Config, p policies.Policy) (*Replay, error) {
 
 // StepPtr replays event i, passed by pointer as Run passes it.
 func (r *Replay) StepPtr(i int64, ev *trace.Event) error { return r.step(i, ev) }
+
+// ResolveAll makes Run resolve the live allocations of every trace in
+// memory ahead of its replays (live.go), in batches of batch events, on
+// two cores at least, and returns the function that restores the
+// defaults.
+func ResolveAll(batch int64) (restore func()) {
+	ahead, b := resolveAhead, resolveBatch
+	procs := runtime.GOMAXPROCS(max(2, runtime.GOMAXPROCS(0)))
+	resolveAhead, resolveBatch = 1, batch
+	return func() {
+		resolveAhead, resolveBatch = ahead, b
+		runtime.GOMAXPROCS(procs)
+	}
+}

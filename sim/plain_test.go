@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -19,7 +20,10 @@ import (
 // policy's mallocs and frees through mallocHandled and freeHandled), and
 // with an Observer that does nothing,
 // which makes every event take step's general path: the results are the
-// same, for pytorch (a Handler), best-fit and cuda. The checker is off
+// same, for pytorch (a Handler), best-fit and cuda. From memory, the live
+// allocations resolved ahead of the replay (sim's live.go), in batches of
+// a few events, give the same results too, on the plain path and the
+// general one. The checker is off
 // (ALLOCSIM_CHECK=0): a test binary runs it by default, and a checked
 // replay is not plain.
 func TestPlainPathsSame(t *testing.T) {
@@ -50,11 +54,23 @@ func TestPlainPathsSame(t *testing.T) {
 			general := cfg
 			general.Observer = nopObserver{}
 			want, errWant := sim.Run(trace.NewSliceSource(h, evs), general)
+			batch := int64(rapid.IntRange(1, 16).Draw(t, "resolveBatch"))
 			for name, src := range map[string]trace.Source{
-				"from memory": trace.NewSliceSource(h, evs),
-				"streamed":    streamed{trace.NewSliceSource(h, evs)},
+				"from memory":                    trace.NewSliceSource(h, evs),
+				"from memory, resolved ahead":    trace.NewSliceSource(h, evs),
+				"from memory, resolved, general": trace.NewSliceSource(h, evs),
+				"streamed":                       streamed{trace.NewSliceSource(h, evs)},
 			} {
-				got, err := sim.Run(src, cfg)
+				c := cfg
+				if name == "from memory, resolved, general" {
+					c = general
+				}
+				restore := func() {}
+				if strings.HasPrefix(name, "from memory, resolved") {
+					restore = sim.ResolveAll(batch)
+				}
+				got, err := sim.Run(src, c)
+				restore()
 				if (err == nil) != (errWant == nil) || err != nil && err.Error() != errWant.Error() {
 					t.Fatalf("%s %s: %v; on the general path: %v\ntrace:\n%s", p, name, err, errWant, policytest.TraceText(evs, -1))
 				}

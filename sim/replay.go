@@ -190,6 +190,11 @@ type Replay struct {
 	poolNames map[uint32]string
 
 	live trace.AddrMap[liveAlloc] // live allocations by trace address
+	// rv, where Run resolved the trace's live allocations ahead of the
+	// replay (live.go), and slots, the live allocations by the resolver's
+	// number, stand in for live and frees; rv is nil otherwise.
+	rv    *resolved
+	slots []liveAlloc
 
 	requested       bytes128 // live requested device bytes, never wrapping
 	allocated       uint64   // live allocated device bytes
@@ -471,7 +476,7 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 			return r.step(i, ev)
 		}
 		// A duplicate leaves the table as it was: step finds it again.
-		slot, dup := r.live.Ref(ev.Addr)
+		slot, dup := r.liveRef(i, ev)
 		if dup {
 			return r.step(i, ev)
 		}
@@ -487,7 +492,7 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 		}
 	case trace.OpFree:
 		// A free of an address not live leaves the table as it was.
-		a, ok := r.live.Take(ev.Addr)
+		a, ok := r.liveTake(i, ev)
 		if !ok {
 			return r.step(i, ev)
 		}
@@ -537,7 +542,7 @@ func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error 
 // that no free request released: what freed does for it, with no checker,
 // observer or follower there.
 func (r *Replay) freeHandled(i int64, ev *trace.Event, a liveAlloc) error {
-	r.frees.Add(ev.Addr, i)
+	r.freeLogged(i, ev)
 	r.allocated -= a.block.Size
 	r.requested.sub(a.requested)
 	r.res.Frees++
@@ -588,7 +593,7 @@ func (r *Replay) malloc(i int64, ev *trace.Event) error {
 	}
 	// One probe finds a duplicate or makes the slot, filled below; the
 	// policy does not touch the table meanwhile.
-	slot, dup := r.live.Ref(ev.Addr)
+	slot, dup := r.liveRef(i, ev)
 	if dup {
 		r.problem = trace.LiveMalloc(i, *ev, slot.event())
 		return nil
@@ -874,9 +879,9 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 // stay live (PyTorch's requested_bytes) and the block goes back to the
 // policy only at the matching free (free_completed).
 func (r *Replay) freeRequested(i int64, ev *trace.Event) {
-	p := r.live.Ptr(ev.Addr)
+	p := r.livePtr(i, ev)
 	if p == nil {
-		r.problem = r.frees.NotLive(i, *ev)
+		r.problem = r.notLive(i, ev)
 		return
 	}
 	if p.released() {
@@ -910,9 +915,9 @@ func (r *Replay) release(a liveAlloc) {
 }
 
 func (r *Replay) free(i int64, ev *trace.Event) error {
-	a, ok := r.live.Take(ev.Addr)
+	a, ok := r.liveTake(i, ev)
 	if !ok {
-		r.problem = r.frees.NotLive(i, *ev)
+		r.problem = r.notLive(i, ev)
 		return nil
 	}
 	return r.freed(i, ev, a)
@@ -920,7 +925,7 @@ func (r *Replay) free(i int64, ev *trace.Event) error {
 
 // freed replays free ev of live allocation a, taken out of the live table.
 func (r *Replay) freed(i int64, ev *trace.Event, a liveAlloc) error {
-	r.frees.Add(ev.Addr, i)
+	r.freeLogged(i, ev)
 	if !a.released() {
 		r.release(a)
 	}
@@ -1160,7 +1165,19 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 		evs := ss.Rest()
 		var first error
 		firstAt := int64(len(evs))
+		// The live allocations resolved once for every replay but a
+		// Pipeliner's (which looks ahead by address), on a goroutine of
+		// their own while the first replay runs (live.go).
+		var rsv *resolver
+		if resolveLive(len(evs)) && slices.ContainsFunc(reps, func(rep *Replay) bool { return rep.ahead == nil }) {
+			rsv = newResolver(evs)
+			defer rsv.release()
+			rsv.start()
+		}
 		for _, rep := range reps {
+			if rsv != nil && rep.ahead == nil {
+				rep.rv = rsv.view()
+			}
 			step := rep.step
 			if rep.plain {
 				step = rep.stepPlain
@@ -1174,8 +1191,11 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 					return step1(k, ev)
 				}
 			}
-			if rep.plain && rep.ahead == nil {
+			if rep.plain && rep.rv != nil {
 				for k := int64(0); k < firstAt; k++ {
+					if k >= rep.rv.ready {
+						rep.rv.wait(k)
+					}
 					if err := rep.stepPlain(k, &evs[k]); err != nil {
 						first, firstAt = stepErr(rep, err), k
 						break
@@ -1183,6 +1203,9 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 				}
 			} else {
 				for k := int64(0); k < firstAt; k++ {
+					if rep.rv != nil && k >= rep.rv.ready {
+						rep.rv.wait(k)
+					}
 					if err := step(k, &evs[k]); err != nil {
 						first, firstAt = stepErr(rep, err), k
 						break
@@ -1727,8 +1750,16 @@ func (s *SeriesBuilder) closeAt(p policies.Policy, alloc, reserved uint64) {
 }
 
 // Live reports whether the trace's allocation at addr is live in the
-// replay (made and not freed, whether its malloc succeeded or not).
+// replay (made and not freed, whether its malloc succeeded or not). Of a
+// replay whose live allocations Run resolved ahead (live.go), it answers
+// once Run has stepped every event, from the resolver's table, which is
+// the replay's then.
 func (r *Replay) Live(addr uint64) bool {
+	if r.rv != nil {
+		<-r.rv.v.done
+		_, ok := r.rv.v.live.Get(addr)
+		return ok
+	}
 	_, ok := r.live.Get(addr)
 	return ok
 }
