@@ -365,9 +365,12 @@ const (
 // MallocHandle and FreeHandle instead, the calls the replay makes (the
 // policy's own table of blocks by address left out): what the policy
 // costs inside the whole replay, the least the replay can take. loopLive
-// finds each free's handle as the replay does, in a trace.AddrMap by the
-// event's address whose values are the size of the replay's (32 bytes):
-// the policy and the live table, without the rest of the engine. A pass
+// finds each free's handle as the replay does on one core, in a
+// trace.AddrMap by the event's address whose values are the size of the
+// replay's (32 bytes): the policy and the live table, without the rest of
+// the engine. (On more cores, sim.Run on events in memory makes those
+// lookups on a goroutine of their own, ahead of the replay: sim's
+// live.go.) A pass
 // fails the benchmark if its peak reserved bytes or device allocations
 // differ from want's, the replay's (pytorchReplay).
 func policyLoop(b *testing.B, evs []trace.Event, want *sim.Result, mode int) func() {

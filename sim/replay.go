@@ -192,7 +192,9 @@ type Replay struct {
 	live trace.AddrMap[liveAlloc] // live allocations by trace address
 	// rv, where Run resolved the trace's live allocations ahead of the
 	// replay (live.go), and slots, the live allocations by the resolver's
-	// number, stand in for live and frees; rv is nil otherwise.
+	// number, stand in for live and frees; rv is nil otherwise. Only Run
+	// sets it, on replays of its own that no caller steps or asks (Live
+	// reads live).
 	rv    *resolved
 	slots []liveAlloc
 
@@ -1750,16 +1752,8 @@ func (s *SeriesBuilder) closeAt(p policies.Policy, alloc, reserved uint64) {
 }
 
 // Live reports whether the trace's allocation at addr is live in the
-// replay (made and not freed, whether its malloc succeeded or not). Of a
-// replay whose live allocations Run resolved ahead (live.go), it answers
-// once Run has stepped every event, from the resolver's table, which is
-// the replay's then.
+// replay (made and not freed, whether its malloc succeeded or not).
 func (r *Replay) Live(addr uint64) bool {
-	if r.rv != nil {
-		<-r.rv.v.done
-		_, ok := r.rv.v.live.Get(addr)
-		return ok
-	}
 	_, ok := r.live.Get(addr)
 	return ok
 }
