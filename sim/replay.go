@@ -1193,10 +1193,16 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 					return step1(k, ev)
 				}
 			}
-			if rep.plain && rep.rv != nil {
+			// The events resolved so far; all of them without a resolver.
+			ready := int64(math.MaxInt64)
+			if rep.rv != nil {
+				ready = rep.rv.ready
+			}
+			if rep.plain && rep.ahead == nil {
 				for k := int64(0); k < firstAt; k++ {
-					if k >= rep.rv.ready {
+					if k >= ready {
 						rep.rv.wait(k)
+						ready = rep.rv.ready
 					}
 					if err := rep.stepPlain(k, &evs[k]); err != nil {
 						first, firstAt = stepErr(rep, err), k
@@ -1205,8 +1211,9 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 				}
 			} else {
 				for k := int64(0); k < firstAt; k++ {
-					if rep.rv != nil && k >= rep.rv.ready {
+					if k >= ready {
 						rep.rv.wait(k)
+						ready = rep.rv.ready
 					}
 					if err := step(k, &evs[k]); err != nil {
 						first, firstAt = stepErr(rep, err), k
