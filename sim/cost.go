@@ -940,6 +940,7 @@ func (c *costMeter) release(p *driverPage, off, n uint64) {
 // H200 model being the default; nil stops the charging. The time and
 // latencies charged so far are dropped.
 func (d *Device) SetCostModel(m *CostModel) {
+	d.changes++ // the footprint starts again
 	if m == nil {
 		d.cost = nil
 		return

@@ -35,6 +35,9 @@ type Device struct {
 	live       trace.AddrMap[uint64] // address -> size in bytes
 	cost       *costMeter            // charges the calls to a cost model (cost.go)
 	rec        *recording            // reserved ranges, recorded addresses, call log (device_map.go)
+	// changes counts the calls that may have changed the reserved bytes
+	// or the footprint: a replay observes them again only after one.
+	changes uint64
 }
 
 var (
@@ -100,6 +103,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 		d.peak = d.reserved
 	}
 	d.allocs++
+	d.changes++
 	d.cost.alloc(addr, size)
 	d.called(trace.OpSegmentAlloc, addr, size)
 	return addr, nil
@@ -130,6 +134,7 @@ func (d *Device) DirectAlloc(size uint64) (uint64, error) {
 	}
 	addr := directBase + d.directNext
 	d.directNext = end
+	d.changes++
 	if d.cost != nil {
 		d.cost.untimed = true
 		d.cost.alloc(addr, size)
@@ -141,6 +146,7 @@ func (d *Device) DirectAlloc(size uint64) (uint64, error) {
 // DirectFree frees the direct allocation of size bytes at addr
 // (DirectAlloc).
 func (d *Device) DirectFree(addr, size uint64) {
+	d.changes++
 	if d.cost != nil {
 		d.cost.untimed = true
 		d.cost.free(addr, size)
@@ -157,6 +163,7 @@ func (d *Device) Free(addr uint64) error {
 	}
 	d.reserved -= size
 	d.frees++
+	d.changes++
 	d.cost.free(addr, size)
 	d.called(trace.OpSegmentFree, addr, size)
 	return nil

@@ -260,6 +260,7 @@ func (d *Device) Map(addr, size uint64) error {
 	d.reserved += size
 	d.peak = max(d.peak, d.reserved)
 	d.allocs++
+	d.changes++
 	// No latency of cuMemCreate + cuMemMap was measured: a map is charged
 	// as a cudaMalloc of its size, an unmap as a cudaFree.
 	d.cost.alloc(addr, size)
@@ -277,6 +278,7 @@ func (d *Device) Unmap(addr, size uint64) error {
 	rg.mapped -= size
 	d.reserved -= size
 	d.frees++
+	d.changes++
 	d.cost.free(addr, size)
 	d.called(trace.OpSegmentUnmap, addr, size)
 	return nil

@@ -33,3 +33,11 @@ func ResolveAll(batch int64) (restore func()) {
 		runtime.GOMAXPROCS(procs)
 	}
 }
+
+// SeriesPoints makes series hold at most n points (at least 2), so that a
+// short trace's points cover several events each, and returns the
+// function that restores MaxSeriesPoints.
+func SeriesPoints(n int) (restore func()) {
+	seriesPoints = max(n, 2)
+	return func() { seriesPoints = MaxSeriesPoints }
+}

@@ -23,9 +23,10 @@ import (
 // same, for pytorch (a Handler), best-fit and cuda. From memory, the live
 // allocations resolved ahead of the replay (sim's live.go), in batches of
 // a few events, give the same results too, on the plain path and the
-// general one. The checker is off
-// (ALLOCSIM_CHECK=0): a test binary runs it by default, and a checked
-// replay is not plain.
+// general one. The series holds a few points, so that each covers several
+// events, as a long trace's do (observePlain's short way between device
+// calls). The checker is off (ALLOCSIM_CHECK=0): a test binary runs it by
+// default, and a checked replay is not plain.
 func TestPlainPathsSame(t *testing.T) {
 	t.Setenv("ALLOCSIM_CHECK", "0")
 	rapid.Check(t, func(t *rapid.T) {
@@ -49,6 +50,9 @@ func TestPlainPathsSame(t *testing.T) {
 			capacity = uint64(rapid.IntRange(8, 160).Draw(t, "capacityMiB")) << 20
 		}
 		h := trace.Header{Source: "synthetic"}
+		// Points of several events each, merged as a long trace's are:
+		// observePlain's short way within a point.
+		defer sim.SeriesPoints(rapid.IntRange(2, 12).Draw(t, "seriesPoints"))()
 		for _, p := range []string{"pytorch", "best-fit", "cuda"} {
 			cfg := sim.Config{Trace: "random", Policy: p, Capacity: capacity}
 			general := cfg
