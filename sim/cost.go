@@ -960,10 +960,15 @@ func (d *Device) CostModel() *CostModel {
 // SetTime tells the device the trace time in nanoseconds of the event being
 // replayed, from which the cost model's wake-up curves find the driver's
 // idle time before a call. A trace without times charges no wake-ups.
-func (d *Device) SetTime(ns int64) {
+func (d *Device) SetTime(ns int64) { d.now = ns }
+
+// meter returns the device's cost meter, nil if none, told the time of
+// the call about to be charged.
+func (d *Device) meter() *costMeter {
 	if d.cost != nil {
-		d.cost.now = ns
+		d.cost.now = d.now
 	}
+	return d.cost
 }
 
 // Footprint returns the bytes of the card's memory the live segments take,

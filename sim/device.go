@@ -38,6 +38,7 @@ type Device struct {
 	// changes counts the calls that may have changed the reserved bytes
 	// or the footprint: a replay observes them again only after one.
 	changes uint64
+	now     int64 // the trace time (ns) of the event being replayed (SetTime)
 }
 
 var (
@@ -104,7 +105,7 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	}
 	d.allocs++
 	d.changes++
-	d.cost.alloc(addr, size)
+	d.meter().alloc(addr, size)
 	d.called(trace.OpSegmentAlloc, addr, size)
 	return addr, nil
 }
@@ -164,7 +165,7 @@ func (d *Device) Free(addr uint64) error {
 	d.reserved -= size
 	d.frees++
 	d.changes++
-	d.cost.free(addr, size)
+	d.meter().free(addr, size)
 	d.called(trace.OpSegmentFree, addr, size)
 	return nil
 }

@@ -263,7 +263,7 @@ func (d *Device) Map(addr, size uint64) error {
 	d.changes++
 	// No latency of cuMemCreate + cuMemMap was measured: a map is charged
 	// as a cudaMalloc of its size, an unmap as a cudaFree.
-	d.cost.alloc(addr, size)
+	d.meter().alloc(addr, size)
 	d.called(trace.OpSegmentMap, addr, size)
 	return nil
 }
@@ -279,7 +279,7 @@ func (d *Device) Unmap(addr, size uint64) error {
 	d.reserved -= size
 	d.frees++
 	d.changes++
-	d.cost.free(addr, size)
+	d.meter().free(addr, size)
 	d.called(trace.OpSegmentUnmap, addr, size)
 	return nil
 }

@@ -560,11 +560,10 @@ func (r *Replay) freeHandled(i int64, ev *trace.Event, a liveAlloc) error {
 }
 
 // plainBegin is what step does before an event of stepPlain's own: the
-// count, the time in order (checkTime with no problem) and the device's
-// clock.
+// count, the time in order (checkTime with no problem; r.problem is read
+// only within step, which sets it at every event) and the device's clock.
 func (r *Replay) plainBegin(i int64, ev *trace.Event) {
 	r.res.Events++
-	r.problem = nil
 	r.lastTime, r.lastIdx, r.timed = ev.Time, i, true
 	r.dev.SetTime(ev.Time)
 }
