@@ -24,7 +24,7 @@ import (
 // the table (resolveLive).
 
 // The resolver's word for an event: the number of the allocation (the
-// low 30 bits) and two flags.
+// low 29 bits) and three flags.
 const (
 	// resolvedDup marks a malloc of an address that is live: the number
 	// is that of the live allocation.
@@ -32,7 +32,11 @@ const (
 	// resolvedNotLive marks a free or a free request of an address that
 	// is not live: the number indexes resolver.problems.
 	resolvedNotLive = 1 << 30
-	resolvedNumber  = resolvedNotLive - 1
+	// resolvedPlain marks a malloc or a free that takes stepPlain's own
+	// path by the trace alone (plainEvent): Run's resolved replays step
+	// it through stepResolved, without looking at the event's fields.
+	resolvedPlain  = 1 << 29
+	resolvedNumber = resolvedPlain - 1
 )
 
 // resolveBatch is the number of events the resolver resolves between two
@@ -140,8 +144,17 @@ func (v *resolver) run(at int64, problems []*trace.ValidationError) {
 // no more (newResolver's caller checks it): there are no more live
 // allocations, nor problems, than events.
 func (v *resolver) resolve(from, to int64, problems *[]*trace.ValidationError) {
+	var last int64 // the time of the event before event from, 0 before the first
+	if from > 0 {
+		last = v.evs[from-1].Time
+	}
 	for i := from; i < to; i++ {
 		ev := &v.evs[i]
+		plain := uint32(0)
+		if plainEvent(ev, last) {
+			plain = resolvedPlain
+		}
+		last = ev.Time
 		switch ev.Op {
 		case trace.OpMalloc:
 			p, dup := v.live.Ref(ev.Addr)
@@ -158,7 +171,7 @@ func (v *resolver) resolve(from, to int64, problems *[]*trace.ValidationError) {
 				v.top++
 			}
 			*p = id
-			v.ids[i] = id
+			v.ids[i] = plain | id
 		case trace.OpFree:
 			id, ok := v.live.Take(ev.Addr)
 			if !ok {
@@ -168,7 +181,7 @@ func (v *resolver) resolve(from, to int64, problems *[]*trace.ValidationError) {
 			}
 			v.frees.Add(ev.Addr, i)
 			v.unused = append(v.unused, id)
-			v.ids[i] = id
+			v.ids[i] = plain | id
 		case trace.OpFreeRequested:
 			p := v.live.Ptr(ev.Addr)
 			if p == nil {
@@ -217,7 +230,7 @@ func (r *Replay) liveRef(i int64, ev *trace.Event) (*liveAlloc, bool) {
 		return r.live.Ref(ev.Addr)
 	}
 	e := r.rv.ids[i]
-	n := e &^ resolvedDup
+	n := e & resolvedNumber
 	if e&resolvedDup != 0 {
 		return &r.slots[n], true
 	}
@@ -240,7 +253,7 @@ func (r *Replay) liveTake(i int64, ev *trace.Event) (liveAlloc, bool) {
 	if e&resolvedNotLive != 0 {
 		return liveAlloc{}, false
 	}
-	return r.slots[e], true
+	return r.slots[e&resolvedNumber], true
 }
 
 // livePtr returns the live allocation of free request ev, event i, nil
@@ -253,7 +266,7 @@ func (r *Replay) livePtr(i int64, ev *trace.Event) *liveAlloc {
 	if e&resolvedNotLive != 0 {
 		return nil
 	}
-	return &r.slots[e]
+	return &r.slots[e&resolvedNumber]
 }
 
 // freeLogged records the free of a live allocation at ev, event i, for

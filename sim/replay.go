@@ -472,52 +472,101 @@ func (r *Replay) plainOK() bool {
 // mallocHandled and freeHandled. Any other event goes to step, before
 // anything is changed: the checks below read only.
 func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
-	if ev.Time < r.lastTime || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
+	if !plainEvent(ev, r.lastTime) {
 		return r.step(i, ev)
 	}
-	switch ev.Op {
-	case trace.OpMalloc:
-		// A Label may name a direct malloc (trace.IsDirect); size 0 or
-		// over trace.MaxSize is a problem.
-		if ev.Label != "" || !ev.Kind.OnDevice() || ev.Size-1 >= trace.MaxSize {
-			return r.step(i, ev)
-		}
+	var err error
+	if ev.Op == trace.OpMalloc {
 		// A duplicate leaves the table as it was: step finds it again.
 		slot, dup := r.liveRef(i, ev)
 		if dup {
 			return r.step(i, ev)
 		}
-		r.plainBegin(i, ev)
-		var err error
-		if r.handler != nil {
-			err = r.mallocHandled(i, ev, slot)
-		} else {
-			err = r.mallocSlot(i, ev, slot)
-		}
-		if err != nil {
-			return err
-		}
-	case trace.OpFree:
+		err = r.plainMalloc(i, ev, slot)
+	} else {
 		// A free of an address not live leaves the table as it was.
 		a, ok := r.liveTake(i, ev)
 		if !ok {
 			return r.step(i, ev)
 		}
-		r.plainBegin(i, ev)
-		var err error
-		if a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle && a.kind().OnDevice() {
-			err = r.freeHandled(i, ev, a) // liveHandle: r.handler placed it
-		} else {
-			err = r.freed(i, ev, a)
-		}
-		if err != nil {
-			return err
-		}
-	default:
-		return r.step(i, ev)
+		err = r.plainFree(i, ev, a)
+	}
+	if err != nil {
+		return err
 	}
 	r.observePlain(i, ev.Time)
 	return nil
+}
+
+// plainEvent reports whether ev, after an event at time last (ns; 0 before
+// the first), is a malloc or a free that stepPlain takes on its own path
+// if its address is live (a free) or not (a malloc): in time order, in
+// the default pools, not a restore, and for a malloc of a valid size on
+// the device, with no label (which may name a direct malloc,
+// trace.IsDirect). It reads the event alone, so a resolver finds it
+// ahead (resolvedPlain).
+func plainEvent(ev *trace.Event, last int64) bool {
+	if ev.Time < last || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
+		return false
+	}
+	switch ev.Op {
+	case trace.OpMalloc:
+		// Size 0 or over trace.MaxSize is a problem.
+		return ev.Label == "" && ev.Kind.OnDevice() && ev.Size-1 < trace.MaxSize
+	case trace.OpFree:
+		return true
+	}
+	return false
+}
+
+// stepResolved is stepPlain in a replay whose live allocations a resolver
+// found (Replay.rv): an event it marked plain (resolvedPlain), a malloc
+// of an address not live or a free of a live one, takes stepPlain's own
+// path; any other goes to step.
+func (r *Replay) stepResolved(i int64, ev *trace.Event) error {
+	e := r.rv.ids[i]
+	if e&resolvedPlain == 0 {
+		return r.step(i, ev)
+	}
+	n := e & resolvedNumber
+	var err error
+	if ev.Op == trace.OpMalloc {
+		if int(n) >= len(r.slots) {
+			r.slots = append(r.slots, make([]liveAlloc, int(n)+1-len(r.slots))...)
+		}
+		slot := &r.slots[n]
+		*slot = liveAlloc{} // as the table's new record
+		err = r.plainMalloc(i, ev, slot)
+	} else {
+		err = r.plainFree(i, ev, r.slots[n])
+	}
+	if err != nil {
+		return err
+	}
+	r.observePlain(i, ev.Time)
+	return nil
+}
+
+// plainMalloc is stepPlain's malloc ev, event i, its live allocation
+// written at slot: mallocHandled for a Handler policy, else mallocSlot.
+func (r *Replay) plainMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
+	r.plainBegin(i, ev)
+	if r.handler != nil {
+		return r.mallocHandled(i, ev, slot)
+	}
+	return r.mallocSlot(i, ev, slot)
+}
+
+// plainFree is stepPlain's free ev, event i, of live allocation a, taken
+// out of the live allocations: freeHandled for a block that r.handler
+// placed (liveHandle) on the device and no free request released, else
+// freed.
+func (r *Replay) plainFree(i int64, ev *trace.Event, a liveAlloc) error {
+	r.plainBegin(i, ev)
+	if a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle && a.kind().OnDevice() {
+		return r.freeHandled(i, ev, a)
+	}
+	return r.freed(i, ev, a)
 }
 
 // mallocHandled is mallocSlot in a plain replay of a Handler policy
@@ -1236,18 +1285,26 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 			if rep.rv != nil {
 				ready = rep.rv.ready
 			}
-			if rep.plain && rep.ahead == nil {
+			switch {
+			case rep.plain && rep.rv != nil:
 				for k := int64(0); k < firstAt; k++ {
 					if k >= ready {
 						rep.rv.wait(k)
 						ready = rep.rv.ready
 					}
+					if err := rep.stepResolved(k, &evs[k]); err != nil {
+						first, firstAt = stepErr(rep, err), k
+						break
+					}
+				}
+			case rep.plain && rep.ahead == nil:
+				for k := int64(0); k < firstAt; k++ {
 					if err := rep.stepPlain(k, &evs[k]); err != nil {
 						first, firstAt = stepErr(rep, err), k
 						break
 					}
 				}
-			} else {
+			default:
 				for k := int64(0); k < firstAt; k++ {
 					if k >= ready {
 						rep.rv.wait(k)
