@@ -234,11 +234,9 @@ type Replay struct {
 	// only (where nothing but the free reads a live block's address),
 	// else nil.
 	handler policies.Handler
-	// obsChanges is the simulated device's changes at the last observe,
-	// and obsAtPeak whether its reserved bytes were at their peak then:
+	// obsChanges is the simulated device's changes at the last observe:
 	// observePlain takes its short way while they hold (sameDevice).
 	obsChanges uint64
-	obsAtPeak  bool
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device, or
@@ -625,13 +623,10 @@ func (r *Replay) plainBegin(i int64, ev *trace.Event) {
 func (r *Replay) observePlain(i, t int64) {
 	s := &r.series
 	if r.sameDevice() {
-		alloc := r.allocated
-		if r.obsAtPeak && alloc > s.allocAtPeak {
-			s.allocAtPeak = alloc
-			r.res.IdleAtPeak = idle(alloc, r.res.PeakReserved)
-		}
+		alloc, reserved := r.allocated, r.dev.reserved
+		s.stillAtPeak(&r.res, alloc, reserved)
 		if s.addLive(i, t, r.requested.sat(), alloc) {
-			s.closeAt(r.policy, alloc, r.dev.reserved)
+			s.closeAt(r.policy, alloc, reserved)
 		}
 		return
 	}
@@ -655,7 +650,7 @@ func (r *Replay) sameDevice() bool {
 // sameDevice.
 func (r *Replay) observed() {
 	if r.dev != nil {
-		r.obsChanges, r.obsAtPeak = r.dev.changes, r.dev.reserved == r.res.PeakReserved
+		r.obsChanges = r.dev.changes
 	}
 }
 
@@ -1738,12 +1733,8 @@ type SeriesBuilder struct {
 // reserved bytes into the current point, and reports whether the point is
 // full and must be closed with Close.
 func (s *SeriesBuilder) Add(i, t int64, req, alloc, res uint64) bool {
-	s.cur.Event, s.cur.Time = i, t
-	s.cur.Requested = max(s.cur.Requested, req)
-	s.cur.Allocated = max(s.cur.Allocated, alloc)
 	s.cur.Reserved = max(s.cur.Reserved, res)
-	s.n++
-	return s.n >= max(s.width, 1)
+	return s.addLive(i, t, req, alloc)
 }
 
 // addLive is Add for an event after which the reserved bytes are those
@@ -1755,6 +1746,17 @@ func (s *SeriesBuilder) addLive(i, t int64, req, alloc uint64) bool {
 	s.cur.Allocated = max(s.cur.Allocated, alloc)
 	s.n++
 	return s.n >= max(s.width, 1)
+}
+
+// stillAtPeak folds into res the idle share at its peak reserved bytes after
+// an event that did not raise them, with alloc bytes allocated and
+// reserved reserved: while the reserved bytes are at their peak, the
+// share at its least (the most allocated).
+func (s *SeriesBuilder) stillAtPeak(res *Result, alloc, reserved uint64) {
+	if reserved == res.PeakReserved && alloc > s.allocAtPeak {
+		s.allocAtPeak = alloc
+		res.IdleAtPeak = idle(alloc, reserved)
+	}
 }
 
 // Footprint folds the device's footprint in bytes after the event that
@@ -1826,16 +1828,12 @@ func (s *SeriesBuilder) Points() []Point { return s.pts }
 // the event and the external fragmentation of policy p's free space (0 if
 // p does not report it).
 func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req, alloc, reserved uint64) {
-	switch {
-	case reserved > res.PeakReserved:
+	if reserved > res.PeakReserved {
 		res.PeakReserved = reserved
 		res.PeakReservedEvent = i
 		s.atNewPeak(res, alloc)
-	case reserved == res.PeakReserved && alloc > s.allocAtPeak:
-		// At the peak still, with more allocated: the idle share at its
-		// least.
-		s.allocAtPeak = alloc
-		res.IdleAtPeak = idle(alloc, reserved)
+	} else {
+		s.stillAtPeak(res, alloc, reserved)
 	}
 	s.evFrag = 0
 	if s.Add(i, t, req, alloc, reserved) {
