@@ -24,7 +24,7 @@ import (
 // allocations resolved ahead of the replay (sim's live.go), in batches of
 // a few events, give the same results too, on the plain path and the
 // general one. The series holds a few points, so that each covers several
-// events, as a long trace's do (observePlain's short way between device
+// events, as a long trace's do (observeSlow's short way between device
 // calls). The checker is off (ALLOCSIM_CHECK=0): a test binary runs it by
 // default, and a checked replay is not plain.
 func TestPlainPathsSame(t *testing.T) {
@@ -51,7 +51,7 @@ func TestPlainPathsSame(t *testing.T) {
 		}
 		h := trace.Header{Source: "synthetic"}
 		// Points of several events each, merged as a long trace's are:
-		// observePlain's short way within a point.
+		// observeSlow's short way and observeQuick within a point.
 		defer sim.SeriesPoints(rapid.IntRange(2, 12).Draw(t, "seriesPoints"))()
 		for _, p := range []string{"pytorch", "best-fit", "cuda"} {
 			cfg := sim.Config{Trace: "random", Policy: p, Capacity: capacity}
@@ -93,3 +93,50 @@ func TestPlainPathsSame(t *testing.T) {
 type nopObserver struct{}
 
 func (nopObserver) Observe(sim.Action) {}
+
+// TestPlainFragmentedWithinPoint: an OOM that makes no device call but
+// finds fragmentation, inside a series point of several events, must not
+// lend its fragmented bytes to the next new peak of the reserved bytes
+// (observeQuick skips events like it, and the peak's event
+// reads the fragmentation of its own). best-fit (2 MiB segments) under an
+// 8 MiB cap, the series at most 2 points (width 4 from event 4 on):
+//
+//	0 malloc 1 MiB       segment 0..2, reserved 2
+//	1 malloc 512 KiB     at 1 MiB
+//	2 malloc 1 MiB       0.5 MiB free, fewer than asked: segment 2..4, reserved 4
+//	3 free the first     free: 1 MiB at 0, 0.5 at 1.5, 1 at 3
+//	4 malloc 256 KiB     at 0: 2.25 MiB free; opens a point of 4 events
+//	5 malloc 4.5 MiB     a 6 MiB segment passes the cap, none wholly free: OOM
+//	                     with no device call; 2.25 free + 4 under the cap >= 4.5:
+//	                     2.25 MiB fragmented
+//	6 malloc 3 MiB       more than the 2.25 MiB free: segment 4..8, reserved 8,
+//	                     the peak, no fragmentation
+//
+// Peak fragmentation 2.25 / 8 = 0.28125; at the peak 0.
+func TestPlainFragmentedWithinPoint(t *testing.T) {
+	t.Setenv("ALLOCSIM_CHECK", "0") // a checked replay is not plain
+	text := "malloc id=1 size=1MiB\nmalloc id=2 size=512KiB\nmalloc id=3 size=1MiB\nfree id=1\n" +
+		"malloc id=4 size=256KiB\nmalloc id=5 size=4608KiB\nmalloc id=6 size=3MiB\n"
+	h, evs, err := trace.ParseText("frag.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.SeriesPoints(2)()
+	for _, resolved := range []bool{false, true} {
+		restore := func() {}
+		if resolved {
+			restore = sim.ResolveAll(1)
+		}
+		rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "best-fit", Capacity: 8 << 20})
+		restore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rs[0]
+		if r.OOMs != 1 || r.FirstOOMEvent != 5 || r.PeakReserved != 8<<20 || r.PeakReservedEvent != 6 ||
+			r.PeakFragmentation != 0.28125 || r.FragmentationAtPeak != 0 {
+			t.Errorf("resolved %v: OOMs %d at %d, peak reserved %d at %d, peak fragmentation %v, at peak %v; want 1 at 5, 8388608 at 6, 0.28125, 0",
+				resolved, r.OOMs, r.FirstOOMEvent, r.PeakReserved, r.PeakReservedEvent, r.PeakFragmentation, r.FragmentationAtPeak)
+		}
+	}
+}

@@ -235,8 +235,13 @@ type Replay struct {
 	// else nil.
 	handler policies.Handler
 	// obsChanges is the simulated device's changes at the last observe:
-	// observePlain takes its short way while they hold (sameDevice).
+	// observeSlow takes its short way while they hold (sameDevice).
 	obsChanges uint64
+	// quick is the number of events that observeQuick may still fold in
+	// its quick way, as of the last observe (observed): those that leave
+	// the series' open point open. An event that finds fragmentation
+	// sets it to 0.
+	quick int64
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device, or
@@ -492,7 +497,9 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 	if err != nil {
 		return err
 	}
-	r.observePlain(i, ev.Time)
+	if !r.observeQuick(i, ev.Time) {
+		r.observeSlow(i, ev.Time)
+	}
 	return nil
 }
 
@@ -541,7 +548,9 @@ func (r *Replay) stepResolved(i int64, ev *trace.Event) error {
 	if err != nil {
 		return err
 	}
-	r.observePlain(i, ev.Time)
+	if !r.observeQuick(i, ev.Time) {
+		r.observeSlow(i, ev.Time)
+	}
 	return nil
 }
 
@@ -549,10 +558,27 @@ func (r *Replay) stepResolved(i int64, ev *trace.Event) error {
 // written at slot: mallocHandled for a Handler policy, else mallocSlot.
 func (r *Replay) plainMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 	r.plainBegin(i, ev)
+	var err error
 	if r.handler != nil {
-		return r.mallocHandled(i, ev, slot)
+		err = r.mallocHandled(i, ev, slot)
+	} else {
+		err = r.mallocSlot(i, ev, slot)
 	}
-	return r.mallocSlot(i, ev, slot)
+	r.liveRose()
+	return err
+}
+
+// liveRose folds the live bytes after a malloc of stepPlain's own into
+// the series' open point and, while the reserved bytes are at their peak,
+// into the idle share there: what observeQuick leaves out.
+// observe folds the same bytes again, to the same figures (a max, and
+// stillAtPeak after a new peak is none).
+func (r *Replay) liveRose() {
+	s := &r.series
+	alloc := r.allocated
+	s.cur.Requested = max(s.cur.Requested, r.requested.sat())
+	s.cur.Allocated = max(s.cur.Allocated, alloc)
+	s.stillAtPeak(&r.res, alloc, r.dev.reserved)
 }
 
 // plainFree is stepPlain's free ev, event i, of live allocation a, taken
@@ -615,12 +641,37 @@ func (r *Replay) plainBegin(i int64, ev *trace.Event) {
 	r.dev.SetTime(ev.Time)
 }
 
-// observePlain is observe on the simulated device, with no watch on a
-// recording. After an event that made no device call since the last
-// observe (sameDevice), the reserved bytes and the footprint are those
-// the peaks and the open point hold already: only the live bytes and the
-// idle share at the peak are folded in.
-func (r *Replay) observePlain(i, t int64) {
+// observeQuick and observeSlow are observe on the simulated device, with
+// no watch on a recording, after a malloc or free of stepPlain's own
+// (event i at time t, ns), called as
+//
+//	if !r.observeQuick(i, t) {
+//		r.observeSlow(i, t)
+//	}
+//
+// so that the quick way, small enough, inlines into the caller. After an
+// event that made no device call since the last observe, the reserved
+// bytes and the footprint are those the peaks and the open point hold
+// already. The quick way is for such an event that finds no fragmentation
+// and leaves the open point open (Replay.quick): its live bytes were
+// folded in at its malloc (liveRose), and a free's are below those of the
+// event before, folded in already, so only the point's last event and its
+// count change. observeQuick reports whether it took the quick way.
+func (r *Replay) observeQuick(i, t int64) bool {
+	if r.quick <= 0 || r.dev.changes != r.obsChanges {
+		return false
+	}
+	r.quick--
+	s := &r.series
+	s.cur.Event, s.cur.Time = i, t
+	s.n++
+	return true
+}
+
+// observeSlow is observeQuick's other way. After an event that made no
+// device call since the last observe (sameDevice), only the live bytes
+// and the idle share at the peak are folded in.
+func (r *Replay) observeSlow(i, t int64) {
 	s := &r.series
 	if r.sameDevice() {
 		alloc, reserved := r.allocated, r.dev.reserved
@@ -628,6 +679,7 @@ func (r *Replay) observePlain(i, t int64) {
 		if s.addLive(i, t, r.requested.sat(), alloc) {
 			s.closeAt(r.policy, alloc, reserved)
 		}
+		r.quick = s.room()
 		return
 	}
 	fp := r.dev.Footprint()
@@ -640,18 +692,19 @@ func (r *Replay) observePlain(i, t int64) {
 // sameDevice reports whether the simulated device made no call that
 // changes its reserved bytes or footprint since the last observe, the
 // series' open point holds an event observed then or since, and no
-// fragmentation was found at this event: what observePlain's short way
+// fragmentation was found at this event: what observeSlow's short way
 // needs. The peak reserved bytes then stand as that observe left them.
 func (r *Replay) sameDevice() bool {
 	return r.dev.changes == r.obsChanges && r.series.n != 0 && r.series.evFrag == 0
 }
 
 // observed notes the simulated device's state at an observe, for
-// sameDevice.
+// sameDevice, and the events that observeQuick may fold.
 func (r *Replay) observed() {
 	if r.dev != nil {
 		r.obsChanges = r.dev.changes
 	}
+	r.quick = r.series.room()
 }
 
 // checkTime sets the event's problem to time going backwards, as
@@ -1156,6 +1209,7 @@ func (r *Replay) fragmented(size, reserved uint64, allocs int64, failed bool) {
 		}
 	}
 	r.series.Fragmented(reserved-r.allocated, reserved)
+	r.quick = 0
 }
 
 // SetPoolNames gives the replay the names of the trace's private pools,
@@ -1746,6 +1800,15 @@ func (s *SeriesBuilder) addLive(i, t int64, req, alloc uint64) bool {
 	s.cur.Allocated = max(s.cur.Allocated, alloc)
 	s.n++
 	return s.n >= max(s.width, 1)
+}
+
+// room returns how many more events the open point takes before the one
+// that fills it: 0 when no point is open.
+func (s *SeriesBuilder) room() int64 {
+	if s.n == 0 {
+		return 0
+	}
+	return max(s.width, 1) - s.n - 1
 }
 
 // stillAtPeak folds into res the idle share at its peak reserved bytes after
