@@ -1316,6 +1316,7 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 			if rsv != nil && rep.ahead == nil {
 				rep.rv = rsv.view()
 			}
+			rep.series.expect(int64(len(evs)))
 			step := rep.step
 			if rep.plain {
 				step = rep.stepPlain
@@ -1800,6 +1801,31 @@ func (s *SeriesBuilder) addLive(i, t int64, req, alloc uint64) bool {
 	s.cur.Allocated = max(s.cur.Allocated, alloc)
 	s.n++
 	return s.n >= max(s.width, 1)
+}
+
+// expect sets the points' width for a series of n events to the one
+// that merging reaches by their end, before the builder holds any point,
+// so that no point is merged on the way: the points are the same, since
+// each covers the same run of events either way (the runs are aligned:
+// points merge in pairs, and only when seriesPoints of them are held), and
+// a merged point is the fold of its two. It does nothing for n <= 0, a
+// builder in use, or an odd seriesPoints (whose merge drops the last
+// point).
+func (s *SeriesBuilder) expect(n int64) {
+	p := int64(seriesPoints)
+	if n <= 0 || s.n != 0 || len(s.pts) != 0 || s.width > 1 || p%2 != 0 {
+		return
+	}
+	w, held := int64(1), int64(0)
+	for held+n/w >= p {
+		// The point that fills the series closes, and the points merge.
+		n -= (p - held) * w
+		held, w = p/2, 2*w
+	}
+	if n%w != 0 && held+n/w+1 == p {
+		w *= 2 // Finish closes the last point, which fills the series
+	}
+	s.width = w
 }
 
 // room returns how many more events the open point takes before the one
