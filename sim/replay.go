@@ -981,7 +981,7 @@ func (r *Replay) mallocFailed(i int64, ev *trace.Event) error {
 	if reserved := r.back.Reserved(); reserved > r.res.PeakReserved {
 		r.res.PeakReserved = reserved
 		r.res.PeakReservedEvent = i
-		r.series.atNewPeak(&r.res, r.allocated)
+		r.series.atNewPeak(r.allocated)
 	}
 	if r.dev != nil {
 		r.res.PeakFootprint = max(r.res.PeakFootprint, r.dev.Footprint())
@@ -1837,14 +1837,13 @@ func (s *SeriesBuilder) room() int64 {
 	return max(s.width, 1) - s.n - 1
 }
 
-// stillAtPeak folds into res the idle share at its peak reserved bytes after
-// an event that did not raise them, with alloc bytes allocated and
-// reserved reserved: while the reserved bytes are at their peak, the
-// share at its least (the most allocated).
+// stillAtPeak folds in the bytes allocated, alloc, after an event that did
+// not raise the peak reserved bytes (res's), with reserved reserved: while
+// the reserved bytes are at their peak, the most allocated, whose idle
+// share Finish gives as res's IdleAtPeak (the share at its least).
 func (s *SeriesBuilder) stillAtPeak(res *Result, alloc, reserved uint64) {
-	if reserved == res.PeakReserved && alloc > s.allocAtPeak {
-		s.allocAtPeak = alloc
-		res.IdleAtPeak = idle(alloc, reserved)
+	if reserved == res.PeakReserved {
+		s.allocAtPeak = max(s.allocAtPeak, alloc)
 	}
 }
 
@@ -1873,10 +1872,9 @@ func (s *SeriesBuilder) Fragmented(bytes, reserved uint64) {
 }
 
 // atNewPeak notes that the event being folded in took the reserved bytes
-// to a new peak (which res holds), with alloc bytes allocated.
-func (s *SeriesBuilder) atNewPeak(res *Result, alloc uint64) {
+// to a new peak, with alloc bytes allocated.
+func (s *SeriesBuilder) atNewPeak(alloc uint64) {
 	s.atPeak, s.allocAtPeak = s.evFrag, alloc
-	res.IdleAtPeak = idle(alloc, res.PeakReserved)
 }
 
 // Open reports whether the current point holds events not yet closed.
@@ -1910,8 +1908,9 @@ func (s *SeriesBuilder) Points() []Point { return s.pts }
 
 // Observe folds event i, at time t (ns), with the live requested,
 // allocated and reserved bytes after it, into the series and into res's
-// peak reserved bytes, the idle share at that peak (its least while the
-// reserved bytes are at their peak) and the fragmented bytes of the event
+// peak reserved bytes, the bytes allocated at that peak (the most while
+// the reserved bytes are at their peak, for Finish's idle share there)
+// and the fragmented bytes of the event
 // that reached it (those given to Fragmented since the last Observe, else
 // 0). A point that fills is closed with the idle share at
 // the event and the external fragmentation of policy p's free space (0 if
@@ -1920,7 +1919,7 @@ func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req,
 	if reserved > res.PeakReserved {
 		res.PeakReserved = reserved
 		res.PeakReservedEvent = i
-		s.atNewPeak(res, alloc)
+		s.atNewPeak(alloc)
 	} else {
 		s.stillAtPeak(res, alloc, reserved)
 	}
@@ -1931,13 +1930,15 @@ func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req,
 }
 
 // Finish closes the open point, if any, as Observe does, and sets res's
-// series, its most fragmented bytes and, over its peak reserved bytes, its
-// peak fragmentation and the fragmentation at that peak.
+// series, its most fragmented bytes, the idle share at its peak reserved
+// bytes (its least there) and, over those bytes, its peak fragmentation
+// and the fragmentation at that peak.
 func (s *SeriesBuilder) Finish(res *Result, p policies.Policy, alloc, reserved uint64) {
 	if s.Open() {
 		s.closeAt(p, alloc, reserved)
 	}
 	res.Series = s.Points()
+	res.IdleAtPeak = idle(s.allocAtPeak, res.PeakReserved)
 	res.PeakFragmentedBytes = s.peakFrag
 	if res.PeakReserved > 0 {
 		res.PeakFragmentation = float64(s.peakFrag) / float64(res.PeakReserved)

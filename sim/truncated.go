@@ -51,6 +51,5 @@ func (r *Replay) historyBegins() {
 	if r.dev != nil {
 		r.res.PeakFootprint = r.dev.Footprint()
 	}
-	r.res.IdleAtPeak = idle(r.allocated, reserved)
-	r.series.allocAtPeak = r.allocated
+	r.series.allocAtPeak = r.allocated // the idle share at the peak (Finish)
 }
