@@ -539,9 +539,9 @@ func (r *Replay) stepResolved(i int64, ev *trace.Event) error {
 		if int(n) >= len(r.slots) {
 			r.slots = append(r.slots, make([]liveAlloc, int(n)+1-len(r.slots))...)
 		}
-		slot := &r.slots[n]
-		*slot = liveAlloc{} // as the table's new record
-		err = r.plainMalloc(i, ev, slot)
+		// Not cleared: plainMalloc writes the slot whole, unless the
+		// replay fails.
+		err = r.plainMalloc(i, ev, &r.slots[n])
 	} else {
 		err = r.plainFree(i, ev, r.slots[n])
 	}
