@@ -172,6 +172,13 @@ func (a *liveAlloc) released() bool   { return a.bits&liveReleased != 0 }
 func (a *liveAlloc) setReleased()     { a.bits |= liveReleased }
 func (a *liveAlloc) direct() bool     { return a.bits&liveDirect != 0 }
 
+// handled reports whether a is a block that Replay.handler placed
+// (liveHandle) on the device, that no free request released: its free
+// is freeHandled's.
+func (a *liveAlloc) handled() bool {
+	return a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle && a.kind().OnDevice()
+}
+
 // Replay replays the events of one trace against one policy on a simulated
 // device, one event at a time, and accumulates a Result.
 type Replay struct {
@@ -485,14 +492,22 @@ func (r *Replay) stepPlain(i int64, ev *trace.Event) error {
 		if dup {
 			return r.step(i, ev)
 		}
-		err = r.plainMalloc(i, ev, slot)
+		if r.handler != nil {
+			err = r.mallocHandled(i, ev, slot)
+		} else {
+			err = r.plainMalloc(i, ev, slot)
+		}
 	} else {
 		// A free of an address not live leaves the table as it was.
 		a, ok := r.liveTake(i, ev)
 		if !ok {
 			return r.step(i, ev)
 		}
-		err = r.plainFree(i, ev, a)
+		if a.handled() {
+			err = r.freeHandled(i, ev, a)
+		} else {
+			err = r.plainFree(i, ev, a)
+		}
 	}
 	if err != nil {
 		return err
@@ -539,11 +554,17 @@ func (r *Replay) stepResolved(i int64, ev *trace.Event) error {
 		if int(n) >= len(r.slots) {
 			r.slots = append(r.slots, make([]liveAlloc, int(n)+1-len(r.slots))...)
 		}
-		// Not cleared: plainMalloc writes the slot whole, unless the
-		// replay fails.
-		err = r.plainMalloc(i, ev, &r.slots[n])
+		// Not cleared: mallocHandled and plainMalloc write the slot
+		// whole, unless the replay fails.
+		if r.handler != nil {
+			err = r.mallocHandled(i, ev, &r.slots[n])
+		} else {
+			err = r.plainMalloc(i, ev, &r.slots[n])
+		}
+	} else if a := r.slots[n]; a.handled() {
+		err = r.freeHandled(i, ev, a)
 	} else {
-		err = r.plainFree(i, ev, r.slots[n])
+		err = r.plainFree(i, ev, a)
 	}
 	if err != nil {
 		return err
@@ -555,15 +576,11 @@ func (r *Replay) stepResolved(i int64, ev *trace.Event) error {
 }
 
 // plainMalloc is stepPlain's malloc ev, event i, its live allocation
-// written at slot: mallocHandled for a Handler policy, else mallocSlot.
+// written at slot, where the policy is no Handler (Replay.handler; else
+// mallocHandled): mallocSlot.
 func (r *Replay) plainMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 	r.plainBegin(i, ev)
-	var err error
-	if r.handler != nil {
-		err = r.mallocHandled(i, ev, slot)
-	} else {
-		err = r.mallocSlot(i, ev, slot)
-	}
+	err := r.mallocSlot(i, ev, slot)
 	r.liveRose()
 	return err
 }
@@ -582,22 +599,20 @@ func (r *Replay) liveRose() {
 }
 
 // plainFree is stepPlain's free ev, event i, of live allocation a, taken
-// out of the live allocations: freeHandled for a block that r.handler
-// placed (liveHandle) on the device and no free request released, else
-// freed.
+// out of the live allocations, where a is not handled (else
+// freeHandled): freed.
 func (r *Replay) plainFree(i int64, ev *trace.Event, a liveAlloc) error {
 	r.plainBegin(i, ev)
-	if a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle && a.kind().OnDevice() {
-		return r.freeHandled(i, ev, a)
-	}
 	return r.freed(i, ev, a)
 }
 
-// mallocHandled is mallocSlot in a plain replay of a Handler policy
-// (Replay.handler; no checker, observer, watch, ties or inferred calls
-// there), for stepPlain: the malloc ev of event i, in the default pools,
-// its live allocation written at slot.
+// mallocHandled is plainMalloc for a Handler policy (Replay.handler):
+// mallocSlot in a plain replay (no checker, observer, watch, ties or
+// inferred calls there), for stepPlain and stepResolved, which call it
+// straight (a call less an event): the malloc ev of event i, in the
+// default pools, its live allocation written at slot.
 func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error {
+	r.plainBegin(i, ev)
 	r.res.Mallocs++
 	r.requested.add(ev.Size)
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
@@ -606,7 +621,9 @@ func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error 
 	b, h, err := r.handler.MallocHandle(ev.Size, ev.Stream)
 	if err != nil {
 		r.fragmented(ev.Size, reserved, allocs, true)
-		return r.mallocRefused(i, ev, slot, overflows, err)
+		err = r.mallocRefused(i, ev, slot, overflows, err)
+		r.liveRose()
+		return err
 	}
 	if reserved > r.allocated && dev.allocs != allocs {
 		r.fragmented(ev.Size, reserved, allocs, false)
@@ -614,14 +631,17 @@ func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error 
 	*slot = handledLive(b, h, ev.Size, ev.Kind, i)
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	r.liveRose()
 	return nil
 }
 
-// freeHandled is freed in a plain replay, for stepPlain, of a live
-// allocation a of device memory that the policy placed with a handle and
-// that no free request released: what freed does for it, with no checker,
-// observer or follower there.
+// freeHandled is plainFree of a live allocation a that is handled: of
+// device memory, placed by the policy with a handle, and not released by
+// a free request. It does what freed does for it in a plain replay (no
+// checker, observer or follower there), for stepPlain and stepResolved,
+// which call it straight.
 func (r *Replay) freeHandled(i int64, ev *trace.Event, a liveAlloc) error {
+	r.plainBegin(i, ev)
 	r.freeLogged(i, ev)
 	r.allocated -= a.block.Size
 	r.requested.sub(a.requested)
