@@ -1930,9 +1930,9 @@ func (s *SeriesBuilder) Points() []Point { return s.pts }
 // allocated and reserved bytes after it, into the series and into res's
 // peak reserved bytes, the bytes allocated at that peak (the most while
 // the reserved bytes are at their peak, for Finish's idle share there)
-// and the fragmented bytes of the event
-// that reached it (those given to Fragmented since the last Observe, else
-// 0). A point that fills is closed with the idle share at
+// and the fragmented bytes of the event that reached it (those given to
+// Fragmented since the last Observe, else 0). A point that fills is
+// closed with the idle share at
 // the event and the external fragmentation of policy p's free space (0 if
 // p does not report it).
 func (s *SeriesBuilder) Observe(res *Result, p policies.Policy, i, t int64, req, alloc, reserved uint64) {
