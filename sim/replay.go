@@ -1828,14 +1828,15 @@ func (s *SeriesBuilder) addLive(i, t int64, req, alloc uint64) bool {
 // so that no point is merged on the way: the points are the same, since
 // each covers the same run of events either way (the runs are aligned:
 // points merge in pairs, and only when seriesPoints of them are held), and
-// a merged point is the fold of its two. It does nothing for n <= 0, a
-// builder in use, or an odd seriesPoints (whose merge drops the last
-// point).
+// a merged point is the fold of its two. The points are allocated at
+// once. It does nothing for n <= 0, a builder in use, or an odd
+// seriesPoints (whose merge drops the last point).
 func (s *SeriesBuilder) expect(n int64) {
 	p := int64(seriesPoints)
 	if n <= 0 || s.n != 0 || len(s.pts) != 0 || s.width > 1 || p%2 != 0 {
 		return
 	}
+	events := n
 	w, held := int64(1), int64(0)
 	for held+n/w >= p {
 		// The point that fills the series closes, and the points merge.
@@ -1846,6 +1847,7 @@ func (s *SeriesBuilder) expect(n int64) {
 		w *= 2 // Finish closes the last point, which fills the series
 	}
 	s.width = w
+	s.pts = make([]Point, 0, (events+w-1)/w)
 }
 
 // room returns how many more events the open point takes before the one
