@@ -244,11 +244,6 @@ type Replay struct {
 	// obsChanges is the simulated device's changes at the last observe:
 	// observeSlow takes its short way while they hold (sameDevice).
 	obsChanges uint64
-	// quick is the number of events that observeQuick may still fold in
-	// its quick way, as of the last observe (observed): those that leave
-	// the series' open point open. An event that finds fragmentation
-	// sets it to 0.
-	quick int64
 }
 
 // NewReplay builds the policy named in cfg on a fresh simulated device, or
@@ -673,16 +668,15 @@ func (r *Replay) plainBegin(i int64, ev *trace.Event) {
 // event that made no device call since the last observe, the reserved
 // bytes and the footprint are those the peaks and the open point hold
 // already. The quick way is for such an event that finds no fragmentation
-// and leaves the open point open (Replay.quick): its live bytes were
+// (sameDevice) and leaves the open point open: its live bytes were
 // folded in at its malloc (liveRose), and a free's are below those of the
 // event before, folded in already, so only the point's last event and its
 // count change. observeQuick reports whether it took the quick way.
 func (r *Replay) observeQuick(i, t int64) bool {
-	if r.quick <= 0 || r.dev.changes != r.obsChanges {
+	s := &r.series
+	if s.n+1 >= s.width || !r.sameDevice() {
 		return false
 	}
-	r.quick--
-	s := &r.series
 	s.cur.Event, s.cur.Time = i, t
 	s.n++
 	return true
@@ -699,7 +693,6 @@ func (r *Replay) observeSlow(i, t int64) {
 		if s.addLive(i, t, r.requested.sat(), alloc) {
 			s.closeAt(r.policy, alloc, reserved)
 		}
-		r.quick = s.room()
 		return
 	}
 	fp := r.dev.Footprint()
@@ -719,12 +712,11 @@ func (r *Replay) sameDevice() bool {
 }
 
 // observed notes the simulated device's state at an observe, for
-// sameDevice, and the events that observeQuick may fold.
+// sameDevice.
 func (r *Replay) observed() {
 	if r.dev != nil {
 		r.obsChanges = r.dev.changes
 	}
-	r.quick = r.series.room()
 }
 
 // checkTime sets the event's problem to time going backwards, as
@@ -1229,7 +1221,6 @@ func (r *Replay) fragmented(size, reserved uint64, allocs int64, failed bool) {
 		}
 	}
 	r.series.Fragmented(reserved-r.allocated, reserved)
-	r.quick = 0
 }
 
 // SetPoolNames gives the replay the names of the trace's private pools,
@@ -1848,15 +1839,6 @@ func (s *SeriesBuilder) expect(n int64) {
 	}
 	s.width = w
 	s.pts = make([]Point, 0, (events+w-1)/w)
-}
-
-// room returns how many more events the open point takes before the one
-// that fills it: 0 when no point is open.
-func (s *SeriesBuilder) room() int64 {
-	if s.n == 0 {
-		return 0
-	}
-	return max(s.width, 1) - s.n - 1
 }
 
 // stillAtPeak folds in the bytes allocated, alloc, after an event that did
