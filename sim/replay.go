@@ -588,8 +588,7 @@ func (r *Replay) plainMalloc(i int64, ev *trace.Event, slot *liveAlloc) error {
 func (r *Replay) liveRose() {
 	s := &r.series
 	alloc := r.allocated
-	s.cur.Requested = max(s.cur.Requested, r.requested.sat())
-	s.cur.Allocated = max(s.cur.Allocated, alloc)
+	s.foldLive(r.requested.sat(), alloc)
 	s.stillAtPeak(&r.res, alloc, r.dev.reserved)
 }
 
@@ -1808,10 +1807,16 @@ func (s *SeriesBuilder) Add(i, t int64, req, alloc, res uint64) bool {
 // bytes can raise the point's figures.
 func (s *SeriesBuilder) addLive(i, t int64, req, alloc uint64) bool {
 	s.cur.Event, s.cur.Time = i, t
-	s.cur.Requested = max(s.cur.Requested, req)
-	s.cur.Allocated = max(s.cur.Allocated, alloc)
+	s.foldLive(req, alloc)
 	s.n++
 	return s.n >= max(s.width, 1)
+}
+
+// foldLive folds req bytes requested and alloc allocated into the current
+// point.
+func (s *SeriesBuilder) foldLive(req, alloc uint64) {
+	s.cur.Requested = max(s.cur.Requested, req)
+	s.cur.Allocated = max(s.cur.Allocated, alloc)
 }
 
 // expect sets the points' width for a series of n events to the one
