@@ -35,8 +35,9 @@ type Device struct {
 	live       trace.AddrMap[uint64] // address -> size in bytes
 	cost       *costMeter            // charges the calls to a cost model (cost.go)
 	rec        *recording            // reserved ranges, recorded addresses, call log (device_map.go)
-	// changes counts the calls that may have changed the reserved bytes
-	// or the footprint: a replay observes them again only after one.
+	// changes counts the calls that may have changed the reserved bytes,
+	// the footprint or the overflows: a replay observes them again only
+	// after one.
 	changes uint64
 	now     int64 // the trace time (ns) of the event being replayed (SetTime)
 }
@@ -90,12 +91,12 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 		return 0, err
 	}
 	if d.reserved > math.MaxUint64-size {
-		d.overflows++
+		d.overflowed()
 		return 0, fmt.Errorf("device alloc of %d bytes with %d reserved: %w: %w", size, d.reserved, policies.ErrOverflow, policies.ErrOutOfMemory)
 	}
 	addr, err := d.place(size)
 	if err != nil {
-		d.overflows++
+		d.overflowed()
 		return 0, err
 	}
 	d.live.Put(addr, size)
@@ -108,6 +109,12 @@ func (d *Device) Alloc(size uint64) (uint64, error) {
 	d.meter().alloc(addr, size)
 	d.called(trace.OpSegmentAlloc, addr, size)
 	return addr, nil
+}
+
+// overflowed counts an allocation refused for policies.ErrOverflow.
+func (d *Device) overflowed() {
+	d.overflows++
+	d.changes++
 }
 
 // directBase is the first address of the direct allocations
@@ -130,7 +137,7 @@ func (d *Device) DirectAlloc(size uint64) (uint64, error) {
 	n, ok := alignSegmentChecked(max(size, 1))
 	end, carry := bits.Add64(d.directNext, n, 0)
 	if !ok || carry != 0 || end > math.MaxUint64-directBase {
-		d.overflows++
+		d.overflowed()
 		return 0, fmt.Errorf("direct device alloc of %d bytes: past the end of the 64-bit address space: %w: %w", size, policies.ErrOverflow, policies.ErrOutOfMemory)
 	}
 	addr := directBase + d.directNext

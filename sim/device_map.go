@@ -201,14 +201,14 @@ func (d *Device) Reserve(size uint64) (uint64, error) {
 		if addr, ok = d.recorded(trace.OpSegmentMap, size); !ok {
 			var err error
 			if addr, err = bump(&r.own, size, "device reserve"); err != nil {
-				d.overflows++
+				d.overflowed()
 				return 0, err
 			}
 		}
 	} else {
 		var err error
 		if addr, err = bump(&d.next, size, "device reserve"); err != nil {
-			d.overflows++
+			d.overflowed()
 			return 0, err
 		}
 	}

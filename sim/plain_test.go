@@ -22,7 +22,8 @@ import (
 // which makes every event take step's general path: the results are the
 // same, for pytorch (a Handler), best-fit and cuda. From memory, the live
 // allocations resolved ahead of the replay (sim's live.go), in batches of
-// a few events, give the same results too, on the plain path and the
+// a few events, give the same results too, on the plain path (for
+// pytorch, in batches of mallocs and frees: sim's batch.go) and the
 // general one. The series holds a few points, so that each covers several
 // events, as a long trace's do (observeSlow's short way between device
 // calls). The checker is off (ALLOCSIM_CHECK=0): a test binary runs it by
@@ -137,6 +138,55 @@ func TestPlainFragmentedWithinPoint(t *testing.T) {
 			r.PeakFragmentation != 0.28125 || r.FragmentationAtPeak != 0 {
 			t.Errorf("resolved %v: OOMs %d at %d, peak reserved %d at %d, peak fragmentation %v, at peak %v; want 1 at 5, 8388608 at 6, 0.28125, 0",
 				resolved, r.OOMs, r.FirstOOMEvent, r.PeakReserved, r.PeakReservedEvent, r.PeakFragmentation, r.FragmentationAtPeak)
+		}
+	}
+}
+
+// TestBatchAtPeakBeforeRelease: mallocs served from the cache while the
+// reserved bytes are at their peak, in a batch (batch.go) that ends at a
+// malloc whose call releases a segment, must count their allocated bytes
+// at the peak (the idle share there) as of the reserved bytes they met, not
+// those after the release. pytorch under a 16 MiB cap, the series one
+// point (width 8), the live allocations resolved ahead:
+//
+//	0 malloc 12 MiB      a large segment of 12, reserved 12
+//	1 free it            cached
+//	2 malloc 512 KiB     a small segment of 2: reserved 14, the peak, 0.5 allocated
+//	3 malloc 1 MiB       from it: 1.5 allocated
+//	4 malloc 512 KiB     from it: 2 allocated, the most at the peak
+//	5 malloc 15 MiB      a segment of 16 passes the cap: the cached 12 is
+//	                     released, reserved 2, and 18 still passes it: OOM
+//
+// The idle share at the peak: 1 - 2/14.
+func TestBatchAtPeakBeforeRelease(t *testing.T) {
+	t.Setenv("ALLOCSIM_CHECK", "0") // a checked replay is not plain
+	text := "malloc id=1 size=12MiB\nfree id=1\nmalloc id=2 size=512KiB\nmalloc id=3 size=1MiB\n" +
+		"malloc id=4 size=512KiB\nmalloc id=5 size=15MiB\n"
+	h, evs, err := trace.ParseText("peak.txt", strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.SeriesPoints(2)()
+	want := 1 - float64(2<<20)/float64(14<<20)
+	for _, path := range []string{"plain", "resolved", "general"} {
+		cfg := sim.Config{Policy: "pytorch", Capacity: 16 << 20}
+		restore := func() {}
+		switch path {
+		case "resolved":
+			restore = sim.ResolveAll(64) // all six in the first batch
+		case "general":
+			cfg.Observer = nopObserver{}
+		}
+		rs, err := sim.Run(trace.NewSliceSource(h, evs), cfg)
+		restore()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rs[0]
+		if r.IdleAtPeak != want || r.PeakReserved != 14<<20 || r.PeakReservedEvent != 2 || r.OOMs != 1 ||
+			r.FirstOOMEvent != 5 || r.DeviceFrees != 1 || r.PeakAllocated != 12<<20 {
+			t.Errorf("%s: idle at peak %v, peak reserved %d at %d, OOMs %d at %d, device frees %d, peak allocated %d; want %v, 14680064 at 2, 1 at 5, 1, 12582912",
+				path, r.IdleAtPeak, r.PeakReserved, r.PeakReservedEvent, r.OOMs, r.FirstOOMEvent, r.DeviceFrees, r.PeakAllocated, want)
 		}
 	}
 }

@@ -204,6 +204,9 @@ type Replay struct {
 	// reads live).
 	rv    *resolved
 	slots []liveAlloc
+	// batched is the batch's first pass's events for its second, where
+	// Run steps the replay in batches (batch.go).
+	batched []batchEvent
 
 	requested       bytes128 // live requested device bytes, never wrapping
 	allocated       uint64   // live allocated device bytes
@@ -606,27 +609,57 @@ func (r *Replay) plainFree(i int64, ev *trace.Event, a liveAlloc) error {
 // straight (a call less an event): the malloc ev of event i, in the
 // default pools, its live allocation written at slot.
 func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error {
+	r.mallocBegin(i, ev)
+	dev := r.dev
+	reserved, allocs, overflows := dev.reserved, dev.allocs, dev.overflows
+	b, h, err := r.handler.MallocHandle(ev.Size, ev.Stream)
+	if err != nil || reserved > r.allocated && dev.allocs != allocs {
+		return r.mallocAnswered(i, ev, slot, b, h, err, reserved, allocs, overflows)
+	}
+	// mallocPlaced, written out: too large to inline, and this is the
+	// replay's most common path.
+	*slot = handledLive(b, h, ev.Size, ev.Kind, i)
+	r.allocated += b.Size
+	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
+	r.liveRose()
+	return nil
+}
+
+// mallocBegin is what mallocHandled does before the policy's call: the
+// event begun (plainBegin) and its requested bytes counted.
+func (r *Replay) mallocBegin(i int64, ev *trace.Event) {
 	r.plainBegin(i, ev)
 	r.res.Mallocs++
 	r.requested.add(ev.Size)
 	r.res.PeakRequested = max(r.res.PeakRequested, r.requested.sat())
-	dev := r.dev
-	reserved, allocs, overflows := dev.reserved, dev.allocs, dev.overflows
-	b, h, err := r.handler.MallocHandle(ev.Size, ev.Stream)
+}
+
+// mallocAnswered is what mallocHandled does after the policy's call,
+// which returned block b, handle h and err, on a device that held
+// reserved bytes, had made allocs allocations and overflows overflows
+// before it: an OOM or a failure counted, fragmentation found, and the
+// live allocation written at slot.
+func (r *Replay) mallocAnswered(i int64, ev *trace.Event, slot *liveAlloc, b policies.Block, h uint64, err error, reserved uint64, allocs, overflows int64) error {
 	if err != nil {
 		r.fragmented(ev.Size, reserved, allocs, true)
 		err = r.mallocRefused(i, ev, slot, overflows, err)
 		r.liveRose()
 		return err
 	}
-	if reserved > r.allocated && dev.allocs != allocs {
+	if reserved > r.allocated && r.dev.allocs != allocs {
 		r.fragmented(ev.Size, reserved, allocs, false)
 	}
+	r.mallocPlaced(i, ev, slot, b, h)
+	return nil
+}
+
+// mallocPlaced writes the live allocation of malloc ev, event i, placed
+// at block b with handle h, at slot, and counts its allocated bytes.
+func (r *Replay) mallocPlaced(i int64, ev *trace.Event, slot *liveAlloc, b policies.Block, h uint64) {
 	*slot = handledLive(b, h, ev.Size, ev.Kind, i)
 	r.allocated += b.Size
 	r.res.PeakAllocated = max(r.res.PeakAllocated, r.allocated)
 	r.liveRose()
-	return nil
 }
 
 // freeHandled is plainFree of a live allocation a that is handled: of
@@ -637,10 +670,21 @@ func (r *Replay) mallocHandled(i int64, ev *trace.Event, slot *liveAlloc) error 
 func (r *Replay) freeHandled(i int64, ev *trace.Event, a liveAlloc) error {
 	r.plainBegin(i, ev)
 	r.freeLogged(i, ev)
+	r.freeCounted(a)
+	return freeEnd(i, ev, r.handler.FreeHandle(a.block.Addr, ev.Stream, false))
+}
+
+// freeCounted takes the bytes of live allocation a, freed, out of the
+// counts.
+func (r *Replay) freeCounted(a liveAlloc) {
 	r.allocated -= a.block.Size
 	r.requested.sub(a.requested)
 	r.res.Frees++
-	if err := r.handler.FreeHandle(a.block.Addr, ev.Stream, false); err != nil {
+}
+
+// freeEnd returns the error of free ev, event i, from the policy's err.
+func freeEnd(i int64, ev *trace.Event, err error) error {
+	if err != nil {
 		return fmt.Errorf("event %d: free of %#x: %w", i, ev.Addr, err)
 	}
 	return nil
@@ -1346,6 +1390,20 @@ func Run(src trace.Source, cfgs ...Config) ([]*Result, error) {
 				ready = rep.rv.ready
 			}
 			switch {
+			case rep.plain && rep.rv != nil && rep.handler != nil:
+				rep.batched = make([]batchEvent, maxBatch)
+				for k := int64(0); k < firstAt; {
+					if k >= ready {
+						rep.rv.wait(k)
+						ready = rep.rv.ready
+					}
+					next, err := rep.stepBatch(evs, k, min(ready, firstAt))
+					if err != nil {
+						first, firstAt = stepErr(rep, err), next
+						break
+					}
+					k = next
+				}
 			case rep.plain && rep.rv != nil:
 				for k := int64(0); k < firstAt; k++ {
 					if k >= ready {

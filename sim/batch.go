@@ -1,0 +1,152 @@
+package sim
+
+import "github.com/gpualloc/allocsim/trace"
+
+// Batches: a resolved plain replay with a Handler policy (Run on events in
+// memory, on more than one core) steps its mallocs and frees in runs, each
+// in two passes. The first makes the policy's calls and keeps the live
+// allocations; the second does the engine's counting for the whole run:
+// the counts, the allocated and requested bytes and their peaks, and the
+// series' open point. The second pass reads nothing the policy changes,
+// so it may come after the first, as long as the run holds only events
+// that stepResolved takes the quick way (observeQuick) with the same
+// figures: a run ends before an event it cannot take, before the open
+// point fills (whose close asks the policy, closeAt), and at a call that
+// changes the device, overflows it or fails (that event then takes mallocHandled's or
+// freeHandled's own path from the policy's answer on, after the events
+// before it are counted).
+
+// maxBatch is the most events in a batch: a bound on the memory it keeps
+// per event (Replay.batched), not on what it does.
+const maxBatch = 512
+
+// batchEvent is what a batch's first pass keeps of an event for its
+// second: the allocated and requested bytes it adds (a malloc) or takes
+// away (a free: batchFree set in req; a plain event requests at most
+// trace.MaxSize bytes).
+type batchEvent struct{ alloc, req uint64 }
+
+const batchFree = 1 << 63
+
+// stepBatch steps events from, up to to at most (resolved, to at most
+// len(evs)), of a resolved plain replay with a Handler policy
+// (Replay.rv, Replay.handler): a batch, else the event from alone through
+// stepResolved. It returns the index of the event after the last it
+// stepped, or that of the event that failed, with its error.
+func (r *Replay) stepBatch(evs []trace.Event, from, to int64) (int64, error) {
+	s := &r.series
+	room := s.width - 1 - s.n // events that leave the open point open
+	if room <= 0 || !r.sameDevice() || r.rv.ids[from]&resolvedPlain == 0 {
+		if err := r.stepResolved(from, &evs[from]); err != nil {
+			return from, err
+		}
+		return from + 1, nil
+	}
+	end := min(to, from+min(room, maxBatch))
+	dev, ids, h := r.dev, r.rv.ids, r.handler
+	changes := dev.changes
+	reserved, allocs, overflows := dev.reserved, dev.allocs, dev.overflows
+	batch := r.batched
+	i := from
+	for ; i < end; i++ {
+		e := ids[i]
+		if e&resolvedPlain == 0 {
+			break
+		}
+		ev := &evs[i]
+		n := e & resolvedNumber
+		if ev.Op == trace.OpMalloc {
+			if int(n) >= len(r.slots) {
+				r.slots = append(r.slots, make([]liveAlloc, int(n)+1-len(r.slots))...)
+			}
+			dev.SetTime(ev.Time)
+			b, hd, err := h.MallocHandle(ev.Size, ev.Stream)
+			if err != nil || dev.changes != changes {
+				r.counted(evs, from, i, reserved)
+				r.mallocBegin(i, ev)
+				if err := r.mallocAnswered(i, ev, &r.slots[n], b, hd, err, reserved, allocs, overflows); err != nil {
+					return i, err
+				}
+				r.observeEvent(i, ev.Time)
+				return i + 1, nil
+			}
+			r.slots[n] = handledLive(b, hd, ev.Size, ev.Kind, i)
+			batch[i-from] = batchEvent{b.Size, ev.Size}
+			continue
+		}
+		a := r.slots[n]
+		if !a.handled() {
+			break
+		}
+		dev.SetTime(ev.Time)
+		err := h.FreeHandle(a.block.Addr, ev.Stream, false)
+		if err != nil || dev.changes != changes {
+			r.counted(evs, from, i, reserved)
+			r.plainBegin(i, ev)
+			r.freeCounted(a)
+			if err != nil {
+				return i, freeEnd(i, ev, err)
+			}
+			r.observeEvent(i, ev.Time)
+			return i + 1, nil
+		}
+		batch[i-from] = batchEvent{a.block.Size, a.requested | batchFree}
+	}
+	if i == from {
+		// Its first event is a free of a block not handled.
+		if err := r.stepResolved(from, &evs[from]); err != nil {
+			return from, err
+		}
+		return from + 1, nil
+	}
+	r.counted(evs, from, i, reserved)
+	return i, nil
+}
+
+// counted is a batch's second pass, over events from to to (the batch's
+// first events, whose calls made no device call, with reserved bytes
+// reserved: Replay.batched holds them), as plainBegin, mallocHandled (its liveRose included) or
+// freeHandled and observeQuick do for each.
+func (r *Replay) counted(evs []trace.Event, from, to int64, reserved uint64) {
+	if to == from {
+		return
+	}
+	s, res := &r.series, &r.res
+	atPeak := reserved == res.PeakReserved // for stillAtPeak
+	alloc := r.allocated
+	var mallocs int64
+	for _, be := range r.batched[:to-from] {
+		if be.req&batchFree != 0 {
+			alloc -= be.alloc
+			r.requested.sub(be.req &^ batchFree)
+			continue
+		}
+		mallocs++
+		r.requested.add(be.req)
+		req := r.requested.sat()
+		alloc += be.alloc
+		res.PeakRequested = max(res.PeakRequested, req)
+		res.PeakAllocated = max(res.PeakAllocated, alloc)
+		s.foldLive(req, alloc)
+		if atPeak {
+			s.allocAtPeak = max(s.allocAtPeak, alloc)
+		}
+	}
+	r.allocated = alloc
+	n := to - from
+	res.Events += n
+	res.Mallocs += mallocs
+	res.Frees += n - mallocs
+	last := &evs[to-1]
+	r.lastTime, r.lastIdx, r.timed = last.Time, to-1, true
+	s.cur.Event, s.cur.Time = to-1, last.Time
+	s.n += n
+}
+
+// observeEvent is the observe after a malloc or free of stepPlain's own,
+// event i at time t (ns): observeQuick, else observeSlow.
+func (r *Replay) observeEvent(i, t int64) {
+	if !r.observeQuick(i, t) {
+		r.observeSlow(i, t)
+	}
+}
