@@ -12,12 +12,13 @@ import "github.com/gpualloc/allocsim/trace"
 // that stepResolved takes the quick way (observeQuick) with the same
 // figures: a run ends before an event it cannot take, before the open
 // point fills (whose close asks the policy, closeAt), and at a call that
-// changes the device, overflows it or fails (that event then takes mallocHandled's or
-// freeHandled's own path from the policy's answer on, after the events
-// before it are counted).
+// changes the device (Device.changes, overflows included) or fails: that
+// event then takes mallocHandled's or freeHandled's own path from the
+// policy's answer on, after the events before it are counted.
 
-// maxBatch is the most events in a batch: a bound on the memory it keeps
-// per event (Replay.batched), not on what it does.
+// maxBatch is the most events in a batch: it bounds the memory a replay
+// keeps for its batches (Replay.batched, 16 bytes an event), and changes
+// no result.
 const maxBatch = 512
 
 // batchEvent is what a batch's first pass keeps of an event for its
