@@ -115,31 +115,49 @@ func (nopObserver) Observe(sim.Action) {}
 //
 // Peak fragmentation 2.25 / 8 = 0.28125; at the peak 0.
 func TestPlainFragmentedWithinPoint(t *testing.T) {
-	t.Setenv("ALLOCSIM_CHECK", "0") // a checked replay is not plain
 	text := "malloc id=1 size=1MiB\nmalloc id=2 size=512KiB\nmalloc id=3 size=1MiB\nfree id=1\n" +
 		"malloc id=4 size=256KiB\nmalloc id=5 size=4608KiB\nmalloc id=6 size=3MiB\n"
-	h, evs, err := trace.ParseText("frag.txt", strings.NewReader(text))
+	for path, r := range replayPaths(t, text, sim.Config{Policy: "best-fit", Capacity: 8 << 20}, 1) {
+		if r.OOMs != 1 || r.FirstOOMEvent != 5 || r.PeakReserved != 8<<20 || r.PeakReservedEvent != 6 ||
+			r.PeakFragmentation != 0.28125 || r.FragmentationAtPeak != 0 {
+			t.Errorf("%s: OOMs %d at %d, peak reserved %d at %d, peak fragmentation %v, at peak %v; want 1 at 5, 8388608 at 6, 0.28125, 0",
+				path, r.OOMs, r.FirstOOMEvent, r.PeakReserved, r.PeakReservedEvent, r.PeakFragmentation, r.FragmentationAtPeak)
+		}
+	}
+}
+
+// replayPaths replays the text-form trace text with cfg, the series at
+// most 2 points, on each path Run may take for events in memory: "plain"
+// (stepPlain), "resolved" (the live allocations resolved ahead, in
+// batches of resolveBatch events; for a Handler policy, batch.go) and
+// "general" (with an Observer that does nothing: step). The checker is
+// off: a checked replay is not plain.
+func replayPaths(t *testing.T, text string, cfg sim.Config, resolveBatch int64) map[string]*sim.Result {
+	t.Helper()
+	t.Setenv("ALLOCSIM_CHECK", "0")
+	h, evs, err := trace.ParseText("paths.txt", strings.NewReader(text))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sim.SeriesPoints(2)()
-	for _, resolved := range []bool{false, true} {
+	out := map[string]*sim.Result{}
+	for _, path := range []string{"plain", "resolved", "general"} {
+		c := cfg
 		restore := func() {}
-		if resolved {
-			restore = sim.ResolveAll(1)
+		switch path {
+		case "resolved":
+			restore = sim.ResolveAll(resolveBatch)
+		case "general":
+			c.Observer = nopObserver{}
 		}
-		rs, err := sim.Run(trace.NewSliceSource(h, evs), sim.Config{Policy: "best-fit", Capacity: 8 << 20})
+		rs, err := sim.Run(trace.NewSliceSource(h, evs), c)
 		restore()
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", path, err)
 		}
-		r := rs[0]
-		if r.OOMs != 1 || r.FirstOOMEvent != 5 || r.PeakReserved != 8<<20 || r.PeakReservedEvent != 6 ||
-			r.PeakFragmentation != 0.28125 || r.FragmentationAtPeak != 0 {
-			t.Errorf("resolved %v: OOMs %d at %d, peak reserved %d at %d, peak fragmentation %v, at peak %v; want 1 at 5, 8388608 at 6, 0.28125, 0",
-				resolved, r.OOMs, r.FirstOOMEvent, r.PeakReserved, r.PeakReservedEvent, r.PeakFragmentation, r.FragmentationAtPeak)
-		}
+		out[path] = rs[0]
 	}
+	return out
 }
 
 // TestBatchAtPeakBeforeRelease: mallocs served from the cache while the
@@ -159,30 +177,12 @@ func TestPlainFragmentedWithinPoint(t *testing.T) {
 //
 // The idle share at the peak: 1 - 2/14.
 func TestBatchAtPeakBeforeRelease(t *testing.T) {
-	t.Setenv("ALLOCSIM_CHECK", "0") // a checked replay is not plain
 	text := "malloc id=1 size=12MiB\nfree id=1\nmalloc id=2 size=512KiB\nmalloc id=3 size=1MiB\n" +
 		"malloc id=4 size=512KiB\nmalloc id=5 size=15MiB\n"
-	h, evs, err := trace.ParseText("peak.txt", strings.NewReader(text))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sim.SeriesPoints(2)()
 	want := 1 - float64(2<<20)/float64(14<<20)
-	for _, path := range []string{"plain", "resolved", "general"} {
-		cfg := sim.Config{Policy: "pytorch", Capacity: 16 << 20}
-		restore := func() {}
-		switch path {
-		case "resolved":
-			restore = sim.ResolveAll(64) // all six in the first batch
-		case "general":
-			cfg.Observer = nopObserver{}
-		}
-		rs, err := sim.Run(trace.NewSliceSource(h, evs), cfg)
-		restore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		r := rs[0]
+	// All six events in the resolver's first batch, so that the replay's
+	// batch holds events 3 to 5.
+	for path, r := range replayPaths(t, text, sim.Config{Policy: "pytorch", Capacity: 16 << 20}, 64) {
 		if r.IdleAtPeak != want || r.PeakReserved != 14<<20 || r.PeakReservedEvent != 2 || r.OOMs != 1 ||
 			r.FirstOOMEvent != 5 || r.DeviceFrees != 1 || r.PeakAllocated != 12<<20 {
 			t.Errorf("%s: idle at peak %v, peak reserved %d at %d, OOMs %d at %d, device frees %d, peak allocated %d; want %v, 14680064 at 2, 1 at 5, 1, 12582912",
