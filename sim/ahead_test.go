@@ -200,7 +200,7 @@ func mixOdd(t *rapid.T, evs []trace.Event, own map[int]func(k int, ev *trace.Eve
 		case 2:
 			ev.Time -= 15
 		case 3:
-			if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree {
+			if ev.Op == trace.OpMalloc || ev.Op == trace.OpFree || ev.Op == trace.OpFreeRequested {
 				ev.Pool = 1
 			}
 		case 5:

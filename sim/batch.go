@@ -22,12 +22,16 @@ import "github.com/gpualloc/allocsim/trace"
 const maxBatch = 512
 
 // batchEvent is what a batch's first pass keeps of an event for its
-// second: the allocated and requested bytes it adds (a malloc) or takes
-// away (a free: batchFree set in req; a plain event requests at most
+// second: the allocated bytes it adds (a malloc) or takes away (a free,
+// a free request), and the requested bytes it adds or takes away, with
+// the kind of event in the top bits (a plain event requests at most
 // trace.MaxSize bytes).
 type batchEvent struct{ alloc, req uint64 }
 
-const batchFree = 1 << 63
+const (
+	batchFree    = 1 << 63 // a free: req, less this bit, taken away
+	batchRequest = 1 << 62 // a free request: no requested bytes taken away
+)
 
 // stepBatch steps events from, up to to at most (resolved, to at most
 // len(evs)), of a resolved plain replay with a Handler policy
@@ -37,7 +41,7 @@ const batchFree = 1 << 63
 func (r *Replay) stepBatch(evs []trace.Event, from, to int64) (int64, error) {
 	s := &r.series
 	room := s.width - 1 - s.n // events that leave the open point open
-	if room <= 0 || !r.sameDevice() || r.rv.ids[from]&resolvedPlain == 0 {
+	if room <= 0 || !r.sameDevice() {
 		if err := r.stepResolved(from, &evs[from]); err != nil {
 			return from, err
 		}
@@ -48,14 +52,30 @@ func (r *Replay) stepBatch(evs []trace.Event, from, to int64) (int64, error) {
 	changes := dev.changes
 	reserved, allocs, overflows := dev.reserved, dev.allocs, dev.overflows
 	batch := r.batched
+	last := r.lastTime // the time of the event before event i
 	i := from
 	for ; i < end; i++ {
-		e := ids[i]
-		if e&resolvedPlain == 0 {
-			break
-		}
-		ev := &evs[i]
+		e, ev := ids[i], &evs[i]
 		n := e & resolvedNumber
+		if e&resolvedPlain == 0 {
+			// A free request of a block the policy placed, in order (as
+			// plainEvent asks of a free): the block stays allocated until
+			// its free; step's own work, freeRequested, for it.
+			if ev.Op != trace.OpFreeRequested || e&resolvedNotLive != 0 ||
+				ev.Time < last || ev.Time < 0 || ev.Pool != 0 || ev.Restore {
+				break
+			}
+			p := &r.slots[n]
+			if !p.handled() {
+				break
+			}
+			p.setReleased()
+			r.rec.requested(i, ev)
+			batch[i-from] = batchEvent{p.block.Size, batchRequest}
+			last = ev.Time
+			continue
+		}
+		last = ev.Time
 		if ev.Op == trace.OpMalloc {
 			if int(n) >= len(r.slots) {
 				r.slots = append(r.slots, make([]liveAlloc, int(n)+1-len(r.slots))...)
@@ -75,12 +95,19 @@ func (r *Replay) stepBatch(evs []trace.Event, from, to int64) (int64, error) {
 			batch[i-from] = batchEvent{b.Size, ev.Size}
 			continue
 		}
+		// A free of a block the policy placed, requested or not; as
+		// freeBlock, a free that completes later than its request (a
+		// Follower's) is late.
 		a := r.slots[n]
+		late := false
 		if !a.handled() {
-			break
+			if !a.releasedHandled() {
+				break
+			}
+			late = r.rec.follower != nil && r.rec.late(i, ev)
 		}
 		dev.SetTime(ev.Time)
-		err := h.FreeHandle(a.block.Addr, ev.Stream, false)
+		err := h.FreeHandle(a.block.Addr, ev.Stream, late)
 		if err != nil || dev.changes != changes {
 			r.counted(evs, from, i, reserved)
 			r.plainBegin(i, ev)
@@ -91,10 +118,14 @@ func (r *Replay) stepBatch(evs []trace.Event, from, to int64) (int64, error) {
 			r.observeEvent(i, ev.Time)
 			return i + 1, nil
 		}
-		batch[i-from] = batchEvent{a.block.Size, a.requested | batchFree}
+		alloc := a.block.Size // taken out at the request, if any (release)
+		if a.released() {
+			alloc = 0
+		}
+		batch[i-from] = batchEvent{alloc, a.requested | batchFree}
 	}
 	if i == from {
-		// Its first event is a free of a block not handled.
+		// Its first event is none that a batch takes.
 		if err := r.stepResolved(from, &evs[from]); err != nil {
 			return from, err
 		}
@@ -115,11 +146,14 @@ func (r *Replay) counted(evs []trace.Event, from, to int64, reserved uint64) {
 	s, res := &r.series, &r.res
 	atPeak := reserved == res.PeakReserved // for stillAtPeak
 	alloc := r.allocated
-	var mallocs int64
+	var mallocs, frees int64
 	for _, be := range r.batched[:to-from] {
-		if be.req&batchFree != 0 {
+		if be.req >= batchRequest {
 			alloc -= be.alloc
-			r.requested.sub(be.req &^ batchFree)
+			if be.req&batchFree != 0 {
+				r.requested.sub(be.req &^ batchFree)
+				frees++
+			}
 			continue
 		}
 		mallocs++
@@ -137,7 +171,7 @@ func (r *Replay) counted(evs []trace.Event, from, to int64, reserved uint64) {
 	n := to - from
 	res.Events += n
 	res.Mallocs += mallocs
-	res.Frees += n - mallocs
+	res.Frees += frees
 	last := &evs[to-1]
 	r.lastTime, r.lastIdx, r.timed = last.Time, to-1, true
 	s.cur.Event, s.cur.Time = to-1, last.Time

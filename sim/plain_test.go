@@ -15,8 +15,8 @@ import (
 // TestPlainPathsSame replays random traces, with events that leave the
 // common paths mixed in (a malloc at a live address, a free of none, a
 // double free, time going back, private pools, labels, mallocs of 0
-// bytes), under a capacity or none, from memory and read an event at a
-// time, where Run steps a plain replay through stepPlain (and a Handler
+// bytes, a free request marked a restore), under a capacity or none,
+// from memory and read an event at a time, where Run steps a plain replay through stepPlain (and a Handler
 // policy's mallocs and frees through mallocHandled and freeHandled), and
 // with an Observer that does nothing,
 // which makes every event take step's general path: the results are the
@@ -36,6 +36,11 @@ func TestPlainPathsSame(t *testing.T) {
 			4: func(k int, ev *trace.Event) {
 				if ev.Op == trace.OpMalloc {
 					ev.Label = "cublas workspace"
+				}
+			},
+			7: func(k int, ev *trace.Event) {
+				if ev.Op == trace.OpFreeRequested {
+					ev.Restore = true // which only a malloc may be
 				}
 			},
 			6: func(k int, ev *trace.Event) {
@@ -187,6 +192,33 @@ func TestBatchAtPeakBeforeRelease(t *testing.T) {
 			r.FirstOOMEvent != 5 || r.DeviceFrees != 1 || r.PeakAllocated != 12<<20 {
 			t.Errorf("%s: idle at peak %v, peak reserved %d at %d, OOMs %d at %d, device frees %d, peak allocated %d; want %v, 14680064 at 2, 1 at 5, 1, 12582912",
 				path, r.IdleAtPeak, r.PeakReserved, r.PeakReservedEvent, r.OOMs, r.FirstOOMEvent, r.DeviceFrees, r.PeakAllocated, want)
+		}
+	}
+}
+
+// TestBatchFreeRequested: a free request and the free right after it, as
+// PyTorch records every free (free_requested, then free_completed), in a
+// batch: the request takes the allocated bytes out, the free the
+// requested ones, and the block is free for the next malloc (the free is
+// not late: it follows its request at once). pytorch, one point (width 8):
+//
+//	0 malloc 1 MiB       a small segment of 2 at S: reserved 2, 1 allocated
+//	1 malloc 512 KiB     at S+1: 1.5 allocated and requested
+//	2 free_requested 0   0.5 allocated, 1.5 requested
+//	3 free 0             0.5 requested; the block at S free
+//	4 malloc 1 MiB       at S again: no device call, 1.5 allocated and requested
+//	5 malloc 512 KiB     at S+1.5: 2 allocated and requested
+//
+// Peak allocated and requested 2 MiB, all of the reserved: no idle share
+// at the peak.
+func TestBatchFreeRequested(t *testing.T) {
+	text := "malloc id=1 size=1MiB t=0\nmalloc id=2 size=512KiB t=10\nfree_requested id=1 t=20\nfree id=1 t=30\n" +
+		"malloc id=3 size=1MiB t=40\nmalloc id=4 size=512KiB t=50\n"
+	for path, r := range replayPaths(t, text, sim.Config{Policy: "pytorch"}, 64) {
+		if r.Events != 6 || r.Mallocs != 4 || r.Frees != 1 || r.DeviceAllocs != 1 || r.PeakReserved != 2<<20 ||
+			r.PeakAllocated != 2<<20 || r.PeakRequested != 2<<20 || r.IdleAtPeak != 0 {
+			t.Errorf("%s: %d events, %d mallocs, %d frees, %d device allocs, peak reserved %d, allocated %d, requested %d, idle at peak %v; want 6, 4, 1, 1, 2097152, 2097152, 2097152, 0",
+				path, r.Events, r.Mallocs, r.Frees, r.DeviceAllocs, r.PeakReserved, r.PeakAllocated, r.PeakRequested, r.IdleAtPeak)
 		}
 	}
 }

@@ -170,7 +170,13 @@ func (a *liveAlloc) kind() trace.Kind { return trace.Kind(a.bits & liveKindMask)
 func (a *liveAlloc) failed() bool     { return a.bits&liveFailed != 0 }
 func (a *liveAlloc) released() bool   { return a.bits&liveReleased != 0 }
 func (a *liveAlloc) setReleased()     { a.bits |= liveReleased }
-func (a *liveAlloc) direct() bool     { return a.bits&liveDirect != 0 }
+
+// releasedHandled reports whether a is handled (handled) but for its free
+// request.
+func (a *liveAlloc) releasedHandled() bool {
+	return a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle|liveReleased && a.kind().OnDevice()
+}
+func (a *liveAlloc) direct() bool { return a.bits&liveDirect != 0 }
 
 // handled reports whether a is a block that Replay.handler placed
 // (liveHandle) on the device, that no free request released: its free
@@ -675,9 +681,12 @@ func (r *Replay) freeHandled(i int64, ev *trace.Event, a liveAlloc) error {
 }
 
 // freeCounted takes the bytes of live allocation a, freed, out of the
-// counts.
+// counts (its allocated bytes, unless its free request took them out:
+// release).
 func (r *Replay) freeCounted(a liveAlloc) {
-	r.allocated -= a.block.Size
+	if !a.released() {
+		r.allocated -= a.block.Size
+	}
 	r.requested.sub(a.requested)
 	r.res.Frees++
 }
