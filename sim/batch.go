@@ -3,18 +3,21 @@ package sim
 import "github.com/gpualloc/allocsim/trace"
 
 // Batches: a resolved plain replay with a Handler policy (Run on events in
-// memory, on more than one core) steps its mallocs and frees in runs, each
-// in two passes. The first makes the policy's calls and keeps the live
-// allocations; the second does the engine's counting for the whole run:
-// the counts, the allocated and requested bytes and their peaks, and the
-// series' open point. The second pass reads nothing the policy changes,
-// so it may come after the first, as long as the run holds only events
-// that stepResolved takes the quick way (observeQuick) with the same
-// figures: a run ends before an event it cannot take, before the open
-// point fills (whose close asks the policy, closeAt), and at a call that
-// changes the device (Device.changes, overflows included) or fails: that
-// event then takes mallocHandled's or freeHandled's own path from the
-// policy's answer on, after the events before it are counted.
+// memory, on more than one core) steps its mallocs, frees and free
+// requests in runs, each in two passes. The first makes the policy's calls
+// and keeps the live allocations; the second does the engine's counting
+// for the whole run: the counts, the allocated and requested bytes and
+// their peaks, and the series' open point. The second pass reads nothing
+// the policy changes, so it may come after the first, as long as each
+// event of the run leaves the figures as observeQuick would after it (no
+// device call, no fragmentation, the open point still open): a run ends
+// before an event it cannot take, before the open point fills (whose
+// close asks the policy, closeAt), and at a call that changes the device
+// (Device.changes, overflows included) or fails: that event then takes
+// mallocHandled's or freeHandled's own path from the policy's answer on,
+// after the events before it are counted. A free request (which step
+// observes in full) changes no figure that observeQuick leaves out: it
+// takes allocated bytes away.
 
 // maxBatch is the most events in a batch: it bounds the memory a replay
 // keeps for its batches (Replay.batched, 16 bytes an event), and changes
