@@ -170,19 +170,19 @@ func (a *liveAlloc) kind() trace.Kind { return trace.Kind(a.bits & liveKindMask)
 func (a *liveAlloc) failed() bool     { return a.bits&liveFailed != 0 }
 func (a *liveAlloc) released() bool   { return a.bits&liveReleased != 0 }
 func (a *liveAlloc) setReleased()     { a.bits |= liveReleased }
-
-// releasedHandled reports whether a is handled (handled) but for its free
-// request.
-func (a *liveAlloc) releasedHandled() bool {
-	return a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle|liveReleased && a.kind().OnDevice()
-}
-func (a *liveAlloc) direct() bool { return a.bits&liveDirect != 0 }
+func (a *liveAlloc) direct() bool     { return a.bits&liveDirect != 0 }
 
 // handled reports whether a is a block that Replay.handler placed
 // (liveHandle) on the device, that no free request released: its free
 // is freeHandled's.
 func (a *liveAlloc) handled() bool {
 	return a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle && a.kind().OnDevice()
+}
+
+// releasedHandled reports whether a is handled (handled) but for its free
+// request.
+func (a *liveAlloc) releasedHandled() bool {
+	return a.bits&(liveHandle|liveReleased|liveDirect|liveFailed) == liveHandle|liveReleased && a.kind().OnDevice()
 }
 
 // Replay replays the events of one trace against one policy on a simulated
