@@ -111,19 +111,19 @@ func (r *Replay) stepBatch(evs []trace.Event, from, to int64) (int64, error) {
 		}
 		dev.SetTime(ev.Time)
 		err := h.FreeHandle(a.block.Addr, ev.Stream, late)
+		alloc := a.block.Size // taken out at the request, if any (release)
+		if a.released() {
+			alloc = 0
+		}
 		if err != nil || dev.changes != changes {
 			r.counted(evs, from, i, reserved)
 			r.plainBegin(i, ev)
-			r.freeCounted(a)
+			r.freeCounted(a, alloc)
 			if err != nil {
 				return i, freeEnd(i, ev, err)
 			}
 			r.observeEvent(i, ev.Time)
 			return i + 1, nil
-		}
-		alloc := a.block.Size // taken out at the request, if any (release)
-		if a.released() {
-			alloc = 0
 		}
 		batch[i-from] = batchEvent{alloc, a.requested | batchFree}
 	}

@@ -676,17 +676,15 @@ func (r *Replay) mallocPlaced(i int64, ev *trace.Event, slot *liveAlloc, b polic
 func (r *Replay) freeHandled(i int64, ev *trace.Event, a liveAlloc) error {
 	r.plainBegin(i, ev)
 	r.freeLogged(i, ev)
-	r.freeCounted(a)
+	r.freeCounted(a, a.block.Size)
 	return freeEnd(i, ev, r.handler.FreeHandle(a.block.Addr, ev.Stream, false))
 }
 
 // freeCounted takes the bytes of live allocation a, freed, out of the
-// counts (its allocated bytes, unless its free request took them out:
-// release).
-func (r *Replay) freeCounted(a liveAlloc) {
-	if !a.released() {
-		r.allocated -= a.block.Size
-	}
+// counts: alloc allocated bytes (its block's, or none where its free
+// request took them out: release) and its requested bytes.
+func (r *Replay) freeCounted(a liveAlloc, alloc uint64) {
+	r.allocated -= alloc
 	r.requested.sub(a.requested)
 	r.res.Frees++
 }
