@@ -35,17 +35,20 @@
 // rebuild the allocator's state at its first entry: see reconstruct.go.
 //
 // Import decodes the pickle as a stream with a decoder of its own
-// (stream.go) and reads it twice: once to check it whole and to collect
-// the header (the allocator settings come after the trace in a snapshot)
-// and the state before its first entry, and once more as the events are
-// read. Memory stays proportional to the allocator's state (the final
-// segments, the addresses the trace touches), apart from 4 bytes for each
-// object the pickle memoizes (any later value may refer back to one). A
-// general pickle library, which builds the whole
+// (stream.go) and reads it whole before it returns: to check it, to
+// collect the header (the allocator settings come after the trace in a
+// snapshot) and the state before its first entry, and to keep the events
+// in a compact log (eventlog.go, about 6 bytes an event), which the
+// Source gives. A snapshot with more events than the log's bound (64 MiB,
+// about 10 million events) is read a second time as the events are asked
+// for instead. Memory stays proportional to the allocator's state (the
+// final segments, the addresses the trace touches) and that log, apart
+// from 4 bytes for each object the pickle memoizes (any later value may
+// refer back to one). A general pickle library, which builds the whole
 // object tree (github.com/nlpodyssey/gopickle did here), took 3-4x
 // CPython's own pickle.load on kv_decode and 1.7x its memory; the
-// streaming decoder, twice over the file, takes less than CPython's time
-// and a tenth of its memory.
+// streaming decoder takes less than half of CPython's time and a tenth of
+// its memory.
 package pytorch
 
 import (
@@ -105,12 +108,15 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // opts.Device as a trace.Source. name is the file name used in error
 // messages.
 //
-// Import reads r to its end and checks the whole snapshot; the Source
-// then reads it again as its events are asked for, from where r stood
-// when Import was called: by seeking back when r is an io.Seeker (a file),
-// else from a copy of r's bytes that Import keeps (compressed, if the file
-// is). So r must stay open, and unchanged, until the Source has returned
-// io.EOF. Next fails only if r fails or changes in between.
+// Import reads r to its end and checks the whole snapshot, keeping its
+// events; the Source gives them from there, and r may be closed. Only a
+// snapshot of more than about 10 million events is read again as its
+// events are asked for, from where r stood when Import was called: by
+// seeking back when r is an io.Seeker (a file), else from a copy of r's
+// bytes that Import keeps (compressed, if the file is); so, for one that
+// large, r must stay open, and unchanged, until the Source has returned
+// io.EOF, and Next fails if r fails or changes in between. A snapshot with
+// private pools is read once more within Import (pools.go).
 //
 // The header has Source "pytorch"; Settings holds the snapshot's
 // allocator_settings flattened to strings (see below), empty for
@@ -158,16 +164,23 @@ func isPickle(head []byte) bool { return head[0] == 0x80 && head[1] >= 2 && head
 // Import never panics on bad input, and allocates nothing for a length the
 // file claims beyond its end.
 func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
+	return importLog(r, name, opts, maxLog)
+}
+
+// importLog is Import with the events of the first reading kept in a log
+// of at most logMax bytes (eventLog); with more, or logMax 0, the Source
+// reads the snapshot again.
+func importLog(r io.Reader, name string, opts Options, logMax int64) (trace.Source, error) {
 	rw := newRewinder(r)
 	pr, err := openPickle(rw.first(), name)
 	if err != nil {
 		return nil, err
 	}
-	check := &checker{hist: newHistory(), watch: newPoolWatch()}
+	check := &checker{hist: newHistory(), watch: newPoolWatch(), log: newEventLog(logMax)}
 	d := newDecoder(pr, opts.Device, check)
 	d.pickle = pr
 	stacks := trace.NewStacks()
-	d.readFrames(stacks, false, true) // the entries' on the second reading
+	d.readFrames(stacks, false, true) // the entries' as the Source gives them
 	if err := d.run(); err != nil {
 		return nil, decodeError(name, pr, d, err)
 	}
@@ -222,7 +235,14 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 		h.Metadata["reconstructed_events"] = strconv.Itoa(len(prefix))
 	}
 	src := &source{name: name, device: opts.Device, h: h, prefix: prefix, want: d.entries, rw: rw, stacks: stacks, final: d.segments}
-	src.spare, d.memo.chunks = d.memo.chunks, nil
+	if !check.log.over {
+		// The events are at hand: no second reading.
+		src.log, src.seen, src.toKept = check.log, d.seen, d.toKept
+		src.log.rewind()
+	} else {
+		src.spare = d.memo.chunks
+	}
+	d.memo.chunks = nil
 	ids, final, keyed, err := finalPools(d.segments, opts.Device)
 	if err != nil {
 		return nil, fmt.Errorf("%s: segments: %w", name, err)
@@ -257,6 +277,9 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 			h.Metadata["pools"] = poolNames(ids)
 			src.labels = newLabeler(plan)
 		}
+	}
+	if src.log != nil {
+		src.rw = nil // nor a copy of the file kept
 	}
 	return src, nil
 }
@@ -340,6 +363,10 @@ type checker struct {
 	// memPool is the first segment free made by a MemPool's deletion
 	// (its stack says so), "" if none.
 	memPool string
+	// log keeps the events, each malloc's Stack the id of its frames in
+	// the decoder's seen (the Source keeps them in its table as it gives
+	// them, in the order a second reading would).
+	log *eventLog
 }
 
 func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
@@ -353,6 +380,13 @@ func (c *checker) entry(d *decoder, index int64, f *entryFields) error {
 	c.watch.observe(index, &c.ev)
 	if c.memPool == "" && (c.ev.Op == trace.OpSegmentFree || c.ev.Op == trace.OpSegmentUnmap) && d.byMemPool(d.entryStack) {
 		c.memPool = fmt.Sprintf("trace entry %d: a segment freed by the deletion of a MemPool (at::cuda::MemPool::~MemPool in its stack)", index)
+	}
+	if c.log != nil {
+		ev := c.ev
+		if ev.Op == trace.OpMalloc || ev.Op == trace.OpMallocFailed {
+			ev.Stack = d.entryStack
+		}
+		c.log.append(&ev)
 	}
 	return nil
 }
@@ -647,7 +681,7 @@ type source struct {
 	release []trace.Event
 
 	// stacks holds the stacks of the mallocs' frames: the final blocks'
-	// from the first reading, the entries' as the second goes.
+	// from the first reading, the entries' as the events are given.
 	stacks *trace.Stacks
 
 	// final is the snapshot's final segments, for Slice.
@@ -655,6 +689,13 @@ type source struct {
 
 	// spare is the first reading's memo, for the second to reuse.
 	spare []*[memoChunk]uint32
+
+	// log holds the first reading's events, nil if they were too many to
+	// keep (then the snapshot is read again). Its mallocs' stacks are ids
+	// in seen, which kept maps to stacks; toKept caches that.
+	log    *eventLog
+	seen   *trace.Stacks
+	toKept []uint32
 }
 
 var _ trace.StackSource = (*source)(nil)
@@ -703,6 +744,20 @@ func (s *source) next() (trace.Event, error) {
 		s.prefix = s.prefix[1:]
 		return ev, nil
 	}
+	if s.log != nil {
+		var ev trace.Event
+		if err := s.log.next(&ev); err != nil {
+			s.log, s.seen, s.toKept = nil, nil, nil
+			s.done = true
+			if err != errLogEnd {
+				s.err = fmt.Errorf("%s: %v", s.name, err)
+				return ev, s.err
+			}
+			return trace.Event{}, io.EOF
+		}
+		ev.Stack = s.kept(ev.Stack)
+		return ev, nil
+	}
 	for s.q.i >= len(s.q.evs) {
 		if s.err != nil {
 			return trace.Event{}, s.err
@@ -716,6 +771,23 @@ func (s *source) next() (trace.Event, error) {
 	ev := s.q.evs[s.q.i]
 	s.q.i++
 	return ev, nil
+}
+
+// kept returns the id in s.stacks of stack id of s.seen, adding it the
+// first time, as decoder.kept does on a second reading.
+func (s *source) kept(id uint32) uint32 {
+	if id == 0 {
+		return 0
+	}
+	if n := int(id) + 1 - len(s.toKept); n > 0 {
+		s.toKept = append(s.toKept, make([]uint32, n)...)
+	}
+	if k := s.toKept[id]; k != 0 {
+		return k
+	}
+	k := s.stacks.AddFrames(s.seen.Frames(id))
+	s.toKept[id] = k
+	return k
 }
 
 // fill reads the next batch of entries into s.q.
