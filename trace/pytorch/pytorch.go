@@ -172,10 +172,11 @@ func Import(r io.Reader, name string, opts Options) (trace.Source, error) {
 // reads the snapshot again.
 func importLog(r io.Reader, name string, opts Options, logMax int64) (trace.Source, error) {
 	rw := newRewinder(r)
-	pr, err := openPickle(rw.first(), name)
+	pr, err := openPickle(rw.first(), name, true)
 	if err != nil {
 		return nil, err
 	}
+	defer pr.close()
 	check := &checker{hist: newHistory(), watch: newPoolWatch(), log: newEventLog(logMax)}
 	d := newDecoder(pr, opts.Device, check)
 	d.pickle = pr
@@ -312,10 +313,11 @@ func inferPools(rw *rewinder, name string, device int, prefix []trace.Event, ids
 	if err != nil {
 		return nil, fmt.Errorf("%s: reading again: %v", name, err)
 	}
-	pr, err := openPickle(r, name)
+	pr, err := openPickle(r, name, true)
 	if err != nil {
 		return nil, err
 	}
+	defer pr.close()
 	sink := &inferSink{units: newUnitTracker(final), unitFreed: map[int]int64{}, liveAt: map[uint64]int{}, prefix: int64(len(prefix))}
 	for k := range prefix {
 		ev := prefix[k]
@@ -416,12 +418,22 @@ func decodeError(name string, pr *pickleStream, d *decoder, err error) error {
 // gzip member: file holds what follows it).
 type pickleStream struct {
 	io.Reader
-	gzip bool
-	file *bufio.Reader // the compressed file, for a gzip pickle
+	gzip  bool
+	file  *bufio.Reader // the compressed file, for a gzip pickle
+	ahead *readahead    // decompressing a gzip pickle, if asked
 }
 
-// openPickle checks the first bytes of r and returns the pickle in it.
-func openPickle(r io.Reader, name string) (*pickleStream, error) {
+// close stops the decompression ahead, if any.
+func (p *pickleStream) close() {
+	if p.ahead != nil {
+		p.ahead.close()
+	}
+}
+
+// openPickle checks the first bytes of r and returns the pickle in it,
+// decompressed, if it is gzip, ahead of its reader (on another core) when
+// ahead is set: then the caller must close the stream.
+func openPickle(r io.Reader, name string, ahead bool) (*pickleStream, error) {
 	br := bufio.NewReaderSize(r, 1<<16)
 	head, err := br.Peek(2)
 	if err != nil && err != io.EOF {
@@ -443,15 +455,24 @@ func openPickle(r io.Reader, name string) (*pickleStream, error) {
 		}
 		// One member: what follows it is appended data, not more pickle.
 		zr.Multistream(false)
-		zb := bufio.NewReaderSize(zr, 4)
+		ps := &pickleStream{gzip: true, file: br}
+		var content io.Reader = zr
+		if ahead {
+			ps.ahead = newReadahead(zr)
+			content = ps.ahead
+		}
+		zb := bufio.NewReaderSize(content, 4)
+		ps.Reader = zb
 		head, err := zb.Peek(4)
 		if err != nil && err != io.EOF && !(errors.Is(err, io.ErrUnexpectedEOF) && len(head) >= 2) {
+			ps.close()
 			return nil, gzipError(name, int64(len(head)), err)
 		}
 		if len(head) < 2 || !isPickle(head) {
+			ps.close()
 			return nil, fmt.Errorf("%s: %w (gzip content %s)", name, ErrNotSnapshot, describeHead(head, true))
 		}
-		return &pickleStream{Reader: zb, gzip: true, file: br}, nil
+		return ps, nil
 	}
 	return nil, fmt.Errorf("%s: %w (file %s)", name, ErrNotSnapshot, describeHead(head, false))
 }
@@ -797,7 +818,7 @@ func (s *source) fill() error {
 		if err != nil {
 			return fmt.Errorf("%s: reading again: %v", s.name, err)
 		}
-		pr, err := openPickle(r, s.name)
+		pr, err := openPickle(r, s.name, false)
 		if err != nil {
 			return err
 		}
