@@ -282,6 +282,38 @@ func (t *freeTree[B]) appendAll(list []B) []B {
 	return list
 }
 
+// lower returns the first block whose key is not below (size, addr), and
+// whether there is one; t is a best-fit tree.
+func (t *freeTree[B]) lower(size, addr uint64) (B, bool) {
+	var b B
+	found := false
+	for x := t.root; x != nil; {
+		i := t.search(x, size, addr)
+		if i < x.n {
+			b, found = x.vals[i], true
+		}
+		if x.leaf {
+			break
+		}
+		x = x.kids[i]
+	}
+	return b, found
+}
+
+// last returns the block of the largest key and whether t has one; t is a
+// best-fit tree.
+func (t *freeTree[B]) last() (B, bool) {
+	x := t.root
+	if t.len == 0 {
+		var zero B
+		return zero, false
+	}
+	for !x.leaf {
+		x = x.kids[x.n]
+	}
+	return x.vals[x.n-1], true
+}
+
 // any returns some block of t and whether t has one.
 func (t *freeTree[B]) any() (B, bool) {
 	if t.len == 0 {

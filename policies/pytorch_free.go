@@ -16,8 +16,13 @@ import (
 // real trace's free blocks (tens per stream and pool) mostly sit alone in
 // theirs: the first block not below a size is in that size's bin or is the
 // first of the next bin that holds any, found in the bitmap with a bit
-// scan; an insert walks its bin's list, a removal unlinks. The zero value
-// is an empty set.
+// scan; an insert walks its bin's list, a removal unlinks. A bin that
+// grows long (an insert or a lower bound that walks past ptWalk of its
+// blocks: a replay of millions of small blocks freed while others are
+// live, BenchmarkLiveAllocations's) is indexed besides, by a freeTree of
+// its blocks, so that its inserts and lower bounds find their place in
+// O(log n), not in a walk of the bin; the index goes when the bin is down
+// to ptUnindex blocks. The zero value is an empty set.
 type ptFree struct {
 	// heads are the first block of each bin, by 64 bins: a group
 	// allocated at the first block in it, so that a set of few blocks
@@ -32,6 +37,36 @@ type ptFree struct {
 	top     uint64
 	at      int
 	touched bool
+	// long indexes the long bins, by bin; nil while none is.
+	long map[int]*freeTree[*ptBlock]
+}
+
+// A bin is indexed when a walk in it passes ptWalk blocks, and no longer
+// once it holds fewer than ptUnindex.
+const (
+	ptWalk    = 64
+	ptUnindex = 16
+)
+
+// index returns the index of bin i, nil if it has none.
+func (t *ptFree) index(i int) *freeTree[*ptBlock] {
+	if t.long == nil {
+		return nil
+	}
+	return t.long[i]
+}
+
+// indexBin indexes bin i, which holds blocks, from its list.
+func (t *ptFree) indexBin(i int) *freeTree[*ptBlock] {
+	ix := new(freeTree[*ptBlock])
+	for c := t.head(i); c != nil; c = c.binNext {
+		ix.insert(c.size, c.addr, c)
+	}
+	if t.long == nil {
+		t.long = make(map[int]*freeTree[*ptBlock])
+	}
+	t.long[i] = ix
+	return ix
 }
 
 // ptBins is the number of bins: ptBin(math.MaxUint64) is 975.
@@ -82,9 +117,23 @@ func (t *ptFree) head(i int) *ptBlock {
 // lowerBound returns the first block not below (size, 0), or nil.
 func (t *ptFree) lowerBound(size uint64) *ptBlock {
 	i := ptBin(size)
-	for c := t.head(i); c != nil; c = c.binNext {
-		if c.size >= size {
+	if ix := t.index(i); ix != nil {
+		if c, ok := ix.best(size); ok {
 			return c
+		}
+	} else {
+		walked := 0
+		for c := t.head(i); c != nil; c = c.binNext {
+			if c.size >= size {
+				if walked > ptWalk {
+					t.indexBin(i)
+				}
+				return c
+			}
+			walked++
+		}
+		if walked > ptWalk {
+			t.indexBin(i)
 		}
 	}
 	if j := t.next(i + 1); j >= 0 {
@@ -110,7 +159,12 @@ func (t *ptFree) max() *ptBlock {
 		return nil
 	}
 	w := 63 - bits.LeadingZeros64(t.summary)
-	c := t.heads[w][63-bits.LeadingZeros64(t.used[w])]
+	i := w<<6 | (63 - bits.LeadingZeros64(t.used[w]))
+	if ix := t.index(i); ix != nil {
+		c, _ := ix.last()
+		return c
+	}
+	c := t.heads[w][i&63]
 	for c.binNext != nil {
 		c = c.binNext
 	}
@@ -139,9 +193,24 @@ func (t *ptFree) insert(b *ptBlock) {
 		g = new([64]*ptBlock)
 		t.heads[i>>6] = g
 	}
-	c := g[i&63]
-	for c != nil && keyLess(c.size, c.addr, b.size, b.addr) {
-		prev, c = c, c.binNext
+	var c *ptBlock
+	long := false
+	if ix := t.index(i); ix != nil {
+		// Before the first block above b, or after the bin's last.
+		if n, ok := ix.lower(b.size, b.addr); ok {
+			prev, c = n.binPrev, n
+		} else {
+			prev, _ = ix.last()
+		}
+		ix.insert(b.size, b.addr, b)
+	} else {
+		walked := 0
+		c = g[i&63]
+		for c != nil && keyLess(c.size, c.addr, b.size, b.addr) {
+			prev, c = c, c.binNext
+			walked++
+		}
+		long = walked > ptWalk
 	}
 	b.binPrev, b.binNext = prev, c
 	if c != nil {
@@ -154,6 +223,9 @@ func (t *ptFree) insert(b *ptBlock) {
 		t.used[i>>6] |= 1 << (i & 63)
 		t.summary |= 1 << (i >> 6)
 	}
+	if long {
+		t.indexBin(i)
+	}
 }
 
 // delete removes b, which must be in t.
@@ -162,6 +234,14 @@ func (t *ptFree) delete(b *ptBlock) {
 		panic(fmt.Sprintf("policies: pytorch free blocks: the block of %d bytes at %#x is not in this set", b.size, b.addr))
 	}
 	i := int(b.bin)
+	if ix := t.index(i); ix != nil {
+		ix.delete(b.size, b.addr)
+		if ix.len < ptUnindex {
+			if delete(t.long, i); len(t.long) == 0 {
+				t.long = nil
+			}
+		}
+	}
 	if next := b.binNext; next != nil {
 		next.binPrev = b.binPrev
 	}

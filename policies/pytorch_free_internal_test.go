@@ -12,19 +12,26 @@ import (
 // that share bins and tie (multiples of 512 up to 32 KiB) and of sizes
 // across the range of bins (up to 2^64-1), with up to 20 and up to 400
 // blocks, and lowerBound, successor, max and appendIf after
-// each.
+// each. The long cases put three blocks in four in one bin (eight sizes
+// from 8 KiB by 64 bytes), growing to up to 1500 blocks and shrinking to
+// none in turns of 2000 steps, so that the bin is indexed and unindexed
+// again many times; they check that it was.
 func TestPtFree(t *testing.T) {
 	for _, c := range []struct {
-		most int
-		wide bool
-	}{{20, false}, {400, false}, {20, true}, {400, true}} {
+		most       int
+		wide, long bool
+	}{{20, false, false}, {400, false, false}, {20, true, false}, {400, true, false}, {1500, false, true}} {
 		rng := rand.New(rand.NewSource(int64(c.most)))
 		size := func() uint64 {
-			if c.wide {
+			switch {
+			case c.wide:
 				return rng.Uint64() >> rng.Intn(64)
+			case c.long && rng.Intn(4) != 0:
+				return 8192 + uint64(rng.Intn(8))*64
 			}
 			return uint64(rng.Intn(64)) * 512
 		}
+		indexed, unindexed := 0, 0
 		var set ptFree
 		var model []*ptBlock
 		less := func(a, b *ptBlock) int {
@@ -46,7 +53,15 @@ func TestPtFree(t *testing.T) {
 			return nil
 		}
 		for step := range 20000 {
-			switch op := rng.Intn(3); {
+			op := rng.Intn(3)
+			if c.long {
+				// Grow in even turns, shrink in odd ones.
+				op = min(op, 1)
+				if rng.Intn(8) != 0 {
+					op = step / 2000 % 2
+				}
+			}
+			switch {
 			case len(model) == 0 || op == 0 && len(model) < c.most:
 				b := fresh(&ptBlock{})
 				set.insert(b)
@@ -90,8 +105,30 @@ func TestPtFree(t *testing.T) {
 			if b := set.max(); b != want {
 				t.Fatalf("%+v, step %d: max = %v, want %v", c, step, b, want)
 			}
+			if set.long != nil {
+				indexed++
+				for i, ix := range set.long {
+					if n := binLen(&set, i); ix.len != n || n < ptUnindex {
+						t.Fatalf("%+v, step %d: bin %d indexed with %d blocks, holds %d", c, step, i, ix.len, n)
+					}
+				}
+			} else if indexed > 0 {
+				unindexed++
+			}
+		}
+		if c.long && (indexed < 1000 || unindexed < 1000) {
+			t.Errorf("%+v: %d steps with a bin indexed, %d steps without after one, want both 1000 or more", c, indexed, unindexed)
 		}
 	}
+}
+
+// binLen returns the number of blocks in bin i of t.
+func binLen(t *ptFree, i int) int {
+	n := 0
+	for c := t.head(i); c != nil; c = c.binNext {
+		n++
+	}
+	return n
 }
 
 // TestPtBin checks that the bins are in size order, 16 to each power of
