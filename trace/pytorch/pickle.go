@@ -58,8 +58,12 @@ type value struct {
 // in part by its role. items holds a list's items, or a dict's keys and
 // values in turn.
 type container struct {
-	kind  pyKind
-	role  role
+	kind pyKind
+	role role
+	// keys is a filter of a dict's string keys: bit n%16 is set once it
+	// holds the string of id n, so that setKey and hasKey scan the items
+	// only for a key whose bit is set (in the padding before gen).
+	keys  uint16
 	gen   uint32
 	n     int      // items appended or keys set, kept or not
 	items []value  // kept items (dict: key, value, key, value...)
@@ -429,7 +433,7 @@ func (d *decoder) newContainer(kind pyKind, r role) value {
 	}
 	c := &d.conts[i]
 	c.gen++
-	c.kind, c.role, c.n = kind, r, 0
+	c.kind, c.role, c.n, c.keys = kind, r, 0, 0
 	c.items, c.fids = c.items[:0], c.fids[:0]
 	c.dev = value{}
 	c.blks = c.blks[:0]

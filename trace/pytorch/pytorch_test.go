@@ -756,3 +756,37 @@ func TestImportInconsistentStream(t *testing.T) {
 		t.Errorf("error %v", err)
 	}
 }
+
+// TestImportRepeatedKeys: a dict that sets a key again keeps its last
+// value, as CPython's does, among kept settings (string keys, a known one
+// among them, and an int key); a trace
+// entry that has a key twice (two entries run together by a damaged byte:
+// CPython's pickler writes a dict's keys once) is an error.
+func TestImportRepeatedKeys(t *testing.T) {
+	var b bytes.Buffer
+	b.Write([]byte{0x80, 2, '}', '('})
+	pickleValue(&b, "device_traces")
+	pickleValue(&b, []any{[]any{}})
+	pickleValue(&b, "allocator_settings")
+	// "size" (a known key) and "k" (another string), set twice; 7 an int key.
+	b.WriteString("}(")
+	pickleValue(&b, "a")
+	b.WriteString("}(")
+	for _, v := range []any{"size", 1, "k", 2, 7, 3, "size", 4, "k", 5, 7, 6} {
+		pickleValue(&b, v)
+	}
+	b.WriteString("uuu.")
+	src, err := Import(&b, "repeated.pickle", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := src.Header().Settings["a"], "7:6,k:5,size:4"; got != want {
+		t.Errorf("setting a = %s, want %s", got, want)
+	}
+
+	entry := append(alloc(), kv{"size", 1024})
+	_, err = Import(bytes.NewReader(snap(entry)), "twice.pickle", Options{})
+	if want := `inconsistent snapshot: a trace entry has its key "size" twice`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("error %v, want one with %q", err, want)
+	}
+}

@@ -448,6 +448,9 @@ func (d *decoder) setItems(at int64, op byte, target value, items []value) error
 
 // hasKey reports whether the dict c holds key among its first keys.
 func (d *decoder) hasKey(c *container, key value) bool {
+	if key.k == vStr && c.keys&keyBit(key) == 0 {
+		return false
+	}
 	for j := 0; j < len(c.items) && j < 128; j += 2 {
 		if c.items[j] == key {
 			return true
@@ -456,10 +459,20 @@ func (d *decoder) hasKey(c *container, key value) bool {
 	return false
 }
 
+// keyBit returns the bit of the string key in a container's keys.
+func keyBit(key value) uint16 { return 1 << (key.n & 15) }
+
 // setKey sets key to val in c, replacing an equal string key among the
 // first ones (a dict's keys are unique; for long kept dicts of other keys
 // the order of insertion is kept as is).
 func (d *decoder) setKey(c *container, key, val value) {
+	if key.k == vStr {
+		if bit := keyBit(key); c.keys&bit == 0 {
+			c.keys |= bit
+			c.items = append(c.items, key, val)
+			return
+		}
+	}
 	if key.k == vStr || key.k == vInt {
 		for j := 0; j < len(c.items) && j < 128; j += 2 {
 			if c.items[j] == key {
