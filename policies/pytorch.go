@@ -242,6 +242,7 @@ type ptBlock struct {
 	bin              uint16
 	allocated        bool // also while a late free is not taken back
 	unmapped         bool
+	indexed          bool // while free: its bin is indexed (ptFree.long)
 }
 
 func (b *ptBlock) isSplit() bool { return b.prev != nil || b.next != nil }

@@ -48,19 +48,12 @@ const (
 	ptUnindex = 16
 )
 
-// index returns the index of bin i, nil if it has none.
-func (t *ptFree) index(i int) *freeTree[*ptBlock] {
-	if t.long == nil {
-		return nil
-	}
-	return t.long[i]
-}
-
 // indexBin indexes bin i, which holds blocks, from its list.
 func (t *ptFree) indexBin(i int) *freeTree[*ptBlock] {
 	ix := new(freeTree[*ptBlock])
 	for c := t.head(i); c != nil; c = c.binNext {
 		ix.insert(c.size, c.addr, c)
+		c.indexed = true
 	}
 	if t.long == nil {
 		t.long = make(map[int]*freeTree[*ptBlock])
@@ -117,24 +110,29 @@ func (t *ptFree) head(i int) *ptBlock {
 // lowerBound returns the first block not below (size, 0), or nil.
 func (t *ptFree) lowerBound(size uint64) *ptBlock {
 	i := ptBin(size)
-	if ix := t.index(i); ix != nil {
-		if c, ok := ix.best(size); ok {
+	c := t.head(i)
+	if c != nil && c.indexed {
+		return t.lowerIndexed(i, size)
+	}
+	for n := 0; c != nil; c = c.binNext {
+		if c.size >= size {
 			return c
 		}
-	} else {
-		walked := 0
-		for c := t.head(i); c != nil; c = c.binNext {
-			if c.size >= size {
-				if walked > ptWalk {
-					t.indexBin(i)
-				}
-				return c
-			}
-			walked++
-		}
-		if walked > ptWalk {
+		if n++; n > ptWalk {
 			t.indexBin(i)
+			return t.lowerIndexed(i, size)
 		}
+	}
+	if j := t.next(i + 1); j >= 0 {
+		return t.heads[j>>6][j&63]
+	}
+	return nil
+}
+
+// lowerIndexed is lowerBound of size in its bin i, which is indexed.
+func (t *ptFree) lowerIndexed(i int, size uint64) *ptBlock {
+	if c, ok := t.long[i].best(size); ok {
+		return c
 	}
 	if j := t.next(i + 1); j >= 0 {
 		return t.heads[j>>6][j&63]
@@ -159,12 +157,11 @@ func (t *ptFree) max() *ptBlock {
 		return nil
 	}
 	w := 63 - bits.LeadingZeros64(t.summary)
-	i := w<<6 | (63 - bits.LeadingZeros64(t.used[w]))
-	if ix := t.index(i); ix != nil {
-		c, _ := ix.last()
+	c := t.heads[w][63-bits.LeadingZeros64(t.used[w])]
+	if c.indexed {
+		c, _ = t.long[int(c.bin)].last()
 		return c
 	}
-	c := t.heads[w][i&63]
 	for c.binNext != nil {
 		c = c.binNext
 	}
@@ -193,25 +190,40 @@ func (t *ptFree) insert(b *ptBlock) {
 		g = new([64]*ptBlock)
 		t.heads[i>>6] = g
 	}
-	var c *ptBlock
-	long := false
-	if ix := t.index(i); ix != nil {
-		// Before the first block above b, or after the bin's last.
-		if n, ok := ix.lower(b.size, b.addr); ok {
-			prev, c = n.binPrev, n
-		} else {
-			prev, _ = ix.last()
-		}
-		ix.insert(b.size, b.addr, b)
-	} else {
-		walked := 0
-		c = g[i&63]
-		for c != nil && keyLess(c.size, c.addr, b.size, b.addr) {
-			prev, c = c, c.binNext
-			walked++
-		}
-		long = walked > ptWalk
+	c := g[i&63]
+	if c != nil && c.indexed {
+		t.insertIndexed(g, i, b)
+		return
 	}
+	walked := 0
+	for c != nil && keyLess(c.size, c.addr, b.size, b.addr) {
+		prev, c = c, c.binNext
+		walked++
+	}
+	t.link(g, i, b, prev, c)
+	if walked > ptWalk {
+		t.indexBin(i)
+	}
+}
+
+// insertIndexed is insert of b into its bin i of group g, which is
+// indexed.
+func (t *ptFree) insertIndexed(g *[64]*ptBlock, i int, b *ptBlock) {
+	ix := t.long[i]
+	// Before the first block above b, or after the bin's last.
+	if c, ok := ix.lower(b.size, b.addr); ok {
+		t.link(g, i, b, c.binPrev, c)
+	} else {
+		last, _ := ix.last()
+		t.link(g, i, b, last, nil)
+	}
+	ix.insert(b.size, b.addr, b)
+	b.indexed = true
+}
+
+// link puts b between prev and c in its bin i of group g (nil prev: at
+// the head; nil c: at the end).
+func (t *ptFree) link(g *[64]*ptBlock, i int, b, prev, c *ptBlock) {
 	b.binPrev, b.binNext = prev, c
 	if c != nil {
 		c.binPrev = b
@@ -223,8 +235,22 @@ func (t *ptFree) insert(b *ptBlock) {
 		t.used[i>>6] |= 1 << (i & 63)
 		t.summary |= 1 << (i >> 6)
 	}
-	if long {
-		t.indexBin(i)
+}
+
+// unindex takes b out of the index of its bin i, and drops the index
+// when the bin is down to ptUnindex blocks.
+func (t *ptFree) unindex(i int, b *ptBlock) {
+	ix := t.long[i]
+	ix.delete(b.size, b.addr)
+	b.indexed = false
+	if ix.len >= ptUnindex {
+		return
+	}
+	for c := t.head(i); c != nil; c = c.binNext {
+		c.indexed = false
+	}
+	if delete(t.long, i); len(t.long) == 0 {
+		t.long = nil
 	}
 }
 
@@ -234,13 +260,8 @@ func (t *ptFree) delete(b *ptBlock) {
 		panic(fmt.Sprintf("policies: pytorch free blocks: the block of %d bytes at %#x is not in this set", b.size, b.addr))
 	}
 	i := int(b.bin)
-	if ix := t.index(i); ix != nil {
-		ix.delete(b.size, b.addr)
-		if ix.len < ptUnindex {
-			if delete(t.long, i); len(t.long) == 0 {
-				t.long = nil
-			}
-		}
+	if b.indexed {
+		t.unindex(i, b)
 	}
 	if next := b.binNext; next != nil {
 		next.binPrev = b.binPrev

@@ -105,6 +105,11 @@ func TestPtFree(t *testing.T) {
 			if b := set.max(); b != want {
 				t.Fatalf("%+v, step %d: max = %v, want %v", c, step, b, want)
 			}
+			for _, b := range model {
+				if b.indexed != (set.long[int(b.bin)] != nil) {
+					t.Fatalf("%+v, step %d: the block of %d bytes at %#x says indexed %v, its bin %d is not", c, step, b.size, b.addr, b.indexed, b.bin)
+				}
+			}
 			if set.long != nil {
 				indexed++
 				for i, ix := range set.long {
