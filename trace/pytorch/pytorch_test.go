@@ -764,18 +764,13 @@ func TestImportInconsistentStream(t *testing.T) {
 // CPython's pickler writes a dict's keys once) is an error.
 func TestImportRepeatedKeys(t *testing.T) {
 	var b bytes.Buffer
-	b.Write([]byte{0x80, 2, '}', '('})
-	pickleValue(&b, "device_traces")
-	pickleValue(&b, []any{[]any{}})
-	pickleValue(&b, "allocator_settings")
+	b.WriteString(settingsPrefix())
 	// "size" (a known key) and "k" (another string), set twice; 7 an int key.
-	b.WriteString("}(")
-	pickleValue(&b, "a")
 	b.WriteString("}(")
 	for _, v := range []any{"size", 1, "k", 2, 7, 3, "size", 4, "k", 5, 7, 6} {
 		pickleValue(&b, v)
 	}
-	b.WriteString("uuu.")
+	b.WriteString("u" + settingsEnd)
 	src, err := Import(&b, "repeated.pickle", Options{})
 	if err != nil {
 		t.Fatal(err)
