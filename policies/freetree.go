@@ -170,25 +170,8 @@ func (t *freeTree[B]) recycle(x *ftNode[B]) {
 
 // best returns the block of the smallest size of at least n bytes, the
 // lowest address among equal sizes, and whether there is one; t is a
-// best-fit tree.
-func (t *freeTree[B]) best(n uint64) (B, bool) {
-	var b B
-	found := false
-	for x := t.root; x != nil; {
-		i := 0
-		for i < x.n && x.sizes[i] < n {
-			i++
-		}
-		if i < x.n {
-			b, found = x.vals[i], true
-		}
-		if x.leaf {
-			break
-		}
-		x = x.kids[i]
-	}
-	return b, found
-}
+// best-fit tree. It is lower(n, 0): no address is below 0.
+func (t *freeTree[B]) best(n uint64) (B, bool) { return t.lower(n, 0) }
 
 // first returns the lowest-addressed block of at least n bytes and whether
 // there is one; t is a first-fit tree.
